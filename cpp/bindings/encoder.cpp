@@ -1,0 +1,155 @@
+// Binding of ftbert::Encoder: config dict -> ModelConfig, numpy weights -> HostWeights, numpy or
+// raw device pointers in and out of forward.
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "bindings/bindings.h"
+#include "ftbert/check.h"
+#include "ftbert/encoder.h"
+
+namespace ftbert::bindings {
+
+namespace {
+
+template <typename T>
+T get(const py::dict& d, const char* key) {
+  FTBERT_CHECK_INPUT(d.contains(key), "config: missing key '" << key << "'");
+  return d[key].cast<T>();
+}
+
+ModelConfig config_from_dict(const py::dict& d) {
+  ModelConfig c;
+  c.vocab_size = get<int>(d, "vocab_size");
+  c.hidden_size = get<int>(d, "hidden_size");
+  c.num_layers = get<int>(d, "num_hidden_layers");
+  c.num_heads = get<int>(d, "num_attention_heads");
+  c.intermediate_size = get<int>(d, "intermediate_size");
+  c.max_position_embeddings = get<int>(d, "max_position_embeddings");
+  c.type_vocab_size = get<int>(d, "type_vocab_size");
+  c.layer_norm_eps = get<float>(d, "layer_norm_eps");
+  c.activation = activation_from_hf(get<std::string>(d, "hidden_act"));
+  c.has_pooler = get<bool>(d, "has_pooler");
+  return c;
+}
+
+// weights: {name: (array, stored dtype name)}; bfloat16 arrives as uint16 bits.
+HostWeights weights_from_dict(const py::dict& d, std::vector<py::array>& keep_alive) {
+  HostWeights w;
+  for (const auto& item : d) {
+    const auto name = item.first.cast<std::string>();
+    const auto pair = item.second.cast<py::tuple>();
+    auto arr = py::array::ensure(pair[0], py::array::c_style);
+    FTBERT_CHECK_INPUT(arr, "weights: tensor '" << name << "' is not an array");
+    const DType dt = dtype_from_string(pair[1].cast<std::string>());
+    FTBERT_CHECK_INPUT(static_cast<size_t>(arr.itemsize()) == dtype_size(dt),
+                       "weights: tensor '" << name << "' has item size " << arr.itemsize()
+                                           << ", expected " << dtype_size(dt) << " for "
+                                           << dtype_name(dt));
+    HostTensor t;
+    t.data = arr.data();
+    t.dtype = dt;
+    for (py::ssize_t i = 0; i < arr.ndim(); ++i) t.shape.push_back(arr.shape(i));
+    w[name] = t;
+    keep_alive.push_back(std::move(arr));
+  }
+  return w;
+}
+
+using IdArray = py::array_t<int32_t, py::array::c_style>;
+
+}  // namespace
+
+void register_encoder(py::module_& m) {
+  m.def("expected_tensors", [](const py::dict& config) {
+    return expected_tensors(config_from_dict(config));
+  });
+
+  py::class_<Encoder>(m, "Encoder")
+      .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
+                       const std::string& dtype) {
+             std::vector<py::array> keep_alive;
+             const ModelConfig c = config_from_dict(config);
+             const HostWeights w = weights_from_dict(weights, keep_alive);
+             const DType dt = dtype_from_string(dtype);
+             py::gil_scoped_release release;
+             return std::make_unique<Encoder>(c, w, device, dt);
+           }),
+           py::arg("config"), py::arg("weights"), py::arg("device"), py::arg("dtype"))
+      .def_property_readonly("backend", [](const Encoder& e) { return e.backend().name(); })
+      .def_property_readonly("device_name",
+                             [](const Encoder& e) { return e.backend().device_name(); })
+      .def_property_readonly("dtype", [](const Encoder& e) { return std::string(dtype_name(e.dtype())); })
+      .def_property_readonly("workspace_bytes", &Encoder::workspace_bytes)
+      .def_property(
+          "attention",
+          [](const Encoder& e) { return std::string(attention_mode_name(e.attention_mode())); },
+          [](Encoder& e, const std::string& mode) {
+            e.set_attention(attention_mode_from_string(mode));
+          })
+      .def("attention_for", [](const Encoder& e, int batch, int seq) {
+        return std::string(attention_kind_name(e.attention_for(batch, seq)));
+      })
+      .def("set_allow_tf32", [](Encoder& e, bool allow) { e.backend().set_allow_tf32(allow); })
+      // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to view).
+      .def("forward_host",
+           [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types) {
+             FTBERT_CHECK_INPUT(ids.ndim() == 2, "input_ids must be 2-D [batch, seq]");
+             FTBERT_CHECK_INPUT(mask.ndim() == 2 && mask.shape(0) == ids.shape(0) &&
+                                    mask.shape(1) == ids.shape(1),
+                                "attention_mask must have the shape of input_ids");
+             FTBERT_CHECK_INPUT(types.ndim() == 2 && types.shape(0) == ids.shape(0) &&
+                                    types.shape(1) == ids.shape(1),
+                                "token_type_ids must have the shape of input_ids");
+             const int B = static_cast<int>(ids.shape(0)), S = static_cast<int>(ids.shape(1));
+             const int H = e.config().hidden_size;
+             const auto item = static_cast<py::ssize_t>(dtype_size(e.dtype()));
+             const auto np_dtype = e.dtype() == DType::kFloat32 ? py::dtype("float32")
+                                   : e.dtype() == DType::kFloat16 ? py::dtype("float16")
+                                                                  : py::dtype("uint16");
+             (void)item;
+             py::array hidden(np_dtype, std::vector<py::ssize_t>{B, S, H});
+             py::object pooled = py::none();
+             ForwardArgs a;
+             a.input_ids = ids.data();
+             a.attention_mask = mask.data();
+             a.token_type_ids = types.data();
+             a.batch = B;
+             a.seq = S;
+             a.last_hidden_state = hidden.mutable_data();
+             if (e.config().has_pooler) {
+               py::array p(np_dtype, std::vector<py::ssize_t>{B, H});
+               a.pooler_output = p.mutable_data();
+               pooled = p;
+             }
+             {
+               py::gil_scoped_release release;
+               e.forward(a);
+             }
+             return py::make_tuple(hidden, pooled);
+           })
+      // Device memory in and out (e.g. torch CUDA tensors), enqueued on `stream`.
+      .def(
+          "forward_device",
+          [](Encoder& e, uintptr_t ids, uintptr_t mask, uintptr_t types, int batch, int seq,
+             uintptr_t hidden, uintptr_t pooled, uintptr_t stream) {
+            ForwardArgs a;
+            a.input_ids = reinterpret_cast<const int32_t*>(ids);
+            a.attention_mask = reinterpret_cast<const int32_t*>(mask);
+            a.token_type_ids = reinterpret_cast<const int32_t*>(types);
+            a.batch = batch;
+            a.seq = seq;
+            a.inputs_on_device = true;
+            a.last_hidden_state = reinterpret_cast<void*>(hidden);
+            a.pooler_output = reinterpret_cast<void*>(pooled);
+            a.outputs_on_device = true;
+            py::gil_scoped_release release;
+            e.backend().set_stream(stream);
+            e.forward(a);
+          },
+          py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
+          py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
+          py::arg("stream"));
+}
+
+}  // namespace ftbert::bindings

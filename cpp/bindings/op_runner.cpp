@@ -1,0 +1,259 @@
+// Op-level entry points for tests and kernel benchmarks: each backend op on numpy arrays.
+// Inputs arrive as float32 (ids and masks int32), are rounded to the requested dtype on upload, and
+// outputs come back as float32, so one test can hold every backend to the same reference.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings/bindings.h"
+#include "ftbert/attention.h"
+#include "ftbert/backend.h"
+#include "ftbert/check.h"
+#include "ftbert/host_convert.h"
+#include "ftbert/weights.h"
+
+namespace ftbert::bindings {
+
+namespace {
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+Activation activation_from_name(const std::string& name) {
+  if (name == "gelu") return Activation::kGeluErf;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "tanh") return Activation::kTanh;
+  throw InputError("unknown activation '" + name + "': expected gelu, gelu_tanh, relu or tanh");
+}
+
+AttentionKind kind_from_name(const std::string& name) {
+  if (name == "unfused") return AttentionKind::kUnfused;
+  if (name == "flash") return AttentionKind::kFlash;
+  throw InputError("unknown attention kind '" + name + "': expected 'unfused' or 'flash'");
+}
+
+std::vector<py::ssize_t> shape_of(const py::array& a) {
+  return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
+}
+
+class OpRunner {
+ public:
+  explicit OpRunner(const std::string& device) : backend_(create_backend(device)) {}
+  Backend& backend() { return *backend_; }
+
+  // A device copy of a float32 array in dtype `dt`.
+  DeviceBuffer upload(const F32Array& a, DType dt) {
+    const size_t n = static_cast<size_t>(a.size());
+    std::vector<unsigned char> host(n * dtype_size(dt));
+    convert_host(a.data(), DType::kFloat32, host.data(), dt, n);
+    DeviceBuffer buf(backend_.get(), host.size());
+    backend_->copy_to_device(buf.data(), host.data(), host.size());
+    return buf;
+  }
+  DeviceBuffer upload_ints(const I32Array& a) {
+    DeviceBuffer buf(backend_.get(), a.size() * sizeof(int32_t));
+    backend_->copy_to_device(buf.data(), a.data(), a.size() * sizeof(int32_t));
+    return buf;
+  }
+  DeviceBuffer empty(size_t n, DType dt) { return DeviceBuffer(backend_.get(), n * dtype_size(dt)); }
+
+  // float32 numpy array of `shape` from a device buffer in dtype `dt`.
+  py::array_t<float> download(const DeviceBuffer& buf, DType dt, std::vector<py::ssize_t> shape) {
+    py::array_t<float> out(shape);
+    const size_t n = static_cast<size_t>(out.size());
+    std::vector<unsigned char> host(n * dtype_size(dt));
+    backend_->copy_to_host(host.data(), buf.data(), host.size());
+    backend_->synchronize();
+    convert_host(host.data(), dt, out.mutable_data(), DType::kFloat32, n);
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+};
+
+void require_ndim(const py::array& a, int ndim, const char* what) {
+  FTBERT_CHECK_INPUT(a.ndim() == ndim, what << " must be " << ndim << "-D, got " << a.ndim() << "-D");
+}
+
+}  // namespace
+
+void register_op_runner(py::module_& m) {
+  py::class_<OpRunner>(m, "OpRunner")
+      .def(py::init<const std::string&>(), py::arg("device"))
+      .def_property_readonly("backend", [](OpRunner& r) { return r.backend().name(); })
+      .def("supports_attention",
+           [](OpRunner& r, const std::string& kind, const std::string& dtype, int head_dim) {
+             return r.backend().supports_attention(kind_from_name(kind), dtype_from_string(dtype),
+                                                   head_dim);
+           })
+      .def("gemm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
+              bool trans_a, bool trans_b, float alpha) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(a, 2, "a");
+             require_ndim(b, 2, "b");
+             const int m = trans_a ? a.shape(1) : a.shape(0), k = trans_a ? a.shape(0) : a.shape(1);
+             const int kb = trans_b ? b.shape(1) : b.shape(0), n = trans_b ? b.shape(0) : b.shape(1);
+             FTBERT_CHECK_INPUT(k == kb, "gemm: inner dimensions differ (" << k << " vs " << kb << ")");
+             auto da = r.upload(a, dt), db = r.upload(b, dt);
+             auto dc = r.empty(static_cast<size_t>(m) * n, dt);
+             r.backend().gemm(dt, trans_a, trans_b, m, n, k, da.data(), a.shape(1), db.data(),
+                              b.shape(1), dc.data(), n, alpha, 0.0f);
+             return r.download(dc, dt, {m, n});
+           },
+           py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
+           py::arg("trans_b") = false, py::arg("alpha") = 1.0f)
+      .def("batched_gemm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
+              bool trans_a, bool trans_b, float alpha) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(a, 3, "a");
+             require_ndim(b, 3, "b");
+             FTBERT_CHECK_INPUT(a.shape(0) == b.shape(0), "batched_gemm: batch sizes differ");
+             const int batch = a.shape(0);
+             const int m = trans_a ? a.shape(2) : a.shape(1), k = trans_a ? a.shape(1) : a.shape(2);
+             const int kb = trans_b ? b.shape(2) : b.shape(1), n = trans_b ? b.shape(1) : b.shape(2);
+             FTBERT_CHECK_INPUT(k == kb, "batched_gemm: inner dimensions differ");
+             auto da = r.upload(a, dt), db = r.upload(b, dt);
+             auto dc = r.empty(static_cast<size_t>(batch) * m * n, dt);
+             r.backend().batched_gemm(dt, trans_a, trans_b, m, n, k, da.data(), a.shape(2),
+                                      a.shape(1) * a.shape(2), db.data(), b.shape(2),
+                                      b.shape(1) * b.shape(2), dc.data(), n,
+                                      static_cast<int64_t>(m) * n, batch, alpha, 0.0f);
+             return r.download(dc, dt, {batch, m, n});
+           },
+           py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
+           py::arg("trans_b") = false, py::arg("alpha") = 1.0f)
+      .def("embed_layernorm",
+           [](OpRunner& r, const std::string& dtype, const I32Array& ids, const I32Array& types,
+              const F32Array& word, const F32Array& position, const F32Array& token_type,
+              const F32Array& gamma, const F32Array& beta, float eps) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(ids, 2, "ids");
+             const int B = ids.shape(0), S = ids.shape(1), H = word.shape(1);
+             FTBERT_CHECK_INPUT(position.shape(0) >= S, "embed_layernorm: too few positions");
+             auto di = r.upload_ints(ids), dtt = r.upload_ints(types);
+             auto dw = r.upload(word, dt), dp = r.upload(position, dt), dty = r.upload(token_type, dt);
+             auto dg = r.upload(gamma, dt), db = r.upload(beta, dt);
+             auto out = r.empty(static_cast<size_t>(B) * S * H, dt);
+             r.backend().embed_layernorm(dt, di.as<int32_t>(), dtt.as<int32_t>(), dw.data(),
+                                         dp.data(), dty.data(), dg.data(), db.data(), out.data(), B,
+                                         S, H, word.shape(0), token_type.shape(0), eps);
+             return r.download(out, dt, {B, S, H});
+           })
+      .def("add_qkv_bias_transpose",
+           [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
+              int heads) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(qkv, 3, "qkv");
+             const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3, d = H / heads;
+             FTBERT_CHECK_INPUT(qkv.shape(2) == 3 * H && H == heads * d, "qkv: bad last dimension");
+             auto dq = r.upload(qkv, dt), dbias = r.upload(bias, dt);
+             const size_t n = static_cast<size_t>(B) * S * H;
+             auto q = r.empty(n, dt), k = r.empty(n, dt), v = r.empty(n, dt);
+             r.backend().add_qkv_bias_transpose(dt, dq.data(), dbias.data(), q.data(), k.data(),
+                                                v.data(), B, S, heads, d);
+             return py::make_tuple(r.download(q, dt, {B, heads, S, d}),
+                                   r.download(k, dt, {B, heads, S, d}),
+                                   r.download(v, dt, {B, heads, S, d}));
+           })
+      .def("masked_softmax",
+           [](OpRunner& r, const std::string& dtype, const F32Array& scores, const I32Array& mask,
+              float scale) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(scores, 4, "scores");
+             const int B = scores.shape(0), h = scores.shape(1), S = scores.shape(2);
+             FTBERT_CHECK_INPUT(scores.shape(3) == S && mask.ndim() == 2 && mask.shape(0) == B &&
+                                    mask.shape(1) == S,
+                                "masked_softmax: scores must be [B, h, S, S] and mask [B, S]");
+             auto ds = r.upload(scores, dt);
+             auto dm = r.upload_ints(mask);
+             r.backend().masked_softmax(dt, ds.data(), dm.as<int32_t>(), B, h, S, scale);
+             return r.download(ds, dt, shape_of(scores));
+           })
+      .def("transpose_heads",
+           [](OpRunner& r, const std::string& dtype, const F32Array& x) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(x, 4, "x");
+             const int B = x.shape(0), h = x.shape(1), S = x.shape(2), d = x.shape(3);
+             auto dx = r.upload(x, dt);
+             auto out = r.empty(x.size(), dt);
+             r.backend().transpose_heads(dt, dx.data(), out.data(), B, S, h, d);
+             return r.download(out, dt, {B, S, h * d});
+           })
+      .def("add_bias_residual_layernorm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& x, const F32Array& residual,
+              const F32Array& bias, const F32Array& gamma, const F32Array& beta, float eps) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(x, 2, "x");
+             const int M = x.shape(0), H = x.shape(1);
+             auto dx = r.upload(x, dt), dr = r.upload(residual, dt), db = r.upload(bias, dt);
+             auto dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
+             r.backend().add_bias_residual_layernorm(dt, dx.data(), dr.data(), db.data(), dg.data(),
+                                                     dbe.data(), M, H, eps);
+             return r.download(dx, dt, {M, H});
+           })
+      .def("add_bias_activation",
+           [](OpRunner& r, const std::string& dtype, const F32Array& x, const F32Array& bias,
+              const std::string& act) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(x, 2, "x");
+             const int M = x.shape(0), N = x.shape(1);
+             auto dx = r.upload(x, dt), db = r.upload(bias, dt);
+             r.backend().add_bias_activation(dt, dx.data(), db.data(), M, N, activation_from_name(act));
+             return r.download(dx, dt, {M, N});
+           })
+      .def("pooler",
+           [](OpRunner& r, const std::string& dtype, const F32Array& hidden, const F32Array& weight,
+              const F32Array& bias) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(hidden, 3, "hidden");
+             const int B = hidden.shape(0), S = hidden.shape(1), H = hidden.shape(2);
+             auto dh = r.upload(hidden, dt), dw = r.upload(weight, dt), db = r.upload(bias, dt);
+             auto out = r.empty(static_cast<size_t>(B) * H, dt);
+             r.backend().pooler(dt, dh.data(), dw.data(), db.data(), out.data(), B, S, H);
+             return r.download(out, dt, {B, H});
+           })
+      .def("flash_attention",
+           [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
+              const I32Array& mask, int heads, float scale) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(qkv, 3, "qkv");
+             const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3;
+             auto dq = r.upload(qkv, dt), db = r.upload(bias, dt);
+             auto dm = r.upload_ints(mask);
+             auto out = r.empty(static_cast<size_t>(B) * S * H, dt);
+             r.backend().flash_attention(dt, dq.data(), db.data(), dm.as<int32_t>(), out.data(), B,
+                                         S, heads, H / heads, scale);
+             return r.download(out, dt, {B, S, H});
+           });
+
+  // Raw-pointer attention for kernel benchmarks on device tensors; enqueued on `stream`.
+  m.def("attention_workspace_bytes",
+        [](const std::string& kind, const std::string& dtype, int batch, int seq, int heads,
+           int head_dim) {
+          return attention_workspace_bytes(kind_from_name(kind), dtype_from_string(dtype), batch,
+                                           seq, heads, head_dim);
+        });
+  m.def(
+      "attention_ptr",
+      [](OpRunner& r, const std::string& kind, const std::string& dtype, uintptr_t qkv,
+         uintptr_t bias, uintptr_t mask, uintptr_t out, uintptr_t workspace, int batch, int seq,
+         int heads, int head_dim, uintptr_t stream) {
+        py::gil_scoped_release release;
+        r.backend().set_stream(stream);
+        run_attention(r.backend(), kind_from_name(kind), dtype_from_string(dtype),
+                      reinterpret_cast<const void*>(qkv), reinterpret_cast<const void*>(bias),
+                      reinterpret_cast<const int32_t*>(mask), reinterpret_cast<void*>(out),
+                      reinterpret_cast<void*>(workspace), batch, seq, heads, head_dim);
+      },
+      py::arg("runner"), py::arg("kind"), py::arg("dtype"), py::arg("qkv"), py::arg("bias"),
+      py::arg("mask"), py::arg("out"), py::arg("workspace"), py::arg("batch"), py::arg("seq"),
+      py::arg("heads"), py::arg("head_dim"), py::arg("stream") = 0);
+}
+
+}  // namespace ftbert::bindings

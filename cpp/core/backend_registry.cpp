@@ -1,0 +1,89 @@
+// Backend creation. The CUDA backend is a separate shared library (libftbert_cuda.so) beside this
+// one, opened only when a CUDA device is asked for: a build with CUDA then still imports and runs
+// the CPU backend on a machine with no GPU, driver or cuBLAS.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "cpu/cpu_backend.h"
+#include "ftbert/backend.h"
+#include "ftbert/check.h"
+
+namespace ftbert {
+
+std::string Backend::attention_unsupported_reason(AttentionKind kind, DType dt,
+                                                  int head_dim) const {
+  if (supports_attention(kind, dt, head_dim)) return "";
+  return std::string(attention_kind_name(kind)) + " attention is not available on the " + name() +
+         " backend";
+}
+
+void Backend::flash_attention(DType dt, const void*, const void*, const int32_t*, void*, int, int,
+                              int, int head_dim, float) {
+  FTBERT_FAIL("flash attention cannot run here: "
+              << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
+}
+
+namespace {
+
+// The folder holding this library: the CUDA backend is installed beside it.
+std::string this_library_dir() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&this_library_dir), &info) == 0 || !info.dli_fname) return ".";
+  std::string path = info.dli_fname;
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+using CreateCudaBackend = Backend* (*)(int device_index);
+
+CreateCudaBackend load_cuda_factory() {
+  static CreateCudaBackend factory = nullptr;
+  static std::string load_error;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    const std::string path = this_library_dir() + "/libftbert_cuda.so";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* err = dlerror();
+      load_error = std::string(err ? err : "unknown dlopen error");
+      if (load_error.find("libftbert_cuda.so: cannot open shared object file") != std::string::npos)
+        load_error = "this build of ftbert has no CUDA backend (it was built without nvcc/cuBLAS; "
+                     "rebuild on a machine with the CUDA toolkit and cuBLAS)";
+      else
+        load_error = "the CUDA backend library could not be loaded: " + load_error;
+    } else {
+      factory = reinterpret_cast<CreateCudaBackend>(dlsym(lib, "ftbert_create_cuda_backend"));
+      if (!factory) load_error = "libftbert_cuda.so has no ftbert_create_cuda_backend symbol";
+    }
+  }
+  FTBERT_CHECK(factory != nullptr, "device 'cuda' is not available: " << load_error);
+  return factory;
+}
+
+}  // namespace
+
+bool cuda_backend_built() {
+  const std::string path = this_library_dir() + "/libftbert_cuda.so";
+  return access(path.c_str(), F_OK) == 0;
+}
+
+std::unique_ptr<Backend> create_backend(const std::string& device) {
+  if (device == "cpu") return std::make_unique<CpuBackend>();
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+    int index = 0;
+    if (device.size() > 5) {
+      const std::string digits = device.substr(5);
+      FTBERT_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
+                   "bad device '" << device << "': expected 'cuda' or 'cuda:N'");
+      index = std::atoi(digits.c_str());
+    }
+    return std::unique_ptr<Backend>(load_cuda_factory()(index));
+  }
+  FTBERT_FAIL("unknown device '" << device << "': expected 'cpu', 'cuda' or 'cuda:N'");
+}
+
+}  // namespace ftbert

@@ -1,0 +1,8 @@
+// The CBLAS entry points the CPU backend uses. The scipy-openblas32 wheel prefixes its symbols with
+// `scipy_` so that it can live beside another OpenBLAS in one process; map the plain names here.
+#pragma once
+
+#include <cblas.h>
+
+#define FTBERT_SGEMM scipy_cblas_sgemm
+#define FTBERT_SGEMM_BATCH_STRIDED scipy_cblas_sgemm_batch_strided

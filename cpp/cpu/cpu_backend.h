@@ -1,0 +1,51 @@
+// The CPU backend: every op in plain C++ (float32), GEMMs through OpenBLAS, loops over rows
+// threaded with OpenMP. It runs everywhere and is the readable reference for the CUDA kernels.
+#pragma once
+
+#include "ftbert/backend.h"
+
+namespace ftbert {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::string device_name() const override;
+  bool supports_dtype(DType dt) const override { return dt == DType::kFloat32; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr) noexcept override;
+  void copy_to_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_on_device(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override {}
+
+  void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+            const void* b, int ldb, void* c, int ldc, float alpha, float beta) override;
+  void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
+                    int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, void* c,
+                    int ldc, int64_t stride_c, int batch, float alpha, float beta) override;
+  void embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
+                       const void* word, const void* position, const void* token_type,
+                       const void* gamma, const void* beta, void* out, int batch, int seq,
+                       int hidden, int vocab, int type_vocab, float eps) override;
+  void add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q, void* k,
+                              void* v, int batch, int seq, int heads, int head_dim) override;
+  void masked_softmax(DType dt, void* scores, const int32_t* mask, int batch, int heads, int seq,
+                      float scale) override;
+  void transpose_heads(DType dt, const void* in, void* out, int batch, int seq, int heads,
+                       int head_dim) override;
+  void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
+                                   const void* gamma, const void* beta, int rows, int hidden,
+                                   float eps) override;
+  void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
+                           Activation act) override;
+};
+
+// Shared by the CPU ops: only float32 runs here.
+void require_cpu_float32(DType dt, const char* op);
+
+// out = gamma * (x - mean) / sqrt(var + eps) + beta over one row, in double for the statistics.
+void layernorm_row(const float* x, const float* gamma, const float* beta, float* out, int hidden,
+                   float eps);
+
+}  // namespace ftbert

@@ -1,0 +1,41 @@
+// Embeddings on the CPU: word + position + token-type lookup, then LayerNorm, one row per token.
+#include <algorithm>
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+
+namespace ftbert {
+
+void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
+                                 const int32_t* token_type_ids,       // [B, S]
+                                 const void* word,                    // [V, H]
+                                 const void* position,                // [P, H]
+                                 const void* token_type,              // [T, H]
+                                 const void* gamma, const void* beta,  // [H]
+                                 void* out,                            // [B, S, H]
+                                 int batch, int seq, int hidden, int vocab, int type_vocab,
+                                 float eps) {
+  require_cpu_float32(dt, "embed_layernorm");
+  const auto* w = static_cast<const float*>(word);
+  const auto* p = static_cast<const float*>(position);
+  const auto* t = static_cast<const float*>(token_type);
+  auto* o = static_cast<float*>(out);
+  const int64_t tokens = static_cast<int64_t>(batch) * seq;
+#pragma omp parallel
+  {
+    std::vector<float> row(hidden);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < tokens; ++i) {
+      // Ids were validated by the encoder; clamping keeps a direct op call memory-safe too.
+      const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
+      const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
+      const int64_t s = i % seq;
+      for (int h = 0; h < hidden; ++h)
+        row[h] = w[id * hidden + h] + p[s * hidden + h] + t[tt * hidden + h];
+      layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
+                    o + i * hidden, hidden, eps);
+    }
+  }
+}
+
+}  // namespace ftbert

@@ -1,0 +1,31 @@
+// add_bias + residual + LayerNorm on the CPU (the post-LN residual block of a BERT layer).
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+
+namespace ftbert {
+
+void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H]
+                                             const void* residual,      // [M, H]
+                                             const void* bias,          // [H]
+                                             const void* gamma, const void* beta,  // [H]
+                                             int rows, int hidden, float eps) {
+  require_cpu_float32(dt, "add_bias_residual_layernorm");
+  auto* xs = static_cast<float*>(x);
+  const auto* res = static_cast<const float*>(residual);
+  const auto* b = static_cast<const float*>(bias);
+#pragma omp parallel
+  {
+    std::vector<float> row(hidden);
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      float* xr = xs + static_cast<int64_t>(r) * hidden;
+      const float* rr = res + static_cast<int64_t>(r) * hidden;
+      for (int h = 0; h < hidden; ++h) row[h] = xr[h] + b[h] + rr[h];
+      layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
+                    xr, hidden, eps);
+    }
+  }
+}
+
+}  // namespace ftbert

@@ -1,0 +1,157 @@
+// The backend interface: one method per fused op of a BERT layer (the FasterTransformer v1.0 set and
+// the few around it). The encoder (cpp/core) is written once on top of it; cpp/cpu and cpp/cuda
+// implement it. Ops write into buffers the caller passes in and never allocate.
+//
+// Conventions:
+//   - Every matrix is row-major. Activations are `dt` (the compute dtype); ids and masks are int32.
+//   - Pointers are the backend's memory (host memory on CPU, device memory on CUDA).
+//   - Ops are asynchronous where the backend is (CUDA: in stream order); synchronize() waits.
+//
+// Adding an op: declare it here with shape comments, implement it in cpp/cpu/<family>.cpp (the
+// reference) and cpp/cuda/kernels/<family>.cu, and test the CUDA op against the CPU op in tests/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ftbert/config.h"
+#include "ftbert/dtype.h"
+
+namespace ftbert {
+
+enum class AttentionKind : int { kUnfused = 0, kFlash = 1 };
+
+inline const char* attention_kind_name(AttentionKind k) {
+  return k == AttentionKind::kFlash ? "flash" : "unfused";
+}
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;          // "cpu", "cuda"
+  virtual std::string device_name() const = 0;   // e.g. "NVIDIA H100 80GB HBM3"
+  virtual bool supports_dtype(DType dt) const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr) noexcept = 0;
+  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+  // Run subsequent work on this stream (a cudaStream_t as an integer); 0 = the backend's own.
+  virtual void set_stream(uintptr_t /*stream*/) {}
+  virtual uintptr_t stream() const { return 0; }
+  // Allow TF32 tensor cores for float32 GEMMs (CUDA only; off by default for exact fp32 parity).
+  virtual void set_allow_tf32(bool /*allow*/) {}
+
+  // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
+  // C = alpha * op(A) · op(B) + beta * C, where op(X) = Xᵀ if trans_x.
+  //   op(A): [m, k], op(B): [k, n], C: [m, n]; lda/ldb/ldc are the row strides of A, B, C as stored.
+  virtual void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
+                    const void* a, int lda, const void* b, int ldb, void* c, int ldc,
+                    float alpha = 1.0f, float beta = 0.0f) = 0;
+
+  // `batch` independent GEMMs; matrix i of X starts at X + i * stride_x elements.
+  virtual void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
+                            const void* a, int lda, int64_t stride_a,
+                            const void* b, int ldb, int64_t stride_b,
+                            void* c, int ldc, int64_t stride_c, int batch,
+                            float alpha = 1.0f, float beta = 0.0f) = 0;
+
+  // ---- fused element-wise / reduction ops ----------------------------------------------------
+  // out = LayerNorm(word[ids] + position[s] + token_type[types]) with gamma/beta.
+  virtual void embed_layernorm(DType dt,
+                               const int32_t* input_ids,       // [B, S]
+                               const int32_t* token_type_ids,  // [B, S]
+                               const void* word,               // [V, H]
+                               const void* position,           // [P, H], P >= S
+                               const void* token_type,         // [T, H]
+                               const void* gamma,              // [H]
+                               const void* beta,               // [H]
+                               void* out,                      // [B, S, H]
+                               int batch, int seq, int hidden, int vocab, int type_vocab,
+                               float eps) = 0;
+
+  // Adds the Q|K|V bias and splits heads: q/k/v[b, h, s, :] = qkv[b, s, {0,1,2}·H + h·d + :] + bias.
+  virtual void add_qkv_bias_transpose(DType dt,
+                                      const void* qkv,   // [B, S, 3H]
+                                      const void* bias,  // [3H]
+                                      void* q,           // [B, heads, S, d]
+                                      void* k,           // [B, heads, S, d]
+                                      void* v,           // [B, heads, S, d]
+                                      int batch, int seq, int heads, int head_dim) = 0;
+
+  // In place: scores = softmax(scale * scores) over the last axis, keys with mask == 0 excluded.
+  // A row whose keys are all masked becomes all zeros (finite, never NaN).
+  virtual void masked_softmax(DType dt,
+                              void* scores,            // [B, heads, S, S]
+                              const int32_t* mask,     // [B, S], 1 = attend, 0 = padding
+                              int batch, int heads, int seq, float scale) = 0;
+
+  // Merges heads back: out[b, s, h·d + :] = in[b, h, s, :].
+  virtual void transpose_heads(DType dt,
+                               const void* in,  // [B, heads, S, d]
+                               void* out,       // [B, S, H]
+                               int batch, int seq, int heads, int head_dim) = 0;
+
+  // In place: x = LayerNorm(x + bias + residual) with gamma/beta (post-LN residual block).
+  virtual void add_bias_residual_layernorm(DType dt,
+                                           void* x,               // [M, H] GEMM output -> result
+                                           const void* residual,  // [M, H]
+                                           const void* bias,      // [H]
+                                           const void* gamma,     // [H]
+                                           const void* beta,      // [H]
+                                           int rows, int hidden, float eps) = 0;
+
+  // In place: x = act(x + bias).
+  virtual void add_bias_activation(DType dt,
+                                   void* x,           // [M, N]
+                                   const void* bias,  // [N]
+                                   int rows, int cols, Activation act) = 0;
+
+  // ---- fused attention -----------------------------------------------------------------------
+  // Whether `kind` can run for this dtype and head dim; the unfused path runs everywhere.
+  virtual bool supports_attention(AttentionKind kind, DType dt, int head_dim) const {
+    (void)dt; (void)head_dim;
+    return kind == AttentionKind::kUnfused;
+  }
+  // Why supports_attention() is false, naming the unsupported property ("" when supported).
+  virtual std::string attention_unsupported_reason(AttentionKind kind, DType dt,
+                                                   int head_dim) const;
+
+  // One fused kernel: out = softmax(scale · Q Kᵀ, key mask) V, reading Q, K, V (+ bias) straight
+  // from the QKV GEMM output and writing the merged-heads layout the next GEMM reads.
+  virtual void flash_attention(DType dt,
+                               const void* qkv,       // [B, S, 3H], bias not yet added
+                               const void* qkv_bias,  // [3H]
+                               const int32_t* mask,   // [B, S]
+                               void* out,             // [B, S, H]
+                               int batch, int seq, int heads, int head_dim, float scale);
+
+  // ---- composed ops --------------------------------------------------------------------------
+  // Pooler: out = tanh(hidden[:, 0] · W + b). The GEMM reads the first-token rows in place
+  // (row stride S·H), so no gather is needed.
+  void pooler(DType dt,
+              const void* hidden,  // [B, S, H]
+              const void* weight,  // [H, H] (in, out)
+              const void* bias,    // [H]
+              void* out,           // [B, H]
+              int batch, int seq, int hidden_size) {
+    gemm(dt, false, false, batch, hidden_size, hidden_size, hidden, seq * hidden_size, weight,
+         hidden_size, out, hidden_size);
+    add_bias_activation(dt, out, bias, batch, hidden_size, Activation::kTanh);
+  }
+};
+
+// Creates the backend for "cpu" or "cuda[:N]". CUDA lives in a separate shared library loaded on
+// demand, so that a build with CUDA still imports and runs on a machine without a GPU or driver.
+std::unique_ptr<Backend> create_backend(const std::string& device);
+
+// Whether this build has the CUDA backend library next to the core library.
+bool cuda_backend_built();
+
+}  // namespace ftbert

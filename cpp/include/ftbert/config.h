@@ -1,0 +1,51 @@
+// The model hyper-parameters the engine needs, read from the converted checkpoint's config.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ftbert/check.h"
+
+namespace ftbert {
+
+enum class Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2, kTanh = 3 };
+
+// Maps a HuggingFace `hidden_act` string to the activation; anything else is rejected by name.
+inline Activation activation_from_hf(const std::string& name) {
+  if (name == "gelu") return Activation::kGeluErf;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  if (name == "relu") return Activation::kRelu;
+  FTBERT_FAIL("unsupported hidden_act '" << name
+                                         << "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)");
+}
+
+struct ModelConfig {
+  int vocab_size = 0;
+  int hidden_size = 0;          // H
+  int num_layers = 0;           // L
+  int num_heads = 0;            // heads; head_dim = H / heads
+  int intermediate_size = 0;    // I (FFN inner size)
+  int max_position_embeddings = 0;
+  int type_vocab_size = 0;
+  float layer_norm_eps = 1e-12f;
+  Activation activation = Activation::kGeluErf;
+  bool has_pooler = true;
+
+  int head_dim() const { return hidden_size / num_heads; }
+
+  void validate() const {
+    FTBERT_CHECK(vocab_size > 0, "config: vocab_size must be positive, got " << vocab_size);
+    FTBERT_CHECK(hidden_size > 0, "config: hidden_size must be positive, got " << hidden_size);
+    FTBERT_CHECK(num_layers > 0, "config: num_hidden_layers must be positive, got " << num_layers);
+    FTBERT_CHECK(num_heads > 0 && hidden_size % num_heads == 0,
+                 "config: hidden_size " << hidden_size << " is not divisible by num_attention_heads "
+                                        << num_heads);
+    FTBERT_CHECK(intermediate_size > 0,
+                 "config: intermediate_size must be positive, got " << intermediate_size);
+    FTBERT_CHECK(max_position_embeddings > 0, "config: max_position_embeddings must be positive");
+    FTBERT_CHECK(type_vocab_size > 0, "config: type_vocab_size must be positive");
+    FTBERT_CHECK(layer_norm_eps > 0, "config: layer_norm_eps must be positive");
+  }
+};
+
+}  // namespace ftbert

@@ -1,0 +1,84 @@
+// Model weights: the host-side tensors handed to the engine (from the converted file), and their
+// device copies in the compute dtype. Names and layouts are those of weights_tools/FORMAT.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ftbert/backend.h"
+#include "ftbert/config.h"
+#include "ftbert/dtype.h"
+
+namespace ftbert {
+
+// A read-only view of a host tensor (e.g. a numpy array) with its stored dtype and shape.
+struct HostTensor {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+using HostWeights = std::map<std::string, HostTensor>;
+
+// The tensors a converted checkpoint must hold for `config`, with their shapes, in file order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const ModelConfig& config);
+
+// A buffer in a backend's memory, freed with it. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T> T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct LayerWeights {
+  DeviceBuffer qkv_weight;      // [H, 3H]  Q|K|V fused, (in, out)
+  DeviceBuffer qkv_bias;        // [3H]
+  DeviceBuffer attn_out_weight; // [H, H]
+  DeviceBuffer attn_out_bias;   // [H]
+  DeviceBuffer attn_ln_gamma;   // [H]
+  DeviceBuffer attn_ln_beta;    // [H]
+  DeviceBuffer ffn_in_weight;   // [H, I]
+  DeviceBuffer ffn_in_bias;     // [I]
+  DeviceBuffer ffn_out_weight;  // [I, H]
+  DeviceBuffer ffn_out_bias;    // [H]
+  DeviceBuffer ffn_ln_gamma;    // [H]
+  DeviceBuffer ffn_ln_beta;     // [H]
+};
+
+struct ModelWeights {
+  DeviceBuffer word_embeddings;        // [V, H]
+  DeviceBuffer position_embeddings;    // [P, H]
+  DeviceBuffer token_type_embeddings;  // [T, H]
+  DeviceBuffer emb_ln_gamma;           // [H]
+  DeviceBuffer emb_ln_beta;            // [H]
+  std::vector<LayerWeights> layers;
+  DeviceBuffer pooler_weight;          // [H, H] (empty without a pooler)
+  DeviceBuffer pooler_bias;            // [H]
+};
+
+// Checks every expected tensor (present, shape, finite dtype) and uploads it in `compute` dtype.
+ModelWeights upload_weights(Backend* backend, const ModelConfig& config, const HostWeights& host,
+                            DType compute);
+
+}  // namespace ftbert

@@ -1,0 +1,98 @@
+"""The `ftbert` command: convert, run, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+DEFAULT_SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The new movie is awesome.",
+    "The cat plays in the garden.",
+    "A woman is playing the violin.",
+]
+
+
+def _run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import ftbert
+
+    model = args.model or str(ftbert.default_model_path())
+    texts = args.text or DEFAULT_SENTENCES
+    t0 = time.perf_counter()
+    enc = ftbert.Encoder.from_pretrained(model, device=args.device, dtype=args.dtype, attention=args.attention)
+    load_s = time.perf_counter() - t0
+    print(f"model:  {model}")
+    print(f"engine: {enc!r} on {enc._native.device_name} (loaded in {load_s:.2f} s)")
+    enc.encode(texts[:1])  # warm-up: tokenizer load, workspace allocation
+    t0 = time.perf_counter()
+    emb = enc.encode(texts, normalize=not args.no_normalize)
+    run_ms = (time.perf_counter() - t0) * 1e3
+    print(f"embedded {len(texts)} text(s) in {run_ms:.2f} ms (dim {emb.shape[1]})\n")
+    width = min(48, max(len(t) for t in texts))
+    for t, e in zip(texts, emb):
+        label = t if len(t) <= width else t[: width - 1] + "…"
+        first = " ".join(f"{v:+.4f}" for v in e[:4])
+        print(f"  {label:<{width}}  norm {np.linalg.norm(e):.4f}  [{first} …]")
+    if not args.text:
+        sims = emb @ emb.T
+        print("\ncosine similarity:")
+        print("      " + " ".join(f"{j:>6d}" for j in range(len(texts))))
+        for i in range(len(texts)):
+            print(f"  {i:>3d} " + " ".join(f"{sims[i, j]:6.3f}" for j in range(len(texts))))
+    return 0
+
+
+def _convert(argv: list[str]) -> int:
+    from .weights_tools import main as convert_main
+
+    return convert_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # convert and bench own their argument parsing.
+    if argv and argv[0] == "convert":
+        return _convert(argv[1:])
+    if argv and argv[0] == "bench":
+        return _bench(argv[1:])
+
+    parser = argparse.ArgumentParser(prog="ftbert", description="FasterTransformer-style BERT encoder engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("convert", help="convert a HuggingFace checkpoint: ftbert convert SRC DST [--dtype ...]")
+    sub.add_parser("bench", help="latency benchmark next to transformers: ftbert bench --help")
+    run = sub.add_parser("run", help="embed texts and print norms, first values and timing")
+    run.add_argument("model", nargs="?", help="HF or converted checkpoint dir (default: bundled all-MiniLM-L6-v2)")
+    run.add_argument("text", nargs="*", help="texts to embed (default: a few built-in sentences)")
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    run.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    run.add_argument("--attention", default="auto", choices=["auto", "unfused", "flash"])
+    run.add_argument("--no-normalize", action="store_true", help="print raw (unnormalized) embeddings")
+    args = parser.parse_args(argv)
+    # `ftbert run "some text"`: a first positional that is not a directory is text, not a model.
+    if args.model is not None:
+        from pathlib import Path
+
+        if not Path(args.model).is_dir():
+            if Path(args.model).exists() or "/" in args.model:
+                parser.error(f"model {args.model!r} is not a checkpoint directory")
+            args.text = [args.model] + list(args.text)
+            args.model = None
+    try:
+        return _run(args)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"ftbert: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

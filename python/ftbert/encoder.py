@@ -1,0 +1,343 @@
+"""The Python face of the engine: `Encoder.from_pretrained(...)`, `enc(input_ids, ...)`, `enc.encode(texts)`.
+
+Rules for inputs and outputs:
+- Inputs are numpy arrays or torch tensors of integers, shaped [batch, seq] (lists are accepted too).
+  Outputs come back in the same kind: numpy in -> numpy out, torch in -> torch out.
+- torch tensors on the encoder's GPU run without host copies, on torch's current stream; outputs are
+  torch tensors on that GPU in the encoder's dtype.
+- torch tensors on the CPU given to a CUDA encoder (and numpy arrays) are copied to the GPU and the
+  outputs copied back: torch CPU tensors (encoder dtype) or numpy arrays (float32; float16 for a float16
+  encoder). A CPU encoder given CUDA tensors runs on copies and returns tensors on the inputs' GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._native import _C, ensure_cuda_libraries
+from .weights_tools import is_converted, load_hf_checkpoint, read_converted
+
+DTYPES = ("float32", "float16", "bfloat16")
+ATTENTIONS = ("auto", "unfused", "flash")
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: Any  # [B, S, H]
+    pooler_output: Any  # [B, H], or None when the checkpoint has no pooler
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _parse_device(device: str) -> tuple[str, int]:
+    device = str(device)
+    if device == "cpu":
+        return "cpu", 0
+    if device == "cuda":
+        return "cuda", 0
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return "cuda", int(device[5:])
+    raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+
+
+def _check_cuda_available(index: int) -> None:
+    if not _C.cuda_backend_built():
+        raise RuntimeError(
+            "device='cuda' is not available: this build of ftbert has no CUDA backend "
+            "(it was built on a machine without nvcc and cuBLAS); reinstall on a machine with the "
+            "CUDA toolkit, or use device='cpu'"
+        )
+    ensure_cuda_libraries()
+
+
+class Encoder:
+    """A BERT-family encoder running on the ftbert engine."""
+
+    def __init__(self, native: "_C.Encoder", config: dict, device: str, path: Path | None = None):
+        self._native = native
+        self.config = config
+        self.device = device
+        self.path = path
+        self._tokenizer = None
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        device: str = "cpu",
+        dtype: str = "float32",
+        attention: str = "auto",
+        allow_tf32: bool = False,
+    ) -> "Encoder":
+        """Loads a HuggingFace BERT checkpoint directory or an ftbert-converted one.
+
+        device: "cpu", "cuda" or "cuda:N". dtype: "float32", "float16" or "bfloat16" (CPU: float32).
+        attention: "auto", "unfused" or "flash" (see `Encoder.attention`). allow_tf32: let float32
+        GEMMs use TF32 tensor cores on the GPU (faster, about 1e-3 relative error; off by default).
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+        if not path.is_dir():
+            raise ValueError(f"model path {str(path)!r} is not a directory")
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
+        kind, index = _parse_device(device)
+        if kind == "cpu" and dtype != "float32":
+            raise ValueError(f"the CPU backend computes in float32 only (asked for {dtype})")
+        if kind == "cuda":
+            _check_cuda_available(index)
+        if is_converted(path):
+            config, tensors = read_converted(path)
+        elif (path / "config.json").exists():
+            config, tensors = load_hf_checkpoint(path)
+        else:
+            raise ValueError(
+                f"{str(path)!r} is neither an ftbert-converted directory (ftbert_config.json) nor a "
+                "HuggingFace checkpoint (config.json)"
+            )
+        weights = {name: _host_tensor(t) for name, t in tensors.items()}
+        native = _C.Encoder(config, weights, f"{kind}:{index}" if kind == "cuda" else "cpu", dtype)
+        del weights, tensors
+        native.attention = attention
+        if allow_tf32:
+            native.set_allow_tf32(True)
+        return cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
+
+    # ---- properties ------------------------------------------------------------------------
+    @property
+    def dtype(self) -> str:
+        return self._native.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config["hidden_size"])
+
+    @property
+    def attention(self) -> str:
+        """"auto" (flash where supported and measured faster, else unfused), "unfused" or "flash"."""
+        return self._native.attention
+
+    @attention.setter
+    def attention(self, mode: str) -> None:
+        if mode not in ATTENTIONS:
+            raise ValueError(f"unknown attention {mode!r}: expected one of {', '.join(ATTENTIONS)}")
+        self._native.attention = mode
+
+    def attention_for(self, batch: int, seq: int) -> str:
+        """The attention kernel the selector runs for this shape: "flash" or "unfused"."""
+        return self._native.attention_for(batch, seq)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self._native.workspace_bytes
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"Encoder(layers={c['num_hidden_layers']}, hidden={c['hidden_size']}, "
+            f"heads={c['num_attention_heads']}, device={self.device!r}, dtype={self.dtype!r}, "
+            f"attention={self.attention!r})"
+        )
+
+    # ---- forward ---------------------------------------------------------------------------
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> EncoderOutput:
+        """Runs the encoder. See the module docstring for the input/output rules."""
+        torch = _torch()
+        is_torch = isinstance(input_ids, torch.Tensor)
+        if is_torch:
+            return self._forward_torch(input_ids, attention_mask, token_type_ids)
+        ids = _as_int_array("input_ids", input_ids)
+        mask = np.ones_like(ids) if attention_mask is None else _as_int_array("attention_mask", attention_mask)
+        types = np.zeros_like(ids) if token_type_ids is None else _as_int_array("token_type_ids", token_type_ids)
+        _check_shapes(ids.shape, mask.shape, types.shape)
+        hidden, pooled = self._native.forward_host(ids, mask, types)
+        return EncoderOutput(_from_native_numpy(hidden), None if pooled is None else _from_native_numpy(pooled))
+
+    def _forward_torch(self, input_ids, attention_mask, token_type_ids) -> EncoderOutput:
+        torch = _torch()
+        tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        for name, t in tensors.items():
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch tensor like input_ids, got {type(t).__name__}")
+            if t is not None and (t.is_floating_point() or t.is_complex()):
+                raise TypeError(f"{name} must hold integers, got {t.dtype}")
+        in_device = input_ids.device
+        for name, t in tensors.items():
+            if t is not None and t.device != in_device:
+                raise ValueError(f"{name} is on {t.device} but input_ids is on {in_device}")
+        if input_ids.dim() != 2:
+            raise ValueError(_ndim_message("input_ids", tuple(input_ids.shape)))
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
+        _check_shapes(tuple(input_ids.shape), tuple(mask.shape), tuple(types.shape))
+
+        if self.device.startswith("cuda") and in_device.type == "cuda":
+            if in_device.index != int(self.device.split(":")[1]):
+                raise ValueError(f"inputs are on {in_device} but the encoder runs on {self.device}")
+            return self._forward_cuda_tensors(input_ids, mask, types)
+
+        # Host path: through numpy, then back to the inputs' device and a torch dtype.
+        out = self.__call__(
+            _int_tensor_to_numpy("input_ids", input_ids),
+            _int_tensor_to_numpy("attention_mask", mask),
+            _int_tensor_to_numpy("token_type_ids", types),
+        )
+        tdtype = getattr(torch, self.dtype)
+
+        def back(a):
+            return None if a is None else torch.from_numpy(a).to(device=in_device, dtype=tdtype)
+
+        return EncoderOutput(back(out.last_hidden_state), back(out.pooler_output))
+
+    def _forward_cuda_tensors(self, ids, mask, types) -> EncoderOutput:
+        torch = _torch()
+        B, S = ids.shape
+        if B == 0 or S == 0:
+            raise ValueError(f"empty input: input_ids has shape {tuple(ids.shape)}")
+        self._check_device_values(ids, mask, types)
+        ids32, mask32, types32 = (t.to(torch.int32).contiguous() for t in (ids, mask, types))
+        tdtype = getattr(torch, self.dtype)
+        hidden = torch.empty((B, S, self.hidden_size), dtype=tdtype, device=ids.device)
+        pooled = (
+            torch.empty((B, self.hidden_size), dtype=tdtype, device=ids.device)
+            if self.config["has_pooler"]
+            else None
+        )
+        stream = torch.cuda.current_stream(ids.device).cuda_stream
+        self._native.forward_device(
+            ids32.data_ptr(), mask32.data_ptr(), types32.data_ptr(), B, S,
+            hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(), stream,
+        )
+        # The int32 copies were made on this same stream, so torch's allocator cannot hand their
+        # memory to other work before the engine has read them.
+        return EncoderOutput(hidden, pooled)
+
+    def _check_device_values(self, ids, mask, types) -> None:
+        # Device inputs are checked here with torch (one small sync); the kernels clamp anyway, so
+        # a bad id can never read outside the tables.
+        c = self.config
+        if ids.shape[1] > c["max_position_embeddings"]:
+            raise ValueError(
+                f"sequence length {ids.shape[1]} exceeds max_position_embeddings {c['max_position_embeddings']}"
+            )
+        bad_ids = (ids < 0) | (ids >= c["vocab_size"])
+        bad_types = (types < 0) | (types >= c["type_vocab_size"])
+        bad_mask = (mask != 0) & (mask != 1)
+        flags = _torch().stack([bad_ids.any(), bad_types.any(), bad_mask.any()]).tolist()
+        if flags[0]:
+            raise ValueError(f"input_ids holds values out of range for vocab_size {c['vocab_size']}")
+        if flags[1]:
+            raise ValueError(f"token_type_ids holds values out of range for type_vocab_size {c['type_vocab_size']}")
+        if flags[2]:
+            raise ValueError("attention_mask must hold only 0 and 1")
+
+    # ---- text ------------------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer (transformers' fast tokenizer), loaded on first use."""
+        if self._tokenizer is None:
+            if self.path is None:
+                raise ValueError("this encoder was not loaded from a directory with a tokenizer")
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+            except Exception as e:  # transformers raises several types here
+                raise ValueError(f"no usable tokenizer in {str(self.path)!r}: {e}") from e
+        return self._tokenizer
+
+    @property
+    def max_seq_length(self) -> int:
+        """Truncation length for `encode`: the sentence-transformers setting, else the model's limit."""
+        limit = int(self.config["max_position_embeddings"])
+        st = self.config.get("max_seq_length")
+        return min(int(st), limit) if st else limit
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        pooling: str | None = None,
+        normalize: bool = True,
+        batch_size: int = 32,
+    ) -> np.ndarray:
+        """Embeds texts: tokenize, pad, truncate at `max_seq_length`, run, pool. Returns float32 [N, H].
+
+        pooling: "mean" (over valid tokens), "cls" (first token) or "pooler" (the pooler output);
+        default: what the checkpoint's sentence-transformers config says, else "mean".
+        """
+        from .text import encode_texts
+
+        return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size)
+
+
+# ---- input conversion helpers ---------------------------------------------------------------
+def _ndim_message(name: str, shape: tuple) -> str:
+    hint = " (add a batch dimension, e.g. ids[None])" if len(shape) == 1 else ""
+    return f"{name} must be 2-D [batch, seq], got shape {shape}{hint}"
+
+
+def _as_int_array(name: str, value) -> np.ndarray:
+    if isinstance(value, (list, tuple)):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(value).__name__}")
+    if value.dtype == np.bool_:
+        value = value.astype(np.int32)
+    if not np.issubdtype(value.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+    if value.ndim != 2:
+        raise ValueError(_ndim_message(name, value.shape))
+    if value.size == 0:
+        raise ValueError(f"empty input: {name} has shape {value.shape}")
+    if value.dtype.itemsize > 4 or value.dtype == np.uint32:
+        lo, hi = int(value.min()), int(value.max())
+        if lo < -(2**31) or hi >= 2**31:
+            raise ValueError(f"{name} holds {lo if lo < -(2**31) else hi}, outside the int32 range")
+    return np.ascontiguousarray(value, dtype=np.int32)
+
+
+def _int_tensor_to_numpy(name: str, t) -> np.ndarray:
+    torch = _torch()
+    if t.dtype == torch.bool:
+        t = t.to(torch.int32)
+    return _as_int_array(name, t.detach().cpu().numpy())
+
+
+def _check_shapes(ids_shape, mask_shape, types_shape) -> None:
+    if tuple(mask_shape) != tuple(ids_shape):
+        raise ValueError(f"attention_mask has shape {tuple(mask_shape)}, expected {tuple(ids_shape)} like input_ids")
+    if tuple(types_shape) != tuple(ids_shape):
+        raise ValueError(f"token_type_ids has shape {tuple(types_shape)}, expected {tuple(ids_shape)} like input_ids")
+
+
+def _from_native_numpy(a: np.ndarray) -> np.ndarray:
+    # bfloat16 comes back as its bits (numpy has no bfloat16): widen to float32 exactly.
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a
+
+
+def _host_tensor(t) -> tuple[np.ndarray, str]:
+    """A torch tensor from the weight reader -> (numpy array, stored dtype name) for the engine."""
+    torch = _torch()
+    t = t.detach().contiguous().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    if t.dtype == torch.float16:
+        return t.numpy(), "float16"
+    if t.dtype == torch.float32:
+        return t.numpy(), "float32"
+    raise ValueError(f"weights: unsupported tensor dtype {t.dtype}")

@@ -1,0 +1,85 @@
+"""Text in, embeddings out: tokenization, batching, truncation and pooling for `Encoder.encode`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .encoder import Encoder
+
+POOLINGS = ("mean", "cls", "pooler")
+
+
+def default_pooling(path: Path | None) -> str:
+    """The pooling a sentence-transformers directory declares (1_Pooling/config.json), else mean."""
+    if path is not None:
+        cfg = Path(path) / "1_Pooling" / "config.json"
+        if cfg.exists():
+            try:
+                p = json.loads(cfg.read_text())
+            except (OSError, ValueError):
+                return "mean"
+            if p.get("pooling_mode_cls_token"):
+                return "cls"
+    return "mean"
+
+
+def encode_texts(
+    enc: "Encoder",
+    texts: str | Sequence[str],
+    pooling: str | None = None,
+    normalize: bool = True,
+    batch_size: int = 32,
+) -> np.ndarray:
+    import torch
+
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not texts:
+        raise ValueError("encode: no texts given")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"encode: texts[{i}] is {type(t).__name__}, expected str")
+    if batch_size < 1:
+        raise ValueError(f"encode: batch_size must be at least 1, got {batch_size}")
+    pooling = pooling or default_pooling(enc.path)
+    if pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
+    if pooling == "pooler" and not enc.config["has_pooler"]:
+        raise ValueError("pooling='pooler' needs a checkpoint with a pooler; this one has none")
+
+    tok = enc.tokenizer
+    # Longest first, so each batch pads to similar lengths; the order is restored at the end.
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    device = enc.device if enc.device.startswith("cuda") else "cpu"
+    out = np.empty((len(texts), enc.hidden_size), dtype=np.float32)
+    for start in range(0, len(texts), batch_size):
+        idx = order[start : start + batch_size]
+        batch = tok(
+            [texts[i] for i in idx],
+            padding=True,
+            truncation=True,
+            max_length=enc.max_seq_length,
+            return_tensors="pt",
+        )
+        ids = batch["input_ids"].to(device)
+        mask = batch["attention_mask"].to(device)
+        types = batch.get("token_type_ids")
+        types = torch.zeros_like(ids) if types is None else types.to(device)
+        res = enc(ids, mask, types)
+        if pooling == "pooler":
+            emb = res.pooler_output.float()
+        elif pooling == "cls":
+            emb = res.last_hidden_state[:, 0].float()
+        else:
+            m = mask.unsqueeze(-1).to(torch.float32)
+            emb = (res.last_hidden_state.float() * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        if normalize:
+            emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+        out[idx] = emb.cpu().numpy()
+    return out

@@ -45,12 +45,17 @@ size_t Encoder::workspace_bytes() const {
 
 void Encoder::ensure_workspace(int batch, int seq) {
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
-  if (tokens <= capacity_tokens_) return;
-  // Queued work may still use the old buffers.
-  backend_->synchronize();
   const size_t es = dtype_size(dtype_);
   const size_t H = config_.hidden_size, I = config_.intermediate_size;
   Backend* b = backend_.get();
+  if (batch > capacity_batch_) {  // the pooler's rows: more sequences of fewer tokens
+    backend_->synchronize();
+    pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
+    capacity_batch_ = batch;
+  }
+  if (tokens <= capacity_tokens_) return;
+  // Queued work may still use the old buffers.
+  backend_->synchronize();
   ids_ = DeviceBuffer(b, tokens * sizeof(int32_t));
   mask_ = DeviceBuffer(b, tokens * sizeof(int32_t));
   types_ = DeviceBuffer(b, tokens * sizeof(int32_t));
@@ -59,7 +64,6 @@ void Encoder::ensure_workspace(int batch, int seq) {
   qkv_ = DeviceBuffer(b, tokens * 3 * H * es);
   ctx_ = DeviceBuffer(b, tokens * H * es);
   inter_ = DeviceBuffer(b, tokens * I * es);
-  pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
   capacity_tokens_ = tokens;
 }
 

@@ -27,7 +27,7 @@ void CpuBackend::add_bias_activation(DType dt, void* x,  // [M, N]
   require_cpu_float32(dt, "add_bias_activation");
   auto* xs = static_cast<float*>(x);
   const auto* b = static_cast<const float*>(bias);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t{rows} * cols >= kParallelMinElements)
   for (int r = 0; r < rows; ++r) {
     float* row = xs + static_cast<int64_t>(r) * cols;
     for (int c = 0; c < cols; ++c) row[c] = activate(row[c] + b[c], act);

@@ -17,7 +17,8 @@ void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [B, S, 3H
   const auto* b = static_cast<const float*>(bias);
   float* outs[3] = {static_cast<float*>(q), static_cast<float*>(k), static_cast<float*>(v)};
   const int hidden = heads * head_dim;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) \
+    if (int64_t{batch} * seq * 3 * hidden >= kParallelMinElements)
   for (int bi = 0; bi < batch; ++bi) {
     for (int s = 0; s < seq; ++s) {
       const float* row = in + (static_cast<int64_t>(bi) * seq + s) * 3 * hidden;
@@ -38,7 +39,7 @@ void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
   require_cpu_float32(dt, "masked_softmax");
   auto* x = static_cast<float*>(scores);
   const int64_t rows = static_cast<int64_t>(batch) * heads * seq;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * seq >= kParallelMinElements)
   for (int64_t r = 0; r < rows; ++r) {
     const int bi = static_cast<int>(r / (static_cast<int64_t>(heads) * seq));
     const int32_t* m = mask + static_cast<int64_t>(bi) * seq;
@@ -68,7 +69,8 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
   const auto* src = static_cast<const float*>(in);
   auto* dst = static_cast<float*>(out);
   const int hidden = heads * head_dim;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) \
+    if (int64_t{batch} * seq * hidden >= kParallelMinElements)
   for (int bi = 0; bi < batch; ++bi) {
     for (int s = 0; s < seq; ++s) {
       float* row = dst + (static_cast<int64_t>(bi) * seq + s) * hidden;

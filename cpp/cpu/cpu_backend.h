@@ -41,6 +41,10 @@ class CpuBackend final : public Backend {
                            Activation act) override;
 };
 
+// Threads only pay off past this many elements: below it, waking the team (and its barrier,
+// which waits on a descheduled thread when the machine is busy) costs more than the work.
+constexpr int64_t kParallelMinElements = 1 << 15;
+
 // Shared by the CPU ops: only float32 runs here.
 void require_cpu_float32(DType dt, const char* op);
 

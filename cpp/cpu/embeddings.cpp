@@ -21,7 +21,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
   const auto* t = static_cast<const float*>(token_type);
   auto* o = static_cast<float*>(out);
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
-#pragma omp parallel
+#pragma omp parallel if (tokens * hidden >= kParallelMinElements)
   {
     std::vector<float> row(hidden);
 #pragma omp for schedule(static)

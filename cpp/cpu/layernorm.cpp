@@ -14,7 +14,7 @@ void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H
   auto* xs = static_cast<float*>(x);
   const auto* res = static_cast<const float*>(residual);
   const auto* b = static_cast<const float*>(bias);
-#pragma omp parallel
+#pragma omp parallel if (int64_t{rows} * hidden >= kParallelMinElements)
   {
     std::vector<float> row(hidden);
 #pragma omp for schedule(static)

@@ -172,7 +172,7 @@ class Encoder:
         for name, t in tensors.items():
             if t is not None and not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch tensor like input_ids, got {type(t).__name__}")
-            if t is not None and (t.is_floating_point() or t.is_complex()):
+            if t is not None and (t.is_floating_point() or t.is_complex()) and name != "attention_mask":
                 raise TypeError(f"{name} must hold integers, got {t.dtype}")
         in_device = input_ids.device
         for name, t in tensors.items():
@@ -296,6 +296,8 @@ def _as_int_array(name: str, value) -> np.ndarray:
         raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(value).__name__}")
     if value.dtype == np.bool_:
         value = value.astype(np.int32)
+    if name == "attention_mask" and np.issubdtype(value.dtype, np.floating) and np.isin(value, (0.0, 1.0)).all():
+        value = value.astype(np.int32)  # a float 1.0/0.0 mask, as transformers accepts
     if not np.issubdtype(value.dtype, np.integer):
         raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
     if value.ndim != 2:

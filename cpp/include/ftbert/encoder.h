@@ -67,8 +67,10 @@ class Encoder {
   AttentionMode attention_mode_ = AttentionMode::kAuto;
   std::mutex mutex_;
 
-  // Workspace, sized for the largest B*S seen (attention scratch: the largest it needed).
+  // Workspace, sized for the largest B*S and the largest B seen (attention scratch: the
+  // largest it needed).
   int64_t capacity_tokens_ = 0;
+  int capacity_batch_ = 0;
   DeviceBuffer ids_, mask_, types_;   // [B, S] int32
   DeviceBuffer hidden_, hidden2_;     // [B, S, H]
   DeviceBuffer qkv_;                  // [B, S, 3H]

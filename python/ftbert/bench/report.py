@@ -1,0 +1,129 @@
+"""What a sweep leaves behind: a rich table on the terminal, JSON and CSV files, a PNG plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+# CSV columns, in order; the JSON rows hold the same keys (those a row has).
+FIELDS = (
+    "device", "dtype", "batch", "seq", "varlen_min", "tokens", "engine", "kernel", "status",
+    "median_ms", "p90_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "iters", "seq_per_s",
+    "tok_per_s", "speedup_vs_sdpa", "max_abs_err", "weights_mib", "act_mib", "peak_mib",
+    "mem_source", "note", "error",
+)
+
+
+def _clean(v):
+    """JSON has no NaN/inf: write them as strings rather than produce a file parsers reject."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v
+
+
+def write_json(path: Path, meta: dict, rows: list[dict]) -> None:
+    doc = dict(meta)
+    doc["results"] = [{k: r[k] for k in FIELDS if k in r} for r in rows]
+    path.write_text(json.dumps(_clean(doc), indent=2, allow_nan=False) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") if r.get(k) is not None else "" for k in FIELDS})
+
+
+def plot_png(path: Path, rows: list[dict], title: str) -> bool:
+    """Median latency vs batch size, one line per engine; one subplot per sequence length, one row
+    of subplots per (device, dtype). False when no configuration succeeded (nothing to draw)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        return False
+    groups = sorted({(r["device"], r["dtype"]) for r in ok})
+    seqs = sorted({r["seq"] for r in ok})
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    colors = {e: plt.cm.tab10(i % 10) for i, e in enumerate(engines)}
+    fig, axes = plt.subplots(
+        len(groups), len(seqs), figsize=(4.2 * len(seqs), 3.4 * len(groups)), squeeze=False
+    )
+    for gi, (device, dtype) in enumerate(groups):
+        for si, seq in enumerate(seqs):
+            ax = axes[gi][si]
+            for e in engines:
+                pts = sorted(
+                    (r["batch"], r["median_ms"]) for r in ok
+                    if r["engine"] == e and r["device"] == device and r["dtype"] == dtype and r["seq"] == seq
+                )
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=e, color=colors[e])
+            ax.set_title(f"{device} {dtype}, seq {seq}", fontsize=9)
+            ax.set_xlabel("batch size")
+            ax.set_ylabel("median latency (ms)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+    handles, labels = [], []
+    for ax in axes.flat:  # one legend for the figure, from whichever subplots drew each engine
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8)
+    fig.suptitle(title, y=0.995, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, str):
+        return v
+    return format(v, spec)
+
+
+def print_table(console, rows: list[dict]) -> None:
+    """One table per (device, dtype)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    groups = list(dict.fromkeys((r["device"], r["dtype"]) for r in rows))
+    for device, dtype in groups:
+        t = Table(title=f"{device}  {dtype}", title_justify="left", header_style="bold")
+        for name in ("batch", "seq", "engine", "kernel", "median ms", "p90 ms", "p99 ms", "seq/s",
+                     "tok/s", "peak MiB", "× sdpa", "max err", "status"):
+            t.add_column(name, justify="left" if name in ("engine", "kernel", "status") else "right")
+        for r in rows:
+            if (r["device"], r["dtype"]) != (device, dtype):
+                continue
+            if r["status"] == "ok":
+                status = "[green]ok[/]"
+            elif r["status"] == "skipped":
+                status = f"[yellow]skipped[/]: {escape(r.get('note') or '')}"
+            else:
+                status = f"[red]failed[/]: {escape(r.get('error') or '')}"
+            if r["status"] == "ok" and r.get("note"):
+                status += f" ({escape(r['note'])})"
+            t.add_row(
+                str(r["batch"]), str(r["seq"]), r["engine"], r.get("kernel") or "-",
+                _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"),
+                _fmt(r.get("p99_ms"), ".3f"), _fmt(r.get("seq_per_s"), ",.0f"),
+                _fmt(r.get("tok_per_s"), ",.0f"), _fmt(r.get("peak_mib"), ",.1f"),
+                _fmt(r.get("speedup_vs_sdpa"), ".2f"), _fmt(r.get("max_abs_err"), ".2e"), status,
+            )
+        console.print(t)

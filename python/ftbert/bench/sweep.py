@@ -1,0 +1,248 @@
+"""The sweep: device x (batch, seq) x dtype x engine, each timed on the same inputs, with its error
+against a float32 reference next to its time. A configuration that fails is recorded and skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+
+import torch
+
+from .args import Options
+from .models import HF_IMPL, Model, Peers, ftbert_weight_bytes, make_ftbert, weight_bytes
+from .timing import summarize, time_forward
+
+MIB = 1024 * 1024
+MEM_SOURCE_FTBERT = ("estimate: weights (parameters x dtype size) + enc.workspace_bytes + "
+                     "torch.cuda.max_memory_allocated delta of the forward (outputs)")
+MEM_SOURCE_TORCH = "parameter+buffer bytes + torch.cuda.max_memory_allocated delta of the forward"
+CPU_DTYPE_NOTE = "ftbert's CPU backend computes in float32 only"
+
+
+def engine_list(opts: Options) -> list[str]:
+    """Engine names of one configuration: ftbert-<attention> for each variant, then the peers."""
+    out = []
+    for e in opts.engines:
+        out.extend(f"ftbert-{a}" for a in opts.attentions) if e == "ftbert" else out.append(e)
+    return out
+
+
+def make_inputs(config: dict, batch: int, seq: int, varlen_min: int | None, seed: int) -> dict:
+    """Random ids, right-padded mask and zero token types on the CPU (int64), the same for every
+    dtype and engine of this (batch, seq)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + batch * 4099 + seq)
+    ids = torch.randint(0, int(config["vocab_size"]), (batch, seq), generator=g)
+    mask = torch.ones((batch, seq), dtype=torch.int64)
+    if varlen_min is not None:
+        lengths = torch.randint(min(varlen_min, seq), seq + 1, (batch,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).to(torch.int64)
+        ids = ids * mask  # padding positions hold id 0, as a tokenizer's [PAD] would
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+@contextlib.contextmanager
+def no_tf32():
+    """The float32 reference is plain float32 even when --allow-tf32 is on for the engines."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def max_abs_error(out: torch.Tensor, ref: torch.Tensor, valid: torch.Tensor) -> float:
+    """max |out - ref| over the valid (mask == 1) positions of last_hidden_state [B, S, H]."""
+    return float((out.float() - ref).abs()[valid].max())
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".strip()
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:  # a sticky CUDA error was already recorded by the row that caused it
+            pass
+
+
+class Sweep:
+    def __init__(self, opts: Options, model: Model, progress=None):
+        self.opts = opts
+        self.model = model
+        self.peers = Peers(model)
+        self.progress = progress
+        self.task = None
+        self.rows: list[dict] = []
+        self.interrupted = False
+
+    def total(self) -> int:
+        o = self.opts
+        return len(o.devices) * len(o.batches) * len(o.seqs) * len(o.dtypes) * len(engine_list(o))
+
+    def run(self) -> list[dict]:
+        if self.progress is not None:
+            self.task = self.progress.add_task("sweep", total=self.total())
+        if self.opts.allow_tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            with torch.inference_mode():
+                for device in self.opts.devices:
+                    self._run_device(device)
+        except KeyboardInterrupt:
+            self.interrupted = True
+        add_speedups(self.rows)
+        return self.rows
+
+    def _run_device(self, device: str) -> None:
+        ctx = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+        with ctx:
+            for batch in self.opts.batches:
+                for seq in self.opts.seqs:
+                    self._run_shape(device, batch, seq)
+        self.peers.drop_device(device)
+        _free(device)
+
+    def _run_shape(self, device: str, batch: int, seq: int) -> None:
+        cpu_inputs = make_inputs(self.model.config, batch, seq, self.opts.varlen, self.opts.seed)
+        # transformers gets int64 (what its tokenizers return); ftbert gets int32, the engine's
+        # input type, so no cast is timed on the zero-copy GPU path.
+        hf_in = {k: v.to(device) for k, v in cpu_inputs.items()}
+        ft_in = {k: v.to(device=device, dtype=torch.int32) for k, v in cpu_inputs.items()}
+        valid = hf_in["attention_mask"].bool()
+        tokens = int(cpu_inputs["attention_mask"].sum())
+        ref, ref_error = None, None
+        try:
+            with no_tf32():
+                ref_model = self.peers.get(device, "float32", "eager")
+                ref = ref_model(**hf_in).last_hidden_state.float()
+        except Exception as e:  # the reference failing must not stop the timings
+            ref_error = _one_line(e)
+            _free(device)
+        for dtype in self.opts.dtypes:
+            for engine in engine_list(self.opts):
+                if self.progress is not None:
+                    self.progress.update(self.task, description=f"{device} {dtype} b={batch} s={seq} {engine}")
+                row = {
+                    "device": device, "dtype": dtype, "batch": batch, "seq": seq,
+                    "varlen_min": self.opts.varlen, "tokens": tokens, "engine": engine,
+                }
+                row.update(self._run_engine(engine, device, dtype, batch, seq, ft_in, hf_in))
+                if row["status"] == "ok":
+                    if ref is not None:
+                        row["max_abs_err"] = max_abs_error(row.pop("_out"), ref, valid)
+                    else:
+                        row.pop("_out")
+                        row["note"] = _join(row.get("note"), f"no reference: {ref_error}")
+                self.rows.append(row)
+                if self.progress is not None:
+                    self.progress.advance(self.task)
+        del ref
+        _free(device)
+
+    def _run_engine(self, engine, device, dtype, batch, seq, ft_in, hf_in) -> dict:
+        o = self.opts
+        if engine.startswith("ftbert") and device == "cpu" and dtype != "float32":
+            if CPU_DTYPE_NOTE not in o.notes:
+                o.notes.append(f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped")
+            return {"status": "skipped", "note": CPU_DTYPE_NOTE}
+        is_cuda = device.startswith("cuda")
+        runner = None
+        try:
+            res: dict = {}
+            if engine.startswith("ftbert"):
+                attention = engine.split("-", 1)[1]
+                runner = make_ftbert(self.model, device, dtype, attention, o.allow_tf32)
+                try:
+                    res["kernel"] = runner.attention_for(batch, seq)
+                except (RuntimeError, ValueError) as e:  # e.g. flash forced where unsupported
+                    return {"status": "skipped", "note": _one_line(e)}
+                enc = runner
+
+                def fn():
+                    return enc(ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]).last_hidden_state
+            else:
+                runner = self.peers.get(device, dtype, HF_IMPL[engine])
+                res["kernel"] = HF_IMPL[engine]
+                if engine == "hf-compile":
+                    # A fresh compile per shape and dtype: dynamo's cache is per code object, and
+                    # its recompile limit would otherwise fall back to eager part-way through.
+                    torch._dynamo.reset()
+                    runner = torch.compile(runner, dynamic=False)
+                    t0 = time.perf_counter()
+                    runner(**hf_in)
+                    if is_cuda:
+                        torch.cuda.synchronize()
+                    res["note"] = f"compile + first call {time.perf_counter() - t0:.1f} s"
+                model = runner
+
+                def fn():
+                    return model(**hf_in).last_hidden_state
+
+            samples = time_forward(fn, device, o.warmup_for(device), o.iters_for(device))
+            res.update(summarize(samples))
+            # One more forward outside the timed loop: peak memory and the output for the error.
+            if is_cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            out = fn()
+            if is_cuda:
+                torch.cuda.synchronize()
+                delta = torch.cuda.max_memory_allocated() - base
+                if engine.startswith("ftbert"):
+                    weights = ftbert_weight_bytes(self.model, dtype)
+                    act = runner.workspace_bytes + delta
+                    res["mem_source"] = MEM_SOURCE_FTBERT
+                else:
+                    weights = weight_bytes(self.peers.get(device, dtype, HF_IMPL[engine]))
+                    act = delta
+                    res["mem_source"] = MEM_SOURCE_TORCH
+                res["weights_mib"] = weights / MIB
+                res["act_mib"] = act / MIB
+                res["peak_mib"] = (weights + act) / MIB
+            med_s = res["median_ms"] / 1e3
+            res["seq_per_s"] = batch / med_s
+            res["tok_per_s"] = int(hf_in["attention_mask"].sum()) / med_s
+            res["status"] = "ok"
+            res["_out"] = out
+            return res
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # OOM, CUDA or engine errors: record this one, go on with the rest
+            msg = _one_line(e)
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                msg = "out of memory: " + msg
+            _free(device)
+            return {"status": "failed", "error": msg}
+        finally:
+            if engine == "hf-compile":
+                torch._dynamo.reset()
+            del runner
+            if engine.startswith("ftbert") or engine == "hf-compile":
+                # The engine's device memory and compiled graphs go now, not at some later GC.
+                _free(device)
+
+
+def _join(a: str | None, b: str) -> str:
+    return b if not a else f"{a}; {b}"
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_vs_sdpa = transformers-sdpa's median / this row's median, at the same configuration."""
+    sdpa = {
+        (r["device"], r["dtype"], r["batch"], r["seq"]): r["median_ms"]
+        for r in rows
+        if r["engine"] == "hf-sdpa" and r["status"] == "ok"
+    }
+    for r in rows:
+        key = (r["device"], r["dtype"], r["batch"], r["seq"])
+        if r["status"] == "ok" and key in sdpa:
+            r["speedup_vs_sdpa"] = sdpa[key] / r["median_ms"]

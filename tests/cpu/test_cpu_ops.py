@@ -1,0 +1,150 @@
+"""Each CPU backend op against a float64 numpy reference, on random inputs and odd sizes."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ftbert import _C
+from tests._util import ragged_mask
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return _C.OpRunner("cpu")
+
+
+def layernorm64(x, gamma, beta, eps):
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def assert_close(out, ref, tol):
+    assert out.shape == ref.shape
+    assert np.isfinite(out).all()
+    err = np.abs(out.astype(np.float64) - ref).max()
+    assert err <= tol, f"max abs error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 13, 5), (97, 129, 33), (128, 384, 96)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_gemm_matches_float64_matmul(cpu, rng, m, n, k, ta, tb):
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64) * 0.5
+    assert_close(cpu.gemm("float32", a, b, ta, tb, 0.5), ref, 1e-4 * math.sqrt(k))
+
+
+@pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48)])
+@pytest.mark.parametrize("tb", [False, True])
+def test_batched_gemm_matches_per_matrix_matmul(cpu, rng, batch, m, n, k, tb):
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, n, k) if tb else (batch, k, n)).astype(np.float32)
+    bb = np.swapaxes(b, 1, 2) if tb else b
+    ref = np.einsum("bmk,bkn->bmn", a.astype(np.float64), bb.astype(np.float64))
+    assert_close(cpu.batched_gemm("float32", a, b, False, tb), ref, 1e-4 * math.sqrt(k))
+
+
+@pytest.mark.parametrize("batch,seq,hidden", [(1, 1, 32), (3, 7, 48), (2, 129, 336)])
+def test_embed_layernorm_matches_lookup_and_layernorm(cpu, rng, batch, seq, hidden):
+    vocab, positions, types = 53, seq + 5, 3
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int32)
+    tt = rng.integers(0, types, (batch, seq)).astype(np.int32)
+    word = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    pos = rng.standard_normal((positions, hidden)).astype(np.float32)
+    typ = rng.standard_normal((types, hidden)).astype(np.float32)
+    gamma = rng.standard_normal(hidden).astype(np.float32)
+    beta = rng.standard_normal(hidden).astype(np.float32)
+    x = word[ids].astype(np.float64) + pos[None, :seq] + typ[tt]
+    ref = layernorm64(x, gamma, beta, 1e-12)
+    assert_close(cpu.embed_layernorm("float32", ids, tt, word, pos, typ, gamma, beta, 1e-12), ref, 1e-4)
+
+
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 32), (2, 7, 3, 48), (3, 97, 2, 64)])
+def test_add_qkv_bias_transpose_splits_heads(cpu, rng, batch, seq, heads, d):
+    H = heads * d
+    qkv = rng.standard_normal((batch, seq, 3 * H)).astype(np.float32)
+    bias = rng.standard_normal(3 * H).astype(np.float32)
+    q, k, v = cpu.add_qkv_bias_transpose("float32", qkv, bias, heads)
+    full = (qkv + bias).reshape(batch, seq, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    for got, ref in zip((q, k, v), full):
+        assert_close(got, ref.astype(np.float64), 1e-6)
+
+
+@pytest.mark.parametrize("batch,heads,seq", [(1, 1, 1), (2, 3, 7), (3, 2, 129)])
+@pytest.mark.parametrize("left", [False, True])
+def test_masked_softmax_matches_reference_and_excludes_padding(cpu, rng, batch, heads, seq, left):
+    scores = (rng.standard_normal((batch, heads, seq, seq)) * 4).astype(np.float32)
+    mask = ragged_mask(rng, batch, seq, left=left)
+    scale = 0.125
+    x = scores.astype(np.float64) * scale
+    x = np.where(mask[:, None, None, :] == 1, x, -np.inf)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    assert_close(cpu.masked_softmax("float32", scores, mask, scale), ref, 1e-6)
+
+
+def test_masked_softmax_fully_masked_row_is_zero_not_nan(cpu, rng):
+    scores = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
+    mask = np.ones((2, 5), np.int32)
+    mask[1] = 0
+    out = cpu.masked_softmax("float32", scores, mask, 1.0)
+    assert np.isfinite(out).all()
+    assert (out[1] == 0).all()
+    np.testing.assert_allclose(out[0].sum(-1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch,heads,seq,d", [(1, 1, 1, 32), (2, 3, 7, 48), (2, 4, 97, 64)])
+def test_transpose_heads_merges_heads(cpu, rng, batch, heads, seq, d):
+    x = rng.standard_normal((batch, heads, seq, d)).astype(np.float32)
+    ref = x.transpose(0, 2, 1, 3).reshape(batch, seq, heads * d)
+    assert_close(cpu.transpose_heads("float32", x), ref.astype(np.float64), 0.0)
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 32), (7, 48), (97, 336), (3, 1000)])
+def test_add_bias_residual_layernorm_matches_reference(cpu, rng, rows, hidden):
+    x, res = (rng.standard_normal((rows, hidden)).astype(np.float32) * 3 for _ in range(2))
+    bias, gamma, beta = (rng.standard_normal(hidden).astype(np.float32) for _ in range(3))
+    ref = layernorm64(x.astype(np.float64) + bias + res, gamma, beta, 1e-5)
+    assert_close(cpu.add_bias_residual_layernorm("float32", x, res, bias, gamma, beta, 1e-5), ref, 2e-5)
+
+
+ACTS = {
+    "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "relu": lambda x: np.maximum(x, 0),
+    "tanh": np.tanh,
+}
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 130), (33, 1000)])
+def test_add_bias_activation_matches_reference(cpu, rng, act, rows, cols):
+    x = (rng.standard_normal((rows, cols)) * 3).astype(np.float32)
+    bias = rng.standard_normal(cols).astype(np.float32)
+    ref = ACTS[act](x.astype(np.float64) + bias)
+    assert_close(cpu.add_bias_activation("float32", x, bias, act), ref, 2e-6 * max(1.0, np.abs(ref).max()))
+
+
+def test_pooler_is_tanh_dense_on_first_token(cpu, rng):
+    hidden = rng.standard_normal((3, 7, 48)).astype(np.float32)
+    w = rng.standard_normal((48, 48)).astype(np.float32) * 0.2
+    b = rng.standard_normal(48).astype(np.float32)
+    ref = np.tanh(hidden[:, 0].astype(np.float64) @ w + b)
+    assert_close(cpu.pooler("float32", hidden, w, b), ref, 1e-5)
+
+
+def test_cpu_rejects_half_precision_with_clear_error(cpu, rng):
+    a = rng.standard_normal((4, 4)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        cpu.gemm("float16", a, a)
+
+
+def test_cpu_has_no_flash_attention(cpu, rng):
+    assert cpu.supports_attention("unfused", "float32", 64)
+    assert not cpu.supports_attention("flash", "float16", 64)
+    qkv = rng.standard_normal((1, 3, 96)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="flash"):
+        cpu.flash_attention("float32", qkv, np.zeros(96, np.float32), np.ones((1, 3), np.int32), 1, 0.1)

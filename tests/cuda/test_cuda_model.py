@@ -1,0 +1,224 @@
+"""The whole model on the GPU against transformers.BertModel (GPU only; skipped without one)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import ftbert
+from tests._models import make_bert
+from tests._util import ragged_mask
+
+pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    # The fp32 reference must be true fp32.
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+CONFIGS = [(64, 2, 2, "gelu"), (96, 2, 1, "gelu_new"), (256, 4, 2, "gelu"), (384, 3, 2, "gelu")]  # d 32,48,64,128
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: f"h{c[0]}-d{c[0] // c[1]}-L{c[2]}-{c[3]}")
+def hf_dir(request, tmp_path_factory):
+    hidden, heads, layers, act = request.param
+    path = tmp_path_factory.mktemp("bert")
+    model = make_bert(path, hidden=hidden, heads=heads, layers=layers, act=act, seed=hidden)
+    return path, model
+
+
+def inputs(rng, vocab, batch, seq, left=False):
+    ids = torch.from_numpy(rng.integers(0, vocab, (batch, seq))).cuda()
+    mask = torch.from_numpy(ragged_mask(rng, batch, seq, left=left)).cuda()
+    types = torch.from_numpy(rng.integers(0, 2, (batch, seq))).cuda()
+    return ids, mask, types
+
+
+_HF_CACHE = {}
+
+
+def hf_forward(path, dtype, ids, mask, types, attn="sdpa"):
+    from transformers import BertModel
+
+    key = (str(path), dtype, attn)
+    if key not in _HF_CACHE:
+        _HF_CACHE.clear()
+        _HF_CACHE[key] = BertModel.from_pretrained(path, attn_implementation=attn, dtype=dtype).cuda().eval()
+    m = _HF_CACHE[key]
+    with torch.no_grad():
+        return m(ids, attention_mask=mask, token_type_ids=types)
+
+
+def max_err(a, b, mask):
+    valid = mask.bool()
+    return (a.float() - b.float()).abs()[valid].max().item()
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (3, 7), (2, 97), (4, 129), (2, 512)])
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+def test_float32_matches_transformers(hf_dir, rng, batch, seq, left):
+    path, model = hf_dir
+    ids, mask, types = inputs(rng, model.config.vocab_size, batch, seq, left)
+    ref = hf_forward(path, torch.float32, ids, mask, types, attn="eager")
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float32")
+    out = enc(ids, mask, types)
+    assert torch.isfinite(out.last_hidden_state).all()
+    assert max_err(out.last_hidden_state, ref.last_hidden_state, mask) <= 1e-4
+    assert (out.pooler_output - ref.pooler_output).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("attention", ["unfused", "flash"])
+@pytest.mark.parametrize("batch,seq", [(2, 7), (3, 129), (2, 512)])
+def test_half_precision_error_within_twice_transformers(hf_dir, rng, dtype, attention, batch, seq):
+    path, model = hf_dir
+    ids, mask, types = inputs(rng, model.config.vocab_size, batch, seq)
+    ref = hf_forward(path, torch.float32, ids, mask, types, attn="eager").last_hidden_state
+    theirs = hf_forward(path, DTYPES[dtype], ids, mask, types).last_hidden_state
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype)
+    if attention == "flash" and enc.config["hidden_size"] // enc.config["num_attention_heads"] not in (32, 64, 128):
+        with pytest.raises(RuntimeError, match="head dim"):
+            enc.attention = "flash"
+        return
+    enc.attention = attention
+    ours = enc(ids, mask, types).last_hidden_state
+    assert ours.dtype == DTYPES[dtype]
+    e_ours, e_theirs = max_err(ours, ref, mask), max_err(theirs, ref, mask)
+    assert e_ours <= 2 * e_theirs + 1e-3, f"ftbert {e_ours:.3e} vs transformers {e_theirs:.3e}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_flash_and_unfused_agree(hf_dir, rng, dtype):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, attention="unfused")
+    d = enc.config["hidden_size"] // enc.config["num_attention_heads"]
+    if d not in (32, 64, 128):
+        assert enc.attention_for(2, 64) == "unfused"
+        return
+    ids, mask, types = inputs(rng, model.config.vocab_size, 3, 200, left=True)
+    a = enc(ids, mask, types).last_hidden_state
+    enc.attention = "flash"
+    assert enc.attention_for(3, 200) == "flash"
+    b = enc(ids, mask, types).last_hidden_state
+    tol = 2e-2 if dtype == "float16" else 8e-2
+    assert max_err(a, b, mask) <= tol
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("attention", ["unfused", "auto"])
+def test_padding_invariance(hf_dir, rng, dtype, attention):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, attention=attention)
+    n, S = 13, 150
+    ids = torch.from_numpy(rng.integers(0, model.config.vocab_size, (3, S))).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, n:] = 0
+    alone = enc(ids[1:2, :n]).last_hidden_state[0].float()
+    batched = enc(ids, mask).last_hidden_state[1, :n].float()
+    tol = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 6e-2}[dtype]
+    assert (alone - batched).abs().max().item() <= tol
+
+
+def test_no_memory_growth_over_1000_forwards_then_mixed_shapes(hf_dir, rng):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    ids, mask, types = inputs(rng, model.config.vocab_size, 8, 128)
+    enc(ids, mask, types)
+    torch.cuda.synchronize()
+    free0, _ = torch.cuda.mem_get_info()
+    ws = enc.workspace_bytes
+    for _ in range(1000):
+        out = enc(ids, mask, types)
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info()
+    assert enc.workspace_bytes == ws
+    assert abs(free0 - free1) < 4 * 1024 * 1024  # the engine itself allocates nothing per forward
+    ref32 = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float32")
+    for batch, seq in [(1, 5), (16, 300), (2, 31), (8, 128)]:
+        i, m, t = inputs(rng, model.config.vocab_size, batch, seq)
+        err = max_err(enc(i, m, t).last_hidden_state, ref32(i, m, t).last_hidden_state, m)
+        assert err < 5e-2
+
+
+def test_numpy_and_cpu_tensors_follow_the_documented_rule(hf_dir, rng):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    ids = rng.integers(0, model.config.vocab_size, (2, 9))
+    out_np = enc(ids)
+    assert isinstance(out_np.last_hidden_state, np.ndarray) and out_np.last_hidden_state.dtype == np.float16
+    out_cpu = enc(torch.from_numpy(ids))
+    assert out_cpu.last_hidden_state.device.type == "cpu" and out_cpu.last_hidden_state.dtype == torch.float16
+    out_gpu = enc(torch.from_numpy(ids).cuda())
+    assert out_gpu.last_hidden_state.is_cuda
+    np.testing.assert_array_equal(out_np.last_hidden_state, out_gpu.last_hidden_state.cpu().numpy())
+    enc_bf = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="bfloat16")
+    assert enc_bf(ids).last_hidden_state.dtype == np.float32  # numpy has no bfloat16
+
+
+def test_runs_on_torch_current_stream(hf_dir, rng):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    ids, mask, types = inputs(rng, model.config.vocab_size, 4, 64)
+    ref = enc(ids, mask, types).last_hidden_state.clone()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        ids2 = ids * 1  # produced on s: the engine must see it
+        out = enc(ids2, mask, types).last_hidden_state
+        res = out.float().sum()  # consumed on s
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
+    assert torch.isfinite(res)
+
+
+def test_bad_device_inputs_raise(hf_dir):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    ids = torch.full((2, 4), model.config.vocab_size, device="cuda")
+    with pytest.raises(ValueError, match="out of range"):
+        enc(ids)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        enc(torch.zeros((1, 513), dtype=torch.long, device="cuda"))
+
+
+def _minilm_path():
+    env = os.environ.get("FTBERT_TEST_MINILM")
+    if env:
+        return env
+    try:
+        return str(ftbert.default_model_path())
+    except ImportError:
+        pytest.skip("all-MiniLM-L6-v2 not available (set FTBERT_TEST_MINILM)")
+
+
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "The quick brown fox jumps over the lazy dog, " * 40,
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("attention", ["unfused", "flash"])
+def test_minilm_matches_sentence_transformers(dtype, attention):
+    st = pytest.importorskip("sentence_transformers")
+    path = _minilm_path()
+    ref = st.SentenceTransformer(path, device="cpu").encode(SENTENCES, normalize_embeddings=True)
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype)
+    if dtype == "float32" and attention == "flash":
+        pytest.skip("flash runs in half precision only")
+    enc.attention = attention
+    ours = enc.encode(SENTENCES)
+    cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
+    assert cos.min() >= 0.9999, cos

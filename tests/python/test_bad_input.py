@@ -1,0 +1,115 @@
+"""Bad input raises a Python exception that says what is wrong, and the process lives on."""
+
+import numpy as np
+import pytest
+import torch
+
+import ftbert
+from tests._models import make_bert
+
+
+@pytest.fixture(scope="module")
+def enc(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bert")
+    make_bert(path, hidden=32, heads=2, layers=1, vocab=50, max_pos=16, type_vocab=2)
+    return ftbert.Encoder.from_pretrained(path)
+
+
+def ids_of(shape, high=50):
+    return np.random.default_rng(0).integers(0, high, shape)
+
+
+@pytest.mark.parametrize("to_torch", [False, True], ids=["numpy", "torch"])
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda: dict(input_ids=ids_of((2, 5)) + 50), ValueError, "out of range for vocab_size 50"),
+        (lambda: dict(input_ids=-ids_of((2, 5)) - 1), ValueError, "out of range"),
+        (lambda: dict(input_ids=ids_of((2, 17))), ValueError, "exceeds max_position_embeddings 16"),
+        (lambda: dict(input_ids=ids_of((2, 5)), attention_mask=np.ones((2, 4), np.int64)), ValueError,
+         r"attention_mask has shape \(2, 4\)"),
+        (lambda: dict(input_ids=ids_of((2, 5)), token_type_ids=np.zeros((3, 5), np.int64)), ValueError,
+         r"token_type_ids has shape \(3, 5\)"),
+        (lambda: dict(input_ids=ids_of((2, 5)), token_type_ids=np.full((2, 5), 2)), ValueError,
+         "out of range for type_vocab_size 2"),
+        (lambda: dict(input_ids=ids_of((2, 5)), attention_mask=np.full((2, 5), 3)), ValueError,
+         "0 or 1"),
+        (lambda: dict(input_ids=ids_of((2, 5)).astype(np.float32)), TypeError, "must hold integers"),
+        (lambda: dict(input_ids=np.zeros((0, 5), np.int64)), ValueError, "empty"),
+        (lambda: dict(input_ids=np.zeros((2, 0), np.int64)), ValueError, "empty"),
+        (lambda: dict(input_ids=ids_of((5,))), ValueError, "must be 2-D.*add a batch dimension"),
+        (lambda: dict(input_ids=ids_of((2, 3, 4))), ValueError, "must be 2-D"),
+        (lambda: dict(input_ids=np.array([[1, 2**40]])), ValueError, "int32 range|out of range"),
+    ],
+    ids=[
+        "id-too-large", "id-negative", "too-long", "mask-shape", "types-shape", "type-too-large",
+        "mask-values", "float-ids", "empty-batch", "empty-seq", "1-D", "3-D", "int64-overflow",
+    ],
+)
+def test_bad_input_raises_and_process_lives_on(enc, to_torch, make, exc, match):
+    kwargs = make()
+    if to_torch:
+        kwargs = {k: torch.from_numpy(np.asarray(v)) for k, v in kwargs.items()}
+    with pytest.raises(exc, match=match):
+        enc(**kwargs)
+    # The encoder still works after the error.
+    out = enc(ids_of((1, 4)))
+    assert np.isfinite(out.last_hidden_state).all()
+
+
+def test_non_array_input_is_a_type_error(enc):
+    with pytest.raises(TypeError, match="numpy array or torch tensor"):
+        enc("hello")
+
+
+def test_mixed_kinds_are_rejected(enc):
+    with pytest.raises(TypeError, match="torch tensor like input_ids"):
+        enc(torch.zeros((1, 3), dtype=torch.long), attention_mask=np.ones((1, 3)))
+
+
+def test_cpu_backend_rejects_half_precision(tmp_path):
+    make_bert(tmp_path, hidden=32, heads=2, layers=1)
+    with pytest.raises(ValueError, match="float32 only"):
+        ftbert.Encoder.from_pretrained(tmp_path, dtype="float16")
+
+
+def test_unknown_options_are_named(tmp_path):
+    make_bert(tmp_path, hidden=32, heads=2, layers=1)
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        ftbert.Encoder.from_pretrained(tmp_path, dtype="fp8")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        ftbert.Encoder.from_pretrained(tmp_path, device="tpu")
+    with pytest.raises(ValueError, match="unknown attention 'fast'"):
+        ftbert.Encoder.from_pretrained(tmp_path, attention="fast")
+
+
+def test_missing_model_path_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ftbert.Encoder.from_pretrained(tmp_path / "nope")
+    with pytest.raises(ValueError, match="neither an ftbert-converted directory"):
+        ftbert.Encoder.from_pretrained(tmp_path)
+
+
+def test_forcing_flash_on_cpu_names_why(enc):
+    with pytest.raises(RuntimeError, match="attention='flash' is not supported here"):
+        enc.attention = "flash"
+    assert enc.attention == "auto"
+    assert enc.attention_for(1, 8) == "unfused"
+
+
+@pytest.mark.skipif(ftbert.cuda_available(), reason="a GPU is present")
+def test_cuda_without_gpu_or_cuda_build_raises_clearly(tmp_path):
+    make_bert(tmp_path, hidden=32, heads=2, layers=1)
+    with pytest.raises(RuntimeError, match="cuda.*(not available|no CUDA)"):
+        ftbert.Encoder.from_pretrained(tmp_path, device="cuda")
+
+
+def test_float_mask_of_zeros_and_ones_is_accepted_like_transformers(enc):
+    ids = ids_of((2, 6))
+    mask = np.ones((2, 6), np.int64)
+    mask[1, 3:] = 0
+    a = enc(ids, mask).last_hidden_state
+    b = enc(ids, mask.astype(np.float32)).last_hidden_state
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="must hold integers"):
+        enc(ids, mask * 0.5)

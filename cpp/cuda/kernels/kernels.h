@@ -1,0 +1,78 @@
+// The CUDA kernels of the BERT layer (the FasterTransformer v1.0 set), as stateless launchers:
+// invoke_<op><T>(..., stream) enqueues the op on `stream` and checks the launch. Each is
+// instantiated for float, __half and __nv_bfloat16; every tensor is row-major device memory with
+// the shape in its comment. Arithmetic is fp32 whatever T is; results are rounded to T once.
+//
+// Files: layout.cu (QKV split / head merge), softmax.cu, layernorm.cu (residual LN, embeddings),
+// activation.cu. The CPU backend's op of the same name (cpp/cpu/) is the reference for each.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ftbert/config.h"
+
+namespace ftbert::cuda {
+
+// q/k/v[b, h, s, :] = qkv[b, s, w·H + h·d + :] + bias[w·H + h·d + :] for w = 0, 1, 2 (H = heads·d).
+template <typename T>
+void invoke_add_qkv_bias_transpose(const T* qkv,   // [B, S, 3H]
+                                   const T* bias,  // [3H]
+                                   T* q,           // [B, heads, S, d]
+                                   T* k,           // [B, heads, S, d]
+                                   T* v,           // [B, heads, S, d]
+                                   int batch, int seq, int heads, int head_dim,
+                                   cudaStream_t stream);
+
+// out[b, s, h·d + :] = in[b, h, s, :].
+template <typename T>
+void invoke_transpose_heads(const T* in,  // [B, heads, S, d]
+                            T* out,       // [B, S, H]
+                            int batch, int seq, int heads, int head_dim, cudaStream_t stream);
+
+// In place, per row: scores = softmax(scale · scores) over keys with mask != 0. A row with every
+// key masked becomes zeros. seq <= kSoftmaxWarpMaxSeq: one warp per row, the row in registers;
+// longer rows: one block per row, the row in registers while it fits (seq <= 2048 · vector
+// width), else an online max/sum pass and a normalizing pass over global memory.
+constexpr int kSoftmaxWarpMaxSeq = 1024;
+template <typename T>
+void invoke_masked_softmax(T* scores,             // [B, heads, S, S]
+                           const int32_t* mask,   // [B, S] key mask, 1 = attend, 0 = padding
+                           int batch, int heads, int seq, float scale, cudaStream_t stream);
+// "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
+const char* masked_softmax_variant(int seq);
+
+// In place, per row: x = LayerNorm(x + bias + residual) · gamma + beta, statistics in fp32.
+template <typename T>
+void invoke_add_bias_residual_layernorm(T* x,               // [M, H]
+                                        const T* residual,  // [M, H]
+                                        const T* bias,      // [H]
+                                        const T* gamma,     // [H]
+                                        const T* beta,      // [H]
+                                        int rows, int hidden, float eps, cudaStream_t stream);
+
+// out[b, s] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta. Ids and types
+// are clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;
+// token_type_ids may be null (all type 0).
+template <typename T>
+void invoke_embed_layernorm(const int32_t* input_ids,       // [B, S]
+                            const int32_t* token_type_ids,  // [B, S] or null
+                            const T* word,                  // [V, H]
+                            const T* position,              // [P, H], P >= S
+                            const T* token_type,            // [T, H]
+                            const T* gamma,                 // [H]
+                            const T* beta,                  // [H]
+                            T* out,                         // [B, S, H]
+                            int batch, int seq, int hidden, int vocab, int type_vocab, float eps,
+                            cudaStream_t stream);
+
+// In place: x = act(x + bias). GELU is the exact erf form (kGeluErf) or the tanh form (kGeluTanh).
+template <typename T>
+void invoke_add_bias_activation(T* x,           // [M, N]
+                                const T* bias,  // [N]
+                                int rows, int cols, Activation act, cudaStream_t stream);
+
+}  // namespace ftbert::cuda

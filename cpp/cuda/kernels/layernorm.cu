@@ -1,0 +1,217 @@
+// LayerNorm fused with what precedes it, one block per row (token):
+//   add_bias_residual_layernorm: x = LN(x + bias + residual) · gamma + beta        (in place)
+//   embed_layernorm:             out = LN(word[id] + position[s] + token_type[t]) · gamma + beta
+// The pre-norm row is summed in fp32 and kept in shared memory (hidden·4 bytes), so the statistics
+// are exact two-pass ones (mean, then Σ(v - mean)²) for any hidden size, and the row is read from
+// global memory once. Each thread only revisits the shared-memory vectors it wrote itself.
+#include "cuda/cuda_check.h"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/kernels.h"
+
+namespace ftbert::cuda {
+namespace {
+
+constexpr int kMaxThreads = 256;
+
+// kernels
+
+// VEC fp32 values to/from the shared-memory row, in pieces of at most 16 bytes (the row is only
+// guaranteed 16-byte alignment).
+template <int VEC>
+__device__ __forceinline__ void store_row(float* row, const float (&v)[VEC]) {
+  constexpr int P = VEC < 4 ? VEC : 4;
+#pragma unroll
+  for (int j = 0; j < VEC; j += P) {
+    Vec<float, P> piece;
+#pragma unroll
+    for (int i = 0; i < P; ++i) piece.v[i] = v[j + i];
+    store_vec<P>(row + j, piece);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_row(const float* row, float (&v)[VEC]) {
+  constexpr int P = VEC < 4 ? VEC : 4;
+#pragma unroll
+  for (int j = 0; j < VEC; j += P) {
+    const Vec<float, P> piece = load_vec<P>(row + j);
+#pragma unroll
+    for (int i = 0; i < P; ++i) v[j + i] = piece.v[i];
+  }
+}
+
+// Given this row's pre-norm values in `row` (fp32, written by the calling thread at the vectors it
+// visits) and this thread's partial sum, writes LN(row) · gamma + beta to out.
+template <typename T, int VEC>
+__device__ __forceinline__ void layernorm_row(const float* row, float partial_sum, int hidden,
+                                              const T* __restrict__ gamma,
+                                              const T* __restrict__ beta, T* __restrict__ out,
+                                              float eps, float* scratch) {
+  const int chunks = hidden / VEC;
+  const float mean = block_sum(partial_sum, scratch) / hidden;
+  float sq = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float v[VEC];
+    load_row<VEC>(row + c * VEC, v);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float d = v[i] - mean;
+      sq += d * d;
+    }
+  }
+  const float rstd = rsqrtf(block_sum(sq, scratch) / hidden + eps);
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float v[VEC];
+    load_row<VEC>(row + c * VEC, v);
+    const Vec<T, VEC> g = load_vec<VEC>(gamma + c * VEC);
+    const Vec<T, VEC> b = load_vec<VEC>(beta + c * VEC);
+    Vec<T, VEC> y;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      y.v[i] = from_float<T>((v[i] - mean) * rstd * to_float(g.v[i]) + to_float(b.v[i]));
+    }
+    store_vec<VEC>(out + c * VEC, y);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kMaxThreads)
+    add_bias_residual_layernorm_kernel(T* __restrict__ x, const T* __restrict__ residual,
+                                       const T* __restrict__ bias, const T* __restrict__ gamma,
+                                       const T* __restrict__ beta, int hidden, float eps) {
+  extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
+  __shared__ float scratch[32];
+  float* row = reinterpret_cast<float*>(smem_row);
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * hidden;
+  T* xr = x + offset;
+  const T* rr = residual + offset;
+
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
+    const Vec<T, VEC> a = load_vec<VEC>(xr + c * VEC);
+    const Vec<T, VEC> r = load_vec<VEC>(rr + c * VEC);
+    const Vec<T, VEC> b = load_vec<VEC>(bias + c * VEC);
+    float v[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      v[i] = to_float(a.v[i]) + to_float(b.v[i]) + to_float(r.v[i]);
+      sum += v[i];
+    }
+    store_row<VEC>(row + c * VEC, v);
+  }
+  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, xr, eps, scratch);
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kMaxThreads)
+    embed_layernorm_kernel(const int32_t* __restrict__ input_ids,
+                           const int32_t* __restrict__ token_type_ids, const T* __restrict__ word,
+                           const T* __restrict__ position, const T* __restrict__ token_type,
+                           const T* __restrict__ gamma, const T* __restrict__ beta,
+                           T* __restrict__ out, int seq, int hidden, int vocab, int type_vocab,
+                           float eps) {
+  extern __shared__ float4 smem_row[];
+  __shared__ float scratch[32];
+  float* row = reinterpret_cast<float*>(smem_row);
+  const int token = blockIdx.x;
+  const int s = token % seq;
+  // Clamped so that a bad id on the device reads a valid row instead of out of bounds.
+  const int id = min(max(input_ids[token], 0), vocab - 1);
+  const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
+  const T* w = word + static_cast<int64_t>(id) * hidden;
+  const T* p = position + static_cast<int64_t>(s) * hidden;
+  const T* t = token_type + static_cast<int64_t>(type) * hidden;
+
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
+    const Vec<T, VEC> a = load_vec<VEC>(w + c * VEC);
+    const Vec<T, VEC> b = load_vec<VEC>(p + c * VEC);
+    const Vec<T, VEC> e = load_vec<VEC>(t + c * VEC);
+    float v[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      v[i] = to_float(a.v[i]) + to_float(b.v[i]) + to_float(e.v[i]);
+      sum += v[i];
+    }
+    store_row<VEC>(row + c * VEC, v);
+  }
+  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, out + static_cast<int64_t>(token) * hidden,
+                        eps, scratch);
+}
+
+// Dynamic shared memory for one row; above the 48 KiB default the kernel must opt in, up to what
+// the device allows per block (227 KiB on H100: hidden up to ~58k).
+template <typename Kernel>
+size_t row_smem_bytes(Kernel kernel, int hidden) {
+  const size_t bytes = static_cast<size_t>(hidden) * sizeof(float);
+  if (bytes > 48 * 1024) {
+    int device = 0, optin = 0;
+    FTBERT_CUDA_CHECK(cudaGetDevice(&device));
+    FTBERT_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t limit = static_cast<size_t>(optin) - 32 * sizeof(float);  // minus the scratch
+    FTBERT_CHECK(bytes <= limit, "layernorm: hidden size " << hidden << " needs " << bytes
+                                     << " bytes of shared memory per row; this device allows "
+                                     << limit);
+    FTBERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+  }
+  return bytes;
+}
+
+int row_threads(int chunks) { return round_up(chunks < kMaxThreads ? chunks : kMaxThreads, 32); }
+
+}  // namespace
+
+// launchers
+
+template <typename T>
+void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, const T* gamma,
+                                        const T* beta, int rows, int hidden, float eps,
+                                        cudaStream_t stream) {
+  if (rows == 0 || hidden == 0) return;
+  const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta});
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    auto kernel = add_bias_residual_layernorm_kernel<T, VEC>;
+    const size_t smem = row_smem_bytes(kernel, hidden);
+    kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(x, residual, bias, gamma, beta,
+                                                              hidden, eps);
+  });
+  FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel", stream);
+}
+
+template <typename T>
+void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_ids, const T* word,
+                            const T* position, const T* token_type, const T* gamma, const T* beta,
+                            T* out, int batch, int seq, int hidden, int vocab, int type_vocab,
+                            float eps, cudaStream_t stream) {
+  const int tokens = batch * seq;
+  if (tokens == 0 || hidden == 0) return;
+  FTBERT_CHECK(vocab > 0 && type_vocab > 0,
+               "embed_layernorm: vocab " << vocab << " and type_vocab " << type_vocab
+                                         << " must be positive");
+  const int vec = pick_vec<T>(hidden, {word, position, token_type, gamma, beta, out});
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    auto kernel = embed_layernorm_kernel<T, VEC>;
+    const size_t smem = row_smem_bytes(kernel, hidden);
+    kernel<<<tokens, row_threads(hidden / VEC), smem, stream>>>(
+        input_ids, token_type_ids, word, position, token_type, gamma, beta, out, seq, hidden,
+        vocab, type_vocab, eps);
+  });
+  FTBERT_LAUNCH_CHECK("embed_layernorm_kernel", stream);
+}
+
+#define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
+  template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
+                                                      int, int, float, cudaStream_t);             \
+  template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
+                                          const T*, const T*, const T*, T*, int, int, int, int,   \
+                                          int, float, cudaStream_t);
+FTBERT_INSTANTIATE_LAYERNORM(float)
+FTBERT_INSTANTIATE_LAYERNORM(__half)
+FTBERT_INSTANTIATE_LAYERNORM(__nv_bfloat16)
+#undef FTBERT_INSTANTIATE_LAYERNORM
+
+}  // namespace ftbert::cuda

@@ -1,0 +1,293 @@
+// Masked softmax over attention scores, in place: for every row (b, h, query),
+//   p[j] = exp(scale·s[j] - m) / Σ_k exp(scale·s[k] - m) over keys with mask[b, j] != 0, else 0,
+// with m the row's max over kept keys. A row whose keys are all masked becomes zeros (the max is
+// -inf, which is tested for explicitly instead of being subtracted, so no NaN can appear).
+// Two variants selected by length, as in FasterTransformer:
+//   warp per row  (seq <= 1024): the row lives in the warp's registers (ITERS·VEC values per
+//                                lane); one read and one write of the scores.
+//   block per row (seq > 1024):  256 threads per row. While the row fits in registers (ITEMS <= 8
+//                                vectors per thread, i.e. seq <= 2048·VEC) it is cached there:
+//                                block max, block sum, write. Longer rows are streamed: an online
+//                                max/sum pass (the sum rescaled when the max grows), then a second
+//                                read that writes the probabilities.
+#include <cmath>
+
+#include "cuda/cuda_check.h"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/kernels.h"
+
+namespace ftbert::cuda {
+namespace {
+
+constexpr int kWarpRowsPerBlock = 4;
+constexpr int kBlockThreads = 256;
+constexpr int kBlockMaxItems = 8;  // vectors per thread the cached block kernel holds
+
+// kernels
+
+// Lane `lane` holds vectors (it·32 + lane) for it < ITERS, each VEC keys wide (coalesced).
+template <typename T, int ITERS, int VEC>
+__global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
+    masked_softmax_warp_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask, int rows,
+                               int rows_per_batch, int seq, float scale) {
+  const int row = blockIdx.x * kWarpRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;  // uniform across the warp
+  const int lane = threadIdx.x & 31;
+  T* p = scores + static_cast<int64_t>(row) * seq;
+  const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
+
+  float x[ITERS][VEC];
+  float row_max = -INFINITY;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int col = (it * 32 + lane) * VEC;
+    if (col < seq) {  // VEC divides seq: a vector is either all in or all out
+      const Vec<T, VEC> s = load_vec<VEC>(p + col);
+      const Vec<int32_t, VEC> m = load_vec<VEC>(keep + col);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        x[it][i] = m.v[i] != 0 ? to_float(s.v[i]) * scale : -INFINITY;
+        row_max = fmaxf(row_max, x[it][i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) x[it][i] = -INFINITY;
+    }
+  }
+  row_max = warp_max(row_max);
+
+  float sum = 0.0f;
+  if (row_max != -INFINITY) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        x[it][i] = expf(x[it][i] - row_max);  // masked: exp(-inf) = 0
+        sum += x[it][i];
+      }
+    }
+  }
+  sum = warp_sum(sum);
+  // Fully masked row: sum == 0 and every x is -inf; write zeros.
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const int col = (it * 32 + lane) * VEC;
+    if (col < seq) {
+      Vec<T, VEC> y;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) y.v[i] = from_float<T>(inv > 0.0f ? x[it][i] * inv : 0.0f);
+      store_vec<VEC>(p + col, y);
+    }
+  }
+}
+
+// Thread t holds vectors (it·blockDim + t) for it < ITEMS.
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(kBlockThreads)
+    masked_softmax_block_cached_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
+                                       int rows_per_batch, int seq, float scale) {
+  __shared__ float scratch[32];
+  T* p = scores + static_cast<int64_t>(blockIdx.x) * seq;
+  const int32_t* keep = mask + static_cast<int64_t>(blockIdx.x / rows_per_batch) * seq;
+  const int chunks = seq / VEC;
+
+  float x[ITEMS][VEC];
+  float row_max = -INFINITY;
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int c = it * blockDim.x + threadIdx.x;
+    if (c < chunks) {
+      const Vec<T, VEC> s = load_vec<VEC>(p + c * VEC);
+      const Vec<int32_t, VEC> k = load_vec<VEC>(keep + c * VEC);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        x[it][i] = k.v[i] != 0 ? to_float(s.v[i]) * scale : -INFINITY;
+        row_max = fmaxf(row_max, x[it][i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) x[it][i] = -INFINITY;
+    }
+  }
+  row_max = block_max(row_max, scratch);
+
+  float sum = 0.0f;
+  if (row_max != -INFINITY) {
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        x[it][i] = expf(x[it][i] - row_max);
+        sum += x[it][i];
+      }
+    }
+  }
+  sum = block_sum(sum, scratch);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: every key masked
+
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int c = it * blockDim.x + threadIdx.x;
+    if (c < chunks) {
+      Vec<T, VEC> y;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) y.v[i] = from_float<T>(inv > 0.0f ? x[it][i] * inv : 0.0f);
+      store_vec<VEC>(p + c * VEC, y);
+    }
+  }
+}
+
+// Merges a running (max, sum) pair with another: sums are rescaled to the larger max.
+__device__ __forceinline__ void merge_max_sum(float& m, float& l, float m2, float l2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;  // both empty
+  l = l * expf(m - mx) + l2 * expf(m2 - mx);
+  m = mx;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kBlockThreads)
+    masked_softmax_block_streaming_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
+                                int rows_per_batch, int seq, float scale) {
+  __shared__ float scratch_m[32];
+  __shared__ float scratch_l[32];
+  const int row = blockIdx.x;
+  T* p = scores + static_cast<int64_t>(row) * seq;
+  const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
+  const int chunks = seq / VEC;
+
+  // Pass 1: this thread's running max m and sum l of exp(x - m). The max moves once per vector,
+  // so the VEC exponentials of a vector are independent of each other.
+  float m = -INFINITY, l = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const Vec<T, VEC> s = load_vec<VEC>(p + c * VEC);
+    const Vec<int32_t, VEC> k = load_vec<VEC>(keep + c * VEC);
+    float x[VEC];
+    float vec_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      x[i] = k.v[i] != 0 ? to_float(s.v[i]) * scale : -INFINITY;
+      vec_max = fmaxf(vec_max, x[i]);
+    }
+    if (vec_max == -INFINITY) continue;  // all masked: nothing to add
+    if (vec_max > m) {
+      l *= expf(m - vec_max);  // m == -inf: l is 0 and stays 0
+      m = vec_max;
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) l += expf(x[i] - m);  // masked: exp(-inf) = 0
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float l2 = __shfl_xor_sync(0xffffffffu, l, offset);
+    merge_max_sum(m, l, m2, l2);
+  }
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    scratch_m[threadIdx.x >> 5] = m;
+    scratch_l[threadIdx.x >> 5] = l;
+  }
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  m = lane < warps ? scratch_m[lane] : -INFINITY;
+  l = lane < warps ? scratch_l[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float l2 = __shfl_xor_sync(0xffffffffu, l, offset);
+    merge_max_sum(m, l, m2, l2);
+  }
+  const bool empty = m == -INFINITY;  // every key masked
+  const float inv = empty ? 0.0f : 1.0f / l;
+
+  // Pass 2: re-read (mostly from L2) and write the probabilities.
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const Vec<T, VEC> s = load_vec<VEC>(p + c * VEC);
+    const Vec<int32_t, VEC> k = load_vec<VEC>(keep + c * VEC);
+    Vec<T, VEC> y;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float e = (empty || k.v[i] == 0) ? 0.0f : expf(to_float(s.v[i]) * scale - m) * inv;
+      y.v[i] = from_float<T>(e);
+    }
+    store_vec<VEC>(p + c * VEC, y);
+  }
+}
+
+}  // namespace
+
+// launchers
+
+const char* masked_softmax_variant(int seq) { return seq <= kSoftmaxWarpMaxSeq ? "warp" : "block"; }
+
+template <typename T>
+void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
+                           float scale, cudaStream_t stream) {
+  const int rows = batch * heads * seq;
+  if (rows == 0) return;
+  // The vector must fit the scores and the int32 mask alike (the mask vector is 4/sizeof(T) wider
+  // in bytes), so alignment is checked on both.
+  int vec = pick_vec<T>(seq, {scores});
+  while (vec > 1 && !is_aligned(mask, vec * sizeof(int32_t))) vec /= 2;
+
+  if (seq <= kSoftmaxWarpMaxSeq) {
+    // Keys per lane rounded up to a power of two (1..32), then split into ITERS vectors of VEC.
+    int per_lane = 1;
+    while (per_lane * 32 < seq) per_lane *= 2;
+    while (vec > per_lane) vec /= 2;  // keep all 32 lanes busy on short rows
+    const int iters = per_lane / vec;
+    const int grid = ceil_div(rows, kWarpRowsPerBlock);
+    dispatch_vec<T>(vec, [&](auto vec_c) {
+      constexpr int VEC = decltype(vec_c)::value;
+      auto launch = [&](auto iters_c) {
+        constexpr int ITERS = decltype(iters_c)::value;
+        if constexpr (ITERS * VEC <= 32) {
+          masked_softmax_warp_kernel<T, ITERS, VEC><<<grid, kWarpRowsPerBlock * 32, 0, stream>>>(
+              scores, mask, rows, heads * seq, seq, scale);
+        }
+      };
+      switch (iters) {
+        case 1: launch(std::integral_constant<int, 1>{}); break;
+        case 2: launch(std::integral_constant<int, 2>{}); break;
+        case 4: launch(std::integral_constant<int, 4>{}); break;
+        case 8: launch(std::integral_constant<int, 8>{}); break;
+        case 16: launch(std::integral_constant<int, 16>{}); break;
+        default: launch(std::integral_constant<int, 32>{}); break;
+      }
+    });
+    FTBERT_LAUNCH_CHECK("masked_softmax_warp_kernel", stream);
+  } else {
+    const int chunks = seq / vec;
+    int items = 1;
+    while (items * kBlockThreads < chunks) items *= 2;
+    dispatch_vec<T>(vec, [&](auto vec_c) {
+      constexpr int VEC = decltype(vec_c)::value;
+      auto cached = [&](auto items_c) {
+        masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value>
+            <<<rows, kBlockThreads, 0, stream>>>(scores, mask, heads * seq, seq, scale);
+      };
+      switch (items) {
+        case 1: cached(std::integral_constant<int, 1>{}); break;
+        case 2: cached(std::integral_constant<int, 2>{}); break;
+        case 4: cached(std::integral_constant<int, 4>{}); break;
+        case kBlockMaxItems: cached(std::integral_constant<int, kBlockMaxItems>{}); break;
+        default:
+          masked_softmax_block_streaming_kernel<T, VEC><<<rows, kBlockThreads, 0, stream>>>(
+              scores, mask, heads * seq, seq, scale);
+      }
+    });
+    FTBERT_LAUNCH_CHECK("masked_softmax_block_kernel", stream);
+  }
+}
+
+template void invoke_masked_softmax<float>(float*, const int32_t*, int, int, int, float,
+                                           cudaStream_t);
+template void invoke_masked_softmax<__half>(__half*, const int32_t*, int, int, int, float,
+                                            cudaStream_t);
+template void invoke_masked_softmax<__nv_bfloat16>(__nv_bfloat16*, const int32_t*, int, int, int,
+                                                   float, cudaStream_t);
+
+}  // namespace ftbert::cuda

@@ -1,0 +1,319 @@
+"""Each CUDA backend op against the CPU backend's op, for float32, float16 and bfloat16.
+
+Inputs are random and rounded to the dtype under test first, so both backends see the same
+values; the CPU op runs in float32 and is the reference. The CUDA ops compute in fp32 and round
+their result to the dtype once, so the tolerance is `ulps` units in the last place of the output
+dtype at the output's magnitude, plus fp32-level noise (FP32_NOISE of the op's natural scale);
+for float32 the relative part is FP32_NOISE too. Head split/merge must match exactly.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+_C = pytest.importorskip("ftbert._C")
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not _C.cuda_backend_built(), reason="this ftbert build has no CUDA backend"),
+]
+
+from tests._util import ragged_mask  # noqa: E402
+
+DTYPES = ["float32", "float16", "bfloat16"]
+TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ULP_AT_ONE = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+FP32_NOISE = 2e-6  # ~17 float32 ulps; the ops measured well under 1e-6 on an H100
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return _C.OpRunner("cuda")
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return _C.OpRunner("cpu")
+
+
+def rounded(x, dtype):
+    """x as the device holds it after upload in `dtype` (round to nearest even), as float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return torch.from_numpy(x).to(TORCH_DTYPE[dtype]).float().numpy()
+
+
+def randn(rng, shape, dtype, scale=1.0, offset=0.0):
+    return rounded(rng.standard_normal(shape) * scale + offset, dtype)
+
+
+def check(got, want, dtype, atol, ulps=2, magnitude=None):
+    """|got - want| <= rtol * magnitude + atol elementwise, magnitude defaulting to |want|."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    assert np.isfinite(got).all(), "non-finite values in the CUDA result"
+    rtol = FP32_NOISE if dtype == "float32" else ulps * ULP_AT_ONE[dtype]
+    mag = np.abs(want) if magnitude is None else magnitude
+    err = np.abs(got - want)
+    tol = rtol * mag + atol
+    worst = np.unravel_index(np.argmax(err - tol), err.shape)
+    assert (err <= tol).all(), (
+        f"{dtype}: error {err[worst]:.3e} > tolerance {tol[worst]:.3e} at {worst} "
+        f"(got {got[worst]!r}, want {want[worst]!r})")
+
+
+# ---- GEMMs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 13, 5), (97, 129, 33), (128, 384, 96),
+                                   (37, 53, 1000)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_gemm_matches_cpu_for_every_transpose(gpu, cpu, rng, dtype, m, n, k, ta, tb):
+    a = randn(rng, (k, m) if ta else (m, k), dtype)
+    b = randn(rng, (n, k) if tb else (k, n), dtype)
+    alpha = 0.5
+    want = cpu.gemm("float32", a, b, ta, tb, alpha)
+    got = gpu.gemm(dtype, a, b, ta, tb, alpha)
+    opa, opb = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    bound = alpha * (np.abs(opa) @ np.abs(opb))  # scale of the accumulation's rounding noise
+    check(got, want, dtype, atol=FP32_NOISE * bound)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48),
+                                         (4, 129, 64, 129)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_batched_gemm_matches_cpu(gpu, cpu, rng, dtype, batch, m, n, k, ta, tb):
+    a = randn(rng, (batch, k, m) if ta else (batch, m, k), dtype)
+    b = randn(rng, (batch, n, k) if tb else (batch, k, n), dtype)
+    want = cpu.batched_gemm("float32", a, b, ta, tb, 1.0)
+    got = gpu.batched_gemm(dtype, a, b, ta, tb, 1.0)
+    opa = np.swapaxes(a, 1, 2) if ta else a
+    opb = np.swapaxes(b, 1, 2) if tb else b
+    bound = np.abs(opa.astype(np.float64)) @ np.abs(opb.astype(np.float64))
+    check(got, want, dtype, atol=FP32_NOISE * bound)
+
+
+# ---- embeddings + LayerNorm ------------------------------------------------------------------
+
+
+def embedding_inputs(rng, dtype, batch, seq, hidden, vocab=1000, types=2):
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int32)
+    tt = rng.integers(0, types, (batch, seq)).astype(np.int32)
+    word = randn(rng, (vocab, hidden), dtype, 0.5)
+    pos = randn(rng, (seq + 3, hidden), dtype, 0.5)
+    typ = randn(rng, (types, hidden), dtype, 0.5, offset=0.3)
+    gamma = randn(rng, hidden, dtype, 0.3, offset=1.0)
+    beta = randn(rng, hidden, dtype, 0.2)
+    return ids, tt, word, pos, typ, gamma, beta
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seq,hidden", [(1, 1, 32), (3, 7, 336), (2, 97, 333),
+                                              (2, 129, 768), (1, 5, 1030)])
+@pytest.mark.parametrize("eps", [1e-12, 1e-5])
+def test_embed_layernorm_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden, eps):
+    ids, tt, word, pos, typ, gamma, beta = embedding_inputs(rng, dtype, batch, seq, hidden)
+    want = cpu.embed_layernorm("float32", ids, tt, word, pos, typ, gamma, beta, eps)
+    got = gpu.embed_layernorm(dtype, ids, tt, word, pos, typ, gamma, beta, eps)
+    check(got, want, dtype, atol=FP32_NOISE * np.abs(want).max())
+
+
+def test_embed_layernorm_clamps_out_of_range_ids(gpu, cpu, rng):
+    # The kernel clamps ids and types into range, so bad device input reads valid rows. If the
+    # binding validates host ids first, nothing reaches the kernel and there is nothing to check.
+    batch, seq, hidden, vocab = 2, 6, 96, 50
+    ids, tt, word, pos, typ, gamma, beta = embedding_inputs(rng, "float32", batch, seq, hidden,
+                                                            vocab=vocab)
+    ids[0, 1], ids[1, 4] = -3, vocab + 7
+    tt[1, 2] = 5
+    try:
+        got = gpu.embed_layernorm("float32", ids, tt, word, pos, typ, gamma, beta, 1e-12)
+    except (RuntimeError, ValueError):
+        pytest.skip("the binding rejects out-of-range host ids before the kernel runs")
+    clamped_ids = np.clip(ids, 0, vocab - 1).astype(np.int32)
+    clamped_tt = np.clip(tt, 0, typ.shape[0] - 1).astype(np.int32)
+    want = cpu.embed_layernorm("float32", clamped_ids, clamped_tt, word, pos, typ, gamma, beta,
+                               1e-12)
+    check(got, want, "float32", atol=FP32_NOISE * np.abs(want).max())
+
+
+# ---- attention pieces -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 32), (2, 7, 7, 48), (2, 97, 3, 64),
+                                               (1, 129, 2, 128), (2, 5, 3, 33), (1, 9, 2, 36)])
+def test_add_qkv_bias_transpose_matches_cpu_exactly(gpu, cpu, rng, dtype, batch, seq, heads, d):
+    H = heads * d
+    qkv = randn(rng, (batch, seq, 3 * H), dtype)
+    bias = randn(rng, 3 * H, dtype)
+    want = cpu.add_qkv_bias_transpose("float32", qkv, bias, heads)
+    got = gpu.add_qkv_bias_transpose(dtype, qkv, bias, heads)
+    for name, g, w in zip("qkv", got, want):
+        assert g.shape == (batch, heads, seq, d), name
+        # Same fp32 sum on both sides, rounded once to the dtype: bit-identical.
+        np.testing.assert_array_equal(g, rounded(w, dtype), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,heads,seq,d", [(1, 1, 1, 32), (2, 3, 7, 48), (2, 4, 97, 64),
+                                               (1, 2, 129, 128), (2, 3, 5, 33)])
+def test_transpose_heads_matches_cpu_exactly(gpu, cpu, rng, dtype, batch, heads, seq, d):
+    x = randn(rng, (batch, heads, seq, d), dtype)
+    want = cpu.transpose_heads("float32", x)
+    got = gpu.transpose_heads(dtype, x)
+    assert got.shape == (batch, seq, heads * d)
+    np.testing.assert_array_equal(got, want)
+
+
+# seq <= 1024 runs the warp-per-row kernel (1024: 32 keys per lane); longer rows the block kernel,
+# with the row cached in registers (1031: 8 scalars per thread; 2048: vectors) or, for 2049 keys
+# with no vector width dividing them, streamed through global memory twice.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,heads,seq", [(1, 1, 1), (2, 3, 7), (3, 2, 97), (3, 2, 129),
+                                             (2, 2, 512), (2, 1, 1024), (2, 1, 1031),
+                                             (2, 2, 2048), (2, 1, 2049)])
+@pytest.mark.parametrize("left", [False, True])
+def test_masked_softmax_matches_cpu_and_zeroes_padding(gpu, cpu, rng, dtype, batch, heads, seq,
+                                                       left):
+    scores = randn(rng, (batch, heads, seq, seq), dtype, 4.0)
+    mask = ragged_mask(rng, batch, seq, left=left)
+    if batch > 1:
+        mask[-1] = 0  # a sequence with every key masked
+    scale = 0.125
+    want = cpu.masked_softmax("float32", scores, mask, scale)
+    got = gpu.masked_softmax(dtype, scores, mask, scale)
+    check(got, want, dtype, atol=1e-6)
+    padded_keys = np.broadcast_to(mask[:, None, None, :] == 0, got.shape)
+    assert (got[padded_keys] == 0).all(), "padded keys must get probability exactly 0"
+    if batch > 1:
+        assert (got[-1] == 0).all(), "a fully masked row must be all zeros"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masked_softmax_large_scores_do_not_overflow(gpu, cpu, rng, dtype):
+    # Scaled scores around ±1e4: exp without the max subtracted would overflow to inf.
+    batch, heads, seq = 2, 2, 77
+    scores = randn(rng, (batch, heads, seq, seq), dtype, 1e4)
+    mask = ragged_mask(rng, batch, seq)
+    want = cpu.masked_softmax("float32", scores, mask, 1.0)
+    got = gpu.masked_softmax(dtype, scores, mask, 1.0)
+    check(got, want, dtype, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 2, 32), (3, 97, 2, 48), (2, 129, 3, 64),
+                                               (2, 512, 2, 128)])
+def test_unfused_attention_composed_from_ops_matches_float64(gpu, cpu, rng, dtype, batch, seq,
+                                                             heads, d):
+    # The unfused path as the encoder runs it (QKV split, QKᵀ, masked softmax, PV, head merge)
+    # against a float64 reference. Bound: 2x the error of the same sequence of ops on the CPU
+    # with every intermediate rounded to the dtype, i.e. the error the dtype causes anyway.
+    H = heads * d
+    scale = 1.0 / math.sqrt(d)
+    qkv = randn(rng, (batch, seq, 3 * H), dtype)
+    bias = randn(rng, 3 * H, dtype)
+    mask = ragged_mask(rng, batch, seq, left=True)
+    if batch > 2:
+        mask[1] = 0
+
+    def attention(runner, run_dtype, round_to):
+        q, k, v = (x.reshape(batch * heads, seq, d) for x in
+                   runner.add_qkv_bias_transpose(run_dtype, qkv, bias, heads))
+        q, k, v = (rounded(x, round_to) for x in (q, k, v))
+        s = rounded(runner.batched_gemm(run_dtype, q, k, False, True, 1.0), round_to)
+        p = runner.masked_softmax(run_dtype, s.reshape(batch, heads, seq, seq), mask, scale)
+        p = rounded(p, round_to).reshape(batch * heads, seq, seq)
+        ctx = rounded(runner.batched_gemm(run_dtype, p, v, False, False, 1.0), round_to)
+        return runner.transpose_heads(run_dtype, ctx.reshape(batch, heads, seq, d))
+
+    x = (qkv.astype(np.float64) + bias).reshape(batch, seq, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    s = np.einsum("bhqd,bhkd->bhqk", x[0], x[1]) * scale
+    s = np.where(mask[:, None, None, :] != 0, s, -np.inf)
+    row_max = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0))
+    denom = e.sum(-1, keepdims=True)
+    p = e / np.where(denom > 0, denom, 1.0)
+    ref = np.einsum("bhqk,bhkd->bhqd", p, x[2]).transpose(0, 2, 1, 3).reshape(batch, seq, H)
+
+    got = attention(gpu, dtype, dtype)
+    emulated = attention(cpu, "float32", dtype)
+    assert np.isfinite(got).all()
+    if batch > 2:
+        assert (got[1] == 0).all(), "a sequence with no key to attend must give zeros"
+    err = np.abs(got - ref).max()
+    dtype_err = np.abs(emulated - ref).max()
+    tol = 2 * dtype_err + FP32_NOISE * np.abs(x[2]).max()
+    assert err <= tol, f"{dtype}: max error {err:.3e} > {tol:.3e} (dtype's own {dtype_err:.3e})"
+
+
+def test_attention_kinds_reported_and_unsupported_flash_raises(gpu, rng):
+    for dtype in DTYPES:
+        for d in (32, 33, 48, 64, 128):
+            assert gpu.supports_attention("unfused", dtype, d)
+            if gpu.supports_attention("flash", dtype, d):
+                continue
+            heads, seq = 2, 3
+            qkv = randn(rng, (1, seq, 3 * heads * d), "float32")
+            with pytest.raises(RuntimeError, match="flash"):
+                gpu.flash_attention(dtype, qkv, np.zeros(3 * heads * d, np.float32),
+                                    np.ones((1, seq), np.int32), heads, 1.0 / math.sqrt(d))
+
+
+# ---- residual LayerNorm, activation, pooler ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 32), (7, 48), (97, 336), (5, 333), (3, 1030),
+                                         (4, 4096), (2, 13000)])
+def test_add_bias_residual_layernorm_matches_cpu(gpu, cpu, rng, dtype, rows, hidden):
+    # An offset mean (2.0) checks the variance is not computed as E[x²] - E[x]²; hidden 13000
+    # needs more than 48 KiB of shared memory per row (the opt-in path).
+    x = randn(rng, (rows, hidden), dtype, 3.0, offset=2.0)
+    residual = randn(rng, (rows, hidden), dtype, 3.0)
+    bias = randn(rng, hidden, dtype)
+    gamma = randn(rng, hidden, dtype, 0.3, offset=1.0)
+    beta = randn(rng, hidden, dtype, 0.2)
+    want = cpu.add_bias_residual_layernorm("float32", x, residual, bias, gamma, beta, 1e-5)
+    got = gpu.add_bias_residual_layernorm(dtype, x, residual, bias, gamma, beta, 1e-5)
+    check(got, want, dtype, atol=FP32_NOISE * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh"])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 130), (33, 1000), (5, 3072), (3, 333)])
+def test_add_bias_activation_matches_cpu(gpu, cpu, rng, dtype, act, rows, cols):
+    x = randn(rng, (rows, cols), dtype, 3.0)
+    bias = randn(rng, cols, dtype)
+    want = cpu.add_bias_activation("float32", x, bias, act)
+    got = gpu.add_bias_activation(dtype, x, bias, act)
+    # Absolute noise scales with the input: gelu's tail is a difference of nearly equal terms.
+    check(got, want, dtype, atol=FP32_NOISE * np.maximum(1.0, np.abs(x + bias)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seq,hidden", [(1, 1, 32), (3, 7, 48), (2, 9, 336), (4, 5, 768)])
+def test_pooler_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden):
+    hidden_states = randn(rng, (batch, seq, hidden), dtype)
+    weight = randn(rng, (hidden, hidden), dtype, 1.0 / math.sqrt(hidden))
+    bias = randn(rng, hidden, dtype, 0.5)
+    want = cpu.pooler("float32", hidden_states, weight, bias)
+    got = gpu.pooler(dtype, hidden_states, weight, bias)
+    first = hidden_states[:, 0].astype(np.float64)
+    dense = first @ weight
+    # The CUDA pooler rounds the GEMM output to the dtype before bias + tanh (slope <= 1), so
+    # that rounding counts at the GEMM output's magnitude too.
+    check(got, want, dtype, magnitude=np.abs(want) + np.abs(dense),
+          atol=FP32_NOISE * (np.abs(first) @ np.abs(weight) + np.abs(bias)))
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+def test_bad_device_index_raises_instead_of_aborting():
+    with pytest.raises(RuntimeError, match="99"):
+        _C.OpRunner("cuda:99")

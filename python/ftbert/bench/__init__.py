@@ -81,7 +81,9 @@ def _run(argv: list[str]) -> int:
         raise BenchError("--breakdown needs a CUDA device: it profiles the engine's GPU kernels; on the "
                          "CPU a forward is one C++ call that torch.profiler cannot see into")
     console = Console(quiet=opts.quiet, highlight=False)
-    err_console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        # Piped to a file or captured: rich would assume 80 columns and squeeze the table.
+        console = Console(quiet=opts.quiet, highlight=False, width=200)
 
     with contextlib.ExitStack() as stack:
         label, path = resolve_model(opts.model, stack)
@@ -98,10 +100,10 @@ def _run(argv: list[str]) -> int:
         }
         if opts.breakdown:
             return _breakdown(opts, model, meta, stem, console)
-        return _sweep(opts, model, meta, stem, console, err_console)
+        return _sweep(opts, model, meta, stem, console)
 
 
-def _sweep(opts, model, meta, stem, console, err_console) -> int:
+def _sweep(opts, model, meta, stem, console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .report import plot_png, print_table, write_csv, write_json
@@ -132,10 +134,10 @@ def _sweep(opts, model, meta, stem, console, err_console) -> int:
         console.print(f"note: {note}")
     failed = sum(r["status"] == "failed" for r in rows)
     if failed:
-        err_console.print(f"ftbert bench: {failed} configuration(s) failed (status 'failed' in the results)")
+        console.print(f"{failed} configuration(s) failed: status 'failed' and the error in the results")
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
     if sweep.interrupted:
-        err_console.print("ftbert bench: interrupted; the files hold the configurations done so far")
+        print("ftbert bench: interrupted; the files hold the configurations done so far", file=sys.stderr)
         return 130
     return 0
 

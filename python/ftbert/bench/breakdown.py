@@ -12,12 +12,13 @@ breakdown needs a GPU; `ftbert bench --breakdown --device cpu` says so and exits
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
 from .args import Options
 from .models import Model, make_ftbert
-from .sweep import make_inputs
+from .sweep import make_inputs, on_device_stream
 from .timing import summarize, time_forward
 
 # (category, where to look, substrings of the lower-cased name), first match wins. "own" is the
@@ -86,7 +87,8 @@ def aggregate(kernels: list[tuple[str, float]], forwards: int) -> dict:
         o = ops.setdefault(op, {"op": op, "us": 0.0, "launches": 0})
         o["us"] += us
         o["launches"] += 1
-        k = per_kernel.setdefault((op, short_name(name)), {"op": op, "kernel": short_name(name), "us": 0.0, "launches": 0})
+        short = short_name(name)
+        k = per_kernel.setdefault((op, short), {"op": op, "kernel": short, "us": 0.0, "launches": 0})
         k["us"] += us
         k["launches"] += 1
 
@@ -111,10 +113,13 @@ def profile_kernels(fn, forwards: int) -> list[tuple[str, float]]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(forwards):
-            fn()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        # torch warns that a profiler without a schedule keeps one cycle: exactly what is wanted.
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(forwards):
+                fn()
+            torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     events.sort(key=lambda e: e.time_range.start)
     return [(e.name, float(e.time_range.elapsed_us())) for e in events]
@@ -125,7 +130,7 @@ def run_breakdown(opts: Options, model: Model) -> dict:
     device = next(d for d in opts.devices if d.startswith("cuda"))
     dtype, batch, seq, attention = opts.dtypes[0], opts.batches[0], opts.seqs[0], opts.attentions[0]
     inputs = make_inputs(model.config, batch, seq, opts.varlen, opts.seed)
-    with torch.cuda.device(torch.device(device)), torch.inference_mode():
+    with on_device_stream(device), torch.inference_mode():
         if opts.allow_tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
         enc = make_ftbert(model, device, dtype, attention, opts.allow_tf32)

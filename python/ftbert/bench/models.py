@@ -38,8 +38,10 @@ class Model:
 
     def describe(self) -> dict:
         c = self.config
+        # bert-base lives in a temporary directory that is gone once the run ends.
+        path = "random init, seed 0 (temporary)" if self.label == "bert-base" else str(self.path)
         return {
-            "label": self.label, "path": str(self.path), "layers": c["num_hidden_layers"],
+            "label": self.label, "path": path, "layers": c["num_hidden_layers"],
             "hidden": c["hidden_size"], "heads": c["num_attention_heads"],
             "intermediate": c["intermediate_size"], "vocab": c["vocab_size"],
             "max_position_embeddings": c["max_position_embeddings"], "hidden_act": c["hidden_act"],
@@ -50,10 +52,15 @@ class Model:
 def make_random_bert_base(directory: Path, seed: int = 0) -> Path:
     """A random-initialised BERT-base saved as a HuggingFace checkpoint in `directory`."""
     from transformers import BertConfig, BertModel
+    from transformers.utils import logging as hf_logging
 
     torch.manual_seed(seed)
     model = BertModel(BertConfig(**BERT_BASE))
-    model.save_pretrained(directory)
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bar would cut into ours
+    try:
+        model.save_pretrained(directory)
+    finally:
+        hf_logging.enable_progress_bar()
     return directory
 
 

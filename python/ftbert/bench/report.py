@@ -48,16 +48,19 @@ def plot_png(path: Path, rows: list[dict], title: str) -> bool:
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return False
-    groups = sorted({(r["device"], r["dtype"]) for r in ok})
+    groups = list(dict.fromkeys((r["device"], r["dtype"]) for r in ok))
     seqs = sorted({r["seq"] for r in ok})
     engines = list(dict.fromkeys(r["engine"] for r in rows))
     colors = {e: plt.cm.tab10(i % 10) for i, e in enumerate(engines)}
+    batches = sorted({r["batch"] for r in ok})
     fig, axes = plt.subplots(
-        len(groups), len(seqs), figsize=(4.2 * len(seqs), 3.4 * len(groups)), squeeze=False
+        len(groups), len(seqs), figsize=(4.2 * len(seqs), 3.2 * len(groups) + 0.8), squeeze=False,
+        layout="constrained",
     )
     for gi, (device, dtype) in enumerate(groups):
         for si, seq in enumerate(seqs):
@@ -73,7 +76,12 @@ def plot_png(path: Path, rows: list[dict], title: str) -> bool:
             ax.set_xlabel("batch size")
             ax.set_ylabel("median latency (ms)")
             ax.set_xscale("log", base=2)
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.minorticks_off()
             ax.set_yscale("log")
+            # 20, not 2×10¹; between decades only the 2s and 5s, so the labels stay apart.
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "25" else ""))
             ax.grid(True, which="both", alpha=0.3)
     handles, labels = [], []
     for ax in axes.flat:  # one legend for the figure, from whichever subplots drew each engine
@@ -81,9 +89,8 @@ def plot_png(path: Path, rows: list[dict], title: str) -> bool:
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8)
-    fig.suptitle(title, y=0.995, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.suptitle(title, fontsize=10)
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -98,7 +105,8 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(console, rows: list[dict]) -> None:
-    """One table per (device, dtype)."""
+    """One table per (device, dtype); why a row failed or was skipped goes in numbered notes below
+    it, so long messages do not squeeze the columns."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -107,18 +115,24 @@ def print_table(console, rows: list[dict]) -> None:
         t = Table(title=f"{device}  {dtype}", title_justify="left", header_style="bold")
         for name in ("batch", "seq", "engine", "kernel", "median ms", "p90 ms", "p99 ms", "seq/s",
                      "tok/s", "peak MiB", "× sdpa", "max err", "status"):
-            t.add_column(name, justify="left" if name in ("engine", "kernel", "status") else "right")
+            t.add_column(name, justify="left" if name in ("engine", "kernel", "status") else "right",
+                         no_wrap=True)
+        footnotes: list[str] = []
+
+        def ref(text: str) -> str:
+            if text not in footnotes:
+                footnotes.append(text)
+            return f"[{footnotes.index(text) + 1}]"
+
         for r in rows:
             if (r["device"], r["dtype"]) != (device, dtype):
                 continue
             if r["status"] == "ok":
-                status = "[green]ok[/]"
+                status = "[green]ok[/]" + (" " + escape(ref(r["note"])) if r.get("note") else "")
             elif r["status"] == "skipped":
-                status = f"[yellow]skipped[/]: {escape(r.get('note') or '')}"
+                status = "[yellow]skipped[/] " + escape(ref(r.get("note") or ""))
             else:
-                status = f"[red]failed[/]: {escape(r.get('error') or '')}"
-            if r["status"] == "ok" and r.get("note"):
-                status += f" ({escape(r['note'])})"
+                status = "[red]failed[/] " + escape(ref(r.get("error") or ""))
             t.add_row(
                 str(r["batch"]), str(r["seq"]), r["engine"], r.get("kernel") or "-",
                 _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"),
@@ -127,3 +141,5 @@ def print_table(console, rows: list[dict]) -> None:
                 _fmt(r.get("speedup_vs_sdpa"), ".2f"), _fmt(r.get("max_abs_err"), ".2e"), status,
             )
         console.print(t)
+        for i, text in enumerate(footnotes, 1):
+            console.print(f"  [{i}] {escape(text)}", soft_wrap=True)

@@ -43,6 +43,19 @@ def make_inputs(config: dict, batch: int, seq: int, varlen_min: int | None, seed
 
 
 @contextlib.contextmanager
+def on_device_stream(device: str):
+    """GPU: makes `device` current and runs everything (inputs, engines, events) on one dedicated
+    torch stream, as a serving process would. All work is then ordered on that one stream whatever
+    an engine does with the legacy default stream (handle 0), which torch reports for its default."""
+    if not device.startswith("cuda"):
+        yield
+        return
+    with torch.cuda.device(torch.device(device)):
+        with torch.cuda.stream(torch.cuda.Stream()):
+            yield
+
+
+@contextlib.contextmanager
 def no_tf32():
     """The float32 reference is plain float32 even when --allow-tf32 is on for the engines."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -64,8 +77,11 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".strip()
 
 
-def _free(device: str) -> None:
-    gc.collect()
+def _free(device: str, collect: bool = True) -> None:
+    """Gives memory back: cached torch blocks, and with `collect` whatever a reference cycle (an
+    exception's traceback holding tensors) keeps alive; gc is slow with torch loaded, so only then."""
+    if collect:
+        gc.collect()
     if device.startswith("cuda"):
         try:
             torch.cuda.empty_cache()
@@ -82,6 +98,18 @@ class Sweep:
         self.task = None
         self.rows: list[dict] = []
         self.interrupted = False
+        self._flash_ok: dict[tuple[str, str], bool] = {}
+
+    def flash_supported(self, device: str, dtype: str) -> bool:
+        """Whether the backend has flash attention for this dtype and the model's head size."""
+        key = (device, dtype)
+        if key not in self._flash_ok:
+            from .. import _C
+
+            c = self.model.config
+            head_dim = int(c["hidden_size"]) // int(c["num_attention_heads"])
+            self._flash_ok[key] = bool(_C.OpRunner(device).supports_attention("flash", dtype, head_dim))
+        return self._flash_ok[key]
 
     def total(self) -> int:
         o = self.opts
@@ -102,8 +130,7 @@ class Sweep:
         return self.rows
 
     def _run_device(self, device: str) -> None:
-        ctx = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
-        with ctx:
+        with on_device_stream(device):
             for batch in self.opts.batches:
                 for seq in self.opts.seqs:
                     self._run_shape(device, batch, seq)
@@ -129,7 +156,8 @@ class Sweep:
         for dtype in self.opts.dtypes:
             for engine in engine_list(self.opts):
                 if self.progress is not None:
-                    self.progress.update(self.task, description=f"{device} {dtype} b={batch} s={seq} {engine}")
+                    what = f"{device} {dtype} b={batch} s={seq} {engine}"
+                    self.progress.update(self.task, description=what)
                 row = {
                     "device": device, "dtype": dtype, "batch": batch, "seq": seq,
                     "varlen_min": self.opts.varlen, "tokens": tokens, "engine": engine,
@@ -145,13 +173,14 @@ class Sweep:
                 if self.progress is not None:
                     self.progress.advance(self.task)
         del ref
-        _free(device)
+        _free(device, collect=False)
 
     def _run_engine(self, engine, device, dtype, batch, seq, ft_in, hf_in) -> dict:
         o = self.opts
         if engine.startswith("ftbert") and device == "cpu" and dtype != "float32":
-            if CPU_DTYPE_NOTE not in o.notes:
-                o.notes.append(f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped")
+            note = f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped"
+            if note not in o.notes:
+                o.notes.append(note)
             return {"status": "skipped", "note": CPU_DTYPE_NOTE}
         is_cuda = device.startswith("cuda")
         runner = None
@@ -159,15 +188,21 @@ class Sweep:
             res: dict = {}
             if engine.startswith("ftbert"):
                 attention = engine.split("-", 1)[1]
+                if attention == "flash" and not self.flash_supported(device, dtype):
+                    c = self.model.config
+                    head_dim = int(c["hidden_size"]) // int(c["num_attention_heads"])
+                    note = f"flash attention is not supported on {device} in {dtype} at head size {head_dim}"
+                    if note not in o.notes:
+                        o.notes.append(note)
+                    return {"status": "skipped", "note": note}
                 runner = make_ftbert(self.model, device, dtype, attention, o.allow_tf32)
-                try:
-                    res["kernel"] = runner.attention_for(batch, seq)
-                except (RuntimeError, ValueError) as e:  # e.g. flash forced where unsupported
-                    return {"status": "skipped", "note": _one_line(e)}
+                res["kernel"] = runner.attention_for(batch, seq)
                 enc = runner
 
+                ids, mask, types = ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]
+
                 def fn():
-                    return enc(ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]).last_hidden_state
+                    return enc(ids, mask, types).last_hidden_state
             else:
                 runner = self.peers.get(device, dtype, HF_IMPL[engine])
                 res["kernel"] = HF_IMPL[engine]
@@ -226,9 +261,8 @@ class Sweep:
             if engine == "hf-compile":
                 torch._dynamo.reset()
             del runner
-            if engine.startswith("ftbert") or engine == "hf-compile":
-                # The engine's device memory and compiled graphs go now, not at some later GC.
-                _free(device)
+            if engine == "hf-compile":
+                _free(device, collect=False)
 
 
 def _join(a: str | None, b: str) -> str:

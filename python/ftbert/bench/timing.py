@@ -12,9 +12,9 @@ import torch
 def time_forward(fn: Callable[[], object], device: str, warmup: int, iters: int) -> list[float]:
     """Milliseconds of each of `iters` calls of fn(), after `warmup` untimed calls.
 
-    GPU: a pair of CUDA events around each call on the current stream, then a synchronize, so each
-    sample is one request's latency as a caller sees it (launch overhead and any host sync inside
-    fn included) and no two forwards overlap.
+    GPU: a pair of CUDA events around each call on the current stream, then a device synchronize, so
+    each sample is one request's latency as a caller sees it (launch overhead and any host sync
+    inside fn included) and no two forwards overlap.
     """
     if device.startswith("cuda"):
         for _ in range(warmup):
@@ -27,7 +27,9 @@ def time_forward(fn: Callable[[], object], device: str, warmup: int, iters: int)
             start.record()
             fn()
             end.record()
-            end.synchronize()
+            # The whole device, not only this stream: nothing of one forward may still run (and
+            # write into memory torch hands out again) when the next begins.
+            torch.cuda.synchronize()
             samples.append(start.elapsed_time(end))
         return samples
     for _ in range(warmup):

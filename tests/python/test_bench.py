@@ -1,0 +1,310 @@
+"""`ftbert bench`: a tiny sweep end to end on the CPU (files, every configuration, failures recorded),
+its one-line errors, presets, the weight mapping of the transformers peers, and the kernel grouping
+of the per-op breakdown. No timing is asserted, only that times were taken and reported."""
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+import ftbert
+import ftbert.bench.sweep as bench_sweep
+from ftbert.bench import main
+from ftbert.bench.args import BenchError, parse_options
+from ftbert.bench.breakdown import aggregate, classify, label_in_order, short_name
+from ftbert.bench.models import load_model, make_hf
+from ftbert.bench.report import FIELDS
+from ftbert.bench.sweep import make_inputs
+from ftbert.bench.timing import summarize
+from tests._models import make_bert
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[2]
+ATTENTIONS = ("unfused", "flash", "auto")
+ENGINES = [f"ftbert-{a}" for a in ATTENTIONS] + ["hf-eager", "hf-sdpa"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random 2-layer BERT (hidden 48, 3 heads, odd FFN) whose position table stops at 40."""
+    path = tmp_path_factory.mktemp("tiny-bert")
+    make_bert(path, hidden=48, heads=3, layers=2, vocab=97, max_pos=40, seed=3)
+    return path
+
+
+def _run(args, out):
+    return main(["--device", "cpu", "--iters", "2", "--warmup", "1", "--out", str(out), "--name", "r", *args])
+
+
+def _read(out):
+    doc = json.loads((out / "r.json").read_text())
+    with open(out / "r.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return doc, rows
+
+
+def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_path, capsys):
+    out = tmp_path / "results"
+    # seq 45 > max_position_embeddings 40: those rows must fail without stopping the sweep.
+    assert _run(["--model", str(tiny), "--batch", "1,3", "--seq", "7", "19", "45"], out) == 0
+    printed = capsys.readouterr().out
+    assert "ftbert-unfused" in printed and "failed" in printed and "r.json" in printed
+
+    doc, csv_rows = _read(out)
+    results = doc["results"]
+    got = {(r["batch"], r["seq"], r["engine"]) for r in results}
+    assert got == {(b, s, e) for b in (1, 3) for s in (7, 19, 45) for e in ENGINES}
+    assert len(results) == len(got)
+    assert doc["model"]["layers"] == 2 and doc["model"]["hidden"] == 48
+    assert doc["options"]["batches"] == [1, 3] and doc["options"]["iters"] == {"cpu": 2}
+
+    for r in results:
+        if r["engine"] == "ftbert-flash":
+            assert r["status"] == "skipped" and "flash" in r["note"]  # no flash kernel on the CPU
+        elif r["seq"] == 45:
+            assert r["status"] == "failed", r
+            assert "45" in r["error"] and "\n" not in r["error"]
+        else:
+            assert r["status"] == "ok", r
+            assert 0 < r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["p99_ms"] <= r["max_ms"]
+            assert r["iters"] == 2
+            assert r["tokens"] == r["batch"] * r["seq"]
+            assert r["seq_per_s"] == pytest.approx(r["batch"] / (r["median_ms"] / 1e3))
+            assert r["tok_per_s"] == pytest.approx(r["tokens"] / (r["median_ms"] / 1e3))
+            # float32 everywhere: every engine agrees with the float32 eager reference.
+            assert r["max_abs_err"] < 1e-4, r
+            if r["engine"] == "hf-sdpa":
+                assert r["speedup_vs_sdpa"] == pytest.approx(1.0)
+            else:
+                assert r["speedup_vs_sdpa"] == pytest.approx(
+                    next(x["median_ms"] for x in results if x["engine"] == "hf-sdpa"
+                         and (x["batch"], x["seq"]) == (r["batch"], r["seq"])) / r["median_ms"])
+            if r["engine"].startswith("ftbert"):
+                assert r["kernel"] == "unfused"
+
+    # The CSV holds the same rows, every column of the documented header.
+    assert len(csv_rows) == len(results)
+    assert tuple(csv_rows[0].keys()) == FIELDS
+    for c, j in zip(csv_rows, results):
+        assert (int(c["batch"]), int(c["seq"]), c["engine"], c["status"]) == (
+            j["batch"], j["seq"], j["engine"], j["status"])
+
+    png = (out / "r.png").read_bytes()
+    assert png[:8] == PNG_SIGNATURE and len(png) > 5000
+    img = matplotlib.image.imread(out / "r.png")
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_engine_that_raises_is_recorded_and_the_sweep_goes_on(tiny, tmp_path, monkeypatch):
+    real = bench_sweep.make_ftbert
+
+    def flaky(model, device, dtype, attention, allow_tf32):
+        if attention == "unfused":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, device, dtype, attention, allow_tf32)
+
+    monkeypatch.setattr(bench_sweep, "make_ftbert", flaky)
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "5,9", "--attention", "unfused,auto",
+                 "--quiet"], out) == 0
+    doc, _ = _read(out)
+    by_engine = {}
+    for r in doc["results"]:
+        by_engine.setdefault(r["engine"], []).append(r)
+    assert set(by_engine) == {"ftbert-unfused", "ftbert-auto", "hf-eager", "hf-sdpa"}
+    for r in by_engine["ftbert-unfused"]:
+        assert r["status"] == "failed"
+        assert r["error"].startswith("out of memory") and "2.00 GiB" in r["error"]
+    for name in ("ftbert-auto", "hf-eager", "hf-sdpa"):
+        assert [r["status"] for r in by_engine[name]] == ["ok", "ok"]
+
+
+def test_varlen_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_path):
+    config = {"vocab_size": 97}
+    a = make_inputs(config, 6, 23, 4, seed=11)
+    b = make_inputs(config, 6, 23, 4, seed=11)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # fixed seed: the same batch every time
+    mask = a["attention_mask"]
+    lengths = mask.sum(1)
+    assert int(lengths.min()) >= 4 and int(lengths.max()) <= 23
+    assert len(set(lengths.tolist())) > 1
+    for row, n in zip(mask, lengths):
+        assert row[:n].eq(1).all() and row[n:].eq(0).all()  # right padding
+    assert a["input_ids"][mask == 0].eq(0).all()
+
+    out = tmp_path / "v"
+    assert _run(["--model", str(tiny), "--batch", "5", "--seq", "17", "--varlen", "3", "--quiet",
+                 "--engines", "ftbert,hf-sdpa", "--attention", "auto"], out) == 0
+    doc, _ = _read(out)
+    expected = int(make_inputs({"vocab_size": 97}, 5, 17, 3, seed=0)["attention_mask"].sum())
+    for r in doc["results"]:
+        assert r["status"] == "ok" and r["varlen_min"] == 3
+        assert r["tokens"] == expected and 5 * 3 <= expected < 5 * 17
+        assert r["max_abs_err"] < 1e-4  # padded rows are left out of the error, not hidden by it
+
+
+def test_cpu_rows_in_half_precision_are_skipped_with_a_note(tiny, tmp_path):
+    out = tmp_path / "h"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "6", "--dtype", "bfloat16",
+                 "--attention", "unfused", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    status = {r["engine"]: r for r in doc["results"]}
+    assert status["ftbert-unfused"]["status"] == "skipped"
+    assert "float32 only" in status["ftbert-unfused"]["note"]
+    assert any("float32 only" in n for n in doc["notes"])
+    # transformers does run bfloat16 on the CPU; its error shows what the dtype costs.
+    assert status["hf-sdpa"]["status"] == "ok" and 0 < status["hf-sdpa"]["max_abs_err"] < 0.5
+
+
+def test_peers_get_exactly_the_checkpoint_weights(tmp_path):
+    hf = make_bert(tmp_path, hidden=40, heads=5, layers=3, vocab=61, max_pos=33, seed=7)
+    model = load_model("t", tmp_path)
+    rebuilt = make_hf(model, "eager")
+    ref = hf.state_dict()
+    for name, t in rebuilt.state_dict().items():
+        assert torch.equal(t, ref[name]), name
+    ids = torch.randint(0, 61, (3, 11))
+    with torch.no_grad():
+        assert torch.equal(rebuilt(ids).last_hidden_state, hf(ids).last_hidden_state)
+
+
+def test_unknown_model_path_is_one_line_and_exit_2(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert main(["--model", str(missing), "--device", "cpu", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error:") and "does not exist" in err and str(missing) in err
+    assert "\n" not in err
+
+
+def test_directory_without_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["--model", str(tmp_path), "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "neither an ftbert-converted directory" in err and "\n" not in err
+
+
+@pytest.mark.skipif(ftbert.cuda_available(), reason="a GPU is present")
+def test_cuda_without_gpu_is_one_line_and_exit_2(tiny, tmp_path, capsys):
+    assert main(["--model", str(tiny), "--device", "cuda", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error: device 'cuda:0' is not available") and "\n" not in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_breakdown_on_cpu_says_it_needs_a_gpu(tiny, tmp_path, capsys):
+    assert main(["--model", str(tiny), "--device", "cpu", "--breakdown", "--out", str(tmp_path)]) == 2
+    assert "--breakdown needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch", "0"], "at least 1"),
+        (["--seq", "8,x"], "not an integer"),
+        (["--dtype", "float64"], "unknown value 'float64'"),
+        (["--engines", "onnx"], "unknown value 'onnx'"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--seq", "16,64", "--varlen", "20"], "longer than the shortest --seq 16"),
+        (["--iters", "0"], "at least 1"),
+        (["--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
+    ],
+)
+def test_bad_option_values_are_one_line_and_exit_2(args, message, tiny, tmp_path, capsys):
+    assert main(["--model", str(tiny), "--device", "cpu", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_preset_fills_what_the_command_line_leaves_out(tmp_path):
+    preset = tmp_path / "p.json"
+    preset.write_text(json.dumps({"model": "bert-base", "device": "cpu", "batch": [2, 4], "seq": "9,33",
+                                  "varlen": 5, "compile": True, "iters": 7}))
+    o = parse_options(["--preset", str(preset), "--batch", "3"], cuda_available=False)
+    assert o.batches == [3] and o.seqs == [9, 33] and o.varlen == 5 and o.model == "bert-base"
+    assert o.devices == ["cpu"] and o.dtypes == ["float32"] and o.iters_for("cpu") == 7
+    assert o.engines == ["ftbert", "hf-eager", "hf-sdpa", "hf-compile"]
+    preset.write_text(json.dumps({"batch": [1], "sequence": [8]}))
+    with pytest.raises(BenchError, match="unknown key"):
+        parse_options(["--preset", str(preset)], cuda_available=False)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "benchmarks" / "presets").glob("*.json")), ids=lambda p: p.stem)
+def test_shipped_presets_parse(path):
+    o = parse_options(["--preset", path.stem], cuda_available=True)
+    assert o.preset == str(path) and o.description
+    assert o.model in ("minilm", "bert-base") and o.batches and o.seqs
+
+
+def test_defaults_are_the_bert_serving_grid():
+    gpu = parse_options([], cuda_available=True)
+    assert (gpu.batches, gpu.seqs, gpu.devices) == ([1, 8, 32], [32, 128, 512], ["cuda:0"])
+    assert gpu.dtypes == ["float32", "float16", "bfloat16"] and gpu.attentions == list(ATTENTIONS)
+    assert gpu.iters_for("cuda:0") == 100 and gpu.model == "minilm"
+    cpu = parse_options(["--batch", "1", "8"], cuda_available=False)
+    assert cpu.devices == ["cpu"] and cpu.dtypes == ["float32"] and cpu.batches == [1, 8]
+
+
+def test_summary_percentiles():
+    s = summarize([float(v) for v in np.random.default_rng(0).permutation(np.arange(1, 101))])
+    assert s["median_ms"] == 50.5 and s["p90_ms"] == pytest.approx(90.1) and s["p99_ms"] == pytest.approx(99.01)
+    assert (s["min_ms"], s["max_ms"], s["iters"]) == (1.0, 100.0, 100)
+
+
+# ---- breakdown: kernel names -> ops -----------------------------------------------------------
+NS = "void ftbert::cuda::(anonymous namespace)::"
+UNFUSED_LAYER = [
+    "nvjet_tst_128x64_64x8_1x2_h_bz_coopA_NNT",  # QKV GEMM
+    NS + "add_qkv_bias_transpose_kernel<__half>(__half const*, __half const*, __half*, __half*, __half*, int, int, int, int)",
+    "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+    NS + "masked_softmax_warp_kernel<__half, 4>(__half*, int const*, int, int, float)",
+    "void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_64x1_nn_align8>(cutlass_80_wmma::Params)",
+    NS + "transpose_heads_kernel<__half>(__half const*, __half*, int, int, int, int)",
+    "nvjet_tst_64x64_64x8_1x1_h_bz_NNT",  # output projection
+    NS + "add_bias_residual_layernorm_kernel<__half, 128>(__half*, __half const*, __half const*, __half const*, __half const*, int, int, float)",
+    "sm90_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x256x64_gelu_cublas",  # an epilogue name stays a GEMM
+    NS + "add_bias_activation_kernel<__half, (ftbert::Activation)0>(__half*, __half const*, int, int)",
+    "void splitKreduce_kernel<32, 16, int, float, __half, float, __half, true, false, false>(cublasSplitKParams<float>, float const*, __half const*, __half*, float const*, float const*, __half const*, float const*, __half*, void*, long, float*, int*)",
+    NS + "add_bias_residual_layernorm_kernel<__half, 128>(__half*, __half const*, __half const*, __half const*, __half const*, int, int, float)",
+]
+UNFUSED_OPS = [
+    "gemm", "add_qkv_bias_transpose", "attention_gemm", "masked_softmax", "attention_gemm",
+    "transpose_heads", "gemm", "add_bias_residual_layernorm", "gemm", "add_bias_activation", "gemm",
+    "add_bias_residual_layernorm",
+]
+
+
+def test_kernel_names_group_into_ops_in_launch_order():
+    head = [
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<bool, at::native::func_wrapper<bool>>>(...)",
+        "Memcpy DtoH (Device -> Pinned)",
+        NS + "embed_layernorm_kernel<float, 256>(int const*, int const*, float const*, float const*, float const*, float const*, float const*, float*, int, int, int, int, int, float)",
+    ]
+    flash = NS.replace("(anonymous namespace)::", "") + "flash_attention_kernel<64, 64, 64>(ftbert::cuda::FlashParams)"
+    names = head + UNFUSED_LAYER + [UNFUSED_LAYER[0], flash, UNFUSED_LAYER[6], "some_unknown_kernel"]
+    assert label_in_order(names) == (
+        ["torch (input checks)", "memcpy/memset", "embed_layernorm"] + UNFUSED_OPS
+        + ["gemm", "flash_attention", "gemm", "other"]
+    )
+    assert short_name(UNFUSED_LAYER[3]) == "masked_softmax_warp_kernel"
+    assert short_name(flash) == "flash_attention_kernel"
+    assert classify(UNFUSED_LAYER[2]) == "gemm"  # alone, without the launch-order context
+
+
+def test_aggregate_shares_per_forward():
+    rng = np.random.default_rng(5)
+    forwards = 3
+    kernels = [(n, float(rng.uniform(1, 50))) for _ in range(forwards) for n in UNFUSED_LAYER]
+    res = aggregate(kernels, forwards)
+    total = sum(us for _, us in kernels)
+    assert res["kernel_ms_per_forward"] == pytest.approx(total / 1e3 / forwards)
+    assert sum(o["share"] for o in res["ops"]) == pytest.approx(1.0)
+    ops = {o["op"]: o for o in res["ops"]}
+    assert set(ops) == set(UNFUSED_OPS)
+    assert ops["attention_gemm"]["launches_per_forward"] == 2
+    assert ops["gemm"]["launches_per_forward"] == 4
+    want = sum(us for (n, us), op in zip(kernels, UNFUSED_OPS * forwards) if op == "masked_softmax")
+    assert ops["masked_softmax"]["ms_per_forward"] == pytest.approx(want / 1e3 / forwards)
+    assert [o["ms_per_forward"] for o in res["ops"]] == sorted((o["ms_per_forward"] for o in res["ops"]), reverse=True)

@@ -100,7 +100,7 @@ def test_forcing_flash_on_cpu_names_why(enc):
 @pytest.mark.skipif(ftbert.cuda_available(), reason="a GPU is present")
 def test_cuda_without_gpu_or_cuda_build_raises_clearly(tmp_path):
     make_bert(tmp_path, hidden=32, heads=2, layers=1)
-    with pytest.raises(RuntimeError, match="cuda.*(not available|no CUDA)"):
+    with pytest.raises(RuntimeError, match="no CUDA|not available"):
         ftbert.Encoder.from_pretrained(tmp_path, device="cuda")
 
 

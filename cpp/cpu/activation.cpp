@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/parallel.h"
 
 namespace ftbert {
 
@@ -21,17 +22,20 @@ inline float activate(float x, Activation act) {
 }
 }  // namespace
 
+using cpu::parallel_for;
+
 void CpuBackend::add_bias_activation(DType dt, void* x,  // [M, N]
                                      const void* bias,   // [N]
                                      int rows, int cols, Activation act) {
   require_cpu_float32(dt, "add_bias_activation");
   auto* xs = static_cast<float*>(x);
   const auto* b = static_cast<const float*>(bias);
-#pragma omp parallel for schedule(static) if (int64_t{rows} * cols >= kParallelMinElements)
-  for (int r = 0; r < rows; ++r) {
-    float* row = xs + static_cast<int64_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) row[c] = activate(row[c] + b[c], act);
-  }
+  parallel_for(rows, int64_t{rows} * cols, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = xs + r * cols;
+      for (int c = 0; c < cols; ++c) row[c] = activate(row[c] + b[c], act);
+    }
+  });
 }
 
 }  // namespace ftbert

@@ -5,8 +5,11 @@
 #include <limits>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/parallel.h"
 
 namespace ftbert {
+
+using cpu::parallel_for;
 
 void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [B, S, 3H]
                                         const void* bias,            // [3H]
@@ -17,20 +20,20 @@ void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [B, S, 3H
   const auto* b = static_cast<const float*>(bias);
   float* outs[3] = {static_cast<float*>(q), static_cast<float*>(k), static_cast<float*>(v)};
   const int hidden = heads * head_dim;
-#pragma omp parallel for collapse(2) schedule(static) \
-    if (int64_t{batch} * seq * 3 * hidden >= kParallelMinElements)
-  for (int bi = 0; bi < batch; ++bi) {
-    for (int s = 0; s < seq; ++s) {
-      const float* row = in + (static_cast<int64_t>(bi) * seq + s) * 3 * hidden;
+  const int64_t tokens = static_cast<int64_t>(batch) * seq;
+  parallel_for(tokens, tokens * 3 * hidden, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {  // t = b * S + s
+      const int64_t bi = t / seq, s = t % seq;
+      const float* row = in + t * 3 * hidden;
       for (int part = 0; part < 3; ++part) {
         for (int h = 0; h < heads; ++h) {
-          float* dst = outs[part] + ((static_cast<int64_t>(bi) * heads + h) * seq + s) * head_dim;
+          float* dst = outs[part] + ((bi * heads + h) * seq + s) * head_dim;
           const int col = part * hidden + h * head_dim;
           for (int j = 0; j < head_dim; ++j) dst[j] = row[col + j] + b[col + j];
         }
       }
     }
-  }
+  });
 }
 
 void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
@@ -39,27 +42,28 @@ void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
   require_cpu_float32(dt, "masked_softmax");
   auto* x = static_cast<float*>(scores);
   const int64_t rows = static_cast<int64_t>(batch) * heads * seq;
-#pragma omp parallel for schedule(static) if (rows * seq >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int bi = static_cast<int>(r / (static_cast<int64_t>(heads) * seq));
-    const int32_t* m = mask + static_cast<int64_t>(bi) * seq;
-    float* row = x + r * seq;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j < seq; ++j)
-      if (m[j]) mx = std::max(mx, row[j] * scale);
-    if (mx == -std::numeric_limits<float>::infinity()) {  // every key masked: zeros, not NaN
-      for (int j = 0; j < seq; ++j) row[j] = 0.0f;
-      continue;
+  parallel_for(rows, rows * seq, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t bi = r / (static_cast<int64_t>(heads) * seq);
+      const int32_t* m = mask + bi * seq;
+      float* row = x + r * seq;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < seq; ++j)
+        if (m[j]) mx = std::max(mx, row[j] * scale);
+      if (mx == -std::numeric_limits<float>::infinity()) {  // every key masked: zeros, not NaN
+        std::fill(row, row + seq, 0.0f);
+        continue;
+      }
+      double sum = 0.0;
+      for (int j = 0; j < seq; ++j) {
+        const float e = m[j] ? std::exp(row[j] * scale - mx) : 0.0f;
+        row[j] = e;
+        sum += e;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < seq; ++j) row[j] *= inv;
     }
-    double sum = 0.0;
-    for (int j = 0; j < seq; ++j) {
-      const float e = m[j] ? std::exp(row[j] * scale - mx) : 0.0f;
-      row[j] = e;
-      sum += e;
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int j = 0; j < seq; ++j) row[j] *= inv;
-  }
+  });
 }
 
 void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
@@ -69,17 +73,17 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
   const auto* src = static_cast<const float*>(in);
   auto* dst = static_cast<float*>(out);
   const int hidden = heads * head_dim;
-#pragma omp parallel for collapse(2) schedule(static) \
-    if (int64_t{batch} * seq * hidden >= kParallelMinElements)
-  for (int bi = 0; bi < batch; ++bi) {
-    for (int s = 0; s < seq; ++s) {
-      float* row = dst + (static_cast<int64_t>(bi) * seq + s) * hidden;
+  const int64_t tokens = static_cast<int64_t>(batch) * seq;
+  parallel_for(tokens, tokens * hidden, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t bi = t / seq, s = t % seq;
+      float* row = dst + t * hidden;
       for (int h = 0; h < heads; ++h) {
-        const float* head = src + ((static_cast<int64_t>(bi) * heads + h) * seq + s) * head_dim;
-        for (int j = 0; j < head_dim; ++j) row[h * head_dim + j] = head[j];
+        const float* head = src + ((bi * heads + h) * seq + s) * head_dim;
+        std::copy(head, head + head_dim, row + h * head_dim);
       }
     }
-  }
+  });
 }
 
 }  // namespace ftbert

@@ -1,5 +1,6 @@
 // The CPU backend: every op in plain C++ (float32), GEMMs through OpenBLAS, loops over rows
-// threaded with OpenMP. It runs everywhere and is the readable reference for the CUDA kernels.
+// spread over a small thread pool (parallel.h). It runs everywhere and is the readable reference
+// for the CUDA kernels.
 #pragma once
 
 #include "ftbert/backend.h"
@@ -40,10 +41,6 @@ class CpuBackend final : public Backend {
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
 };
-
-// Threads only pay off past this many elements: below it, waking the team (and its barrier,
-// which waits on a descheduled thread when the machine is busy) costs more than the work.
-constexpr int64_t kParallelMinElements = 1 << 15;
 
 // Shared by the CPU ops: only float32 runs here.
 void require_cpu_float32(DType dt, const char* op);

@@ -3,8 +3,11 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/parallel.h"
 
 namespace ftbert {
+
+using cpu::parallel_for;
 
 void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
                                  const int32_t* token_type_ids,       // [B, S]
@@ -21,11 +24,9 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
   const auto* t = static_cast<const float*>(token_type);
   auto* o = static_cast<float*>(out);
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
-#pragma omp parallel if (tokens * hidden >= kParallelMinElements)
-  {
+  parallel_for(tokens, tokens * hidden, [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < tokens; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       // Ids were validated by the encoder; clamping keeps a direct op call memory-safe too.
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
@@ -35,7 +36,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
       layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
                     o + i * hidden, hidden, eps);
     }
-  }
+  });
 }
 
 }  // namespace ftbert

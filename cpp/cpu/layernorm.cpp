@@ -2,8 +2,11 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/parallel.h"
 
 namespace ftbert {
+
+using cpu::parallel_for;
 
 void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H]
                                              const void* residual,      // [M, H]
@@ -14,18 +17,16 @@ void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H
   auto* xs = static_cast<float*>(x);
   const auto* res = static_cast<const float*>(residual);
   const auto* b = static_cast<const float*>(bias);
-#pragma omp parallel if (int64_t{rows} * hidden >= kParallelMinElements)
-  {
+  parallel_for(rows, int64_t{rows} * hidden, [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; ++r) {
+    for (int64_t r = begin; r < end; ++r) {
       float* xr = xs + static_cast<int64_t>(r) * hidden;
       const float* rr = res + static_cast<int64_t>(r) * hidden;
       for (int h = 0; h < hidden; ++h) row[h] = xr[h] + b[h] + rr[h];
       layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
                     xr, hidden, eps);
     }
-  }
+  });
 }
 
 }  // namespace ftbert

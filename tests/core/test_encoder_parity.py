@@ -105,3 +105,17 @@ def test_shapes_in_any_order_stay_correct(model_pair, rng):
         out, ref = run_both(hf, enc, ids, np.ones((batch, seq), np.int64), np.zeros((batch, seq), np.int64))
         assert np.abs(out.last_hidden_state - ref.last_hidden_state.numpy()).max() <= TOL
         assert np.abs(out.pooler_output - ref.pooler_output.numpy()).max() <= TOL
+
+
+def test_concurrent_forwards_from_threads_match_sequential(model_pair, rng):
+    # Forwards hold no Python lock: several threads on one encoder (serialized inside) and on the
+    # shared CPU thread pool must each get their own, correct result.
+    from concurrent.futures import ThreadPoolExecutor
+
+    hf, enc = model_pair
+    batches = [rng.integers(0, hf.config.vocab_size, (3, int(n))) for n in rng.integers(20, 200, 8)]
+    expected = [enc(ids).last_hidden_state for ids in batches]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda ids: enc(ids).last_hidden_state, batches))
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)

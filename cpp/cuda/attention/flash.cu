@@ -53,6 +53,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -165,11 +166,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <int D, int Br, int Bc, int kWarps>
+template <int D, int Br, int Bc, int kWarps, int kStages>
 struct FlashTile {
   static_assert(D % 16 == 0, "head dim must be a multiple of 16 (mma k)");
   static_assert(Br % (16 * kWarps) == 0, "each warp owns whole 16-row mma tiles");
   static_assert(Bc % 16 == 0, "key tiles are whole mma k-steps of P·V");
+  static_assert(kStages >= 2, "at least double buffering");
   static constexpr int kMTiles = Br / (16 * kWarps);  // 16-row mma tiles per warp
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kThreads = kWarps * 32;
@@ -180,15 +182,374 @@ struct FlashTile {
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kQElems = Br * kStride;
   static constexpr int kKVElems = Bc * kStride;
-  // sQ [Br][kStride] | sK [2][Bc][kStride] | sV [2][Bc][kStride] | key bias [2][Bc] fp32
+  // sQ [Br][kStride] | sK [kStages][Bc][kStride] | sV [kStages][Bc][kStride] |
+  // key bias [kStages][Bc] fp32
   static constexpr size_t smem_bytes(size_t elem) {
-    return (kQElems + 4 * kKVElems) * elem + 2 * Bc * sizeof(float);
+    return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float);
   }
 };
 
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
+// How far (in log2 units) a row's running max may lag behind its true max before the
+// accumulator is rescaled: the weights of that row then stay below 2^8, far inside fp16/bf16.
+constexpr float kRescaleSlackLog2 = 8.0f;
+
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs,
+          bool kLazy>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
-  using Tile = FlashTile<D, Br, Bc, kWarps>;
+  using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
+  constexpr int kM = Tile::kMTiles;
+  constexpr int kThreads = Tile::kThreads;
+  constexpr int kStride = Tile::kStride;
+  constexpr int kChunks = Tile::kChunks;
+  constexpr float kNegInf = -__builtin_huge_valf();
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);                                         // [Br][kStride]
+  T* sK = sQ + Tile::kQElems;                                                 // [kStages][Bc][kStride]
+  T* sV = sK + kStages * Tile::kKVElems;                                      // [kStages][Bc][kStride]
+  float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);  // [kStages][Bc]
+  __shared__ int sRange[2][kWarps];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int q0 = blockIdx.x * Br;
+  const int head = blockIdx.y;
+  const int b = blockIdx.z;
+  const int S = p.seq;
+  const int H = p.heads * D;
+  const float scale_log2 = p.scale_log2;
+  // Row s of this (batch, head): Q at qkv + s*3H, K at + H, V at + 2H.
+  const T* qkv = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * S * (3 * H) + head * D;
+  const T* bias = static_cast<const T*>(p.bias) + head * D;
+  const int32_t* mask = p.mask + static_cast<int64_t>(b) * S;
+
+  // ---- the key range [lo, hi] holding every unmasked key of this sequence --------------------
+  int lo = S, hi = -1;
+  for (int i = tid; i < S; i += kThreads) {
+    if (mask[i] != 0) {
+      lo = min(lo, i);
+      hi = max(hi, i);
+    }
+  }
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (lane == 0) {
+    sRange[0][warp] = lo;
+    sRange[1][warp] = hi;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    lo = min(lo, sRange[0][w]);
+    hi = max(hi, sRange[1][w]);
+  }
+  const int t_begin = lo / Bc;
+  const int t_end = hi < 0 ? t_begin : hi / Bc + 1;  // no unmasked key: no tiles, zero output
+
+  // ---- loads ---------------------------------------------------------------------------------
+  // Offsets inside one sequence fit in 32 bits (S * 3H elements); the base pointers carry the
+  // 64-bit batch offset. Rows past S are zero-filled from a clamped (valid) address.
+  static_assert(kThreads % kChunks == 0, "a thread copies the same column chunk of every row");
+  constexpr int kRowStep = kThreads / kChunks;
+  const int ld = 3 * H;
+  const int my_row = tid / kChunks;
+  const int my_col = (tid % kChunks) * 8;
+  auto load_q = [&]() {
+#pragma unroll
+    for (int row = my_row; row < Br; row += kRowStep) {
+      const int s = q0 + row;
+      cp_async_16(sQ + row * kStride + my_col, qkv + (min(s, S - 1) * ld + my_col), s < S);
+    }
+  };
+  // Returns whether this thread wrote a masked key (padding or past S) into the key bias.
+  auto load_kv = [&](int tile, int buf) {
+    const int k0 = tile * Bc;
+    T* dk = sK + buf * Tile::kKVElems;
+    T* dv = sV + buf * Tile::kKVElems;
+#pragma unroll
+    for (int row = my_row; row < Bc; row += kRowStep) {
+      const int s = k0 + row;
+      const int off = min(s, S - 1) * ld + my_col;
+      cp_async_16(dk + row * kStride + my_col, qkv + (off + H), s < S);
+      cp_async_16(dv + row * kStride + my_col, qkv + (off + 2 * H), s < S);
+    }
+    bool masked = false;
+#pragma unroll
+    for (int i = tid; i < Bc; i += kThreads) {
+      const int s = k0 + i;
+      const bool keep = s < S && mask[s] != 0;
+      sKeyBias[buf * Bc + i] = keep ? 0.0f : kNegInf;
+      masked |= !keep;
+    }
+    return masked;
+  };
+
+  // Groups in flight: Q, then one per key tile; kStages - 1 key tiles are loaded ahead. Every
+  // stage commits a group, empty or not, so the wait counts stay uniform.
+  // bit `buf`: this thread's key-bias entries of that buffer hold a masked key.
+  int masked_bits = 0;
+  load_q();
+  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (t_begin + i < t_end) masked_bits |= (load_kv(t_begin + i, i) ? 1 : 0) << i;
+    cp_async_commit();
+  }
+
+  // Q + bias, in fp32, rounded once; each thread fixes the chunks it copied itself, which
+  // cp.async.wait_group makes visible to it.
+  cp_async_wait<kStages - 1>();
+  const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + my_col));
+#pragma unroll
+  for (int row = my_row; row < Br; row += kRowStep) {
+    uint4* q = reinterpret_cast<uint4*>(sQ + row * kStride + my_col);
+    uint4 v = *q;
+    uint32_t* vw = reinterpret_cast<uint32_t*>(&v);
+    const uint32_t* bw = reinterpret_cast<const uint32_t*>(&bq);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 x = Mma<T>::unpack(vw[w]);
+      const float2 y = Mma<T>::unpack(bw[w]);
+      vw[w] = Mma<T>::pack(x.x + y.x, x.y + y.y);
+    }
+    *q = v;
+  }
+  __syncthreads();
+
+  // This warp's rows: warp_row0 + 16m + {g, g + 8} for m-tile m, g = lane / 4.
+  const int warp_row0 = warp * Tile::kWarpRows;
+  // Q as A fragments, one per m-tile and 16-wide k-step: lanes 0-15 address rows 0-15 at column
+  // k, lanes 16-31 the same rows at column k+8 -> a0..a3 = (rows 0-7 | 8-15) x (cols k | k+8).
+  // Kept in registers (kQRegs) or re-read from shared memory for every key tile.
+  const T* q_lane = sQ + (warp_row0 + lane % 16) * kStride + (lane / 16) * 8;
+  uint32_t qf[kQRegs ? kM : 1][kQRegs ? D / 16 : 1][4];
+  if constexpr (kQRegs) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[m][kk], q_lane + 16 * m * kStride + kk * 16);
+    }
+  }
+
+  // Thread (g = lane/4, c = lane%4) holds rows g and g+8 of each m-tile; accumulator o[m][n]
+  // covers columns 8n + 2c, 8n + 2c + 1 of both rows (index 0,1: row g; 2,3: row g+8).
+  float o[kM][D / 8][4];
+  float row_max[kM][2];  // raw scores (before scale); -inf until a row sees an unmasked key
+  float row_sum[kM][2];  // this thread's columns only; summed over the quad at the end
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
+    row_max[m][0] = row_max[m][1] = kNegInf;
+    row_sum[m][0] = row_sum[m][1] = 0.0f;
+  }
+
+  // ldmatrix lane offsets (elements) inside a tile:
+  //  K (non-transposed B of S = Q·Kᵀ, key rows): lanes 0-7 keys 0-7 @ d, 8-15 keys 0-7 @ d+8,
+  //    16-23 keys 8-15 @ d, 24-31 keys 8-15 @ d+8 -> {b0, b1} of key block n, then of n+1.
+  //  V (transposed B of O = P·V, key rows): lanes 0-15 keys 0-15 @ col, 16-31 @ col+8
+  //    -> {b0, b1} of column block n, then of n+1.
+  const int k_lane = ((lane % 8) + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8;
+  const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
+  const int quad_col = 2 * (lane % 4);
+
+  int buf = 0;                // buffer of tile t
+  int fill = kStages - 1;     // buffer of tile t + kStages - 1 (the one tile t - 1 used)
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
+    // One barrier per tile: every thread's copies of tile t are visible, and every warp is done
+    // with tile t - 1, whose buffer is refilled next. It also tells every thread whether this
+    // tile has any masked key.
+    const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
+    if (t + kStages - 1 < t_end) {
+      masked_bits = (masked_bits & ~(1 << fill)) |
+                    ((load_kv(t + kStages - 1, fill) ? 1 : 0) << fill);
+    }
+    cp_async_commit();
+
+    const T* tk = sK + buf * Tile::kKVElems;
+    const T* tv = sV + buf * Tile::kKVElems;
+
+    // S = Q Kᵀ: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout. Each K fragment
+    // serves every m-tile of the warp.
+    float s[kM][Bc / 8][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int j = 0; j < Bc / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qs[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qs[m][i] = qf[m][kk][i];
+        } else {
+          ldmatrix_x4(qs[m], q_lane + 16 * m * kStride + kk * 16);
+        }
+      }
+#pragma unroll
+      for (int jn = 0; jn < Bc / 16; ++jn) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, tk + jn * 16 * kStride + kk * 16 + k_lane);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          Mma<T>::mma(s[m][2 * jn], qs[m], kb[0], kb[1]);
+          Mma<T>::mma(s[m][2 * jn + 1], qs[m], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Masked keys (padding, past S) -> -inf; tiles without any skip this.
+    if (tile_masked) {
+      const float* key_bias = sKeyBias + buf * Bc;
+#pragma unroll
+      for (int j = 0; j < Bc / 8; ++j) {
+        const float2 kb = *reinterpret_cast<const float2*>(key_bias + 8 * j + quad_col);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          s[m][j][0] += kb.x;
+          s[m][j][1] += kb.y;
+          s[m][j][2] += kb.x;
+          s[m][j][3] += kb.y;
+        }
+      }
+    }
+
+    // Online softmax per row (r = 0: row g, r = 1: row g+8); a row is spread over the 4 lanes of
+    // a quad. The max is kept in raw score units (scale > 0), and scale·log2(e) is applied inside
+    // the exponent's FMA: p = 2^(s·scale_log2 - max·scale_log2).
+    float alpha[kM][2];
+    bool grew = false;
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[m][r];
+#pragma unroll
+        for (int j = 0; j < Bc / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if constexpr (kLazy) {
+          // The max used for the exponents moves only when the row's true max passed it by more
+          // than the slack (or it was still -inf); the weights are then at most 2^slack and the
+          // final division by the row sum is unchanged. -inf - -inf is NaN: no move.
+          alpha[m][r] = 1.0f;
+          if ((mx - row_max[m][r]) * scale_log2 > kRescaleSlackLog2) {
+            alpha[m][r] = fast_exp2((row_max[m][r] - mx) * scale_log2);
+            row_max[m][r] = mx;
+            grew = true;
+          }
+        } else {
+          // While a row has seen only masked keys its max is -inf; using 0 instead keeps
+          // -inf - -inf from becoming NaN (every term is then 2^-inf = 0).
+          const float m_new = mx == kNegInf ? 0.0f : mx * scale_log2;
+          alpha[m][r] = fast_exp2(fmaf(row_max[m][r], scale_log2, -m_new));
+          row_max[m][r] = mx;
+        }
+        const float m_scaled = row_max[m][r] == kNegInf ? 0.0f : row_max[m][r] * scale_log2;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < Bc / 8; ++j) {
+          s[m][j][2 * r] = fast_exp2(fmaf(s[m][j][2 * r], scale_log2, -m_scaled));
+          s[m][j][2 * r + 1] = fast_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -m_scaled));
+          sum += s[m][j][2 * r] + s[m][j][2 * r + 1];
+        }
+        row_sum[m][r] = row_sum[m][r] * alpha[m][r] + sum;
+      }
+    }
+    // Rescale O; with the lazy max, only when some row of the warp moved its max (uniform branch).
+    if (!kLazy || __any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[m][n][0] *= alpha[m][0];
+          o[m][n][1] *= alpha[m][0];
+          o[m][n][2] *= alpha[m][1];
+          o[m][n][3] *= alpha[m][1];
+        }
+      }
+    }
+
+    // O += P V. The S accumulators of key blocks 2kk and 2kk+1 are exactly the A fragment of
+    // k-step kk (a0/a1: keys 16kk + 2c.. of rows g/g+8, a2/a3: keys 16kk + 8 + 2c..); each V
+    // fragment serves every m-tile.
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t a[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        a[m][0] = Mma<T>::pack(s[m][2 * kk][0], s[m][2 * kk][1]);
+        a[m][1] = Mma<T>::pack(s[m][2 * kk][2], s[m][2 * kk][3]);
+        a[m][2] = Mma<T>::pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        a[m][3] = Mma<T>::pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, tv + kk * 16 * kStride + nn * 16 + v_lane);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          Mma<T>::mma(o[m][2 * nn], a[m], vb[0], vb[1]);
+          Mma<T>::mma(o[m][2 * nn + 1], a[m], vb[2], vb[3]);
+        }
+      }
+    }
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    fill = fill + 1 == kStages ? 0 : fill + 1;
+  }
+
+  // ---- epilogue: O / l + b_v, staged through this warp's own Q rows for 16-byte stores -------
+  // Only this warp ever reads its rows of sQ; __syncwarp orders its last ldmatrix of them first.
+  __syncwarp();
+  T* so = sQ + warp_row0 * kStride;
+  const int g = lane / 4;
+  const T* bias_v = bias + 2 * H;
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    float inv_sum[2], has_keys[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[m][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_sum[r] = l > 0.0f ? 1.0f / l : 0.0f;
+      has_keys[r] = l > 0.0f ? 1.0f : 0.0f;  // rows with no unmasked key stay exactly zero
+    }
+    T* rows = so + (16 * m + g) * kStride;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int col = 8 * n + quad_col;
+      const float2 bv =
+          Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
+      *reinterpret_cast<uint32_t*>(rows + col) =
+          Mma<T>::pack(fmaf(o[m][n][0], inv_sum[0], bv.x * has_keys[0]),
+                       fmaf(o[m][n][1], inv_sum[0], bv.y * has_keys[0]));
+      *reinterpret_cast<uint32_t*>(rows + 8 * kStride + col) =
+          Mma<T>::pack(fmaf(o[m][n][2], inv_sum[1], bv.x * has_keys[1]),
+                       fmaf(o[m][n][3], inv_sum[1], bv.y * has_keys[1]));
+    }
+  }
+  __syncwarp();
+  T* out = static_cast<T*>(p.out) + head * D;
+#pragma unroll
+  for (int i = lane; i < Tile::kWarpRows * kChunks; i += 32) {
+    const int row = i / kChunks, ch = i % kChunks;
+    const int s = q0 + warp_row0 + row;
+    if (s < S) {
+      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(b) * S + s) * H + ch * 8) =
+          *reinterpret_cast<const uint4*>(so + row * kStride + ch * 8);
+    }
+  }
+}
+
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel_orig(FlashParams p) {
+  using Tile = FlashTile<D, Br, Bc, kWarps, 2>;
   constexpr int kM = Tile::kMTiles;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kStride = Tile::kStride;
@@ -499,11 +860,27 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
 // launchers
 // ---------------------------------------------------------------------------------------------
 
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
+// One kernel configuration: <head dim, Br, Bc, warps, min blocks per SM, K/V stages, Q kept in
+// registers, lazy rescale>.
+template <int D_, int Br_, int Bc_, int kWarps_, int kMinBlocks_, int kStages_, bool kQRegs_,
+          bool kLazy_, bool kOrig_ = false>
+struct FlashConfig {
+  static constexpr int D = D_, Br = Br_, Bc = Bc_, kWarps = kWarps_, kMinBlocks = kMinBlocks_,
+                       kStages = kStages_;
+  static constexpr bool kQRegs = kQRegs_, kLazy = kLazy_, kOrig = kOrig_;
+};
+
+template <typename T, typename C>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = FlashTile<D, Br, Bc, kWarps>;
+  using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
   constexpr size_t smem = Tile::smem_bytes(sizeof(T));
-  auto kernel = flash_attention_kernel<T, D, Br, Bc, kWarps, kMinBlocks>;
+  void (*kernel)(FlashParams);
+  if constexpr (C::kOrig) {
+    kernel = flash_attention_kernel_orig<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks>;
+  } else {
+    kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks, C::kStages,
+                                    C::kQRegs, C::kLazy>;
+  }
   if constexpr (smem > 48 * 1024) {
     // The opt-in above 48 KB is per device; remember which devices already have it.
     static std::atomic<uint64_t> raised_on{0};
@@ -514,7 +891,7 @@ void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stre
       raised_on.fetch_or(bit, std::memory_order_release);
     }
   }
-  const dim3 grid((p.seq + Br - 1) / Br, p.heads, batch);
+  const dim3 grid((p.seq + C::Br - 1) / C::Br, p.heads, batch);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
@@ -532,38 +909,68 @@ int multiprocessor_count(int device) {
   return n;
 }
 
-// Tile configuration per head dim, as <T, d, Br, Bc, warps, min blocks per SM> (see the file
-// comment). The min-blocks bound caps registers so that many blocks share an SM; every
-// configuration here compiles without spills.
+int flash_variant() {
+  const char* e = std::getenv("FTBERT_FLASH_VARIANT");
+  return e ? std::atoi(e) : 2;
+}
+
 template <typename T>
 void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
                                cudaStream_t stream) {
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
-  // Wide tiles pay off once the grid is a few waves deep; below that, narrow tiles' shorter
-  // blocks finish sooner (measured on an H100: batch 1 x 128 tokens runs best narrow, batch 32
-  // wide).
   const int64_t wide_blocks = static_cast<int64_t>((p.seq + 127) / 128) * p.heads * batch;
   const bool wide = wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
+  const int v = flash_variant();
+#define FTB_L(...) launch_flash<T, FlashConfig<__VA_ARGS__>>(p, batch, device, stream); return
   switch (head_dim) {
     case 32:
       if (wide) {
-        launch_flash<T, 32, 128, 64, 4, 3>(p, batch, device, stream);
+        switch (v) {
+          case 0: FTB_L(32, 128, 64, 4, 3, 2, true, false, true);
+          case 1: FTB_L(32, 128, 64, 4, 3, 2, true, false);
+          case 4: FTB_L(32, 128, 128, 4, 2, 2, true, true);
+          case 5: FTB_L(32, 128, 128, 4, 2, 2, true, false);
+          case 3: FTB_L(32, 128, 64, 4, 3, 3, true, true);
+          default: FTB_L(32, 128, 64, 4, 3, 2, true, true);
+        }
       } else {
-        launch_flash<T, 32, 64, 64, 4, 4>(p, batch, device, stream);
+        switch (v) {
+          case 0: FTB_L(32, 64, 64, 4, 4, 2, true, false, true);
+          case 1: FTB_L(32, 64, 64, 4, 4, 2, true, false);
+          case 4: FTB_L(32, 64, 128, 4, 3, 2, true, true);
+          default: FTB_L(32, 64, 64, 4, 4, 2, true, true);
+        }
       }
-      return;
     case 64:
       if (wide) {
-        launch_flash<T, 64, 128, 64, 4, 2>(p, batch, device, stream);
+        switch (v) {
+          case 0: FTB_L(64, 128, 64, 4, 2, 2, true, false, true);
+          case 1: FTB_L(64, 128, 64, 4, 2, 2, true, false);
+          case 3: FTB_L(64, 128, 64, 4, 2, 3, true, true);
+          case 4: FTB_L(64, 128, 128, 4, 2, 2, false, true);
+          case 5: FTB_L(64, 128, 128, 4, 2, 2, false, false);
+          case 7: FTB_L(64, 256, 64, 8, 1, 2, true, true);
+          case 10: FTB_L(64, 128, 64, 8, 2, 3, true, true);
+          case 9: FTB_L(64, 128, 64, 8, 2, 2, true, true);
+          default: FTB_L(64, 128, 64, 4, 2, 2, true, true);
+        }
       } else {
-        launch_flash<T, 64, 64, 64, 4, 3>(p, batch, device, stream);
+        switch (v) {
+          case 0: FTB_L(64, 64, 64, 4, 3, 2, true, false, true);
+          case 1: FTB_L(64, 64, 64, 4, 3, 2, true, false);
+          case 4: FTB_L(64, 64, 128, 4, 2, 2, true, true);
+          default: FTB_L(64, 64, 64, 4, 3, 2, true, true);
+        }
       }
-      return;
     case 128:
-      launch_flash<T, 128, 64, 64, 4, 2>(p, batch, device, stream);
-      return;
+      switch (v) {
+        case 0: FTB_L(128, 64, 64, 4, 2, 2, true, false, true);
+        case 1: FTB_L(128, 64, 64, 4, 2, 2, true, false);
+        default: FTB_L(128, 64, 64, 4, 2, 2, true, true);
+      }
   }
+#undef FTB_L
   FTBERT_FAIL(flash_attention_unsupported_reason(DType::kFloat16, head_dim));
 }
 

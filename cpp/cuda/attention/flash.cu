@@ -6,12 +6,14 @@
 //
 // Algorithm (one thread block per Br query rows of one (batch, head)):
 //   - Each warp owns 16 or 32 query rows (one or two 16-row mma tiles). Q (plus its bias) is
-//     loaded once and kept in registers as mma A fragments.
+//     loaded once into shared memory and, in most configurations, kept in registers as mma A
+//     fragments.
 //   - K/V tiles of Bc keys are staged in shared memory with 16-byte cp.async, double-buffered, and
-//     shared by all warps. Each warp computes S = Q Kᵀ for its rows with mma.sync m16n8k16
-//     (fp32 accumulation), masks it (only tiles that hold a masked key pay for this), and updates
-//     the online softmax: running row max m and row sum l in fp32; when m grows the fp32
-//     accumulator O is rescaled by exp2(m_old - m_new).
+//     shared by all warps; one barrier per tile (the next tile's copy is issued right after it,
+//     into the buffer the previous tile used). Each warp computes S = Q Kᵀ for its rows with
+//     mma.sync m16n8k16 (fp32 accumulation), masks it (only tiles that hold a masked key pay for
+//     this), and updates the online softmax: running row max m and row sum l in fp32; when m
+//     grows the fp32 accumulator O is rescaled by exp2(m_old - m_new).
 //   - P (the exponentiated scores, rounded to fp16/bf16) is reused straight from the S accumulator
 //     registers as the A operand of O += P V (V fragments via ldmatrix.trans).
 //   - O is divided by l once at the end. A row with no unmasked key has l == 0 and gives zeros.
@@ -38,13 +40,20 @@
 //     a block does half the work, which is faster when the grid does not fill the GPU a couple of
 //     times over (batch 1 x 128 tokens has 12-24 blocks for 132 SMs). The launcher picks wide when
 //     it gives at least two blocks per SM.
-//   - Bc = 64: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key, 128-key
-//     tiles push the wide kernels past 255 registers.
+//   - Bc = 64 in general: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key.
+//   - d = 64 wide on sequences over 256 keys: Bc = 128, which halves the row-max shuffles, O
+//     rescales and barriers per key (batch 32 x 512 tokens: 113 us against 117 us with Bc = 64).
+//     Its S accumulators take 128 registers, so Q is re-read from shared memory (one ldmatrix
+//     per m-tile and k-step per key tile) instead of held in registers, which would spill. With
+//     a single 128-key tile (128 tokens) nothing overlaps the copy and it is slower (24.1 us
+//     against 22.7 us); for d = 32 it was slower too.
 //   - d = 128 runs narrow only: its O accumulator is already 64 registers per m-tile, and two
 //     m-tiles would spill.
-//   Registers per thread / shared memory per block (sm_90): d=32 narrow 102 / 25.5 KiB, wide
-//   164 / 30.5 KiB; d=64 narrow 142 / 45.5 KiB, wide 226 / 54.5 KiB; d=128 195 / 85.5 KiB. Above
-//   48 KiB needs the opt-in (cudaFuncSetAttribute).
+//   Tried and dropped (no gain at batch 32 x 512): three K/V stages, Br = 128 over 8 warps of one
+//   m-tile each, and skipping the O rescale while the row max moves by less than 2^8.
+//   Registers per thread / shared memory per block (sm_90): d=32 narrow 103 / 25.5 KiB, wide
+//   165 / 30.5 KiB; d=64 narrow 140 / 45.5 KiB, wide 228 / 54.5 KiB, wide Bc=128 255 / 91 KiB;
+//   d=128 198 / 85.5 KiB. Above 48 KiB needs the opt-in (cudaFuncSetAttribute).
 #include "cuda/attention/flash.h"
 
 #include <cuda_bf16.h>
@@ -53,7 +62,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -189,12 +197,7 @@ struct FlashTile {
   }
 };
 
-// How far (in log2 units) a row's running max may lag behind its true max before the
-// accumulator is rescaled: the weights of that row then stay below 2^8, far inside fp16/bf16.
-constexpr float kRescaleSlackLog2 = 8.0f;
-
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs,
-          bool kLazy>
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
   using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
   constexpr int kM = Tile::kMTiles;
@@ -204,10 +207,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);                                         // [Br][kStride]
-  T* sK = sQ + Tile::kQElems;                                                 // [kStages][Bc][kStride]
-  T* sV = sK + kStages * Tile::kKVElems;                                      // [kStages][Bc][kStride]
-  float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);  // [kStages][Bc]
+  T* sQ = reinterpret_cast<T*>(smem);     // [Br][kStride]
+  T* sK = sQ + Tile::kQElems;             // [kStages][Bc][kStride]
+  T* sV = sK + kStages * Tile::kKVElems;  // [kStages][Bc][kStride]
+  // [kStages][Bc]: 0 or -inf
+  float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
   __shared__ int sRange[2][kWarps];
 
   const int tid = threadIdx.x;
@@ -328,7 +332,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[m][kk], q_lane + 16 * m * kStride + kk * 16);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        ldmatrix_x4(qf[m][kk], q_lane + 16 * m * kStride + kk * 16);
+      }
     }
   }
 
@@ -354,8 +360,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
   const int quad_col = 2 * (lane % 4);
 
-  int buf = 0;                // buffer of tile t
-  int fill = kStages - 1;     // buffer of tile t + kStages - 1 (the one tile t - 1 used)
+  int buf = 0;             // buffer of tile t
+  int fill = kStages - 1;  // buffer of tile t + kStages - 1 (the one tile t - 1 used)
   for (int t = t_begin; t < t_end; ++t) {
     cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
     // One barrier per tile: every thread's copies of tile t are visible, and every warp is done
@@ -399,340 +405,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
         for (int m = 0; m < kM; ++m) {
           Mma<T>::mma(s[m][2 * jn], qs[m], kb[0], kb[1]);
           Mma<T>::mma(s[m][2 * jn + 1], qs[m], kb[2], kb[3]);
-        }
-      }
-    }
-
-    // Masked keys (padding, past S) -> -inf; tiles without any skip this.
-    if (tile_masked) {
-      const float* key_bias = sKeyBias + buf * Bc;
-#pragma unroll
-      for (int j = 0; j < Bc / 8; ++j) {
-        const float2 kb = *reinterpret_cast<const float2*>(key_bias + 8 * j + quad_col);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          s[m][j][0] += kb.x;
-          s[m][j][1] += kb.y;
-          s[m][j][2] += kb.x;
-          s[m][j][3] += kb.y;
-        }
-      }
-    }
-
-    // Online softmax per row (r = 0: row g, r = 1: row g+8); a row is spread over the 4 lanes of
-    // a quad. The max is kept in raw score units (scale > 0), and scale·log2(e) is applied inside
-    // the exponent's FMA: p = 2^(s·scale_log2 - max·scale_log2).
-    float alpha[kM][2];
-    bool grew = false;
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[m][r];
-#pragma unroll
-        for (int j = 0; j < Bc / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if constexpr (kLazy) {
-          // The max used for the exponents moves only when the row's true max passed it by more
-          // than the slack (or it was still -inf); the weights are then at most 2^slack and the
-          // final division by the row sum is unchanged. -inf - -inf is NaN: no move.
-          alpha[m][r] = 1.0f;
-          if ((mx - row_max[m][r]) * scale_log2 > kRescaleSlackLog2) {
-            alpha[m][r] = fast_exp2((row_max[m][r] - mx) * scale_log2);
-            row_max[m][r] = mx;
-            grew = true;
-          }
-        } else {
-          // While a row has seen only masked keys its max is -inf; using 0 instead keeps
-          // -inf - -inf from becoming NaN (every term is then 2^-inf = 0).
-          const float m_new = mx == kNegInf ? 0.0f : mx * scale_log2;
-          alpha[m][r] = fast_exp2(fmaf(row_max[m][r], scale_log2, -m_new));
-          row_max[m][r] = mx;
-        }
-        const float m_scaled = row_max[m][r] == kNegInf ? 0.0f : row_max[m][r] * scale_log2;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < Bc / 8; ++j) {
-          s[m][j][2 * r] = fast_exp2(fmaf(s[m][j][2 * r], scale_log2, -m_scaled));
-          s[m][j][2 * r + 1] = fast_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -m_scaled));
-          sum += s[m][j][2 * r] + s[m][j][2 * r + 1];
-        }
-        row_sum[m][r] = row_sum[m][r] * alpha[m][r] + sum;
-      }
-    }
-    // Rescale O; with the lazy max, only when some row of the warp moved its max (uniform branch).
-    if (!kLazy || __any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[m][n][0] *= alpha[m][0];
-          o[m][n][1] *= alpha[m][0];
-          o[m][n][2] *= alpha[m][1];
-          o[m][n][3] *= alpha[m][1];
-        }
-      }
-    }
-
-    // O += P V. The S accumulators of key blocks 2kk and 2kk+1 are exactly the A fragment of
-    // k-step kk (a0/a1: keys 16kk + 2c.. of rows g/g+8, a2/a3: keys 16kk + 8 + 2c..); each V
-    // fragment serves every m-tile.
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        a[m][0] = Mma<T>::pack(s[m][2 * kk][0], s[m][2 * kk][1]);
-        a[m][1] = Mma<T>::pack(s[m][2 * kk][2], s[m][2 * kk][3]);
-        a[m][2] = Mma<T>::pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-        a[m][3] = Mma<T>::pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int nn = 0; nn < D / 16; ++nn) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, tv + kk * 16 * kStride + nn * 16 + v_lane);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          Mma<T>::mma(o[m][2 * nn], a[m], vb[0], vb[1]);
-          Mma<T>::mma(o[m][2 * nn + 1], a[m], vb[2], vb[3]);
-        }
-      }
-    }
-    buf = buf + 1 == kStages ? 0 : buf + 1;
-    fill = fill + 1 == kStages ? 0 : fill + 1;
-  }
-
-  // ---- epilogue: O / l + b_v, staged through this warp's own Q rows for 16-byte stores -------
-  // Only this warp ever reads its rows of sQ; __syncwarp orders its last ldmatrix of them first.
-  __syncwarp();
-  T* so = sQ + warp_row0 * kStride;
-  const int g = lane / 4;
-  const T* bias_v = bias + 2 * H;
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    float inv_sum[2], has_keys[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float l = row_sum[m][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      inv_sum[r] = l > 0.0f ? 1.0f / l : 0.0f;
-      has_keys[r] = l > 0.0f ? 1.0f : 0.0f;  // rows with no unmasked key stay exactly zero
-    }
-    T* rows = so + (16 * m + g) * kStride;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int col = 8 * n + quad_col;
-      const float2 bv =
-          Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
-      *reinterpret_cast<uint32_t*>(rows + col) =
-          Mma<T>::pack(fmaf(o[m][n][0], inv_sum[0], bv.x * has_keys[0]),
-                       fmaf(o[m][n][1], inv_sum[0], bv.y * has_keys[0]));
-      *reinterpret_cast<uint32_t*>(rows + 8 * kStride + col) =
-          Mma<T>::pack(fmaf(o[m][n][2], inv_sum[1], bv.x * has_keys[1]),
-                       fmaf(o[m][n][3], inv_sum[1], bv.y * has_keys[1]));
-    }
-  }
-  __syncwarp();
-  T* out = static_cast<T*>(p.out) + head * D;
-#pragma unroll
-  for (int i = lane; i < Tile::kWarpRows * kChunks; i += 32) {
-    const int row = i / kChunks, ch = i % kChunks;
-    const int s = q0 + warp_row0 + row;
-    if (s < S) {
-      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(b) * S + s) * H + ch * 8) =
-          *reinterpret_cast<const uint4*>(so + row * kStride + ch * 8);
-    }
-  }
-}
-
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel_orig(FlashParams p) {
-  using Tile = FlashTile<D, Br, Bc, kWarps, 2>;
-  constexpr int kM = Tile::kMTiles;
-  constexpr int kThreads = Tile::kThreads;
-  constexpr int kStride = Tile::kStride;
-  constexpr int kChunks = Tile::kChunks;
-  constexpr float kNegInf = -__builtin_huge_valf();
-
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);                                   // [Br][kStride]
-  T* sK = sQ + Tile::kQElems;                                           // [2][Bc][kStride]
-  T* sV = sK + 2 * Tile::kKVElems;                                      // [2][Bc][kStride]
-  float* sKeyBias = reinterpret_cast<float*>(sV + 2 * Tile::kKVElems);  // [2][Bc]: 0 or -inf
-  __shared__ int sRange[2][kWarps];
-
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int q0 = blockIdx.x * Br;
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
-  const int S = p.seq;
-  const int H = p.heads * D;
-  const float scale_log2 = p.scale_log2;
-  // Row s of this (batch, head): Q at qkv + s*3H, K at + H, V at + 2H.
-  const T* qkv = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * S * (3 * H) + head * D;
-  const T* bias = static_cast<const T*>(p.bias) + head * D;
-  const int32_t* mask = p.mask + static_cast<int64_t>(b) * S;
-
-  // ---- the key range [lo, hi] holding every unmasked key of this sequence --------------------
-  int lo = S, hi = -1;
-  for (int i = tid; i < S; i += kThreads) {
-    if (mask[i] != 0) {
-      lo = min(lo, i);
-      hi = max(hi, i);
-    }
-  }
-  lo = __reduce_min_sync(0xffffffffu, lo);
-  hi = __reduce_max_sync(0xffffffffu, hi);
-  if (lane == 0) {
-    sRange[0][warp] = lo;
-    sRange[1][warp] = hi;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    lo = min(lo, sRange[0][w]);
-    hi = max(hi, sRange[1][w]);
-  }
-  const int t_begin = lo / Bc;
-  const int t_end = hi < 0 ? t_begin : hi / Bc + 1;  // no unmasked key: no tiles, zero output
-
-  // ---- loads ---------------------------------------------------------------------------------
-  // Offsets inside one sequence fit in 32 bits (S * 3H elements); the base pointers carry the
-  // 64-bit batch offset. Rows past S are zero-filled from a clamped (valid) address.
-  static_assert(kThreads % kChunks == 0, "a thread copies the same column chunk of every row");
-  constexpr int kRowStep = kThreads / kChunks;
-  const int ld = 3 * H;
-  const int my_row = tid / kChunks;
-  const int my_col = (tid % kChunks) * 8;
-  auto load_q = [&]() {
-#pragma unroll
-    for (int row = my_row; row < Br; row += kRowStep) {
-      const int s = q0 + row;
-      cp_async_16(sQ + row * kStride + my_col, qkv + (min(s, S - 1) * ld + my_col), s < S);
-    }
-  };
-  // Returns whether this thread wrote a masked key (padding or past S) into the key bias.
-  auto load_kv = [&](int tile, int buf) {
-    const int k0 = tile * Bc;
-    T* dk = sK + buf * Tile::kKVElems;
-    T* dv = sV + buf * Tile::kKVElems;
-#pragma unroll
-    for (int row = my_row; row < Bc; row += kRowStep) {
-      const int s = k0 + row;
-      const int off = min(s, S - 1) * ld + my_col;
-      cp_async_16(dk + row * kStride + my_col, qkv + (off + H), s < S);
-      cp_async_16(dv + row * kStride + my_col, qkv + (off + 2 * H), s < S);
-    }
-    bool masked = false;
-#pragma unroll
-    for (int i = tid; i < Bc; i += kThreads) {
-      const int s = k0 + i;
-      const bool keep = s < S && mask[s] != 0;
-      sKeyBias[buf * Bc + i] = keep ? 0.0f : kNegInf;
-      masked |= !keep;
-    }
-    return masked;
-  };
-
-  // bit `buf`: this thread's key-bias entries of that buffer hold a masked key.
-  int masked_bits = 0;
-  load_q();
-  cp_async_commit();
-  if (t_begin < t_end) masked_bits = load_kv(t_begin, 0) ? 1 : 0;
-  cp_async_commit();
-
-  // Q + bias, in fp32, rounded once; each thread fixes the chunks it copied itself, which
-  // cp.async.wait_group makes visible to it.
-  cp_async_wait<1>();
-  const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + my_col));
-#pragma unroll
-  for (int row = my_row; row < Br; row += kRowStep) {
-    uint4* q = reinterpret_cast<uint4*>(sQ + row * kStride + my_col);
-    uint4 v = *q;
-    uint32_t* vw = reinterpret_cast<uint32_t*>(&v);
-    const uint32_t* bw = reinterpret_cast<const uint32_t*>(&bq);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float2 x = Mma<T>::unpack(vw[w]);
-      const float2 y = Mma<T>::unpack(bw[w]);
-      vw[w] = Mma<T>::pack(x.x + y.x, x.y + y.y);
-    }
-    *q = v;
-  }
-  __syncthreads();
-
-  // This warp's rows: warp_row0 + 16m + {g, g + 8} for m-tile m, g = lane / 4.
-  const int warp_row0 = warp * Tile::kWarpRows;
-  // Q as A fragments, one per m-tile and 16-wide k-step: lanes 0-15 address rows 0-15 at column
-  // k, lanes 16-31 the same rows at column k+8 -> a0..a3 = (rows 0-7 | 8-15) x (cols k | k+8).
-  uint32_t qf[kM][D / 16][4];
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    const T* base = sQ + (warp_row0 + 16 * m + lane % 16) * kStride + (lane / 16) * 8;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[m][kk], base + kk * 16);
-  }
-
-  // Thread (g = lane/4, c = lane%4) holds rows g and g+8 of each m-tile; accumulator o[m][n]
-  // covers columns 8n + 2c, 8n + 2c + 1 of both rows (index 0,1: row g; 2,3: row g+8).
-  float o[kM][D / 8][4];
-  float row_max[kM][2];  // raw scores (before scale); -inf until a row sees an unmasked key
-  float row_sum[kM][2];  // this thread's columns only; summed over the quad at the end
-#pragma unroll
-  for (int m = 0; m < kM; ++m) {
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.0f;
-    row_max[m][0] = row_max[m][1] = kNegInf;
-    row_sum[m][0] = row_sum[m][1] = 0.0f;
-  }
-
-  // ldmatrix lane offsets (elements) inside a tile:
-  //  K (non-transposed B of S = Q·Kᵀ, key rows): lanes 0-7 keys 0-7 @ d, 8-15 keys 0-7 @ d+8,
-  //    16-23 keys 8-15 @ d, 24-31 keys 8-15 @ d+8 -> {b0, b1} of key block n, then of n+1.
-  //  V (transposed B of O = P·V, key rows): lanes 0-15 keys 0-15 @ col, 16-31 @ col+8
-  //    -> {b0, b1} of column block n, then of n+1.
-  const int k_lane = ((lane % 8) + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8;
-  const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
-  const int quad_col = 2 * (lane % 4);
-
-  for (int t = t_begin; t < t_end; ++t) {
-    const int buf = (t - t_begin) & 1;
-    // Prefetch the next tile into the other buffer (freed by the previous iteration's barrier);
-    // an empty group on the last tile keeps the wait count uniform.
-    if (t + 1 < t_end) {
-      const int nb = buf ^ 1;
-      masked_bits = (masked_bits & ~(1 << nb)) | ((load_kv(t + 1, nb) ? 1 : 0) << nb);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    // The barrier also tells every thread whether this tile has any masked key.
-    const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
-
-    const T* tk = sK + buf * Tile::kKVElems;
-    const T* tv = sV + buf * Tile::kKVElems;
-
-    // S = Q Kᵀ: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout. Each K fragment
-    // serves every m-tile of the warp.
-    float s[kM][Bc / 8][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-#pragma unroll
-      for (int j = 0; j < Bc / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int jn = 0; jn < Bc / 16; ++jn) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, tk + jn * 16 * kStride + kk * 16 + k_lane);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          Mma<T>::mma(s[m][2 * jn], qf[m][kk], kb[0], kb[1]);
-          Mma<T>::mma(s[m][2 * jn + 1], qf[m][kk], kb[2], kb[3]);
         }
       }
     }
@@ -810,11 +482,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
         }
       }
     }
-    __syncthreads();  // every warp is done with this buffer before it is refilled
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    fill = fill + 1 == kStages ? 0 : fill + 1;
   }
 
   // ---- epilogue: O / l + b_v, staged through this warp's own Q rows for 16-byte stores -------
-  // Only this warp ever read its rows of sQ (its own ldmatrix, long done).
+  // Only this warp ever reads its rows of sQ; __syncwarp orders its last ldmatrix of them first.
+  __syncwarp();
   T* so = sQ + warp_row0 * kStride;
   const int g = lane / 4;
   const T* bias_v = bias + 2 * H;
@@ -860,27 +534,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
 // launchers
 // ---------------------------------------------------------------------------------------------
 
-// One kernel configuration: <head dim, Br, Bc, warps, min blocks per SM, K/V stages, Q kept in
-// registers, lazy rescale>.
-template <int D_, int Br_, int Bc_, int kWarps_, int kMinBlocks_, int kStages_, bool kQRegs_,
-          bool kLazy_, bool kOrig_ = false>
+// One kernel configuration (see the file comment): head dim, Br x Bc tile, warps, min blocks per
+// SM (caps registers so that many blocks share an SM), K/V stages, Q kept in registers.
+template <int D_, int Br_, int Bc_, int kWarps_, int kMinBlocks_, int kStages_, bool kQRegs_>
 struct FlashConfig {
   static constexpr int D = D_, Br = Br_, Bc = Bc_, kWarps = kWarps_, kMinBlocks = kMinBlocks_,
                        kStages = kStages_;
-  static constexpr bool kQRegs = kQRegs_, kLazy = kLazy_, kOrig = kOrig_;
+  static constexpr bool kQRegs = kQRegs_;
 };
 
 template <typename T, typename C>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
   constexpr size_t smem = Tile::smem_bytes(sizeof(T));
-  void (*kernel)(FlashParams);
-  if constexpr (C::kOrig) {
-    kernel = flash_attention_kernel_orig<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks>;
-  } else {
-    kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks, C::kStages,
-                                    C::kQRegs, C::kLazy>;
-  }
+  auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
+                                       C::kStages, C::kQRegs>;
   if constexpr (smem > 48 * 1024) {
     // The opt-in above 48 KB is per device; remember which devices already have it.
     static std::atomic<uint64_t> raised_on{0};
@@ -909,68 +577,41 @@ int multiprocessor_count(int device) {
   return n;
 }
 
-int flash_variant() {
-  const char* e = std::getenv("FTBERT_FLASH_VARIANT");
-  return e ? std::atoi(e) : 2;
-}
-
+// Tile configuration per head dim and shape (see the file comment); every configuration here
+// compiles without spills.
 template <typename T>
 void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
                                cudaStream_t stream) {
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
+  // Wide tiles pay off once the grid is a few waves deep; below that, narrow tiles' shorter
+  // blocks finish sooner (measured on an H100: batch 1 x 128 tokens runs best narrow, batch 32
+  // wide).
   const int64_t wide_blocks = static_cast<int64_t>((p.seq + 127) / 128) * p.heads * batch;
   const bool wide = wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
-  const int v = flash_variant();
-#define FTB_L(...) launch_flash<T, FlashConfig<__VA_ARGS__>>(p, batch, device, stream); return
+  // 128-key tiles only pay once a sequence has several of them to pipeline.
+  const bool long_keys = p.seq > 256;
   switch (head_dim) {
     case 32:
       if (wide) {
-        switch (v) {
-          case 0: FTB_L(32, 128, 64, 4, 3, 2, true, false, true);
-          case 1: FTB_L(32, 128, 64, 4, 3, 2, true, false);
-          case 4: FTB_L(32, 128, 128, 4, 2, 2, true, true);
-          case 5: FTB_L(32, 128, 128, 4, 2, 2, true, false);
-          case 3: FTB_L(32, 128, 64, 4, 3, 3, true, true);
-          default: FTB_L(32, 128, 64, 4, 3, 2, true, true);
-        }
+        launch_flash<T, FlashConfig<32, 128, 64, 4, 3, 2, true>>(p, batch, device, stream);
       } else {
-        switch (v) {
-          case 0: FTB_L(32, 64, 64, 4, 4, 2, true, false, true);
-          case 1: FTB_L(32, 64, 64, 4, 4, 2, true, false);
-          case 4: FTB_L(32, 64, 128, 4, 3, 2, true, true);
-          default: FTB_L(32, 64, 64, 4, 4, 2, true, true);
-        }
+        launch_flash<T, FlashConfig<32, 64, 64, 4, 4, 2, true>>(p, batch, device, stream);
       }
+      return;
     case 64:
-      if (wide) {
-        switch (v) {
-          case 0: FTB_L(64, 128, 64, 4, 2, 2, true, false, true);
-          case 1: FTB_L(64, 128, 64, 4, 2, 2, true, false);
-          case 3: FTB_L(64, 128, 64, 4, 2, 3, true, true);
-          case 4: FTB_L(64, 128, 128, 4, 2, 2, false, true);
-          case 5: FTB_L(64, 128, 128, 4, 2, 2, false, false);
-          case 7: FTB_L(64, 256, 64, 8, 1, 2, true, true);
-          case 10: FTB_L(64, 128, 64, 8, 2, 3, true, true);
-          case 9: FTB_L(64, 128, 64, 8, 2, 2, true, true);
-          default: FTB_L(64, 128, 64, 4, 2, 2, true, true);
-        }
+      if (wide && long_keys) {
+        launch_flash<T, FlashConfig<64, 128, 128, 4, 2, 2, false>>(p, batch, device, stream);
+      } else if (wide) {
+        launch_flash<T, FlashConfig<64, 128, 64, 4, 2, 2, true>>(p, batch, device, stream);
       } else {
-        switch (v) {
-          case 0: FTB_L(64, 64, 64, 4, 3, 2, true, false, true);
-          case 1: FTB_L(64, 64, 64, 4, 3, 2, true, false);
-          case 4: FTB_L(64, 64, 128, 4, 2, 2, true, true);
-          default: FTB_L(64, 64, 64, 4, 3, 2, true, true);
-        }
+        launch_flash<T, FlashConfig<64, 64, 64, 4, 3, 2, true>>(p, batch, device, stream);
       }
+      return;
     case 128:
-      switch (v) {
-        case 0: FTB_L(128, 64, 64, 4, 2, 2, true, false, true);
-        case 1: FTB_L(128, 64, 64, 4, 2, 2, true, false);
-        default: FTB_L(128, 64, 64, 4, 2, 2, true, true);
-      }
+      launch_flash<T, FlashConfig<128, 64, 64, 4, 2, 2, true>>(p, batch, device, stream);
+      return;
   }
-#undef FTB_L
   FTBERT_FAIL(flash_attention_unsupported_reason(DType::kFloat16, head_dim));
 }
 

@@ -6,14 +6,12 @@
 //
 // Algorithm (one thread block per Br query rows of one (batch, head)):
 //   - Each warp owns 16 or 32 query rows (one or two 16-row mma tiles). Q (plus its bias) is
-//     loaded once into shared memory and, in most configurations, kept in registers as mma A
-//     fragments.
+//     loaded once and kept in registers as mma A fragments.
 //   - K/V tiles of Bc keys are staged in shared memory with 16-byte cp.async, double-buffered, and
-//     shared by all warps; one barrier per tile (the next tile's copy is issued right after it,
-//     into the buffer the previous tile used). Each warp computes S = Q Kᵀ for its rows with
-//     mma.sync m16n8k16 (fp32 accumulation), masks it (only tiles that hold a masked key pay for
-//     this), and updates the online softmax: running row max m and row sum l in fp32; when m
-//     grows the fp32 accumulator O is rescaled by exp2(m_old - m_new).
+//     shared by all warps. Each warp computes S = Q Kᵀ for its rows with mma.sync m16n8k16
+//     (fp32 accumulation), masks it (only tiles that hold a masked key pay for this), and updates
+//     the online softmax: running row max m and row sum l in fp32; when m grows the fp32
+//     accumulator O is rescaled by exp2(m_old - m_new).
 //   - P (the exponentiated scores, rounded to fp16/bf16) is reused straight from the S accumulator
 //     registers as the A operand of O += P V (V fragments via ldmatrix.trans).
 //   - O is divided by l once at the end. A row with no unmasked key has l == 0 and gives zeros.
@@ -40,20 +38,13 @@
 //     a block does half the work, which is faster when the grid does not fill the GPU a couple of
 //     times over (batch 1 x 128 tokens has 12-24 blocks for 132 SMs). The launcher picks wide when
 //     it gives at least two blocks per SM.
-//   - Bc = 64 in general: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key.
-//   - d = 64 wide on sequences over 256 keys: Bc = 128, which halves the row-max shuffles, O
-//     rescales and barriers per key (batch 32 x 512 tokens: 113 us against 117 us with Bc = 64).
-//     Its S accumulators take 128 registers, so Q is re-read from shared memory (one ldmatrix
-//     per m-tile and k-step per key tile) instead of held in registers, which would spill. With
-//     a single 128-key tile (128 tokens) nothing overlaps the copy and it is slower (24.1 us
-//     against 22.7 us); for d = 32 it was slower too.
+//   - Bc = 64: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key, 128-key
+//     tiles push the wide kernels past 255 registers.
 //   - d = 128 runs narrow only: its O accumulator is already 64 registers per m-tile, and two
 //     m-tiles would spill.
-//   Tried and dropped (no gain at batch 32 x 512): three K/V stages, Br = 128 over 8 warps of one
-//   m-tile each, and skipping the O rescale while the row max moves by less than 2^8.
-//   Registers per thread / shared memory per block (sm_90): d=32 narrow 103 / 25.5 KiB, wide
-//   165 / 30.5 KiB; d=64 narrow 140 / 45.5 KiB, wide 228 / 54.5 KiB, wide Bc=128 255 / 91 KiB;
-//   d=128 198 / 85.5 KiB. Above 48 KiB needs the opt-in (cudaFuncSetAttribute).
+//   Registers per thread / shared memory per block (sm_90): d=32 narrow 102 / 25.5 KiB, wide
+//   164 / 30.5 KiB; d=64 narrow 142 / 45.5 KiB, wide 226 / 54.5 KiB; d=128 195 / 85.5 KiB. Above
+//   48 KiB needs the opt-in (cudaFuncSetAttribute).
 #include "cuda/attention/flash.h"
 
 #include <cuda_bf16.h>
@@ -174,12 +165,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <int D, int Br, int Bc, int kWarps, int kStages>
+template <int D, int Br, int Bc, int kWarps>
 struct FlashTile {
   static_assert(D % 16 == 0, "head dim must be a multiple of 16 (mma k)");
   static_assert(Br % (16 * kWarps) == 0, "each warp owns whole 16-row mma tiles");
   static_assert(Bc % 16 == 0, "key tiles are whole mma k-steps of P·V");
-  static_assert(kStages >= 2, "at least double buffering");
   static constexpr int kMTiles = Br / (16 * kWarps);  // 16-row mma tiles per warp
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kThreads = kWarps * 32;
@@ -190,16 +180,15 @@ struct FlashTile {
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kQElems = Br * kStride;
   static constexpr int kKVElems = Bc * kStride;
-  // sQ [Br][kStride] | sK [kStages][Bc][kStride] | sV [kStages][Bc][kStride] |
-  // key bias [kStages][Bc] fp32
+  // sQ [Br][kStride] | sK [2][Bc][kStride] | sV [2][Bc][kStride] | key bias [2][Bc] fp32
   static constexpr size_t smem_bytes(size_t elem) {
-    return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float);
+    return (kQElems + 4 * kKVElems) * elem + 2 * Bc * sizeof(float);
   }
 };
 
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs>
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
-  using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
+  using Tile = FlashTile<D, Br, Bc, kWarps>;
   constexpr int kM = Tile::kMTiles;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kStride = Tile::kStride;
@@ -207,11 +196,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);     // [Br][kStride]
-  T* sK = sQ + Tile::kQElems;             // [kStages][Bc][kStride]
-  T* sV = sK + kStages * Tile::kKVElems;  // [kStages][Bc][kStride]
-  // [kStages][Bc]: 0 or -inf
-  float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
+  T* sQ = reinterpret_cast<T*>(smem);                                   // [Br][kStride]
+  T* sK = sQ + Tile::kQElems;                                           // [2][Bc][kStride]
+  T* sV = sK + 2 * Tile::kKVElems;                                      // [2][Bc][kStride]
+  float* sKeyBias = reinterpret_cast<float*>(sV + 2 * Tile::kKVElems);  // [2][Bc]: 0 or -inf
   __shared__ int sRange[2][kWarps];
 
   const int tid = threadIdx.x;
@@ -289,21 +277,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     return masked;
   };
 
-  // Groups in flight: Q, then one per key tile; kStages - 1 key tiles are loaded ahead. Every
-  // stage commits a group, empty or not, so the wait counts stay uniform.
   // bit `buf`: this thread's key-bias entries of that buffer hold a masked key.
   int masked_bits = 0;
   load_q();
   cp_async_commit();
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (t_begin + i < t_end) masked_bits |= (load_kv(t_begin + i, i) ? 1 : 0) << i;
-    cp_async_commit();
-  }
+  if (t_begin < t_end) masked_bits = load_kv(t_begin, 0) ? 1 : 0;
+  cp_async_commit();
 
   // Q + bias, in fp32, rounded once; each thread fixes the chunks it copied itself, which
   // cp.async.wait_group makes visible to it.
-  cp_async_wait<kStages - 1>();
+  cp_async_wait<1>();
   const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + my_col));
 #pragma unroll
   for (int row = my_row; row < Br; row += kRowStep) {
@@ -325,17 +308,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int warp_row0 = warp * Tile::kWarpRows;
   // Q as A fragments, one per m-tile and 16-wide k-step: lanes 0-15 address rows 0-15 at column
   // k, lanes 16-31 the same rows at column k+8 -> a0..a3 = (rows 0-7 | 8-15) x (cols k | k+8).
-  // Kept in registers (kQRegs) or re-read from shared memory for every key tile.
-  const T* q_lane = sQ + (warp_row0 + lane % 16) * kStride + (lane / 16) * 8;
-  uint32_t qf[kQRegs ? kM : 1][kQRegs ? D / 16 : 1][4];
-  if constexpr (kQRegs) {
+  uint32_t qf[kM][D / 16][4];
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
+  for (int m = 0; m < kM; ++m) {
+    const T* base = sQ + (warp_row0 + 16 * m + lane % 16) * kStride + (lane / 16) * 8;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        ldmatrix_x4(qf[m][kk], q_lane + 16 * m * kStride + kk * 16);
-      }
-    }
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[m][kk], base + kk * 16);
   }
 
   // Thread (g = lane/4, c = lane%4) holds rows g and g+8 of each m-tile; accumulator o[m][n]
@@ -360,19 +338,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
   const int quad_col = 2 * (lane % 4);
 
-  int buf = 0;             // buffer of tile t
-  int fill = kStages - 1;  // buffer of tile t + kStages - 1 (the one tile t - 1 used)
   for (int t = t_begin; t < t_end; ++t) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
-    // One barrier per tile: every thread's copies of tile t are visible, and every warp is done
-    // with tile t - 1, whose buffer is refilled next. It also tells every thread whether this
-    // tile has any masked key.
-    const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
-    if (t + kStages - 1 < t_end) {
-      masked_bits = (masked_bits & ~(1 << fill)) |
-                    ((load_kv(t + kStages - 1, fill) ? 1 : 0) << fill);
+    const int buf = (t - t_begin) & 1;
+    // Prefetch the next tile into the other buffer (freed by the previous iteration's barrier);
+    // an empty group on the last tile keeps the wait count uniform.
+    if (t + 1 < t_end) {
+      const int nb = buf ^ 1;
+      masked_bits = (masked_bits & ~(1 << nb)) | ((load_kv(t + 1, nb) ? 1 : 0) << nb);
     }
     cp_async_commit();
+    cp_async_wait<1>();
+    // The barrier also tells every thread whether this tile has any masked key.
+    const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
 
     const T* tk = sK + buf * Tile::kKVElems;
     const T* tv = sV + buf * Tile::kKVElems;
@@ -387,24 +364,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qs[kM][4];
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        if constexpr (kQRegs) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) qs[m][i] = qf[m][kk][i];
-        } else {
-          ldmatrix_x4(qs[m], q_lane + 16 * m * kStride + kk * 16);
-        }
-      }
 #pragma unroll
       for (int jn = 0; jn < Bc / 16; ++jn) {
         uint32_t kb[4];
         ldmatrix_x4(kb, tk + jn * 16 * kStride + kk * 16 + k_lane);
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          Mma<T>::mma(s[m][2 * jn], qs[m], kb[0], kb[1]);
-          Mma<T>::mma(s[m][2 * jn + 1], qs[m], kb[2], kb[3]);
+          Mma<T>::mma(s[m][2 * jn], qf[m][kk], kb[0], kb[1]);
+          Mma<T>::mma(s[m][2 * jn + 1], qf[m][kk], kb[2], kb[3]);
         }
       }
     }
@@ -482,13 +449,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
         }
       }
     }
-    buf = buf + 1 == kStages ? 0 : buf + 1;
-    fill = fill + 1 == kStages ? 0 : fill + 1;
+    __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
   // ---- epilogue: O / l + b_v, staged through this warp's own Q rows for 16-byte stores -------
-  // Only this warp ever reads its rows of sQ; __syncwarp orders its last ldmatrix of them first.
-  __syncwarp();
+  // Only this warp ever read its rows of sQ (its own ldmatrix, long done).
   T* so = sQ + warp_row0 * kStride;
   const int g = lane / 4;
   const T* bias_v = bias + 2 * H;
@@ -534,21 +499,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
 // launchers
 // ---------------------------------------------------------------------------------------------
 
-// One kernel configuration (see the file comment): head dim, Br x Bc tile, warps, min blocks per
-// SM (caps registers so that many blocks share an SM), K/V stages, Q kept in registers.
-template <int D_, int Br_, int Bc_, int kWarps_, int kMinBlocks_, int kStages_, bool kQRegs_>
-struct FlashConfig {
-  static constexpr int D = D_, Br = Br_, Bc = Bc_, kWarps = kWarps_, kMinBlocks = kMinBlocks_,
-                       kStages = kStages_;
-  static constexpr bool kQRegs = kQRegs_;
-};
-
-template <typename T, typename C>
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
+  using Tile = FlashTile<D, Br, Bc, kWarps>;
   constexpr size_t smem = Tile::smem_bytes(sizeof(T));
-  auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
-                                       C::kStages, C::kQRegs>;
+  auto kernel = flash_attention_kernel<T, D, Br, Bc, kWarps, kMinBlocks>;
   if constexpr (smem > 48 * 1024) {
     // The opt-in above 48 KB is per device; remember which devices already have it.
     static std::atomic<uint64_t> raised_on{0};
@@ -559,7 +514,7 @@ void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stre
       raised_on.fetch_or(bit, std::memory_order_release);
     }
   }
-  const dim3 grid((p.seq + C::Br - 1) / C::Br, p.heads, batch);
+  const dim3 grid((p.seq + Br - 1) / Br, p.heads, batch);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
@@ -577,8 +532,9 @@ int multiprocessor_count(int device) {
   return n;
 }
 
-// Tile configuration per head dim and shape (see the file comment); every configuration here
-// compiles without spills.
+// Tile configuration per head dim, as <T, d, Br, Bc, warps, min blocks per SM> (see the file
+// comment). The min-blocks bound caps registers so that many blocks share an SM; every
+// configuration here compiles without spills.
 template <typename T>
 void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
                                cudaStream_t stream) {
@@ -589,27 +545,23 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   // wide).
   const int64_t wide_blocks = static_cast<int64_t>((p.seq + 127) / 128) * p.heads * batch;
   const bool wide = wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
-  // 128-key tiles only pay once a sequence has several of them to pipeline.
-  const bool long_keys = p.seq > 256;
   switch (head_dim) {
     case 32:
       if (wide) {
-        launch_flash<T, FlashConfig<32, 128, 64, 4, 3, 2, true>>(p, batch, device, stream);
+        launch_flash<T, 32, 128, 64, 4, 3>(p, batch, device, stream);
       } else {
-        launch_flash<T, FlashConfig<32, 64, 64, 4, 4, 2, true>>(p, batch, device, stream);
+        launch_flash<T, 32, 64, 64, 4, 4>(p, batch, device, stream);
       }
       return;
     case 64:
-      if (wide && long_keys) {
-        launch_flash<T, FlashConfig<64, 128, 128, 4, 2, 2, false>>(p, batch, device, stream);
-      } else if (wide) {
-        launch_flash<T, FlashConfig<64, 128, 64, 4, 2, 2, true>>(p, batch, device, stream);
+      if (wide) {
+        launch_flash<T, 64, 128, 64, 4, 2>(p, batch, device, stream);
       } else {
-        launch_flash<T, FlashConfig<64, 64, 64, 4, 3, 2, true>>(p, batch, device, stream);
+        launch_flash<T, 64, 64, 64, 4, 3>(p, batch, device, stream);
       }
       return;
     case 128:
-      launch_flash<T, FlashConfig<128, 64, 64, 4, 2, 2, true>>(p, batch, device, stream);
+      launch_flash<T, 128, 64, 64, 4, 2>(p, batch, device, stream);
       return;
   }
   FTBERT_FAIL(flash_attention_unsupported_reason(DType::kFloat16, head_dim));

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 import torch
 
 from .errors import ConversionError
+from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
     FORMAT_NAME,
@@ -65,12 +66,7 @@ def read_hf_config(src: Path) -> dict:
     path = src / "config.json"
     if not path.is_file():
         raise ConversionError(f"{src}: no config.json (a HuggingFace checkpoint directory needs one)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConversionError(f"{path}: cannot be read as JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise ConversionError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    raw = read_json_object(path, ConversionError)
     model_type = raw.get("model_type")
     if model_type is None:
         raise ConversionError(f"{path}: no model_type (only model_type 'bert' is supported)")
@@ -115,10 +111,7 @@ def read_max_seq_length(src: Path) -> int | None:
 def _json_key(path: Path, key: str):
     if not path.is_file():
         return None
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ConversionError(f"{path}: cannot be read as JSON ({e})") from e
+    raw = read_json(path, ConversionError)
     return raw.get(key) if isinstance(raw, dict) else None
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from .errors import FormatError
+from .jsonfile import read_json_object
 from .layout import (
     CONFIG_FILE,
     DTYPES,
@@ -38,12 +38,7 @@ def read_config(directory) -> dict:
             f"{d}: no {CONFIG_FILE}, so this is not an ftbert-converted directory "
             "(create one with `ftbert convert SRC DST`)"
         )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise FormatError(f"{path}: cannot be read as JSON ({e})") from e
-    if not isinstance(config, dict):
-        raise FormatError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    config = read_json_object(path, FormatError)
     if config.get("format") != FORMAT_NAME:
         raise FormatError(f"{path}: format is {config.get('format')!r}, expected {FORMAT_NAME!r}")
     version = config.get("format_version")

@@ -1,9 +1,10 @@
 """Small workloads for compute-sanitizer (run by gpu_check.sh).
 
   sanitize.py forward  - a small model's forward in float32, float16 and bfloat16, both attentions
-  sanitize.py ops      - the softmax (both variants), LayerNorm and flash attention kernels
+  sanitize.py ops      - the softmax (both variants), LayerNorm and both flash attention kernels
 """
 
+import os
 import sys
 import tempfile
 
@@ -48,12 +49,20 @@ def ops() -> None:
             v = rng.standard_normal(hidden).astype(np.float32)
             assert np.isfinite(r.add_bias_residual_layernorm(dtype, x, x, v, v, v, 1e-12)).all()
         if dtype != "float32":
-            for d in (32, 64, 128):
-                qkv = rng.standard_normal((2, 97, 3 * 2 * d)).astype(np.float32)
-                mask = np.ones((2, 97), np.int32)
-                mask[1, 50:] = 0
-                out = r.flash_attention(dtype, qkv, np.zeros(6 * d, np.float32), mask, 2, d**-0.5)
-                assert np.isfinite(out).all()
+            # Both flash kernels (on Hopper, head dim 64 runs the warpgroup-MMA one unless
+            # FTBERT_FLASH_PORTABLE is set); right, left and full padding.
+            for portable in ("0", "1"):
+                os.environ["FTBERT_FLASH_PORTABLE"] = portable
+                for d in (32, 64, 128):
+                    qkv = rng.standard_normal((3, 197, 3 * 2 * d)).astype(np.float32)
+                    mask = np.ones((3, 197), np.int32)
+                    mask[0, 150:] = 0
+                    mask[1, :60] = 0
+                    mask[2, :] = 0
+                    bias = rng.standard_normal(6 * d).astype(np.float32)
+                    out = r.flash_attention(dtype, qkv, bias, mask, 2, d**-0.5)
+                    assert np.isfinite(out).all() and not out[2].any()
+            os.environ.pop("FTBERT_FLASH_PORTABLE")
         print(dtype, "ok")
 
 

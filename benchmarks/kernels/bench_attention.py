@@ -6,7 +6,9 @@ Run on a GPU machine:
 
 What each row times (median over --reps launches, CUDA events, after warm-up, L2 flushed before
 every launch unless --no-flush):
-  ftbert flash       one kernel: reads qkv [B, S, 3H] + bias, writes [B, S, H]
+  ftbert flash       one kernel: reads qkv [B, S, 3H] + bias, writes [B, S, H] (on Hopper, head
+                     dim 64 runs the warpgroup-MMA kernel of flash_sm90.cu)
+  flash portable     the same with FTBERT_FLASH_PORTABLE=1: flash.cu's mma.sync kernel
   ftbert unfused     bias+transpose, batched QKᵀ, masked softmax, batched PV, transpose back
   torch sdpa         q/k/v already split and biased, [B, heads, S, d] contiguous; excludes the
                      bias add and both transposes that the ftbert rows include
@@ -22,6 +24,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 
@@ -43,6 +46,20 @@ def sdpa_flash_context():
     except ImportError:
         return None
     return lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+@contextlib.contextmanager
+def env_var(name, value):
+    """Sets an environment variable for the duration of the block."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
 
 
 def time_ms(fn, reps, warmup, flush):
@@ -119,12 +136,15 @@ def bench_shape(_C, runner, name, B, S, heads, d, dtype, args, flush):
         rows.append(dict(method=method, ms=ms, tflops=flops / (ms * 1e-3) / 1e12,
                          max_abs_diff=diff, note=note))
 
-    for kind in ("flash", "unfused"):
+    # "flash portable": FTBERT_FLASH_PORTABLE=1, flash.cu's mma.sync kernel; it differs from
+    # "ftbert flash" only where the Hopper kernel (flash_sm90.cu) applies: head dim 64 on sm_90.
+    for method, kind in (("ftbert flash", "flash"), ("flash portable", "flash"),
+                         ("ftbert unfused", "unfused")):
         out = torch.empty(B, S, H, device="cuda", dtype=td)
         try:
             ws_bytes = _C.attention_workspace_bytes(kind, dtype, B, S, heads, d)
         except RuntimeError as e:
-            rows.append(dict(method=f"ftbert {kind}", ms=None, tflops=None, max_abs_diff=None,
+            rows.append(dict(method=method, ms=None, tflops=None, max_abs_diff=None,
                              note=str(e).splitlines()[0][:80]))
             continue
         ws = torch.empty(max(ws_bytes, 1), device="cuda", dtype=torch.uint8)
@@ -133,7 +153,9 @@ def bench_shape(_C, runner, name, B, S, heads, d, dtype, args, flush):
             _C.attention_ptr(runner, kind, dtype, qkv.data_ptr(), bias.data_ptr(), mask.data_ptr(),
                              out.data_ptr(), ws.data_ptr(), B, S, heads, d, stream)
 
-        record(f"ftbert {kind}", run, lambda _, out=out: out)
+        portable = method == "flash portable"
+        ctx = (lambda: env_var("FTBERT_FLASH_PORTABLE", "1")) if portable else contextlib.nullcontext
+        record(method, run, lambda _, out=out: out, ctx=ctx)
     record("torch sdpa", sdpa, lambda o: o.transpose(1, 2).reshape(B, S, H),
            note="reference; q/k/v pre-split, no bias/transpose", ctx=torch_ctx)
     record("torch sdpa auto", sdpa, lambda o: o.transpose(1, 2).reshape(B, S, H),

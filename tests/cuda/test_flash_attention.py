@@ -1,4 +1,5 @@
-"""The fused flash attention kernel (cpp/cuda/attention/flash.cu) against a float64 reference.
+"""The fused flash attention kernels (cpp/cuda/attention/flash.cu, flash_sm90.cu) against a float64
+reference.
 
 Its error must stay within 2x the error torch's own scaled_dot_product_attention shows on the GPU
 in the same dtype, on the same rounded inputs, against the same reference (plus 1e-4 absolute
@@ -38,6 +39,21 @@ def sdpa_backends():
 @pytest.fixture(scope="module")
 def gpu():
     return _C.OpRunner("cuda")
+
+
+@pytest.fixture(params=["default", "portable"], autouse=True)
+def flash_kernel(request, monkeypatch):
+    """Every test with the default kernel choice (on Hopper, head dim 64 runs the warpgroup-MMA
+    kernel of flash_sm90.cu) and again with FTBERT_FLASH_PORTABLE=1 (flash.cu's kernel for every
+    head dim), the second only where it changes the kernel: head dim 64."""
+    if request.param == "portable":
+        callspec = getattr(request.node, "callspec", None)
+        if callspec is not None and callspec.params.get("head_dim", 64) != 64:
+            pytest.skip("flash.cu's kernel is the default for this head dim")
+        monkeypatch.setenv("FTBERT_FLASH_PORTABLE", "1")
+    else:
+        monkeypatch.delenv("FTBERT_FLASH_PORTABLE", raising=False)
+    return request.param
 
 
 def rounded(x, dtype):

@@ -4,14 +4,21 @@
 // written in the merged-heads layout [B, S, H] the output GEMM reads: no bias kernel, no score
 // matrix in device memory, no transpose kernel.
 //
+// This file's kernel uses mma.sync and runs on every GPU the build targets. On Hopper (compute
+// capability 9.0) head dim 64 goes to flash_sm90.cu instead, the same algorithm on warpgroup MMA
+// (wgmma), 1.1x faster at BERT-base shapes; FTBERT_FLASH_PORTABLE=1 keeps it here.
+// Pieces shared by both kernels (fragment layout, online softmax, copies) are in flash_common.cuh.
+//
 // Algorithm (one thread block per Br query rows of one (batch, head)):
 //   - Each warp owns 16 or 32 query rows (one or two 16-row mma tiles). Q (plus its bias) is
-//     loaded once and kept in registers as mma A fragments.
+//     loaded once into shared memory and, in most configurations, kept in registers as mma A
+//     fragments.
 //   - K/V tiles of Bc keys are staged in shared memory with 16-byte cp.async, double-buffered, and
-//     shared by all warps. Each warp computes S = Q Kᵀ for its rows with mma.sync m16n8k16
-//     (fp32 accumulation), masks it (only tiles that hold a masked key pay for this), and updates
-//     the online softmax: running row max m and row sum l in fp32; when m grows the fp32
-//     accumulator O is rescaled by exp2(m_old - m_new).
+//     shared by all warps; one barrier per tile (the next tile's copy is issued right after it,
+//     into the buffer the previous tile used). Each warp computes S = Q Kᵀ for its rows with
+//     mma.sync m16n8k16 (fp32 accumulation), masks it (only tiles that hold a masked key pay for
+//     this), and updates the online softmax: running row max m and row sum l in fp32; when m
+//     grows the fp32 accumulator O is rescaled by exp2(m_old - m_new).
 //   - P (the exponentiated scores, rounded to fp16/bf16) is reused straight from the S accumulator
 //     registers as the A operand of O += P V (V fragments via ldmatrix.trans).
 //   - O is divided by l once at the end. A row with no unmasked key has l == 0 and gives zeros.
@@ -38,13 +45,21 @@
 //     a block does half the work, which is faster when the grid does not fill the GPU a couple of
 //     times over (batch 1 x 128 tokens has 12-24 blocks for 132 SMs). The launcher picks wide when
 //     it gives at least two blocks per SM.
-//   - Bc = 64: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key, 128-key
-//     tiles push the wide kernels past 255 registers.
+//   - Bc = 64 in general: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key.
+//   - d = 64 wide on sequences over 256 keys: Bc = 128, which halves the row-max shuffles, O
+//     rescales and barriers per key (batch 32 x 512 tokens: 113 us against 117 us with Bc = 64).
+//     Its S accumulators take 128 registers, so Q is re-read from shared memory (one ldmatrix
+//     per m-tile and k-step per key tile) instead of held in registers, which would spill. With
+//     a single 128-key tile (128 tokens) nothing overlaps the copy and it is slower (24.1 us
+//     against 22.7 us); for d = 32 it was slower too.
 //   - d = 128 runs narrow only: its O accumulator is already 64 registers per m-tile, and two
 //     m-tiles would spill.
-//   Registers per thread / shared memory per block (sm_90): d=32 narrow 102 / 25.5 KiB, wide
-//   164 / 30.5 KiB; d=64 narrow 142 / 45.5 KiB, wide 226 / 54.5 KiB; d=128 195 / 85.5 KiB. Above
-//   48 KiB needs the opt-in (cudaFuncSetAttribute).
+//   Tried and dropped (no gain at batch 32 x 512): three K/V stages, Br = 128 over 8 warps of one
+//   m-tile each, skipping the O rescale while the row max moves by less than 2^8, and computing
+//   the next tile's scores before the current softmax (three buffers; 8-13% slower).
+//   Registers per thread / shared memory per block (sm_90): d=32 narrow 103 / 25.5 KiB, wide
+//   165 / 30.5 KiB; d=64 narrow 140 / 45.5 KiB, wide 228 / 54.5 KiB, wide Bc=128 255 / 91 KiB;
+//   d=128 198 / 85.5 KiB. Above 48 KiB needs the opt-in (cudaFuncSetAttribute).
 #include "cuda/attention/flash.h"
 
 #include <cuda_bf16.h>
@@ -53,82 +68,23 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "cuda/attention/flash_common.cuh"
+#include "cuda/attention/flash_sm90.h"
 #include "cuda/cuda_check.h"
 #include "ftbert/check.h"
 
 namespace ftbert::cuda {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace flash_detail;
 
 // ---------------------------------------------------------------------------------------------
 // kernels
 // ---------------------------------------------------------------------------------------------
-
-// Per-dtype pieces: packing two floats into one 32-bit mma operand register (lower half = lower
-// column), unpacking, and the tensor-core instruction itself.
-template <typename T>
-struct Mma;
-
-template <>
-struct Mma<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t v) {
-    return __half22float2(*reinterpret_cast<__half2*>(&v));
-  }
-  // c[16x8] += a[16x16] (row-major) · b[16x8] (column-major), fp32 accumulators.
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-template <>
-struct Mma<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy that bypasses the registers (and L1); with valid == false nothing
-// is read and the 16 bytes are zero-filled.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i gets
 // matrix i's fragment (lane t: row t/4, columns 2(t%4), 2(t%4)+1).
@@ -146,30 +102,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "memory");
 }
 
-struct FlashParams {
-  const void* qkv;      // [B, S, 3H]
-  const void* bias;     // [3H]
-  const int32_t* mask;  // [B, S]
-  void* out;            // [B, S, H]
-  int seq;
-  int heads;
-  float scale_log2;  // scale * log2(e)
-};
-
-// 2^x on the SFU. exp2f compiles to the same instruction plus a subnormal fix-up; here every
-// argument is <= 0 (weights relative to the row max's 1), and a weight below 2^-126 is lost in
-// the row sum anyway, so flushing it to zero changes nothing. exp2(-inf) = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <int D, int Br, int Bc, int kWarps>
+template <int D, int Br, int Bc, int kWarps, int kStages>
 struct FlashTile {
   static_assert(D % 16 == 0, "head dim must be a multiple of 16 (mma k)");
   static_assert(Br % (16 * kWarps) == 0, "each warp owns whole 16-row mma tiles");
   static_assert(Bc % 16 == 0, "key tiles are whole mma k-steps of P·V");
+  static_assert(kStages >= 2, "at least double buffering");
   static constexpr int kMTiles = Br / (16 * kWarps);  // 16-row mma tiles per warp
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kThreads = kWarps * 32;
@@ -180,15 +118,16 @@ struct FlashTile {
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static constexpr int kQElems = Br * kStride;
   static constexpr int kKVElems = Bc * kStride;
-  // sQ [Br][kStride] | sK [2][Bc][kStride] | sV [2][Bc][kStride] | key bias [2][Bc] fp32
+  // sQ [Br][kStride] | sK [kStages][Bc][kStride] | sV [kStages][Bc][kStride] |
+  // key bias [kStages][Bc] fp32
   static constexpr size_t smem_bytes(size_t elem) {
-    return (kQElems + 4 * kKVElems) * elem + 2 * Bc * sizeof(float);
+    return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float);
   }
 };
 
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
-  using Tile = FlashTile<D, Br, Bc, kWarps>;
+  using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
   constexpr int kM = Tile::kMTiles;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kStride = Tile::kStride;
@@ -196,11 +135,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   constexpr float kNegInf = -__builtin_huge_valf();
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* sQ = reinterpret_cast<T*>(smem);                                   // [Br][kStride]
-  T* sK = sQ + Tile::kQElems;                                           // [2][Bc][kStride]
-  T* sV = sK + 2 * Tile::kKVElems;                                      // [2][Bc][kStride]
-  float* sKeyBias = reinterpret_cast<float*>(sV + 2 * Tile::kKVElems);  // [2][Bc]: 0 or -inf
-  __shared__ int sRange[2][kWarps];
+  T* sQ = reinterpret_cast<T*>(smem);     // [Br][kStride]
+  T* sK = sQ + Tile::kQElems;             // [kStages][Bc][kStride]
+  T* sV = sK + kStages * Tile::kKVElems;  // [kStages][Bc][kStride]
+  // [kStages][Bc]: 0 or -inf
+  float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
+  __shared__ int sRange[kWarps][2];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -217,25 +157,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int32_t* mask = p.mask + static_cast<int64_t>(b) * S;
 
   // ---- the key range [lo, hi] holding every unmasked key of this sequence --------------------
-  int lo = S, hi = -1;
-  for (int i = tid; i < S; i += kThreads) {
-    if (mask[i] != 0) {
-      lo = min(lo, i);
-      hi = max(hi, i);
-    }
-  }
-  lo = __reduce_min_sync(0xffffffffu, lo);
-  hi = __reduce_max_sync(0xffffffffu, hi);
-  if (lane == 0) {
-    sRange[0][warp] = lo;
-    sRange[1][warp] = hi;
-  }
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    lo = min(lo, sRange[0][w]);
-    hi = max(hi, sRange[1][w]);
-  }
+  int lo, hi;
+  unmasked_key_range<kThreads>(mask, S, &sRange[0][0], lo, hi);
   const int t_begin = lo / Bc;
   const int t_end = hi < 0 ? t_begin : hi / Bc + 1;  // no unmasked key: no tiles, zero output
 
@@ -277,30 +200,33 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     return masked;
   };
 
+  // Groups in flight: Q, then one per key tile; kStages - 1 key tiles are loaded ahead. Every
+  // stage commits a group, empty or not, so the wait counts stay uniform.
   // bit `buf`: this thread's key-bias entries of that buffer hold a masked key.
   int masked_bits = 0;
   load_q();
   cp_async_commit();
-  if (t_begin < t_end) masked_bits = load_kv(t_begin, 0) ? 1 : 0;
-  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (t_begin + i < t_end) masked_bits |= (load_kv(t_begin + i, i) ? 1 : 0) << i;
+    cp_async_commit();
+  }
+  // Loads tile `tile` (if it exists) into buffer `buf` and commits its group.
+  auto refill = [&](int tile, int buf) {
+    if (tile < t_end) {
+      masked_bits = (masked_bits & ~(1 << buf)) | ((load_kv(tile, buf) ? 1 : 0) << buf);
+    }
+    cp_async_commit();
+  };
+  auto next_buf = [](int buf) { return buf + 1 == kStages ? 0 : buf + 1; };
 
   // Q + bias, in fp32, rounded once; each thread fixes the chunks it copied itself, which
   // cp.async.wait_group makes visible to it.
-  cp_async_wait<1>();
+  cp_async_wait<kStages - 1>();
   const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + my_col));
 #pragma unroll
   for (int row = my_row; row < Br; row += kRowStep) {
-    uint4* q = reinterpret_cast<uint4*>(sQ + row * kStride + my_col);
-    uint4 v = *q;
-    uint32_t* vw = reinterpret_cast<uint32_t*>(&v);
-    const uint32_t* bw = reinterpret_cast<const uint32_t*>(&bq);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float2 x = Mma<T>::unpack(vw[w]);
-      const float2 y = Mma<T>::unpack(bw[w]);
-      vw[w] = Mma<T>::pack(x.x + y.x, x.y + y.y);
-    }
-    *q = v;
+    add_bias_chunk<T>(reinterpret_cast<uint4*>(sQ + row * kStride + my_col), bq);
   }
   __syncthreads();
 
@@ -308,12 +234,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int warp_row0 = warp * Tile::kWarpRows;
   // Q as A fragments, one per m-tile and 16-wide k-step: lanes 0-15 address rows 0-15 at column
   // k, lanes 16-31 the same rows at column k+8 -> a0..a3 = (rows 0-7 | 8-15) x (cols k | k+8).
-  uint32_t qf[kM][D / 16][4];
+  // Kept in registers (kQRegs) or re-read from shared memory for every key tile.
+  const T* q_lane = sQ + (warp_row0 + lane % 16) * kStride + (lane / 16) * 8;
+  uint32_t qf[kQRegs ? kM : 1][kQRegs ? D / 16 : 1][4];
+  if constexpr (kQRegs) {
 #pragma unroll
-  for (int m = 0; m < kM; ++m) {
-    const T* base = sQ + (warp_row0 + 16 * m + lane % 16) * kStride + (lane / 16) * 8;
+    for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[m][kk], base + kk * 16);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        ldmatrix_x4(qf[m][kk], q_lane + 16 * m * kStride + kk * 16);
+      }
+    }
   }
 
   // Thread (g = lane/4, c = lane%4) holds rows g and g+8 of each m-tile; accumulator o[m][n]
@@ -338,25 +269,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
   const int quad_col = 2 * (lane % 4);
 
-  for (int t = t_begin; t < t_end; ++t) {
-    const int buf = (t - t_begin) & 1;
-    // Prefetch the next tile into the other buffer (freed by the previous iteration's barrier);
-    // an empty group on the last tile keeps the wait count uniform.
-    if (t + 1 < t_end) {
-      const int nb = buf ^ 1;
-      masked_bits = (masked_bits & ~(1 << nb)) | ((load_kv(t + 1, nb) ? 1 : 0) << nb);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    // The barrier also tells every thread whether this tile has any masked key.
-    const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
+  // Scores of one key tile: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout.
+  using Scores = float[kM][Bc / 8][4];
 
+  // S = Q Kᵀ for the key tile in buffer `buf`. Each K fragment serves every m-tile of the warp.
+  auto scores = [&](Scores& s, int buf) {
     const T* tk = sK + buf * Tile::kKVElems;
-    const T* tv = sV + buf * Tile::kKVElems;
-
-    // S = Q Kᵀ: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout. Each K fragment
-    // serves every m-tile of the warp.
-    float s[kM][Bc / 8][4];
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
@@ -364,80 +282,46 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qs[kM][4];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qs[m][i] = qf[m][kk][i];
+        } else {
+          ldmatrix_x4(qs[m], q_lane + 16 * m * kStride + kk * 16);
+        }
+      }
 #pragma unroll
       for (int jn = 0; jn < Bc / 16; ++jn) {
         uint32_t kb[4];
         ldmatrix_x4(kb, tk + jn * 16 * kStride + kk * 16 + k_lane);
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
-          Mma<T>::mma(s[m][2 * jn], qf[m][kk], kb[0], kb[1]);
-          Mma<T>::mma(s[m][2 * jn + 1], qf[m][kk], kb[2], kb[3]);
+          Mma<T>::mma(s[m][2 * jn], qs[m], kb[0], kb[1]);
+          Mma<T>::mma(s[m][2 * jn + 1], qs[m], kb[2], kb[3]);
         }
       }
     }
+  };
 
+  // The online-softmax update with the scores of the key tile in buffer `buf`, then O += P V.
+  auto accumulate = [&](Scores& s, int buf, bool tile_masked) {
     // Masked keys (padding, past S) -> -inf; tiles without any skip this.
     if (tile_masked) {
-      const float* key_bias = sKeyBias + buf * Bc;
 #pragma unroll
-      for (int j = 0; j < Bc / 8; ++j) {
-        const float2 kb = *reinterpret_cast<const float2*>(key_bias + 8 * j + quad_col);
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          s[m][j][0] += kb.x;
-          s[m][j][1] += kb.y;
-          s[m][j][2] += kb.x;
-          s[m][j][3] += kb.y;
-        }
-      }
+      for (int m = 0; m < kM; ++m) add_key_bias(s[m], sKeyBias + buf * Bc, quad_col);
     }
+#pragma unroll
+    for (int m = 0; m < kM; ++m) online_softmax(s[m], o[m], row_max[m], row_sum[m], scale_log2);
 
-    // Online softmax per row (r = 0: row g, r = 1: row g+8); a row is spread over the 4 lanes of
-    // a quad. The max is kept in raw score units (scale > 0), and scale·log2(e) is applied inside
-    // the exponent's FMA: p = 2^(s·scale_log2 - max·scale_log2).
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[m][r];
-#pragma unroll
-        for (int j = 0; j < Bc / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // While a row has seen only masked keys its max is -inf; using 0 instead keeps
-        // -inf - -inf from becoming NaN (every term is then 2^-inf = 0).
-        const float m_scaled = mx == kNegInf ? 0.0f : mx * scale_log2;
-        const float alpha = fast_exp2(fmaf(row_max[m][r], scale_log2, -m_scaled));
-        row_max[m][r] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < Bc / 8; ++j) {
-          s[m][j][2 * r] = fast_exp2(fmaf(s[m][j][2 * r], scale_log2, -m_scaled));
-          s[m][j][2 * r + 1] = fast_exp2(fmaf(s[m][j][2 * r + 1], scale_log2, -m_scaled));
-          sum += s[m][j][2 * r] + s[m][j][2 * r + 1];
-        }
-        row_sum[m][r] = row_sum[m][r] * alpha + sum;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[m][n][2 * r] *= alpha;
-          o[m][n][2 * r + 1] *= alpha;
-        }
-      }
-    }
-
-    // O += P V. The S accumulators of key blocks 2kk and 2kk+1 are exactly the A fragment of
-    // k-step kk (a0/a1: keys 16kk + 2c.. of rows g/g+8, a2/a3: keys 16kk + 8 + 2c..); each V
-    // fragment serves every m-tile.
+    // O += P V, P straight from the score registers; each V fragment serves every m-tile.
+    const T* tv = sV + buf * Tile::kKVElems;
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) {
       uint32_t a[kM][4];
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        a[m][0] = Mma<T>::pack(s[m][2 * kk][0], s[m][2 * kk][1]);
-        a[m][1] = Mma<T>::pack(s[m][2 * kk][2], s[m][2 * kk][3]);
-        a[m][2] = Mma<T>::pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-        a[m][3] = Mma<T>::pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-      }
+      for (int m = 0; m < kM; ++m) weights_fragment<T>(s[m], kk, a[m]);
 #pragma unroll
       for (int nn = 0; nn < D / 16; ++nn) {
         uint32_t vb[4];
@@ -449,25 +333,34 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
         }
       }
     }
-    __syncthreads();  // every warp is done with this buffer before it is refilled
+  };
+
+  int buf = 0;             // buffer of tile t
+  int fill = kStages - 1;  // buffer of tile t + kStages - 1 (the one tile t - 1 used)
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile t have landed
+    // One barrier per tile: every thread's copies of tile t are visible, and every warp is done
+    // with tile t - 1, whose buffer is refilled next. It also tells every thread whether this
+    // tile has any masked key.
+    const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
+    refill(t + kStages - 1, fill);
+    Scores s;
+    scores(s, buf);
+    accumulate(s, buf, tile_masked);
+    buf = next_buf(buf);
+    fill = next_buf(fill);
   }
 
   // ---- epilogue: O / l + b_v, staged through this warp's own Q rows for 16-byte stores -------
-  // Only this warp ever read its rows of sQ (its own ldmatrix, long done).
+  // Only this warp ever reads its rows of sQ; __syncwarp orders its last ldmatrix of them first.
+  __syncwarp();
   T* so = sQ + warp_row0 * kStride;
   const int g = lane / 4;
   const T* bias_v = bias + 2 * H;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
     float inv_sum[2], has_keys[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float l = row_sum[m][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      inv_sum[r] = l > 0.0f ? 1.0f / l : 0.0f;
-      has_keys[r] = l > 0.0f ? 1.0f : 0.0f;  // rows with no unmasked key stay exactly zero
-    }
+    finish_rows(row_sum[m], inv_sum, has_keys);
     T* rows = so + (16 * m + g) * kStride;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
@@ -499,11 +392,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
 // launchers
 // ---------------------------------------------------------------------------------------------
 
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks>
+// One kernel configuration (see the file comment): head dim, Br x Bc tile, warps, min blocks per
+// SM (caps registers so that many blocks share an SM), K/V stages, Q kept in registers.
+template <int D_, int Br_, int Bc_, int kWarps_, int kMinBlocks_, int kStages_, bool kQRegs_>
+struct FlashConfig {
+  static constexpr int D = D_, Br = Br_, Bc = Bc_, kWarps = kWarps_, kMinBlocks = kMinBlocks_,
+                       kStages = kStages_;
+  static constexpr bool kQRegs = kQRegs_;
+};
+
+template <typename T, typename C>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = FlashTile<D, Br, Bc, kWarps>;
+  using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
   constexpr size_t smem = Tile::smem_bytes(sizeof(T));
-  auto kernel = flash_attention_kernel<T, D, Br, Bc, kWarps, kMinBlocks>;
+  auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
+                                       C::kStages, C::kQRegs>;
   if constexpr (smem > 48 * 1024) {
     // The opt-in above 48 KB is per device; remember which devices already have it.
     static std::atomic<uint64_t> raised_on{0};
@@ -514,7 +417,7 @@ void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stre
       raised_on.fetch_or(bit, std::memory_order_release);
     }
   }
-  const dim3 grid((p.seq + Br - 1) / Br, p.heads, batch);
+  const dim3 grid((p.seq + C::Br - 1) / C::Br, p.heads, batch);
   kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
@@ -532,36 +435,68 @@ int multiprocessor_count(int device) {
   return n;
 }
 
-// Tile configuration per head dim, as <T, d, Br, Bc, warps, min blocks per SM> (see the file
-// comment). The min-blocks bound caps registers so that many blocks share an SM; every
-// configuration here compiles without spills.
+// Whether `device` is compute capability 9.0 (Hopper: H100, H200), looked up once per device.
+bool is_sm90(int device) {
+  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes
+  if (device < 64) {
+    const int v = cached[device].load(std::memory_order_relaxed);
+    if (v != 0) return v == 2;
+  }
+  int major = 0, minor = 0;
+  FTBERT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FTBERT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const bool yes = major == 9 && minor == 0;
+  if (device < 64) cached[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
+}
+
+// FTBERT_FLASH_PORTABLE=1 keeps head dim 64 on this file's kernel on Hopper too (to compare the
+// two kernels, or to rule one out); read at every call, so tests can switch it.
+bool portable_forced() {
+  const char* v = std::getenv("FTBERT_FLASH_PORTABLE");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// Tile configuration per head dim and shape (see the file comment); every configuration here
+// compiles without spills.
 template <typename T>
 void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
                                cudaStream_t stream) {
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
+#ifdef FTBERT_FLASH_SM90
+  // Head dim 64 on Hopper: the warpgroup-MMA kernel (flash_sm90.cu), 1.06-1.1x this file's.
+  if (head_dim == 64 && is_sm90(device) && !portable_forced()) {
+    launch_flash_sm90<T>(p, batch, device, stream);
+    return;
+  }
+#endif
   // Wide tiles pay off once the grid is a few waves deep; below that, narrow tiles' shorter
   // blocks finish sooner (measured on an H100: batch 1 x 128 tokens runs best narrow, batch 32
   // wide).
   const int64_t wide_blocks = static_cast<int64_t>((p.seq + 127) / 128) * p.heads * batch;
   const bool wide = wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
+  // 128-key tiles only pay once a sequence has several of them to pipeline.
+  const bool long_keys = p.seq > 256;
   switch (head_dim) {
     case 32:
       if (wide) {
-        launch_flash<T, 32, 128, 64, 4, 3>(p, batch, device, stream);
+        launch_flash<T, FlashConfig<32, 128, 64, 4, 3, 2, true>>(p, batch, device, stream);
       } else {
-        launch_flash<T, 32, 64, 64, 4, 4>(p, batch, device, stream);
+        launch_flash<T, FlashConfig<32, 64, 64, 4, 4, 2, true>>(p, batch, device, stream);
       }
       return;
     case 64:
-      if (wide) {
-        launch_flash<T, 64, 128, 64, 4, 2>(p, batch, device, stream);
+      if (wide && long_keys) {
+        launch_flash<T, FlashConfig<64, 128, 128, 4, 2, 2, false>>(p, batch, device, stream);
+      } else if (wide) {
+        launch_flash<T, FlashConfig<64, 128, 64, 4, 2, 2, true>>(p, batch, device, stream);
       } else {
-        launch_flash<T, 64, 64, 64, 4, 3>(p, batch, device, stream);
+        launch_flash<T, FlashConfig<64, 64, 64, 4, 3, 2, true>>(p, batch, device, stream);
       }
       return;
     case 128:
-      launch_flash<T, 128, 64, 64, 4, 2>(p, batch, device, stream);
+      launch_flash<T, FlashConfig<128, 64, 64, 4, 2, 2, true>>(p, batch, device, stream);
       return;
   }
   FTBERT_FAIL(flash_attention_unsupported_reason(DType::kFloat16, head_dim));

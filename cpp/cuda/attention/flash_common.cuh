@@ -1,0 +1,222 @@
+// Device pieces shared by the two fused-attention kernels: flash.cu (mma.sync, any GPU the build
+// targets) and flash_sm90.cu (warpgroup MMA, Hopper). Both run the same algorithm on the same
+// fragment layout: a warp owns 16-row tiles, a thread holds rows g = lane/4 and g + 8 of a tile
+// and columns 8j + 2c, 8j + 2c + 1 (c = lane % 4) of each 8-column block j, as
+//   x[j][0], x[j][1]: row g      x[j][2], x[j][3]: row g + 8
+// which is both the mma.sync m16n8 accumulator layout and, per warp, the wgmma m64nN one.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace ftbert::cuda::flash_detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FlashParams {
+  const void* qkv;      // [B, S, 3H]
+  const void* bias;     // [3H]
+  const int32_t* mask;  // [B, S]
+  void* out;            // [B, S, H]
+  int seq;
+  int heads;
+  float scale_log2;  // scale * log2(e)
+};
+
+// Per-dtype pieces: packing two floats into one 32-bit operand register (lower half = lower
+// column), unpacking, and the mma.sync tensor-core instruction.
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+  }
+  // c[16x8] += a[16x16] (row-major) · b[16x8] (column-major), fp32 accumulators.
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that bypasses the registers (and L1); with valid == false nothing
+// is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// chunk[i] += bias[i] for 8 elements (one 16-byte chunk of a Q row in shared memory), in fp32
+// and rounded once, as the unfused path's bias kernel does.
+template <typename T>
+__device__ __forceinline__ void add_bias_chunk(uint4* chunk, const uint4& bias) {
+  uint4 v = *chunk;
+  uint32_t* vw = reinterpret_cast<uint32_t*>(&v);
+  const uint32_t* bw = reinterpret_cast<const uint32_t*>(&bias);
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const float2 x = Mma<T>::unpack(vw[w]);
+    const float2 y = Mma<T>::unpack(bw[w]);
+    vw[w] = Mma<T>::pack(x.x + y.x, x.y + y.y);
+  }
+  *chunk = v;
+}
+
+// 2^x on the SFU. exp2f compiles to the same instruction plus a subnormal fix-up; here every
+// argument is <= 0 (weights relative to the row max's 1), and a weight below 2^-126 is lost in
+// the row sum anyway, so flushing it to zero changes nothing. exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// [lo, hi]: the first and last unmasked key of a sequence (lo = S, hi = -1 when there is none),
+// found by the whole block; `scratch` holds 2 ints per warp.
+template <int kThreads>
+__device__ __forceinline__ void unmasked_key_range(const int32_t* mask, int S, int* scratch,
+                                                   int& lo, int& hi) {
+  constexpr int kWarps = kThreads / 32;
+  const int tid = threadIdx.x;
+  lo = S;
+  hi = -1;
+  for (int i = tid; i < S; i += kThreads) {
+    if (mask[i] != 0) {
+      lo = min(lo, i);
+      hi = max(hi, i);
+    }
+  }
+  lo = __reduce_min_sync(0xffffffffu, lo);
+  hi = __reduce_max_sync(0xffffffffu, hi);
+  if (tid % 32 == 0) {
+    scratch[2 * (tid / 32)] = lo;
+    scratch[2 * (tid / 32) + 1] = hi;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    lo = min(lo, scratch[2 * w]);
+    hi = max(hi, scratch[2 * w + 1]);
+  }
+}
+
+// Adds the key bias (0 for kept keys, -inf for masked ones) of a tile to a 16-row score tile.
+template <int kBlocks>
+__device__ __forceinline__ void add_key_bias(float (&s)[kBlocks][4], const float* key_bias,
+                                             int quad_col) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const float2 kb = *reinterpret_cast<const float2*>(key_bias + 8 * j + quad_col);
+    s[j][0] += kb.x;
+    s[j][1] += kb.y;
+    s[j][2] += kb.x;
+    s[j][3] += kb.y;
+  }
+}
+
+// The online-softmax step for one 16-row tile and one key tile: s (raw scores) becomes the
+// unnormalized weights p = 2^(s·scale_log2 - max·scale_log2), the running max and this thread's
+// running sum move on, and the accumulator o is rescaled by 2^(old max - new max). A row is spread
+// over the 4 lanes of a quad; the max is kept in raw score units (scale > 0) so that scale·log2(e)
+// folds into the exponent's FMA. r = 0: row g, r = 1: row g + 8.
+template <int kBlocks, int kOutBlocks>
+__device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&o)[kOutBlocks][4],
+                                               float (&row_max)[2], float (&row_sum)[2],
+                                               float scale_log2) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = row_max[r];
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // While a row has seen only masked keys its max is -inf; using 0 instead keeps -inf - -inf
+    // from becoming NaN (every term is then 2^-inf = 0).
+    const float m_scaled = mx == kNegInf ? 0.0f : mx * scale_log2;
+    const float alpha = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled));
+    row_max[r] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], scale_log2, -m_scaled));
+      s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -m_scaled));
+      sum += s[j][2 * r] + s[j][2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+    for (int n = 0; n < kOutBlocks; ++n) {
+      o[n][2 * r] *= alpha;
+      o[n][2 * r + 1] *= alpha;
+    }
+  }
+}
+
+// The weights of keys 16kk..16kk+15 as the A operand (16x16, row-major) of P·V: the accumulator
+// blocks 2kk and 2kk + 1 are exactly its fragment (a0/a1: rows g/g+8 at 2c, a2/a3: at 8 + 2c).
+template <typename T, int kBlocks>
+__device__ __forceinline__ void weights_fragment(const float (&p)[kBlocks][4], int kk,
+                                                 uint32_t (&a)[4]) {
+  a[0] = Mma<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+  a[1] = Mma<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+  a[2] = Mma<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+  a[3] = Mma<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
+// The row sums over the quad, and per row 1/l and whether the row saw any key (l > 0): rows with
+// no unmasked key stay exactly zero (no V bias either).
+__device__ __forceinline__ void finish_rows(const float (&row_sum)[2], float (&inv_sum)[2],
+                                            float (&has_keys)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv_sum[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    has_keys[r] = l > 0.0f ? 1.0f : 0.0f;
+  }
+}
+
+}  // namespace ftbert::cuda::flash_detail

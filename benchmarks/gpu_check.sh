@@ -61,8 +61,8 @@ note "tests: rc=$tests_rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOGS/tests.l
 timeout 60 $PY benchmarks/latency_check.py --json "$LOGS/latency.json" > "$LOGS/latency.log" 2>&1
 note "latency check rc=$?:" "$(tail -20 "$LOGS/latency.log")"
 
-timeout 45 $PY benchmarks/kernels/bench_attention.py --reps 50 --json "$LOGS/attention.json" > "$LOGS/attention.log" 2>&1
-note "attention bench rc=$?:" "$(tail -34 "$LOGS/attention.log")"
+timeout 75 $PY benchmarks/kernels/bench_attention.py --reps 50 --json "$LOGS/attention.json" > "$LOGS/attention.log" 2>&1
+note "attention bench rc=$?:" "$(tail -44 "$LOGS/attention.log")"
 
 timeout 120 $PY -m ftbert bench --model bert-base --device cuda --dtype float16 --batch 1,8,32 \
   --seq 32,128,512 --attention unfused,flash --engines ftbert,hf-eager,hf-sdpa --out "$OUT/bench" \

@@ -1,5 +1,5 @@
-"""Attention kernels at BERT shapes: ftbert's fused flash kernel, ftbert's unfused path and torch's
-scaled_dot_product_attention, in float16 and bfloat16.
+"""Attention kernels at BERT shapes and at head dim 128: ftbert's fused flash kernel, ftbert's
+unfused path and torch's scaled_dot_product_attention, in float16 and bfloat16.
 
 Run on a GPU machine:
     python benchmarks/kernels/bench_attention.py [--reps 200] [--json bench_attention.json]
@@ -35,6 +35,8 @@ SHAPES = [  # name, batch, seq, heads, head_dim
     ("bert-base", 32, 512, 12, 64),
     ("bert-base", 1, 128, 12, 64),
     ("minilm", 32, 128, 12, 32),
+    ("d128", 32, 128, 8, 128),  # the third head dim the fused kernel takes (hidden 1024)
+    ("d128", 32, 512, 8, 128),
 ]
 TORCH_DTYPE = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

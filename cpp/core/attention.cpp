@@ -24,10 +24,10 @@ const char* attention_mode_name(AttentionMode mode) {
 }
 
 // The selection rule. `auto` takes the fused kernel wherever the backend supports it: on an H100
-// the kernel alone was 2.2x (batch 1 x seq 128) to 3.3x (batch 32 x seq 512) faster than the
-// unfused path at the BERT shapes of benchmarks/kernels/bench_attention.py, and the whole BERT-base
-// forward in float16 was faster with it at every batch 1/8/32 x seq 128/512 measured
-// (benchmarks/results/). Elsewhere (float32, other head dims, the CPU), unfused.
+// the kernel alone was 2.2x (batch 1 x seq 128) to 3.9x (batch 32 x seq 512) faster than the
+// unfused path at the shapes of benchmarks/kernels/bench_attention.py (head dims 32, 64, 128),
+// and the whole BERT-base forward in float16 was faster with it at every batch 1/8/32 x seq
+// 32/128/512 measured (benchmarks/results/). Elsewhere (float32, other head dims, the CPU), unfused.
 AttentionKind select_attention(AttentionMode mode, const Backend& backend, DType dt, int head_dim,
                                int batch, int seq) {
   (void)batch;

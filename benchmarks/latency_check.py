@@ -1,6 +1,7 @@
 """Short latency check on a GPU: BERT-base (12 layers, hidden 768, random init) in float16, ftbert
-(unfused and flash attention) next to transformers (sdpa and eager) in the same process, with each
-engine's error against the float32 reference next to its time, and the GPU's two ceilings.
+(unfused and flash attention; flash also with CUDA graphs off) next to transformers (sdpa and eager)
+in the same process, with each engine's error against the float32 reference next to its time, and
+the GPU's two ceilings.
 
     python benchmarks/latency_check.py [--json FILE] [--shapes 1x128,32x128,32x512]
 """
@@ -75,12 +76,12 @@ def main():
                     ms = time_ms(lambda: m(ids, attention_mask=mask))
                     rows.append(dict(engine=name, batch=batch, seq=seq, ms=ms,
                                      err=(out.float() - ref).abs().max().item()))
-            for attention in ("unfused", "flash"):
-                enc.attention = attention
+            for attention, graphs in (("unfused", True), ("flash", False), ("flash", True)):
+                enc.attention, enc.cuda_graphs = attention, graphs
                 out = enc(ids, mask).last_hidden_state
                 ms = time_ms(lambda: enc(ids, mask))
-                rows.append(dict(engine=f"ftbert-{attention}", batch=batch, seq=seq, ms=ms,
-                                 err=(out.float() - ref).abs().max().item()))
+                rows.append(dict(engine=f"ftbert-{attention}" + ("" if graphs else "-no-graphs"),
+                                 batch=batch, seq=seq, ms=ms, err=(out.float() - ref).abs().max().item()))
     # GEMM FLOPs of one forward, to say how far from the tensor-core ceiling each time is.
     for r in rows:
         tokens = r["batch"] * r["seq"]

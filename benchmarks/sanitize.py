@@ -1,6 +1,7 @@
 """Small workloads for compute-sanitizer (run by gpu_check.sh).
 
-  sanitize.py forward  - a small model's forward in float32, float16 and bfloat16, both attentions
+  sanitize.py forward  - a small model's forward in float32, float16 and bfloat16, both attentions,
+                         op by op and replayed as a CUDA graph
   sanitize.py ops      - the softmax (both variants), LayerNorm and both flash attention kernels
 """
 
@@ -32,6 +33,10 @@ def forward() -> None:
                 enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype=dtype, attention=attention)
                 out = enc(ids, mask)
                 assert np.isfinite(out.last_hidden_state).all()
+                for _ in range(2):  # recorded as a CUDA graph, then replayed
+                    again = enc(ids, mask)
+                    np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
+                assert enc.recorded_shapes == 1
                 print(dtype, attention, enc.attention_for(3, 77), "ok")
 
 

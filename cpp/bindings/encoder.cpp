@@ -90,7 +90,9 @@ void register_encoder(py::module_& m) {
       .def("attention_for", [](const Encoder& e, int batch, int seq) {
         return std::string(attention_kind_name(e.attention_for(batch, seq)));
       })
-      .def("set_allow_tf32", [](Encoder& e, bool allow) { e.backend().set_allow_tf32(allow); })
+      .def("set_allow_tf32", &Encoder::set_allow_tf32)
+      .def_property("graphs", &Encoder::graphs, &Encoder::set_graphs)
+      .def_property_readonly("recorded_shapes", &Encoder::recorded_shapes)
       // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to view).
       .def("forward_host",
            [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types) {
@@ -143,8 +145,8 @@ void register_encoder(py::module_& m) {
             a.last_hidden_state = reinterpret_cast<void*>(hidden);
             a.pooler_output = reinterpret_cast<void*>(pooled);
             a.outputs_on_device = true;
+            a.stream = stream;
             py::gil_scoped_release release;
-            e.backend().set_stream(stream);
             e.forward(a);
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),

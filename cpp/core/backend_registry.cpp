@@ -26,6 +26,10 @@ void Backend::flash_attention(DType dt, const void*, const void*, const int32_t*
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
 }
 
+void Backend::replay(const RecordedOps&) {
+  FTBERT_FAIL("the " << name() << " backend records no ops, so it has nothing to replay");
+}
+
 namespace {
 
 // The folder holding this library: the CUDA backend is installed beside it.

@@ -37,6 +37,68 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
   return select_attention(attention_mode_, *backend_, dtype_, config_.head_dim(), batch, seq);
 }
 
+void Encoder::set_graphs(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  graphs_ = on;
+  if (!on) {
+    backend_->synchronize();  // a replay may still be running
+    drop_recordings();
+    seen_once_.clear();
+  }
+}
+
+size_t Encoder::recorded_shapes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return recordings_.size();
+}
+
+void Encoder::set_allow_tf32(bool allow) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  backend_->synchronize();
+  drop_recordings();
+  backend_->set_allow_tf32(allow);
+}
+
+void Encoder::drop_recordings() { recordings_.clear(); }
+
+const RecordedOps* Encoder::recording_for(const ShapeKey& key,
+                                          const std::function<void()>& enqueue) {
+  if (!graphs_ || !backend_records_) return nullptr;
+  ++forwards_;
+  if (auto it = recordings_.find(key); it != recordings_.end()) {
+    it->second.last_use = forwards_;
+    return it->second.ops.get();
+  }
+  // A shape seen once may never come back (e.g. sorted text batches): record from the second
+  // time on. The first run, op by op, also does one-time setup (kernel attributes, cuBLAS
+  // heuristics) outside any recording.
+  if (seen_once_.insert(key).second) {
+    if (seen_once_.size() > 64 * kMaxRecordings) seen_once_ = {key};
+    return nullptr;
+  }
+  std::unique_ptr<RecordedOps> ops;
+  try {
+    ops = backend_->record(enqueue);
+  } catch (const Error& e) {
+    FTBERT_FAIL("recording the forward for replay (CUDA graph) failed: "
+                << e.what() << "; cuda_graphs=False runs the forward op by op");
+  }
+  if (!ops) {
+    backend_records_ = false;
+    return nullptr;
+  }
+  if (recordings_.size() >= kMaxRecordings) {
+    auto lru = std::min_element(recordings_.begin(), recordings_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    recordings_.erase(lru);
+  }
+  Recording& r = recordings_[key];
+  r.ops = std::move(ops);
+  r.last_use = forwards_;
+  return r.ops.get();
+}
+
 size_t Encoder::workspace_bytes() const {
   return ids_.bytes() + mask_.bytes() + types_.bytes() + hidden_.bytes() + hidden2_.bytes() +
          qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() +
@@ -50,12 +112,14 @@ void Encoder::ensure_workspace(int batch, int seq) {
   Backend* b = backend_.get();
   if (batch > capacity_batch_) {  // the pooler's rows: more sequences of fewer tokens
     backend_->synchronize();
+    drop_recordings();  // they hold the old buffers
     pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
     capacity_batch_ = batch;
   }
   if (tokens <= capacity_tokens_) return;
   // Queued work may still use the old buffers.
   backend_->synchronize();
+  drop_recordings();
   ids_ = DeviceBuffer(b, tokens * sizeof(int32_t));
   mask_ = DeviceBuffer(b, tokens * sizeof(int32_t));
   types_ = DeviceBuffer(b, tokens * sizeof(int32_t));
@@ -70,6 +134,7 @@ void Encoder::ensure_workspace(int batch, int seq) {
 void Encoder::ensure_attention_scratch(size_t bytes) {
   if (bytes <= attention_scratch_.bytes()) return;
   backend_->synchronize();
+  drop_recordings();
   attention_scratch_ = DeviceBuffer(backend_.get(), bytes);
 }
 
@@ -93,6 +158,7 @@ void Encoder::validate_host_inputs(const ForwardArgs& a) const {
 
 void Encoder::forward(const ForwardArgs& a) {
   std::lock_guard<std::mutex> lock(mutex_);  // one forward at a time: the workspace is shared
+  if (a.stream) backend_->set_stream(*a.stream);
   FTBERT_CHECK_INPUT(a.batch > 0, "empty batch: batch size must be at least 1");
   FTBERT_CHECK_INPUT(a.seq > 0, "empty sequences: sequence length must be at least 1");
   FTBERT_CHECK_INPUT(a.seq <= config_.max_position_embeddings,
@@ -107,30 +173,39 @@ void Encoder::forward(const ForwardArgs& a) {
   ensure_workspace(B, S);
   ensure_attention_scratch(attention_workspace_bytes(attention, dtype_, B, S, config_.num_heads,
                                                      config_.head_dim()));
-  const int32_t *ids = a.input_ids, *mask = a.attention_mask, *types = a.token_type_ids;
-  if (!a.inputs_on_device) {
-    validate_host_inputs(a);
-    backend_->copy_to_device(ids_.data(), ids, M * sizeof(int32_t));
-    backend_->copy_to_device(mask_.data(), mask, M * sizeof(int32_t));
-    backend_->copy_to_device(types_.data(), types, M * sizeof(int32_t));
-    ids = ids_.as<int32_t>();
-    mask = mask_.as<int32_t>();
-    types = types_.as<int32_t>();
-  }
+  const bool pool = config_.has_pooler && a.pooler_output != nullptr;
+  if (!a.inputs_on_device) validate_host_inputs(a);
 
-  const ModelWeights& w = weights_;
-  backend_->embed_layernorm(dtype_, ids, types, w.word_embeddings.data(),
-                            w.position_embeddings.data(), w.token_type_embeddings.data(),
-                            w.emb_ln_gamma.data(), w.emb_ln_beta.data(), hidden_.data(), B, S, H,
-                            config_.vocab_size, config_.type_vocab_size, config_.layer_norm_eps);
-  for (const LayerWeights& layer : w.layers) run_layer(layer, mask, B, S, attention);
+  // A recording reads the inputs from the encoder's buffers; op by op, device inputs are read
+  // where they are.
+  int32_t *own_ids = ids_.as<int32_t>(), *own_mask = mask_.as<int32_t>(),
+          *own_types = types_.as<int32_t>();
+  const RecordedOps* recording =
+      recording_for({B, S, attention, pool},
+                    [&] { run_model(own_ids, own_mask, own_types, B, S, attention, pool); });
+  const int32_t *ids = a.input_ids, *mask = a.attention_mask, *types = a.token_type_ids;
+  if (!a.inputs_on_device || recording != nullptr) {
+    const size_t bytes = M * sizeof(int32_t);
+    if (a.inputs_on_device) {
+      backend_->copy_on_device(own_ids, ids, bytes);
+      backend_->copy_on_device(own_mask, mask, bytes);
+      backend_->copy_on_device(own_types, types, bytes);
+    } else {
+      backend_->copy_to_device(own_ids, ids, bytes);
+      backend_->copy_to_device(own_mask, mask, bytes);
+      backend_->copy_to_device(own_types, types, bytes);
+    }
+    ids = own_ids;
+    mask = own_mask;
+    types = own_types;
+  }
+  if (recording != nullptr) {
+    backend_->replay(*recording);
+  } else {
+    run_model(ids, mask, types, B, S, attention, pool);
+  }
 
   const size_t es = dtype_size(dtype_);
-  const bool pool = config_.has_pooler && a.pooler_output != nullptr;
-  if (pool) {
-    backend_->pooler(dtype_, hidden_.data(), w.pooler_weight.data(), w.pooler_bias.data(),
-                     pooled_.data(), B, S, H);
-  }
   if (a.outputs_on_device) {
     backend_->copy_on_device(a.last_hidden_state, hidden_.data(), M * H * es);
     if (pool) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);
@@ -138,6 +213,21 @@ void Encoder::forward(const ForwardArgs& a) {
     backend_->copy_to_host(a.last_hidden_state, hidden_.data(), M * H * es);
     if (pool) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
     backend_->synchronize();
+  }
+}
+
+void Encoder::run_model(const int32_t* ids, const int32_t* mask, const int32_t* types, int B,
+                        int S, AttentionKind attention, bool pool) {
+  const ModelWeights& w = weights_;
+  const int H = config_.hidden_size;
+  backend_->embed_layernorm(dtype_, ids, types, w.word_embeddings.data(),
+                            w.position_embeddings.data(), w.token_type_embeddings.data(),
+                            w.emb_ln_gamma.data(), w.emb_ln_beta.data(), hidden_.data(), B, S, H,
+                            config_.vocab_size, config_.type_vocab_size, config_.layer_norm_eps);
+  for (const LayerWeights& layer : w.layers) run_layer(layer, mask, B, S, attention);
+  if (pool) {
+    backend_->pooler(dtype_, hidden_.data(), w.pooler_weight.data(), w.pooler_bias.data(),
+                     pooled_.data(), B, S, H);
   }
 }
 

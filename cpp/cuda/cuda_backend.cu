@@ -80,7 +80,10 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
     FTBERT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
     stream_ = own_stream_;
     FTBERT_CUBLAS_CHECK(cublasCreate(&cublas_));
-    FTBERT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB before.
+    cublas_workspace_bytes_ = size_t{prop.major >= 9 ? 32 : 4} << 20;
+    FTBERT_CUDA_CHECK(cudaMalloc(&cublas_workspace_, cublas_workspace_bytes_));
+    bind_cublas(stream_);
     // fp32 accumulation all the way: no split-K reductions in fp16/bf16.
     FTBERT_CUBLAS_CHECK(cublasSetMathMode(
         cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
@@ -102,10 +105,19 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::release() noexcept {
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);
+  if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
   cublas_ = nullptr;
+  cublas_workspace_ = nullptr;
+  capture_stream_ = nullptr;
   own_stream_ = nullptr;
   stream_ = nullptr;
+}
+
+void CudaBackend::bind_cublas(cudaStream_t stream) {
+  FTBERT_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
+  FTBERT_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, cublas_workspace_bytes_));
 }
 
 bool CudaBackend::supports_dtype(DType dt) const {
@@ -160,8 +172,68 @@ void CudaBackend::set_stream(uintptr_t stream) {
   // 0 is the legacy default stream, which is what torch's default stream is: work queued by the
   // caller there must be ordered with ours, so 0 is taken literally, not as "our own stream".
   cudaStream_t next = reinterpret_cast<cudaStream_t>(stream);
-  FTBERT_CUBLAS_CHECK(cublasSetStream(cublas_, next));
+  bind_cublas(next);
   stream_ = next;
+}
+
+// ---- recording ----------------------------------------------------------------------------------
+
+namespace {
+class CudaGraph final : public RecordedOps {
+ public:
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+}  // namespace
+
+std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& enqueue) {
+  if (sync_debug_enabled()) return nullptr;  // a stream cannot be synchronized while captured
+  DeviceScope scope(device_);
+  if (capture_stream_ == nullptr) {
+    FTBERT_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking));
+  }
+  cudaStream_t caller = stream_;
+  bind_cublas(capture_stream_);
+  stream_ = capture_stream_;
+  // Thread-local: work other threads (e.g. torch's) issue meanwhile is neither captured nor
+  // restricted.
+  cudaError_t err = cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal);
+  cudaGraph_t graph = nullptr;
+  if (err == cudaSuccess) {
+    try {
+      enqueue();
+    } catch (...) {
+      (void)cudaStreamEndCapture(capture_stream_, &graph);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // a failed capture leaves a (non-sticky) error behind
+      stream_ = caller;
+      (void)cublasSetStream(cublas_, caller);  // best effort: the first error is the one to report
+      (void)cublasSetWorkspace(cublas_, cublas_workspace_, cublas_workspace_bytes_);
+      throw;
+    }
+    err = cudaStreamEndCapture(capture_stream_, &graph);
+  }
+  stream_ = caller;
+  bind_cublas(caller);
+  FTBERT_CUDA_CHECK(err);
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  FTBERT_CUDA_CHECK(err);
+  return std::make_unique<CudaGraph>(exec);
+}
+
+void CudaBackend::replay(const RecordedOps& ops) {
+  const auto* graph = dynamic_cast<const CudaGraph*>(&ops);
+  FTBERT_CHECK(graph != nullptr, "replay: not a recording of the CUDA backend");
+  DeviceScope scope(device_);
+  FTBERT_CUDA_CHECK(cudaGraphLaunch(graph->exec(), stream_));
 }
 
 // ---- GEMMs --------------------------------------------------------------------------------------

@@ -38,6 +38,12 @@ class CudaBackend : public Backend {
   uintptr_t stream() const override { return reinterpret_cast<uintptr_t>(stream_); }
   void set_allow_tf32(bool allow) override { allow_tf32_ = allow; }
 
+  // ---- recording: CUDA graphs ---------------------------------------------------------------
+  // Captured on a private stream (capture cannot run on the legacy default stream, torch's
+  // default), replayed on the current one.
+  std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) override;
+  void replay(const RecordedOps& ops) override;
+
   // ---- GEMMs ----------------------------------------------------------------------------------
   void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
             const void* b, int ldb, void* c, int ldc, float alpha = 1.0f,
@@ -87,13 +93,19 @@ class CudaBackend : public Backend {
   };
 
   void release() noexcept;
+  // Points cuBLAS at `stream` and at our own workspace (cublasSetStream resets it to cuBLAS's
+  // pool, which would give every captured graph a workspace of its own).
+  void bind_cublas(cudaStream_t stream);
 
   int device_ = 0;
   int compute_capability_major_ = 0;
   std::string device_name_;
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;  // own_stream_ or the one set with set_stream
+  cudaStream_t capture_stream_ = nullptr;  // record()'s, created on first use
   cublasHandle_t cublas_ = nullptr;
+  void* cublas_workspace_ = nullptr;
+  size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;
 };
 

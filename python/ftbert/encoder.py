@@ -78,13 +78,16 @@ class Encoder:
         dtype: str = "float32",
         attention: str = "auto",
         allow_tf32: bool = False,
+        cuda_graphs: bool = True,
     ) -> "Encoder":
         """Loads a HuggingFace BERT checkpoint directory or an ftbert-converted one.
 
         device: "cpu", "cuda" or "cuda:N". dtype: "float32", "float16" or "bfloat16" (CPU: float32).
         attention: "auto", "unfused" or "flash" (see `Encoder.attention`). allow_tf32: let float32
         GEMMs use TF32 tensor cores on the GPU (faster, about 1e-3 relative error; off by default).
+        cuda_graphs: replay repeated input shapes as CUDA graphs (see `Encoder.cuda_graphs`).
         """
+        _check_bool("cuda_graphs", cuda_graphs)
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"model path {str(path)!r} does not exist")
@@ -112,6 +115,7 @@ class Encoder:
         native = _C.Encoder(config, weights, f"{kind}:{index}" if kind == "cuda" else "cpu", dtype)
         del weights, tensors
         native.attention = attention
+        native.graphs = bool(cuda_graphs)
         if allow_tf32:
             native.set_allow_tf32(True)
         return cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
@@ -139,6 +143,28 @@ class Encoder:
     def attention_for(self, batch: int, seq: int) -> str:
         """The attention kernel the selector runs for this shape: "flash" or "unfused"."""
         return self._native.attention_for(batch, seq)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether repeated input shapes replay as CUDA graphs (on by default; GPU only).
+
+        The second forward of a (batch, seq) shape records the model's kernels as a CUDA graph; it
+        and every later forward of that shape launch the graph instead of ~7 kernels per layer,
+        which is most of a small batch's latency. Outputs are the same, bit for bit. Up to 32 shapes
+        are kept (least recently used first out); `recorded_shapes` says how many are held.
+        Setting False frees them. On the CPU it changes nothing.
+        """
+        return self._native.graphs
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, on: bool) -> None:
+        _check_bool("cuda_graphs", on)
+        self._native.graphs = bool(on)
+
+    @property
+    def recorded_shapes(self) -> int:
+        """How many input shapes have a recorded CUDA graph now (see `cuda_graphs`)."""
+        return self._native.recorded_shapes
 
     @property
     def workspace_bytes(self) -> int:
@@ -283,7 +309,12 @@ class Encoder:
         return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size)
 
 
-# ---- input conversion helpers ---------------------------------------------------------------
+# ---- argument and input conversion helpers --------------------------------------------------
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def _ndim_message(name: str, shape: tuple) -> str:
     hint = " (add a batch dimension, e.g. ids[None])" if len(shape) == 1 else ""
     return f"{name} must be 2-D [batch, seq], got shape {shape}{hint}"

@@ -90,6 +90,17 @@ def test_missing_model_path_is_named(tmp_path):
         ftbert.Encoder.from_pretrained(tmp_path)
 
 
+def test_cuda_graphs_must_be_a_bool(enc, tmp_path):
+    with pytest.raises(TypeError, match="cuda_graphs must be True or False, got 'yes'"):
+        enc.cuda_graphs = "yes"
+    assert enc.cuda_graphs is True
+    with pytest.raises(TypeError, match="cuda_graphs must be True or False, got 1"):
+        ftbert.Encoder.from_pretrained(tmp_path, cuda_graphs=1)
+    enc.cuda_graphs = False
+    assert enc.cuda_graphs is False
+    enc.cuda_graphs = True
+
+
 def test_forcing_flash_on_cpu_names_why(enc):
     with pytest.raises(RuntimeError, match="attention='flash' is not supported here"):
         enc.attention = "flash"

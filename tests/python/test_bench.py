@@ -102,10 +102,10 @@ def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_pat
 def test_engine_that_raises_is_recorded_and_the_sweep_goes_on(tiny, tmp_path, monkeypatch):
     real = bench_sweep.make_ftbert
 
-    def flaky(model, device, dtype, attention, allow_tf32):
+    def flaky(model, device, dtype, attention, *args):
         if attention == "unfused":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(model, device, dtype, attention, allow_tf32)
+        return real(model, device, dtype, attention, *args)
 
     monkeypatch.setattr(bench_sweep, "make_ftbert", flaky)
     out = tmp_path / "o"
@@ -236,6 +236,16 @@ def test_shipped_presets_parse(path):
     o = parse_options(["--preset", path.stem], cuda_available=True)
     assert o.preset == str(path) and o.description
     assert o.model in ("minilm", "bert-base") and o.batches and o.seqs
+
+
+def test_cuda_graphs_are_on_unless_turned_off(tiny, tmp_path):
+    assert parse_options([], cuda_available=True).cuda_graphs
+    assert not parse_options(["--no-cuda-graphs"], cuda_available=True).cuda_graphs
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "1", "--seq", "5", "--engines", "ftbert",
+                 "--no-cuda-graphs", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    assert doc["options"]["cuda_graphs"] is False
 
 
 def test_defaults_are_the_bert_serving_grid():

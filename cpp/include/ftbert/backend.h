@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,14 @@ enum class AttentionKind : int { kUnfused = 0, kFlash = 1 };
 inline const char* attention_kind_name(AttentionKind k) {
   return k == AttentionKind::kFlash ? "flash" : "unfused";
 }
+
+// Ops recorded once by Backend::record and replayed as one launch by Backend::replay (a CUDA
+// graph). A recording reads and writes the very buffers it was recorded with: it is valid only
+// while they live, and only for the sizes it was recorded at.
+class RecordedOps {
+ public:
+  virtual ~RecordedOps() = default;
+};
 
 class Backend {
  public:
@@ -48,6 +57,18 @@ class Backend {
   virtual uintptr_t stream() const { return 0; }
   // Allow TF32 tensor cores for float32 GEMMs (CUDA only; off by default for exact fp32 parity).
   virtual void set_allow_tf32(bool /*allow*/) {}
+
+  // ---- recording ------------------------------------------------------------------------------
+  // Records the ops `enqueue` issues, without running them, for replay() to run later as one
+  // launch: per-op launch costs are paid once instead of every time. Returns null where the
+  // backend does not record (the CPU; CUDA with FTBERT_CUDA_SYNC_DEBUG, which synchronizes after
+  // every launch); the caller then runs the ops itself.
+  virtual std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) {
+    (void)enqueue;
+    return nullptr;
+  }
+  // Runs a recording of this backend's, in order with the ops around it.
+  virtual void replay(const RecordedOps& ops);
 
   // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
   // C = alpha * op(A) · op(B) + beta * C, where op(X) = Xᵀ if trans_x.

@@ -26,7 +26,7 @@ DEFAULT_WARMUP = {"cuda": 10, "cpu": 2}
 # Keys a preset may set (the option names, with "-" spelt "_").
 PRESET_KEYS = (
     "description", "model", "device", "dtype", "batch", "seq", "attention", "engines", "compile",
-    "iters", "warmup", "varlen", "seed", "allow_tf32",
+    "iters", "warmup", "varlen", "seed", "allow_tf32", "no_cuda_graphs",
 )
 
 
@@ -55,6 +55,7 @@ class Options:
     preset: str | None = None
     description: str | None = None
     notes: list[str] = field(default_factory=list)
+    cuda_graphs: bool = True
 
     def iters_for(self, device: str) -> int:
         return self.iters if self.iters is not None else DEFAULT_ITERS[device.split(":")[0]]
@@ -68,8 +69,8 @@ class Options:
             "batches": self.batches, "seqs": self.seqs, "attentions": self.attentions,
             "engines": self.engines, "iters": {d: self.iters_for(d) for d in self.devices},
             "warmup": {d: self.warmup_for(d) for d in self.devices}, "varlen": self.varlen,
-            "seed": self.seed, "allow_tf32": self.allow_tf32, "breakdown": self.breakdown,
-            "preset": self.preset,
+            "seed": self.seed, "allow_tf32": self.allow_tf32, "cuda_graphs": self.cuda_graphs,
+            "breakdown": self.breakdown, "preset": self.preset,
         }
 
 
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random inputs (default 0)")
     p.add_argument("--allow-tf32", action="store_true", default=None, help="let float32 GEMMs use "
                    "TF32 in ftbert and torch (the float32 reference never does)")
+    p.add_argument("--no-cuda-graphs", action="store_true", default=None, help="run ftbert's "
+                   "forwards op by op instead of replaying each repeated shape as a CUDA graph")
     p.add_argument("--breakdown", action="store_true", help="per-op breakdown of one ftbert "
                    "configuration (the first batch, seq, dtype and attention) with torch.profiler; "
                    "needs a GPU")
@@ -248,5 +251,6 @@ def parse_options(argv: list[str], cuda_available: bool) -> Options:
         seed=seed, allow_tf32=bool(pick("allow_tf32")), breakdown=bool(ns.breakdown),
         out=Path(ns.out or "bench_results"), name=ns.name, quiet=bool(ns.quiet),
         preset=preset_path, description=preset.get("description"),
+        cuda_graphs=not pick("no_cuda_graphs"),
     )
     return opts

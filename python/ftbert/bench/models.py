@@ -107,7 +107,8 @@ def load_model(label: str, path: Path) -> Model:
 
 
 # ---- ftbert --------------------------------------------------------------------------------
-def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf32: bool):
+def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf32: bool,
+                cuda_graphs: bool = True):
     """A fresh ftbert Encoder from the already-read weights.
 
     Fresh per configuration on purpose: the engine's workspace only grows (to the largest batch x
@@ -122,6 +123,7 @@ def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf3
         ensure_cuda_libraries()
     native = _C.Encoder(model.config, model.host_weights, device, dtype)
     native.attention = attention
+    native.graphs = cuda_graphs
     if allow_tf32:
         native.set_allow_tf32(True)
     return Encoder(native, model.config, device, model.path)

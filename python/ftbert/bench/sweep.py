@@ -195,7 +195,7 @@ class Sweep:
                     if note not in o.notes:
                         o.notes.append(note)
                     return {"status": "skipped", "note": note}
-                runner = make_ftbert(self.model, device, dtype, attention, o.allow_tf32)
+                runner = make_ftbert(self.model, device, dtype, attention, o.allow_tf32, o.cuda_graphs)
                 res["kernel"] = runner.attention_for(batch, seq)
                 enc = runner
 

@@ -252,22 +252,28 @@ class Encoder:
         return EncoderOutput(hidden, pooled)
 
     def _check_device_values(self, ids, mask, types) -> None:
-        # Device inputs are checked here with torch (one small sync); the kernels clamp anyway, so
-        # a bad id can never read outside the tables.
+        # Device inputs are checked here with torch: a few reductions and one small read back (a
+        # sync); the kernels clamp anyway, so a bad id can never read outside the tables.
+        torch = _torch()
         c = self.config
         if ids.shape[1] > c["max_position_embeddings"]:
             raise ValueError(
                 f"sequence length {ids.shape[1]} exceeds max_position_embeddings {c['max_position_embeddings']}"
             )
-        bad_ids = (ids < 0) | (ids >= c["vocab_size"])
-        bad_types = (types < 0) | (types >= c["type_vocab_size"])
-        bad_mask = (mask != 0) & (mask != 1)
-        flags = _torch().stack([bad_ids.any(), bad_types.any(), bad_mask.any()]).tolist()
-        if flags[0]:
-            raise ValueError(f"input_ids holds values out of range for vocab_size {c['vocab_size']}")
-        if flags[1]:
-            raise ValueError(f"token_type_ids holds values out of range for type_vocab_size {c['type_vocab_size']}")
-        if flags[2]:
+        stats = [*torch.aminmax(ids), *torch.aminmax(types)]
+        if mask.is_floating_point():
+            stats.append(((mask != 0) & (mask != 1)).any())
+        elif mask.dtype != torch.bool:
+            lo, hi = torch.aminmax(mask)
+            stats.append((lo < 0) | (hi > 1))
+        ids_lo, ids_hi, types_lo, types_hi, *mask_bad = torch.stack(stats).tolist()
+        for name, lo, hi, size in (("input_ids", ids_lo, ids_hi, c["vocab_size"]),
+                                   ("token_type_ids", types_lo, types_hi, c["type_vocab_size"])):
+            if lo < 0 or hi >= size:
+                bad = lo if lo < 0 else hi
+                limit = "vocab_size" if name == "input_ids" else "type_vocab_size"
+                raise ValueError(f"{name} holds {int(bad)}, out of range for {limit} {size}")
+        if mask_bad and mask_bad[0]:
             raise ValueError("attention_mask must hold only 0 and 1")
 
     # ---- text ------------------------------------------------------------------------------

@@ -185,11 +185,23 @@ def test_runs_on_torch_current_stream(hf_dir, rng):
 def test_bad_device_inputs_raise(hf_dir):
     path, model = hf_dir
     enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
-    ids = torch.full((2, 4), model.config.vocab_size, device="cuda")
-    with pytest.raises(ValueError, match="out of range"):
+    V = model.config.vocab_size
+    ids = torch.full((2, 4), V, device="cuda")
+    with pytest.raises(ValueError, match=f"input_ids holds {V}, out of range for vocab_size {V}"):
         enc(ids)
+    with pytest.raises(ValueError, match="input_ids holds -3, out of range"):
+        enc(torch.tensor([[1, -3, 2]], device="cuda", dtype=torch.int32))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         enc(torch.zeros((1, 513), dtype=torch.long, device="cuda"))
+    ok = torch.ones((2, 4), dtype=torch.long, device="cuda")
+    with pytest.raises(ValueError, match="token_type_ids holds 2, out of range for type_vocab_size 2"):
+        enc(ok, ok, ok * 2)
+    for bad_mask in (ok * 2, ok - 2, ok * 0.5):
+        with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+            enc(ok, bad_mask)
+    ref = enc(ok, ok).last_hidden_state
+    for good_mask in (ok.bool(), ok.float(), ok.to(torch.int8)):
+        assert torch.equal(enc(ok, good_mask).last_hidden_state, ref)
 
 
 def _minilm_path():
@@ -225,3 +237,17 @@ def test_minilm_matches_sentence_transformers(dtype, attention):
     ours = enc.encode(SENTENCES)
     cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
     assert cos.min() >= 0.9999, cos
+
+
+def test_minilm_encode_replays_graphs_across_batches():
+    # encode pads GPU batches to a multiple of 16 tokens, so batches and repeated calls share
+    # shapes and replay their CUDA graphs; the embeddings equal those computed op by op.
+    path = _minilm_path()
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    plain = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16", cuda_graphs=False)
+    texts = [SENTENCES[i % 5] + " and more" * (i % 4) for i in range(48)]
+    ref = plain.encode(texts, batch_size=8)
+    first, second = enc.encode(texts, batch_size=8), enc.encode(texts, batch_size=8)
+    assert enc.recorded_shapes >= 1 and plain.recorded_shapes == 0
+    np.testing.assert_array_equal(first, ref)
+    np.testing.assert_array_equal(second, ref)

@@ -124,3 +124,24 @@ def test_float_mask_of_zeros_and_ones_is_accepted_like_transformers(enc):
     np.testing.assert_array_equal(a, b)
     with pytest.raises(TypeError, match="must hold integers"):
         enc(ids, mask * 0.5)
+
+
+@pytest.mark.parametrize(
+    "ids,types,mask,match",
+    [
+        ([[1, 50, 2]], None, None, "input_ids holds 50, out of range for vocab_size 50"),
+        ([[1, -4, 2]], None, None, "input_ids holds -4, out of range for vocab_size 50"),
+        ([[1, 2, 3]], [[0, 2, 0]], None, "token_type_ids holds 2, out of range for type_vocab_size 2"),
+        ([[1, 2, 3]], None, [[1, 2, 0]], "attention_mask must hold only 0 and 1"),
+        ([[1, 2, 3]], None, [[1.0, 0.5, 0.0]], "attention_mask must hold only 0 and 1"),
+    ],
+)
+def test_device_input_check_names_the_bad_value(enc, ids, types, mask, match):
+    # The check torch CUDA inputs get (one read back instead of a host copy); its logic is
+    # device-independent, so it is exercised here on CPU tensors.
+    ids = torch.tensor(ids)
+    types = torch.zeros_like(ids) if types is None else torch.tensor(types)
+    mask = torch.ones_like(ids) if mask is None else torch.tensor(mask)
+    with pytest.raises(ValueError, match=match):
+        enc._check_device_values(ids, mask, types)
+    enc._check_device_values(torch.ones_like(ids), torch.ones_like(ids).bool(), torch.zeros_like(ids))

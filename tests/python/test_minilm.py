@@ -71,3 +71,31 @@ def test_default_pooling_follows_sentence_transformers_config(tmp_path, content,
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(content))
     assert default_pooling(tmp_path) == expected
     assert default_pooling(tmp_path / "elsewhere") == "mean"
+
+
+def test_gpu_batches_pad_to_a_bucket_without_changing_embeddings(model_path):
+    # encode pads GPU batches to a multiple of SEQ_BUCKET tokens (so CUDA graphs replay across
+    # batches); the padding is masked, so on the CPU backend the embeddings must not move.
+    import torch
+
+    from ftbert.text import SEQ_BUCKET, _pad_to_bucket
+
+    enc = ftbert.Encoder.from_pretrained(model_path)
+    batch = enc.tokenizer(SENTENCES[:4], padding=True, return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    types = batch["token_type_ids"]
+    p_ids, p_mask, p_types = _pad_to_bucket(ids, mask, types, enc)
+    seq = ids.shape[1]
+    assert p_ids.shape[1] % SEQ_BUCKET == 0 and seq < p_ids.shape[1] < seq + SEQ_BUCKET
+    assert torch.equal(p_ids[:, :seq], ids) and not p_mask[:, seq:].any() and not p_types[:, seq:].any()
+    a, b = enc(ids, mask, types), enc(p_ids, p_mask, p_types)
+    np.testing.assert_allclose(b.last_hidden_state[:, :seq][mask.bool()], a.last_hidden_state[mask.bool()],
+                               atol=1e-5)
+    # Never past the position table.
+    from types import SimpleNamespace
+
+    small = SimpleNamespace(config={"max_position_embeddings": 500}, tokenizer=SimpleNamespace(pad_token_id=0))
+    x = torch.ones((1, 497), dtype=torch.long)
+    assert _pad_to_bucket(x, x, x, small)[0].shape[1] == 500
+    x = torch.ones((1, 500), dtype=torch.long)
+    assert _pad_to_bucket(x, x, x, small)[0].shape[1] == 500

@@ -4,7 +4,6 @@ of the per-op breakdown. No timing is asserted, only that times were taken and r
 
 import csv
 import json
-from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -14,7 +13,7 @@ import torch
 import ftbert
 import ftbert.bench.sweep as bench_sweep
 from ftbert.bench import main
-from ftbert.bench.args import BenchError, parse_options
+from ftbert.bench.args import SHIPPED_PRESETS, BenchError, parse_options
 from ftbert.bench.breakdown import aggregate, classify, label_in_order, short_name
 from ftbert.bench.models import load_model, make_hf
 from ftbert.bench.report import FIELDS
@@ -23,7 +22,6 @@ from ftbert.bench.timing import summarize
 from tests._models import make_bert
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-REPO = Path(__file__).resolve().parents[2]
 ATTENTIONS = ("unfused", "flash", "auto")
 ENGINES = [f"ftbert-{a}" for a in ATTENTIONS] + ["hf-eager", "hf-sdpa"]
 
@@ -231,9 +229,13 @@ def test_preset_fills_what_the_command_line_leaves_out(tmp_path):
         parse_options(["--preset", str(preset)], cuda_available=False)
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "benchmarks" / "presets").glob("*.json")), ids=lambda p: p.stem)
-def test_shipped_presets_parse(path):
-    o = parse_options(["--preset", path.stem], cuda_available=True)
+@pytest.mark.parametrize("name", ["serving", "minilm", "varlen", "compile", "quick", "cpu"])
+def test_shipped_presets_parse(name, tmp_path, monkeypatch):
+    # Found in the installed package, from any working directory.
+    monkeypatch.chdir(tmp_path)
+    path = SHIPPED_PRESETS / f"{name}.json"
+    assert path.is_file()
+    o = parse_options(["--preset", name], cuda_available=True)
     assert o.preset == str(path) and o.description
     assert o.model in ("minilm", "bert-base") and o.batches and o.seqs
 

@@ -2,7 +2,7 @@
 
     ftbert bench                                   # bundled MiniLM, default grid, GPU if there is one
     ftbert bench --model bert-base --dtype float16 --batch 1,8,32 --seq 128,512
-    ftbert bench --preset serving                  # benchmarks/presets/serving.json
+    ftbert bench --preset serving                  # ftbert/bench/presets/serving.json
     ftbert bench --model bert-base --breakdown --dtype float16 --batch 32 --seq 128
 
 Modules: args (options, presets), models (checkpoint, ftbert and the transformers peers), timing,

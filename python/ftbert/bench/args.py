@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Defaults are None so that a preset's value can fill what the command line leaves out.
     p.add_argument("--model", help="minilm (the bundled all-MiniLM-L6-v2, default), bert-base (random "
                    "BERT-base, fixed seed) or a HuggingFace / ftbert-converted checkpoint directory")
-    p.add_argument("--preset", help="a preset name (benchmarks/presets/NAME.json) or a JSON file path")
+    p.add_argument("--preset", help="a preset name (shipped: serving, minilm, varlen, compile, "
+                   "quick, cpu; or ./benchmarks/presets/NAME.json) or a JSON file path")
     p.add_argument("--device", nargs="+", help="cuda, cuda:N and/or cpu (default: cuda when there is "
                    "a GPU and a CUDA build, else cpu)")
     p.add_argument("--dtype", nargs="+", help="float32, float16, bfloat16 (default: all three on the "
@@ -167,13 +168,15 @@ def _devices(values) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+# The presets that ship with the package (installed beside this file).
+SHIPPED_PRESETS = Path(__file__).resolve().parent / "presets"
+
+
 def preset_dirs() -> list[Path]:
-    """Where preset names are looked up: ./benchmarks/presets, then the source checkout's."""
+    """Where preset names are looked up: ./benchmarks/presets (your own), then the shipped ones."""
     dirs = [Path.cwd() / "benchmarks" / "presets"]
-    # python/ftbert/bench/args.py -> the repository root when running from a checkout.
-    repo = Path(__file__).resolve().parents[3] / "benchmarks" / "presets"
-    if repo not in dirs:
-        dirs.append(repo)
+    if SHIPPED_PRESETS not in dirs:
+        dirs.append(SHIPPED_PRESETS)
     return dirs
 
 

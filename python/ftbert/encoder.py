@@ -268,12 +268,10 @@ class Encoder:
             lo, hi = torch.aminmax(mask)
             stats.append((lo < 0) | (hi > 1))
         ids_lo, ids_hi, types_lo, types_hi, *mask_bad = torch.stack(stats).tolist()
-        for name, lo, hi, size in (("input_ids", ids_lo, ids_hi, c["vocab_size"]),
-                                   ("token_type_ids", types_lo, types_hi, c["type_vocab_size"])):
-            if lo < 0 or hi >= size:
-                bad = lo if lo < 0 else hi
-                limit = "vocab_size" if name == "input_ids" else "type_vocab_size"
-                raise ValueError(f"{name} holds {int(bad)}, out of range for {limit} {size}")
+        for name, lo, hi, limit in (("input_ids", ids_lo, ids_hi, "vocab_size"),
+                                    ("token_type_ids", types_lo, types_hi, "type_vocab_size")):
+            if lo < 0 or hi >= c[limit]:
+                raise ValueError(f"{name} holds {int(lo if lo < 0 else hi)}, out of range for {limit} {c[limit]}")
         if mask_bad and mask_bad[0]:
             raise ValueError("attention_mask must hold only 0 and 1")
 

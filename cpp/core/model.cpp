@@ -1,0 +1,60 @@
+// The BERT encoder's math over the Backend ops. No backend-specific code and no run-time state
+// (buffers, recordings, locks) lives here.
+#include "ftbert/model.h"
+
+#include "ftbert/attention.h"
+#include "ftbert/check.h"
+
+namespace ftbert {
+
+Model::Model(const ModelConfig& config, const HostWeights& weights, Backend* backend,
+             DType compute)
+    : config_(config), dtype_(compute) {
+  config_.validate();
+  FTBERT_CHECK(backend->supports_dtype(compute),
+               "the " << backend->name() << " backend does not compute in " << dtype_name(compute)
+                      << (backend->name() == "cpu" ? " (the CPU backend is float32 only)" : ""));
+  weights_ = upload_weights(backend, config_, weights, compute);
+}
+
+void Model::forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* mask,
+                    const int32_t* types, int B, int S, AttentionKind attention,
+                    bool pool) const {
+  const ModelWeights& w = weights_;
+  const int H = config_.hidden_size;
+  be.embed_layernorm(dtype_, ids, types, w.word_embeddings.data(), w.position_embeddings.data(),
+                     w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
+                     act.hidden, B, S, H, config_.vocab_size, config_.type_vocab_size,
+                     config_.layer_norm_eps);
+  for (const LayerWeights& l : w.layers) layer(be, act, l, mask, B, S, attention);
+  if (pool) {
+    be.pooler(dtype_, act.hidden, w.pooler_weight.data(), w.pooler_bias.data(), act.pooled, B, S,
+              H);
+  }
+}
+
+void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
+                  const int32_t* mask, int B, int S, AttentionKind attention) const {
+  const DType dt = dtype_;
+  const int M = B * S, H = config_.hidden_size, I = config_.intermediate_size;
+  const float eps = config_.layer_norm_eps;
+
+  // qkv [M, 3H] = hidden [M, H] · Wqkv [H, 3H]   (bias added inside attention)
+  be.gemm(dt, false, false, M, 3 * H, H, act.hidden, H, w.qkv_weight.data(), 3 * H, act.qkv,
+          3 * H);
+  run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), mask, act.ctx,
+                act.attention_scratch, B, S, config_.num_heads, config_.head_dim());
+  // hidden2 = LN(ctx · Wo + bo + hidden)
+  be.gemm(dt, false, false, M, H, H, act.ctx, H, w.attn_out_weight.data(), H, act.hidden2, H);
+  be.add_bias_residual_layernorm(dt, act.hidden2, act.hidden, w.attn_out_bias.data(),
+                                 w.attn_ln_gamma.data(), w.attn_ln_beta.data(), M, H, eps);
+  // inter = act(hidden2 · W1 + b1)
+  be.gemm(dt, false, false, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), I, act.inter, I);
+  be.add_bias_activation(dt, act.inter, w.ffn_in_bias.data(), M, I, config_.activation);
+  // hidden = LN(inter · W2 + b2 + hidden2)
+  be.gemm(dt, false, false, M, H, I, act.inter, I, w.ffn_out_weight.data(), H, act.hidden, H);
+  be.add_bias_residual_layernorm(dt, act.hidden, act.hidden2, w.ffn_out_bias.data(),
+                                 w.ffn_ln_gamma.data(), w.ffn_ln_beta.data(), M, H, eps);
+}
+
+}  // namespace ftbert

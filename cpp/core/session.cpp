@@ -1,0 +1,171 @@
+// The run-time side of a forward: workspace growth, recordings of repeated shapes, input staging
+// and output copies, on the session's backend. The math is Model::forward.
+#include "ftbert/session.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "ftbert/attention.h"
+#include "ftbert/check.h"
+
+namespace ftbert {
+
+Session::Session(const Model& model, Backend* backend, std::unique_ptr<Backend> owned)
+    : model_(model), owned_backend_(std::move(owned)), backend_(backend) {}
+
+Session::~Session() {
+  // Work may still be queued on the stream that reads the buffers freed below.
+  try {
+    backend_->synchronize();
+  } catch (...) {
+  }
+}
+
+size_t Session::workspace_bytes() const {
+  return ids_.bytes() + mask_.bytes() + types_.bytes() + hidden_.bytes() + hidden2_.bytes() +
+         qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() +
+         attention_scratch_.bytes();
+}
+
+void Session::drop_recordings() {
+  backend_->synchronize();  // a replay may still be running
+  recordings_.clear();
+  seen_once_.clear();
+}
+
+Activations Session::activations() const {
+  Activations a;
+  a.hidden = hidden_.data();
+  a.hidden2 = hidden2_.data();
+  a.qkv = qkv_.data();
+  a.ctx = ctx_.data();
+  a.inter = inter_.data();
+  a.pooled = pooled_.data();
+  a.attention_scratch = attention_scratch_.data();
+  return a;
+}
+
+const RecordedOps* Session::recording_for(const ShapeKey& key,
+                                          const std::function<void()>& enqueue) {
+  if (!backend_records_) return nullptr;
+  ++forwards_;
+  if (auto it = recordings_.find(key); it != recordings_.end()) {
+    it->second.last_use = forwards_;
+    return it->second.ops.get();
+  }
+  // A shape seen once may never come back (e.g. sorted text batches): record from the second
+  // time on. The first run, op by op, also does one-time setup (kernel attributes, cuBLAS
+  // heuristics) outside any recording.
+  if (seen_once_.insert(key).second) {
+    if (seen_once_.size() > 64 * kMaxRecordings) seen_once_ = {key};
+    return nullptr;
+  }
+  std::unique_ptr<RecordedOps> ops;
+  try {
+    ops = backend_->record(enqueue);
+  } catch (const Error& e) {
+    FTBERT_FAIL("recording the forward for replay (CUDA graph) failed: "
+                << e.what() << "; cuda_graphs=False runs the forward op by op");
+  }
+  if (!ops) {
+    backend_records_ = false;
+    return nullptr;
+  }
+  if (recordings_.size() >= kMaxRecordings) {
+    auto lru = std::min_element(recordings_.begin(), recordings_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_use < b.second.last_use;
+    });
+    recordings_.erase(lru);
+  }
+  Recording& r = recordings_[key];
+  r.ops = std::move(ops);
+  r.last_use = forwards_;
+  return r.ops.get();
+}
+
+void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
+  const ModelConfig& c = model_.config();
+  const int64_t tokens = static_cast<int64_t>(batch) * seq;
+  const size_t es = dtype_size(model_.dtype());
+  const size_t H = c.hidden_size, I = c.intermediate_size;
+  Backend* b = backend_;
+  // Growing frees buffers that queued work and the recordings still use: wait, then drop them.
+  if (batch > capacity_batch_) {  // the pooler's rows: more sequences of fewer tokens
+    drop_recordings();
+    pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
+    capacity_batch_ = batch;
+  }
+  if (tokens > capacity_tokens_) {
+    drop_recordings();
+    ids_ = DeviceBuffer(b, tokens * sizeof(int32_t));
+    mask_ = DeviceBuffer(b, tokens * sizeof(int32_t));
+    types_ = DeviceBuffer(b, tokens * sizeof(int32_t));
+    hidden_ = DeviceBuffer(b, tokens * H * es);
+    hidden2_ = DeviceBuffer(b, tokens * H * es);
+    qkv_ = DeviceBuffer(b, tokens * 3 * H * es);
+    ctx_ = DeviceBuffer(b, tokens * H * es);
+    inter_ = DeviceBuffer(b, tokens * I * es);
+    capacity_tokens_ = tokens;
+  }
+  if (attention_bytes > attention_scratch_.bytes()) {
+    drop_recordings();
+    attention_scratch_ = DeviceBuffer(b, attention_bytes);
+  }
+}
+
+void Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs) {
+  const ModelConfig& c = model_.config();
+  const int B = a.batch, S = a.seq, H = c.hidden_size;
+  const int64_t M = static_cast<int64_t>(B) * S;
+  if (a.stream) backend_->set_stream(*a.stream);
+
+  ensure_workspace(B, S, attention_workspace_bytes(attention, model_.dtype(), B, S, c.num_heads,
+                                                   c.head_dim()));
+  const bool pool = c.has_pooler && a.pooler_output != nullptr;
+  const Activations act = activations();
+
+  // A recording reads the inputs from the session's buffers; op by op, device inputs are read
+  // where they are.
+  int32_t *own_ids = ids_.as<int32_t>(), *own_mask = mask_.as<int32_t>(),
+          *own_types = types_.as<int32_t>();
+  const RecordedOps* recording =
+      graphs ? recording_for({B, S, attention, pool},
+                             [&] {
+                               model_.forward(*backend_, act, own_ids, own_mask, own_types, B, S,
+                                              attention, pool);
+                             })
+             : nullptr;
+  const int32_t *ids = a.input_ids, *mask = a.attention_mask, *types = a.token_type_ids;
+  if (!a.inputs_on_device || recording != nullptr) {
+    const size_t bytes = M * sizeof(int32_t);
+    if (a.inputs_on_device) {
+      backend_->copy_on_device(own_ids, ids, bytes);
+      backend_->copy_on_device(own_mask, mask, bytes);
+      backend_->copy_on_device(own_types, types, bytes);
+    } else {
+      backend_->copy_to_device(own_ids, ids, bytes);
+      backend_->copy_to_device(own_mask, mask, bytes);
+      backend_->copy_to_device(own_types, types, bytes);
+    }
+    ids = own_ids;
+    mask = own_mask;
+    types = own_types;
+  }
+  if (recording != nullptr) {
+    backend_->replay(*recording);
+  } else {
+    model_.forward(*backend_, act, ids, mask, types, B, S, attention, pool);
+  }
+
+  const size_t es = dtype_size(model_.dtype());
+  if (a.outputs_on_device) {
+    backend_->copy_on_device(a.last_hidden_state, hidden_.data(), M * H * es);
+    if (pool) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);
+  } else {
+    backend_->copy_to_host(a.last_hidden_state, hidden_.data(), M * H * es);
+    if (pool) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
+    backend_->synchronize();
+  }
+}
+
+}  // namespace ftbert

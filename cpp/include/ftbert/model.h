@@ -1,0 +1,56 @@
+// The BERT encoder's math, written once over the Backend ops:
+//   embeddings+LN -> L x [QKV GEMM -> attention -> out GEMM -> bias+residual+LN
+//                         -> FFN GEMM -> bias+act -> FFN GEMM -> bias+residual+LN] -> pooler
+// A Model holds the weights and nothing that changes per call; it is read-only after
+// construction, so any number of sessions (cpp/core/session.h) run it at once on their own
+// buffers. Buffers, recordings, locks and streams are the session's business.
+#pragma once
+
+#include <cstdint>
+
+#include "ftbert/backend.h"
+#include "ftbert/config.h"
+#include "ftbert/weights.h"
+
+namespace ftbert {
+
+// The activation buffers of one forward, in the compute dtype unless noted; sized by the caller
+// for at least [B, S] tokens and B sequences.
+struct Activations {
+  void* hidden = nullptr;             // [B, S, H]  input of a layer and its output
+  void* hidden2 = nullptr;            // [B, S, H]  after attention
+  void* qkv = nullptr;                // [B, S, 3H]
+  void* ctx = nullptr;                // [B, S, H]
+  void* inter = nullptr;              // [B, S, I]
+  void* pooled = nullptr;             // [B, H]
+  void* attention_scratch = nullptr;  // attention_workspace_bytes(...)
+};
+
+class Model {
+ public:
+  // Checks the config and every weight, and uploads the weights through `backend` (which must
+  // outlive the model) in the `compute` dtype.
+  Model(const ModelConfig& config, const HostWeights& weights, Backend* backend, DType compute);
+
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+
+  // Enqueues embeddings, layers and (when `pool`) the pooler on `be`, from device ids, mask and
+  // token types into act.hidden (and act.pooled).
+  void forward(Backend& be, const Activations& act,
+               const int32_t* ids,    // [B, S]
+               const int32_t* mask,   // [B, S] 1/0
+               const int32_t* types,  // [B, S]
+               int batch, int seq, AttentionKind attention, bool pool) const;
+
+ private:
+  // One post-LN layer; reads and leaves the layer's input/output in act.hidden.
+  void layer(Backend& be, const Activations& act, const LayerWeights& w, const int32_t* mask,
+             int batch, int seq, AttentionKind attention) const;
+
+  ModelConfig config_;
+  DType dtype_;
+  ModelWeights weights_;
+};
+
+}  // namespace ftbert

@@ -1,0 +1,102 @@
+// A session runs the model at run time: it owns what one forward needs besides the weights —
+// the activation workspace, the recordings (CUDA graphs) of repeated shapes, input staging and
+// output copies — and the backend (stream, cuBLAS handle) its work is enqueued on. One forward
+// runs in a session at a time; the Encoder (encoder.h) hands sessions to callers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "ftbert/backend.h"
+#include "ftbert/model.h"
+#include "ftbert/weights.h"
+
+namespace ftbert {
+
+// One forward's inputs and outputs. All pointers are host memory unless the matching *_on_device
+// flag says they are the backend's memory (e.g. torch CUDA tensors).
+struct ForwardArgs {
+  const int32_t* input_ids = nullptr;       // [B, S]
+  const int32_t* attention_mask = nullptr;  // [B, S] 1/0
+  const int32_t* token_type_ids = nullptr;  // [B, S]
+  int batch = 0;
+  int seq = 0;
+  bool inputs_on_device = false;
+  void* last_hidden_state = nullptr;        // [B, S, H] in the compute dtype
+  void* pooler_output = nullptr;            // [B, H] in the compute dtype, or null
+  bool outputs_on_device = false;
+  // The caller's stream (Backend::set_stream): the inputs are read and the outputs written in
+  // its order. Unset: the session's own stream, and the call returns once outputs are written.
+  std::optional<uintptr_t> stream;
+};
+
+class Session {
+ public:
+  // Work is enqueued on `backend`, which must outlive the session; `owned`, when given, is that
+  // backend and dies with the session.
+  Session(const Model& model, Backend* backend, std::unique_ptr<Backend> owned = nullptr);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs one forward of checked inputs. Host outputs are written when it returns; device
+  // outputs are enqueued on the caller's stream. Not reentrant: the caller holds the session.
+  void forward(const ForwardArgs& args, AttentionKind attention, bool graphs);
+
+  Backend& backend() { return *backend_; }
+  // Bytes of activation workspace held (grows to the largest batch x seq seen, then stays).
+  size_t workspace_bytes() const;
+  size_t recorded_shapes() const { return recordings_.size(); }
+  // Waits for queued work, then frees the recordings (and forgets the shapes seen once).
+  void drop_recordings();
+
+  static constexpr size_t kMaxRecordings = 32;
+
+ private:
+  // What a recording is specific to, besides the buffers.
+  struct ShapeKey {
+    int batch, seq;
+    AttentionKind attention;
+    bool pool;
+    bool operator<(const ShapeKey& o) const {
+      return std::tie(batch, seq, attention, pool) < std::tie(o.batch, o.seq, o.attention, o.pool);
+    }
+  };
+  struct Recording {
+    std::unique_ptr<RecordedOps> ops;
+    uint64_t last_use = 0;
+  };
+  // The recording for `key`: the held one, or a new one of `enqueue` on the key's second
+  // forward; null when the forward should run op by op.
+  const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue);
+  void ensure_workspace(int batch, int seq, size_t attention_bytes);
+  Activations activations() const;
+
+  const Model& model_;
+  std::unique_ptr<Backend> owned_backend_;
+  Backend* backend_;
+
+  bool backend_records_ = true;  // false once the backend declined to record
+  std::map<ShapeKey, Recording> recordings_;
+  std::set<ShapeKey> seen_once_;  // shapes run once, op by op
+  uint64_t forwards_ = 0;         // the clock of Recording::last_use
+
+  // Workspace, sized for the largest B*S and the largest B seen (attention scratch: the
+  // largest it needed).
+  int64_t capacity_tokens_ = 0;
+  int capacity_batch_ = 0;
+  DeviceBuffer ids_, mask_, types_;   // [B, S] int32
+  DeviceBuffer hidden_, hidden2_;     // [B, S, H]
+  DeviceBuffer qkv_;                  // [B, S, 3H]
+  DeviceBuffer ctx_;                  // [B, S, H]
+  DeviceBuffer inter_;                // [B, S, I]
+  DeviceBuffer pooled_;               // [B, H]
+  DeviceBuffer attention_scratch_;    // run_attention's workspace (unfused: q, k, v, scores)
+};
+
+}  // namespace ftbert

@@ -80,7 +80,9 @@ void register_encoder(py::module_& m) {
       .def_property_readonly("device_name",
                              [](const Encoder& e) { return e.backend().device_name(); })
       .def_property_readonly("dtype", [](const Encoder& e) { return std::string(dtype_name(e.dtype())); })
-      .def_property_readonly("workspace_bytes", &Encoder::workspace_bytes)
+      .def_property_readonly("workspace_bytes",
+                             py::cpp_function(&Encoder::workspace_bytes,
+                                              py::call_guard<py::gil_scoped_release>()))
       .def_property(
           "attention",
           [](const Encoder& e) { return std::string(attention_mode_name(e.attention_mode())); },
@@ -90,9 +92,16 @@ void register_encoder(py::module_& m) {
       .def("attention_for", [](const Encoder& e, int batch, int seq) {
         return std::string(attention_kind_name(e.attention_for(batch, seq)));
       })
-      .def("set_allow_tf32", &Encoder::set_allow_tf32)
-      .def_property("graphs", &Encoder::graphs, &Encoder::set_graphs)
-      .def_property_readonly("recorded_shapes", &Encoder::recorded_shapes)
+      // These wait for the forwards running in the sessions they touch: without the GIL.
+      .def("set_allow_tf32", &Encoder::set_allow_tf32, py::call_guard<py::gil_scoped_release>())
+      .def_property("graphs", &Encoder::graphs,
+                    py::cpp_function(&Encoder::set_graphs, py::call_guard<py::gil_scoped_release>()))
+      .def_property("concurrency", &Encoder::concurrency,
+                    py::cpp_function(&Encoder::set_concurrency,
+                                     py::call_guard<py::gil_scoped_release>()))
+      .def_property_readonly("recorded_shapes",
+                             py::cpp_function(&Encoder::recorded_shapes,
+                                              py::call_guard<py::gil_scoped_release>()))
       // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to view).
       .def("forward_host",
            [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types) {

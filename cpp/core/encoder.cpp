@@ -1,5 +1,5 @@
-// The Encoder: checks a forward's inputs, picks the attention kernel, and runs the forward in its
-// session. No backend-specific code lives here.
+// The Encoder: checks a forward's inputs, picks the attention kernel, and runs the forward in a
+// session of its pool. No backend-specific code lives here.
 #include "ftbert/encoder.h"
 
 #include "ftbert/check.h"
@@ -7,13 +7,16 @@
 namespace ftbert {
 
 Encoder::Encoder(const ModelConfig& config, const HostWeights& weights, const std::string& device,
-                 DType compute) {
+                 DType compute)
+    : device_(device) {
   backend_ = create_backend(device);
   model_ = std::make_unique<Model>(config, weights, backend_.get(), compute);
-  session_ = std::make_unique<Session>(*model_, backend_.get());
 }
 
-Encoder::~Encoder() = default;
+Encoder::~Encoder() {
+  // Sessions first: they synchronize their streams, and slot 0 runs on backend_.
+  for (auto& slot : slots_) slot->session.reset();
+}
 
 void Encoder::set_attention(AttentionMode mode) {
   // Forcing flash where it cannot run fails now, not at the next forward.
@@ -25,27 +28,110 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
   return select_attention(attention_mode_, *backend_, dtype(), config().head_dim(), batch, seq);
 }
 
+// ---- the session pool ---------------------------------------------------------------------------
+
+std::vector<Encoder::Slot*> Encoder::slots() const {
+  std::lock_guard<std::mutex> lock(pool_mutex_);
+  std::vector<Slot*> out;
+  for (const auto& s : slots_) out.push_back(s.get());
+  return out;
+}
+
+Encoder::Slot& Encoder::acquire(uintptr_t stream) {
+  std::unique_lock<std::mutex> lock(pool_mutex_);
+  for (;;) {
+    const size_t usable = std::min<size_t>(slots_.size(), concurrency_);
+    Slot* pick = nullptr;
+    for (size_t i = 0; i < usable; ++i) {
+      Slot& s = *slots_[i];
+      if (s.busy) continue;
+      // The same stream needs no cross-stream wait, and a session that exists has its buffers
+      // and recordings already.
+      if (s.session && s.last_stream == stream) {
+        pick = &s;
+        break;
+      }
+      if (pick == nullptr || (!pick->session && s.session)) pick = &s;
+    }
+    if (pick == nullptr && slots_.size() < static_cast<size_t>(concurrency_)) {
+      slots_.push_back(std::make_unique<Slot>(slots_.size()));
+      pick = slots_.back().get();
+    }
+    if (pick != nullptr) {
+      pick->busy = true;
+      return *pick;
+    }
+    slot_freed_.wait(lock);
+  }
+}
+
+void Encoder::release(Slot& slot, uintptr_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    slot.busy = false;
+    slot.last_stream = stream;
+  }
+  slot_freed_.notify_one();
+}
+
+void Encoder::set_concurrency(int sessions) {
+  FTBERT_CHECK_INPUT(sessions >= 1 && sessions <= kMaxConcurrency,
+                     "concurrency must be between 1 and " << kMaxConcurrency << ", got "
+                                                          << sessions);
+  std::vector<Slot*> trim;
+  {
+    std::lock_guard<std::mutex> lock(pool_mutex_);
+    concurrency_ = sessions;
+    for (size_t i = sessions; i < slots_.size(); ++i) trim.push_back(slots_[i].get());
+  }
+  slot_freed_.notify_all();
+  // Slots past the count get no new forwards; wait for the one running in each, then free it.
+  for (Slot* s : trim) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    s->session.reset();
+  }
+}
+
+// ---- settings that reach every session ---------------------------------------------------------
+
 void Encoder::set_graphs(bool on) {
-  std::lock_guard<std::mutex> lock(mutex_);
   graphs_ = on;
-  if (!on) session_->drop_recordings();
+  if (on) return;
+  for (Slot* s : slots()) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->session) s->session->drop_recordings();
+  }
 }
 
 size_t Encoder::recorded_shapes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return session_->recorded_shapes();
+  size_t n = 0;
+  for (Slot* s : slots()) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->session) n += s->session->recorded_shapes();
+  }
+  return n;
 }
 
 size_t Encoder::workspace_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return session_->workspace_bytes();
+  size_t n = 0;
+  for (Slot* s : slots()) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->session) n += s->session->workspace_bytes();
+  }
+  return n;
 }
 
 void Encoder::set_allow_tf32(bool allow) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  session_->drop_recordings();
-  session_->backend().set_allow_tf32(allow);
+  allow_tf32_ = allow;
+  for (Slot* s : slots()) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (!s->session) continue;
+    s->session->drop_recordings();
+    s->session->backend().set_allow_tf32(allow);
+  }
 }
+
+// ---- forward ------------------------------------------------------------------------------------
 
 void Encoder::validate(const ForwardArgs& a) const {
   FTBERT_CHECK_INPUT(a.batch > 0, "empty batch: batch size must be at least 1");
@@ -79,11 +165,31 @@ void Encoder::validate_host_inputs(const ForwardArgs& a) const {
   }
 }
 
-void Encoder::forward(const ForwardArgs& a) {
-  validate(a);
-  const AttentionKind attention = attention_for(a.batch, a.seq);
-  std::lock_guard<std::mutex> lock(mutex_);
-  session_->forward(a, attention, graphs_);
+void Encoder::forward(const ForwardArgs& args) {
+  validate(args);
+  const AttentionKind attention = attention_for(args.batch, args.seq);
+  const uintptr_t stream = args.stream.value_or(0);
+  Slot& slot = acquire(stream);
+  try {
+    std::lock_guard<std::mutex> lock(slot.mutex);
+    if (!slot.session) {
+      // Slot 0 runs on the backend that holds the weights; the others get a backend (stream,
+      // cuBLAS handle) of their own, so that their work can overlap.
+      const bool first = slot.index == 0;
+      std::unique_ptr<Backend> own = first ? nullptr : create_backend(device_);
+      Backend* be = first ? backend_.get() : own.get();
+      be->set_allow_tf32(allow_tf32_);
+      slot.session = std::make_unique<Session>(*model_, be, std::move(own));
+    }
+    ForwardArgs a = args;
+    // Host callers name no stream: the session's own one keeps them apart from each other.
+    if (!a.stream) a.stream = slot.session->backend().own_stream();
+    slot.session->forward(a, attention, graphs_);
+  } catch (...) {
+    release(slot, stream);
+    throw;
+  }
+  release(slot, stream);
 }
 
 }  // namespace ftbert

@@ -79,6 +79,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   try {
     FTBERT_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
     stream_ = own_stream_;
+    FTBERT_CUDA_CHECK(cudaEventCreateWithFlags(&switch_event_, cudaEventDisableTiming));
     FTBERT_CUBLAS_CHECK(cublasCreate(&cublas_));
     // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB before.
     cublas_workspace_bytes_ = size_t{prop.major >= 9 ? 32 : 4} << 20;
@@ -108,6 +109,8 @@ void CudaBackend::release() noexcept {
   if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
+  if (switch_event_ != nullptr) (void)cudaEventDestroy(switch_event_);
+  switch_event_ = nullptr;
   cublas_ = nullptr;
   cublas_workspace_ = nullptr;
   capture_stream_ = nullptr;
@@ -172,6 +175,11 @@ void CudaBackend::set_stream(uintptr_t stream) {
   // 0 is the legacy default stream, which is what torch's default stream is: work queued by the
   // caller there must be ordered with ours, so 0 is taken literally, not as "our own stream".
   cudaStream_t next = reinterpret_cast<cudaStream_t>(stream);
+  if (next == stream_) return;
+  // The next stream waits for everything queued so far on the last one: the buffers they share
+  // (staged inputs, workspace, outputs) are then never read and written by two streams at once.
+  FTBERT_CUDA_CHECK(cudaEventRecord(switch_event_, stream_));
+  FTBERT_CUDA_CHECK(cudaStreamWaitEvent(next, switch_event_, 0));
   bind_cublas(next);
   stream_ = next;
 }

@@ -36,6 +36,7 @@ class CudaBackend : public Backend {
   void synchronize() override;
   void set_stream(uintptr_t stream) override;
   uintptr_t stream() const override { return reinterpret_cast<uintptr_t>(stream_); }
+  uintptr_t own_stream() const override { return reinterpret_cast<uintptr_t>(own_stream_); }
   void set_allow_tf32(bool allow) override { allow_tf32_ = allow; }
 
   // ---- recording: CUDA graphs ---------------------------------------------------------------
@@ -103,6 +104,7 @@ class CudaBackend : public Backend {
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;  // own_stream_ or the one set with set_stream
   cudaStream_t capture_stream_ = nullptr;  // record()'s, created on first use
+  cudaEvent_t switch_event_ = nullptr;     // orders the next stream after the last (set_stream)
   cublasHandle_t cublas_ = nullptr;
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;

@@ -23,6 +23,10 @@ from ._native import _C, ensure_cuda_libraries
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
 
 DTYPES = ("float32", "float16", "bfloat16")
+# Forwards that may run at once, by device kind. The CPU backend's GEMMs and row loops already use
+# every core, so a second forward would only compete for them.
+DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 1}
+MAX_CONCURRENCY = 64
 ATTENTIONS = ("auto", "unfused", "flash")
 
 
@@ -79,6 +83,7 @@ class Encoder:
         attention: str = "auto",
         allow_tf32: bool = False,
         cuda_graphs: bool = True,
+        concurrency: int | None = None,
     ) -> "Encoder":
         """Loads a HuggingFace BERT checkpoint directory or an ftbert-converted one.
 
@@ -86,6 +91,7 @@ class Encoder:
         attention: "auto", "unfused" or "flash" (see `Encoder.attention`). allow_tf32: let float32
         GEMMs use TF32 tensor cores on the GPU (faster, about 1e-3 relative error; off by default).
         cuda_graphs: replay repeated input shapes as CUDA graphs (see `Encoder.cuda_graphs`).
+        concurrency: how many forwards may run at once (see `Encoder.concurrency`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
         path = Path(path)
@@ -116,6 +122,7 @@ class Encoder:
         del weights, tensors
         native.attention = attention
         native.graphs = bool(cuda_graphs)
+        native.concurrency = _check_concurrency(DEFAULT_CONCURRENCY[kind] if concurrency is None else concurrency)
         if allow_tf32:
             native.set_allow_tf32(True)
         return cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
@@ -161,6 +168,23 @@ class Encoder:
     def cuda_graphs(self, on: bool) -> None:
         _check_bool("cuda_graphs", on)
         self._native.graphs = bool(on)
+
+    @property
+    def concurrency(self) -> int:
+        """How many forwards may run at once, each in a workspace of its own (settable).
+
+        Any number of threads may call the encoder, each on its own CUDA stream or the same one;
+        every result equals the one-at-a-time result. Up to `concurrency` forwards run at once,
+        each with its own workspace, CUDA-graph cache, stream and cuBLAS handle (created when
+        first needed); further callers wait for one to free up. With 1, forwards from different
+        streams run one after the other on the GPU. Each extra workspace costs device memory: it
+        grows to the largest batch x seq it has run.
+        """
+        return self._native.concurrency
+
+    @concurrency.setter
+    def concurrency(self, n: int) -> None:
+        self._native.concurrency = _check_concurrency(n)
 
     @property
     def recorded_shapes(self) -> int:
@@ -315,6 +339,14 @@ class Encoder:
 
 
 # ---- argument and input conversion helpers --------------------------------------------------
+def _check_concurrency(n) -> int:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"concurrency must be an integer, got {n!r}")
+    if not 1 <= n <= MAX_CONCURRENCY:
+        raise ValueError(f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {n}")
+    return int(n)
+
+
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")

@@ -53,8 +53,12 @@ class Backend {
   virtual void synchronize() = 0;
   // Run subsequent work on this stream (a cudaStream_t as an integer, 0 = the legacy default
   // stream, as torch's default stream is). Until it is called, the backend uses its own stream.
+  // A switch keeps the backend's order: work enqueued after it runs after all work enqueued
+  // before it, on whichever stream, so buffers reused across callers' streams are never raced.
   virtual void set_stream(uintptr_t /*stream*/) {}
   virtual uintptr_t stream() const { return 0; }
+  // The backend's own stream, for work no caller's stream orders (set_stream(own_stream())).
+  virtual uintptr_t own_stream() const { return 0; }
   // Allow TF32 tensor cores for float32 GEMMs (CUDA only; off by default for exact fp32 parity).
   virtual void set_allow_tf32(bool /*allow*/) {}
 

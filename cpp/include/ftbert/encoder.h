@@ -1,12 +1,21 @@
-// The Encoder: a Model (the weights and the math, model.h) and the Session that runs it
-// (workspace, recordings, staging; session.h), behind one lock. This is what the Python binding
-// holds.
+// The Encoder: a Model (the weights and the math, model.h) and a small pool of Sessions that run
+// it (workspace, recordings, staging; session.h). This is what the Python binding holds.
+//
+// Concurrency contract: forward() may be called from any number of threads, each on its own
+// stream or the same one; every result equals the one-at-a-time result. Each forward runs in a
+// session of its own for its duration. Up to concurrency() sessions exist (created on demand),
+// so that many forwards run on the device at once, each in its own buffers; beyond that,
+// callers wait for a free session. A session reused from another stream is ordered after its
+// last work there (Backend::set_stream), so no two streams ever race on a session's buffers.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ftbert/attention.h"
 #include "ftbert/backend.h"
@@ -37,34 +46,62 @@ class Encoder {
   // The kernel the selector picks for this batch shape.
   AttentionKind attention_for(int batch, int seq) const;
 
-  // Bytes of activation workspace held now (grows to the largest batch x seq seen, then stays).
+  // How many forwards may run at once, each in a session (workspace, recordings, stream and
+  // cuBLAS handle) of its own. Lowering it frees the sessions beyond the new count once idle.
+  void set_concurrency(int sessions);
+  int concurrency() const { return concurrency_; }
+  static constexpr int kMaxConcurrency = 64;
+
+  // Bytes of activation workspace held now, over all sessions (each grows to the largest
+  // batch x seq it ran, then stays).
   size_t workspace_bytes() const;
 
   // Replaying repeated shapes (CUDA graphs). When on (the default), the second forward of a
-  // shape (batch, seq, attention kernel, pooler or not) records the model's ops with
-  // Backend::record, and it and later forwards of that shape replay them as one launch: the
-  // 8 (flash) to 12 (unfused) launches per layer cost one. Inputs are then copied into the
-  // session's own buffers first. At most Session::kMaxRecordings shapes are kept (the least
-  // recently used goes); a workspace that grows drops them all. Backends that do not record
-  // (the CPU) run every forward op by op.
+  // shape (batch, seq, attention kernel, pooler or not) in a session records the model's ops
+  // with Backend::record, and it and later forwards of that shape replay them as one launch:
+  // the 8 (flash) to 12 (unfused) launches per layer cost one. Inputs are then copied into the
+  // session's own buffers first. At most Session::kMaxRecordings shapes are kept per session
+  // (the least recently used goes); a workspace that grows drops them all. Backends that do not
+  // record (the CPU) run every forward op by op.
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
-  size_t recorded_shapes() const;  // recordings held now
+  size_t recorded_shapes() const;  // recordings held now, over all sessions
 
   // TF32 for float32 GEMMs (see Backend::set_allow_tf32); drops the recordings, which hold the
   // GEMMs as recorded.
   void set_allow_tf32(bool allow);
 
  private:
+  // A place in the pool. `mutex` is held by the forward running in it and by setting changes;
+  // the other fields are guarded by pool_mutex_.
+  struct Slot {
+    explicit Slot(size_t i) : index(i) {}
+    const size_t index;                // slot 0 runs on the backend that holds the weights
+    std::unique_ptr<Session> session;  // null until first used, or after being trimmed
+    std::mutex mutex;
+    bool busy = false;
+    uintptr_t last_stream = 0;
+  };
+  // Takes an idle slot (one last used on `stream` if there is one), waiting while every slot
+  // is busy; returns it marked busy. release() gives it back.
+  Slot& acquire(uintptr_t stream);
+  void release(Slot& slot, uintptr_t stream);
+  // The slots that exist now (stable pointers; slots are never removed).
+  std::vector<Slot*> slots() const;
   void validate(const ForwardArgs& args) const;
   void validate_host_inputs(const ForwardArgs& args) const;
 
-  std::unique_ptr<Backend> backend_;  // holds the weights; declared first, destroyed last
+  std::string device_;
+  std::unique_ptr<Backend> backend_;  // holds the weights and runs slot 0; destroyed last
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Session> session_;
   std::atomic<AttentionMode> attention_mode_{AttentionMode::kAuto};
   std::atomic<bool> graphs_{true};
-  mutable std::mutex mutex_;  // one forward at a time: the session's workspace is shared
+  std::atomic<bool> allow_tf32_{false};
+  std::atomic<int> concurrency_{1};
+
+  mutable std::mutex pool_mutex_;
+  std::condition_variable slot_freed_;
+  std::vector<std::unique_ptr<Slot>> slots_;
 };
 
 }  // namespace ftbert

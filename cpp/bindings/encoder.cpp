@@ -102,7 +102,8 @@ void register_encoder(py::module_& m) {
       .def_property_readonly("recorded_shapes",
                              py::cpp_function(&Encoder::recorded_shapes,
                                               py::call_guard<py::gil_scoped_release>()))
-      // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to view).
+      // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to
+      // view), then the ForwardResult's two flags.
       .def("forward_host",
            [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types) {
              FTBERT_CHECK_INPUT(ids.ndim() == 2, "input_ids must be 2-D [batch, seq]");
@@ -133,17 +134,19 @@ void register_encoder(py::module_& m) {
                a.pooler_output = p.mutable_data();
                pooled = p;
              }
+             ForwardResult r;
              {
                py::gil_scoped_release release;
-               e.forward(a);
+               r = e.forward(a);
              }
-             return py::make_tuple(hidden, pooled);
+             return py::make_tuple(hidden, pooled, r.nonfinite, r.earlier_nonfinite);
            })
-      // Device memory in and out (e.g. torch CUDA tensors), enqueued on `stream`.
+      // Device memory in and out (e.g. torch CUDA tensors), enqueued on `stream`; returns the
+      // ForwardResult's two flags.
       .def(
           "forward_device",
           [](Encoder& e, uintptr_t ids, uintptr_t mask, uintptr_t types, int batch, int seq,
-             uintptr_t hidden, uintptr_t pooled, uintptr_t stream) {
+             uintptr_t hidden, uintptr_t pooled, uintptr_t stream, bool wait_for_finite_check) {
             ForwardArgs a;
             a.input_ids = reinterpret_cast<const int32_t*>(ids);
             a.attention_mask = reinterpret_cast<const int32_t*>(mask);
@@ -155,12 +158,17 @@ void register_encoder(py::module_& m) {
             a.pooler_output = reinterpret_cast<void*>(pooled);
             a.outputs_on_device = true;
             a.stream = stream;
-            py::gil_scoped_release release;
-            e.forward(a);
+            a.wait_for_finite_check = wait_for_finite_check;
+            ForwardResult r;
+            {
+              py::gil_scoped_release release;
+              r = e.forward(a);
+            }
+            return py::make_tuple(r.nonfinite, r.earlier_nonfinite);
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
           py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
-          py::arg("stream"));
+          py::arg("stream"), py::arg("wait_for_finite_check") = false);
 }
 
 }  // namespace ftbert::bindings

@@ -26,6 +26,10 @@ void Backend::flash_attention(DType dt, const void*, const void*, const int32_t*
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
 }
 
+int32_t* Backend::allocate_host_flag() { return new int32_t(0); }
+
+void Backend::free_host_flag(int32_t* flag) noexcept { delete flag; }
+
 void Backend::replay(const RecordedOps&) {
   FTBERT_FAIL("the " << name() << " backend records no ops, so it has nothing to replay");
 }

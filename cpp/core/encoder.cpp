@@ -165,31 +165,31 @@ void Encoder::validate_host_inputs(const ForwardArgs& a) const {
   }
 }
 
-void Encoder::forward(const ForwardArgs& args) {
+ForwardResult Encoder::forward(const ForwardArgs& args) {
   validate(args);
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);
   Slot& slot = acquire(stream);
-  try {
-    std::lock_guard<std::mutex> lock(slot.mutex);
-    if (!slot.session) {
-      // Slot 0 runs on the backend that holds the weights; the others get a backend (stream,
-      // cuBLAS handle) of their own, so that their work can overlap.
-      const bool first = slot.index == 0;
-      std::unique_ptr<Backend> own = first ? nullptr : create_backend(device_);
-      Backend* be = first ? backend_.get() : own.get();
-      be->set_allow_tf32(allow_tf32_);
-      slot.session = std::make_unique<Session>(*model_, be, std::move(own));
-    }
-    ForwardArgs a = args;
-    // Host callers name no stream: the session's own one keeps them apart from each other.
-    if (!a.stream) a.stream = slot.session->backend().own_stream();
-    slot.session->forward(a, attention, graphs_);
-  } catch (...) {
-    release(slot, stream);
-    throw;
+  struct Lease {  // gives the slot back however the forward ends
+    Encoder* encoder;
+    Slot& slot;
+    uintptr_t stream;
+    ~Lease() { encoder->release(slot, stream); }
+  } lease{this, slot, stream};
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  if (!slot.session) {
+    // Slot 0 runs on the backend that holds the weights; the others get a backend (stream,
+    // cuBLAS handle) of their own, so that their work can overlap.
+    const bool first = slot.index == 0;
+    std::unique_ptr<Backend> own = first ? nullptr : create_backend(device_);
+    Backend* be = first ? backend_.get() : own.get();
+    be->set_allow_tf32(allow_tf32_);
+    slot.session = std::make_unique<Session>(*model_, be, std::move(own));
   }
-  release(slot, stream);
+  ForwardArgs a = args;
+  // Host callers name no stream: the session's own one keeps them apart from each other.
+  if (!a.stream) a.stream = slot.session->backend().own_stream();
+  return slot.session->forward(a, attention, graphs_);
 }
 
 }  // namespace ftbert

@@ -26,7 +26,9 @@ void Model::forward(Backend& be, const Activations& act, const int32_t* ids, con
                      w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
                      act.hidden, B, S, H, config_.vocab_size, config_.type_vocab_size,
                      config_.layer_norm_eps);
-  for (const LayerWeights& l : w.layers) layer(be, act, l, mask, B, S, attention);
+  for (const LayerWeights& l : w.layers) {
+    layer(be, act, l, mask, B, S, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
+  }
   if (pool) {
     be.pooler(dtype_, act.hidden, w.pooler_weight.data(), w.pooler_bias.data(), act.pooled, B, S,
               H);
@@ -34,7 +36,8 @@ void Model::forward(Backend& be, const Activations& act, const int32_t* ids, con
 }
 
 void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
-                  const int32_t* mask, int B, int S, AttentionKind attention) const {
+                  const int32_t* mask, int B, int S, AttentionKind attention,
+                  int32_t* nonfinite) const {
   const DType dt = dtype_;
   const int M = B * S, H = config_.hidden_size, I = config_.intermediate_size;
   const float eps = config_.layer_norm_eps;
@@ -54,7 +57,8 @@ void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
   // hidden = LN(inter · W2 + b2 + hidden2)
   be.gemm(dt, false, false, M, H, I, act.inter, I, w.ffn_out_weight.data(), H, act.hidden, H);
   be.add_bias_residual_layernorm(dt, act.hidden, act.hidden2, w.ffn_out_bias.data(),
-                                 w.ffn_ln_gamma.data(), w.ffn_ln_beta.data(), M, H, eps);
+                                 w.ffn_ln_gamma.data(), w.ffn_ln_beta.data(), M, H, eps,
+                                 nonfinite);
 }
 
 }  // namespace ftbert

@@ -11,7 +11,15 @@
 namespace ftbert {
 
 Session::Session(const Model& model, Backend* backend, std::unique_ptr<Backend> owned)
-    : model_(model), owned_backend_(std::move(owned)), backend_(backend) {}
+    : model_(model), owned_backend_(std::move(owned)), backend_(backend) {
+  nonfinite_host_ = backend_->allocate_host_flag();
+  try {
+    nonfinite_device_ = backend_->host_flag_device_address(nonfinite_host_);
+  } catch (...) {
+    backend_->free_host_flag(nonfinite_host_);
+    throw;
+  }
+}
 
 Session::~Session() {
   // Work may still be queued on the stream that reads the buffers freed below.
@@ -19,6 +27,12 @@ Session::~Session() {
     backend_->synchronize();
   } catch (...) {
   }
+  backend_->free_host_flag(nonfinite_host_);
+}
+
+bool Session::take_nonfinite() {
+  // Atomic: the device may set the word while the host clears it; a set that lands later stays.
+  return __atomic_exchange_n(nonfinite_host_, 0, __ATOMIC_ACQ_REL) != 0;
 }
 
 size_t Session::workspace_bytes() const {
@@ -42,6 +56,7 @@ Activations Session::activations() const {
   a.inter = inter_.data();
   a.pooled = pooled_.data();
   a.attention_scratch = attention_scratch_.data();
+  a.nonfinite = nonfinite_device_;
   return a;
 }
 
@@ -113,11 +128,19 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
   }
 }
 
-void Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs) {
+ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs) {
   const ModelConfig& c = model_.config();
   const int B = a.batch, S = a.seq, H = c.hidden_size;
   const int64_t M = static_cast<int64_t>(B) * S;
   if (a.stream) backend_->set_stream(*a.stream);
+  ForwardResult result;
+  // An exact check reads the flag once this forward is done; what earlier forwards set must be
+  // taken out first, once they are done too.
+  const bool exact = !a.outputs_on_device || a.wait_for_finite_check;
+  if (exact) {
+    if (unfinished_) backend_->synchronize();
+    result.earlier_nonfinite = take_nonfinite();
+  }
 
   ensure_workspace(B, S, attention_workspace_bytes(attention, model_.dtype(), B, S, c.num_heads,
                                                    c.head_dim()));
@@ -164,8 +187,15 @@ void Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs
   } else {
     backend_->copy_to_host(a.last_hidden_state, hidden_.data(), M * H * es);
     if (pool) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
-    backend_->synchronize();
   }
+  if (exact) {
+    backend_->synchronize();
+    result.nonfinite = take_nonfinite();
+  } else {
+    result.earlier_nonfinite = take_nonfinite();
+  }
+  unfinished_ = !exact;
+  return result;
 }
 
 }  // namespace ftbert

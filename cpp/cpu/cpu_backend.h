@@ -37,7 +37,7 @@ class CpuBackend final : public Backend {
                        int head_dim) override;
   void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
                                    const void* gamma, const void* beta, int rows, int hidden,
-                                   float eps) override;
+                                   float eps, int32_t* nonfinite = nullptr) override;
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
 };

@@ -1,4 +1,5 @@
 // add_bias + residual + LayerNorm on the CPU (the post-LN residual block of a BERT layer).
+#include <cmath>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
@@ -12,7 +13,8 @@ void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H
                                              const void* residual,      // [M, H]
                                              const void* bias,          // [H]
                                              const void* gamma, const void* beta,  // [H]
-                                             int rows, int hidden, float eps) {
+                                             int rows, int hidden, float eps,
+                                             int32_t* nonfinite) {
   require_cpu_float32(dt, "add_bias_residual_layernorm");
   auto* xs = static_cast<float*>(x);
   const auto* res = static_cast<const float*>(residual);
@@ -27,6 +29,15 @@ void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H
                     xr, hidden, eps);
     }
   });
+  if (nonfinite != nullptr) {
+    const int64_t n = int64_t{rows} * hidden;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(xs[i])) {
+        *nonfinite = 1;
+        break;
+      }
+    }
+  }
 }
 
 }  // namespace ftbert

@@ -170,6 +170,25 @@ void CudaBackend::synchronize() {
   FTBERT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+int32_t* CudaBackend::allocate_host_flag() {
+  DeviceScope scope(device_);
+  void* p = nullptr;
+  FTBERT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(int32_t), cudaHostAllocMapped));
+  *static_cast<int32_t*>(p) = 0;
+  return static_cast<int32_t*>(p);
+}
+
+void CudaBackend::free_host_flag(int32_t* flag) noexcept {
+  if (flag != nullptr) (void)cudaFreeHost(flag);
+}
+
+int32_t* CudaBackend::host_flag_device_address(int32_t* flag) {
+  DeviceScope scope(device_);
+  void* device = nullptr;
+  FTBERT_CUDA_CHECK(cudaHostGetDevicePointer(&device, flag, 0));
+  return static_cast<int32_t*>(device);
+}
+
 void CudaBackend::set_stream(uintptr_t stream) {
   DeviceScope scope(device_);
   // 0 is the legacy default stream, which is what torch's default stream is: work queued by the
@@ -335,14 +354,16 @@ void CudaBackend::transpose_heads(DType dt, const void* in, void* out, int batch
 
 void CudaBackend::add_bias_residual_layernorm(DType dt, void* x, const void* residual,
                                               const void* bias, const void* gamma,
-                                              const void* beta, int rows, int hidden, float eps) {
+                                              const void* beta, int rows, int hidden, float eps,
+                                              int32_t* nonfinite) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     invoke_add_bias_residual_layernorm<T>(static_cast<T*>(x), static_cast<const T*>(residual),
                                           static_cast<const T*>(bias),
                                           static_cast<const T*>(gamma),
-                                          static_cast<const T*>(beta), rows, hidden, eps, stream_);
+                                          static_cast<const T*>(beta), rows, hidden, eps,
+                                          nonfinite, stream_);
   });
 }
 

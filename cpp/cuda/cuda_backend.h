@@ -34,6 +34,9 @@ class CudaBackend : public Backend {
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
+  int32_t* allocate_host_flag() override;
+  void free_host_flag(int32_t* flag) noexcept override;
+  int32_t* host_flag_device_address(int32_t* flag) override;
   void set_stream(uintptr_t stream) override;
   uintptr_t stream() const override { return reinterpret_cast<uintptr_t>(stream_); }
   uintptr_t own_stream() const override { return reinterpret_cast<uintptr_t>(own_stream_); }
@@ -67,7 +70,7 @@ class CudaBackend : public Backend {
                        int head_dim) override;
   void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
                                    const void* gamma, const void* beta, int rows, int hidden,
-                                   float eps) override;
+                                   float eps, int32_t* nonfinite = nullptr) override;
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
 

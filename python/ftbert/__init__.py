@@ -7,7 +7,7 @@
 """
 
 from ._native import _C
-from .encoder import Encoder, EncoderOutput
+from .encoder import Encoder, EncoderOutput, NonFiniteError
 from .weights_tools import ConversionError, FormatError, convert_checkpoint
 
 __version__ = "0.1.0"
@@ -35,6 +35,7 @@ def default_model_path():
 __all__ = [
     "Encoder",
     "EncoderOutput",
+    "NonFiniteError",
     "ConversionError",
     "FormatError",
     "convert_checkpoint",

@@ -13,6 +13,7 @@ Rules for inputs and outputs:
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,6 +28,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 # every core, so a second forward would only compete for them.
 DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 1}
 MAX_CONCURRENCY = 64
+NONFINITE = ("warn", "raise", "ignore")
 ATTENTIONS = ("auto", "unfused", "flash")
 
 
@@ -68,6 +70,7 @@ class Encoder:
 
     def __init__(self, native: "_C.Encoder", config: dict, device: str, path: Path | None = None):
         self._native = native
+        self._nonfinite = "warn"
         self.config = config
         self.device = device
         self.path = path
@@ -84,6 +87,7 @@ class Encoder:
         allow_tf32: bool = False,
         cuda_graphs: bool = True,
         concurrency: int | None = None,
+        nonfinite: str = "warn",
     ) -> "Encoder":
         """Loads a HuggingFace BERT checkpoint directory or an ftbert-converted one.
 
@@ -92,6 +96,8 @@ class Encoder:
         GEMMs use TF32 tensor cores on the GPU (faster, about 1e-3 relative error; off by default).
         cuda_graphs: replay repeated input shapes as CUDA graphs (see `Encoder.cuda_graphs`).
         concurrency: how many forwards may run at once (see `Encoder.concurrency`).
+        nonfinite: what a NaN or Inf in the output does: "warn", "raise" or "ignore" (see
+        `Encoder.nonfinite`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
         path = Path(path)
@@ -103,6 +109,7 @@ class Encoder:
             raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
+        _check_nonfinite(nonfinite)
         kind, index = _parse_device(device)
         if kind == "cpu" and dtype != "float32":
             raise ValueError(f"the CPU backend computes in float32 only (asked for {dtype})")
@@ -125,7 +132,9 @@ class Encoder:
         native.concurrency = _check_concurrency(DEFAULT_CONCURRENCY[kind] if concurrency is None else concurrency)
         if allow_tf32:
             native.set_allow_tf32(True)
-        return cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
+        enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
+        enc._nonfinite = nonfinite
+        return enc
 
     # ---- properties ------------------------------------------------------------------------
     @property
@@ -187,6 +196,23 @@ class Encoder:
         self._native.concurrency = _check_concurrency(n)
 
     @property
+    def nonfinite(self) -> str:
+        """What a NaN or Inf in `last_hidden_state` does: "warn" (default), "raise" or "ignore".
+
+        The last LayerNorm kernel flags a non-finite output as it writes it (no extra pass).
+        Outputs on the host (numpy, CPU tensors) are checked for each forward: "warn" emits a
+        RuntimeWarning, "raise" raises `ftbert.NonFiniteError` (outputs are lost). Outputs left
+        on the GPU are not waited for: "warn" reports the flag at a later forward, once the GPU
+        has set it; "raise" waits for each forward to finish (a sync) and raises at once. float16
+        activations overflow past 65504; the message names bfloat16 as the remedy.
+        """
+        return self._nonfinite
+
+    @nonfinite.setter
+    def nonfinite(self, mode: str) -> None:
+        self._nonfinite = _check_nonfinite(mode)
+
+    @property
     def recorded_shapes(self) -> int:
         """How many input shapes have a recorded CUDA graph now (see `cuda_graphs`)."""
         return self._native.recorded_shapes
@@ -214,7 +240,8 @@ class Encoder:
         mask = np.ones_like(ids) if attention_mask is None else _as_int_array("attention_mask", attention_mask)
         types = np.zeros_like(ids) if token_type_ids is None else _as_int_array("token_type_ids", token_type_ids)
         _check_shapes(ids.shape, mask.shape, types.shape)
-        hidden, pooled = self._native.forward_host(ids, mask, types)
+        hidden, pooled, nonfinite, earlier = self._native.forward_host(ids, mask, types)
+        self._report_nonfinite(nonfinite, earlier)
         return EncoderOutput(_from_native_numpy(hidden), None if pooled is None else _from_native_numpy(pooled))
 
     def _forward_torch(self, input_ids, attention_mask, token_type_ids) -> EncoderOutput:
@@ -268,13 +295,31 @@ class Encoder:
             else None
         )
         stream = torch.cuda.current_stream(ids.device).cuda_stream
-        self._native.forward_device(
+        nonfinite, earlier = self._native.forward_device(
             ids32.data_ptr(), mask32.data_ptr(), types32.data_ptr(), B, S,
             hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(), stream,
+            self._nonfinite == "raise",
         )
+        self._report_nonfinite(nonfinite, earlier)
         # The int32 copies were made on this same stream, so torch's allocator cannot hand their
         # memory to other work before the engine has read them.
         return EncoderOutput(hidden, pooled)
+
+    def _report_nonfinite(self, now: bool, earlier: bool) -> None:
+        if self._nonfinite == "ignore" or not (now or earlier):
+            return
+        what = "this forward's last_hidden_state" if now else "the last_hidden_state of a recent forward"
+        if self.dtype == "float16":
+            why = (
+                "float16 activations overflowed (float16 ends at 65504); load the model with "
+                "dtype='bfloat16', which has float32's range"
+            )
+        else:
+            why = f"the checkpoint's weights or the inputs drive {self.dtype} activations out of range"
+        message = f"{what} holds NaN or Inf: {why}"
+        if self._nonfinite == "raise" and now:
+            raise NonFiniteError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def _check_device_values(self, ids, mask, types) -> None:
         # Device inputs are checked here with torch: a few reductions and one small read back (a
@@ -339,6 +384,16 @@ class Encoder:
 
 
 # ---- argument and input conversion helpers --------------------------------------------------
+class NonFiniteError(FloatingPointError):
+    """The encoder's output holds NaN or Inf (raised when `Encoder.nonfinite` is "raise")."""
+
+
+def _check_nonfinite(mode) -> str:
+    if mode not in NONFINITE:
+        raise ValueError(f"unknown nonfinite {mode!r}: expected one of {', '.join(NONFINITE)}")
+    return mode
+
+
 def _check_concurrency(n) -> int:
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"concurrency must be an integer, got {n!r}")

@@ -52,7 +52,9 @@ void invoke_add_bias_residual_layernorm(T* x,               // [M, H]
                                         const T* bias,      // [H]
                                         const T* gamma,     // [H]
                                         const T* beta,      // [H]
-                                        int rows, int hidden, float eps, cudaStream_t stream);
+                                        int rows, int hidden, float eps,
+                                        int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
+                                        cudaStream_t stream);
 
 // out[b, s] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta. Ids and types
 // are clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;

@@ -41,12 +41,14 @@ __device__ __forceinline__ void load_row(const float* row, float (&v)[VEC]) {
 }
 
 // Given this row's pre-norm values in `row` (fp32, written by the calling thread at the vectors it
-// visits) and this thread's partial sum, writes LN(row) · gamma + beta to out.
+// visits) and this thread's partial sum, writes LN(row) · gamma + beta to out. A NaN or Inf
+// among the values stored (after rounding to T, where fp16 overflows) sets *nonfinite when given.
 template <typename T, int VEC>
 __device__ __forceinline__ void layernorm_row(const float* row, float partial_sum, int hidden,
                                               const T* __restrict__ gamma,
                                               const T* __restrict__ beta, T* __restrict__ out,
-                                              float eps, float* scratch) {
+                                              float eps, float* scratch,
+                                              int32_t* nonfinite = nullptr) {
   const int chunks = hidden / VEC;
   const float mean = block_sum(partial_sum, scratch) / hidden;
   float sq = 0.0f;
@@ -60,6 +62,7 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
     }
   }
   const float rstd = rsqrtf(block_sum(sq, scratch) / hidden + eps);
+  bool finite = true;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     float v[VEC];
     load_row<VEC>(row + c * VEC, v);
@@ -69,16 +72,20 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       y.v[i] = from_float<T>((v[i] - mean) * rstd * to_float(g.v[i]) + to_float(b.v[i]));
+      finite = finite && isfinite(to_float(y.v[i]));
     }
     store_vec<VEC>(out + c * VEC, y);
   }
+  // Any thread may set it; all write the same value, so no atomic is needed.
+  if (nonfinite != nullptr && !finite) *nonfinite = 1;
 }
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kMaxThreads)
     add_bias_residual_layernorm_kernel(T* __restrict__ x, const T* __restrict__ residual,
                                        const T* __restrict__ bias, const T* __restrict__ gamma,
-                                       const T* __restrict__ beta, int hidden, float eps) {
+                                       const T* __restrict__ beta, int hidden, float eps,
+                                       int32_t* __restrict__ nonfinite) {
   extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
   __shared__ float scratch[32];
   float* row = reinterpret_cast<float*>(smem_row);
@@ -99,7 +106,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     store_row<VEC>(row + c * VEC, v);
   }
-  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, xr, eps, scratch);
+  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, xr, eps, scratch, nonfinite);
 }
 
 template <typename T, int VEC>
@@ -168,7 +175,7 @@ int row_threads(int chunks) { return round_up(chunks < kMaxThreads ? chunks : kM
 template <typename T>
 void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, const T* gamma,
                                         const T* beta, int rows, int hidden, float eps,
-                                        cudaStream_t stream) {
+                                        int32_t* nonfinite, cudaStream_t stream) {
   if (rows == 0 || hidden == 0) return;
   const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta});
   dispatch_vec<T>(vec, [&](auto vec_c) {
@@ -176,7 +183,7 @@ void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, 
     auto kernel = add_bias_residual_layernorm_kernel<T, VEC>;
     const size_t smem = row_smem_bytes(kernel, hidden);
     kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(x, residual, bias, gamma, beta,
-                                                              hidden, eps);
+                                                              hidden, eps, nonfinite);
   });
   FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel", stream);
 }
@@ -205,7 +212,7 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
 
 #define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
   template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
-                                                      int, int, float, cudaStream_t);             \
+                                                      int, int, float, int32_t*, cudaStream_t);   \
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
                                           const T*, const T*, const T*, T*, int, int, int, int,   \
                                           int, float, cudaStream_t);

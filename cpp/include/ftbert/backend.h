@@ -51,6 +51,12 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // A zeroed int32 that ops may set on the device and the host reads in place, with no copy and
+  // no sync (CUDA: mapped pinned host memory): allocate_host_flag returns the host address,
+  // host_flag_device_address the one ops take.
+  virtual int32_t* allocate_host_flag();
+  virtual void free_host_flag(int32_t* flag) noexcept;
+  virtual int32_t* host_flag_device_address(int32_t* flag) { return flag; }
   // Run subsequent work on this stream (a cudaStream_t as an integer, 0 = the legacy default
   // stream, as torch's default stream is). Until it is called, the backend uses its own stream.
   // A switch keeps the backend's order: work enqueued after it runs after all work enqueued
@@ -125,13 +131,16 @@ class Backend {
                                int batch, int seq, int heads, int head_dim) = 0;
 
   // In place: x = LayerNorm(x + bias + residual) with gamma/beta (post-LN residual block).
+  // When `nonfinite` is given, an output NaN or Inf (as stored in dt) sets it to 1; it is never
+  // cleared here. The check rides along the values the op writes anyway.
   virtual void add_bias_residual_layernorm(DType dt,
                                            void* x,               // [M, H] GEMM output -> result
                                            const void* residual,  // [M, H]
                                            const void* bias,      // [H]
                                            const void* gamma,     // [H]
                                            const void* beta,      // [H]
-                                           int rows, int hidden, float eps) = 0;
+                                           int rows, int hidden, float eps,
+                                           int32_t* nonfinite = nullptr) = 0;
 
   // In place: x = act(x + bias).
   virtual void add_bias_activation(DType dt,

@@ -34,7 +34,7 @@ class Encoder {
 
   // Runs the model. Host inputs are validated here (id ranges, mask values, sizes); the call
   // returns once host outputs are written, or after enqueueing when outputs are on the device.
-  void forward(const ForwardArgs& args);
+  ForwardResult forward(const ForwardArgs& args);
 
   const ModelConfig& config() const { return model_->config(); }
   DType dtype() const { return model_->dtype(); }

@@ -24,6 +24,7 @@ struct Activations {
   void* inter = nullptr;              // [B, S, I]
   void* pooled = nullptr;             // [B, H]
   void* attention_scratch = nullptr;  // attention_workspace_bytes(...)
+  int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
 };
 
 class Model {
@@ -45,8 +46,9 @@ class Model {
 
  private:
   // One post-LN layer; reads and leaves the layer's input/output in act.hidden.
+  // `nonfinite`: given to the layer's last LayerNorm (the last layer's is the model's output).
   void layer(Backend& be, const Activations& act, const LayerWeights& w, const int32_t* mask,
-             int batch, int seq, AttentionKind attention) const;
+             int batch, int seq, AttentionKind attention, int32_t* nonfinite) const;
 
   ModelConfig config_;
   DType dtype_;

@@ -33,6 +33,18 @@ struct ForwardArgs {
   // The caller's stream (Backend::set_stream): the inputs are read and the outputs written in
   // its order. Unset: the session's own stream, and the call returns once outputs are written.
   std::optional<uintptr_t> stream;
+  // Device outputs: wait for the forward to finish, so that ForwardResult::nonfinite is known.
+  bool wait_for_finite_check = false;
+};
+
+// What a forward reports besides its outputs.
+struct ForwardResult {
+  // last_hidden_state holds a NaN or Inf. Known when the outputs are on the host or
+  // ForwardArgs::wait_for_finite_check is set; false otherwise.
+  bool nonfinite = false;
+  // A NaN or Inf not reported before, from an earlier forward of the session that the device has
+  // finished by now (read without waiting; with device outputs it may be this forward's).
+  bool earlier_nonfinite = false;
 };
 
 class Session {
@@ -46,7 +58,7 @@ class Session {
 
   // Runs one forward of checked inputs. Host outputs are written when it returns; device
   // outputs are enqueued on the caller's stream. Not reentrant: the caller holds the session.
-  void forward(const ForwardArgs& args, AttentionKind attention, bool graphs);
+  ForwardResult forward(const ForwardArgs& args, AttentionKind attention, bool graphs);
 
   Backend& backend() { return *backend_; }
   // Bytes of activation workspace held (grows to the largest batch x seq seen, then stays).
@@ -76,6 +88,8 @@ class Session {
   const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue);
   void ensure_workspace(int batch, int seq, size_t attention_bytes);
   Activations activations() const;
+  // Reads and clears the non-finite flag.
+  bool take_nonfinite();
 
   const Model& model_;
   std::unique_ptr<Backend> owned_backend_;
@@ -85,6 +99,11 @@ class Session {
   std::map<ShapeKey, Recording> recordings_;
   std::set<ShapeKey> seen_once_;  // shapes run once, op by op
   uint64_t forwards_ = 0;         // the clock of Recording::last_use
+
+  // Set by the last LayerNorm when the output holds a NaN or Inf; host memory the device writes.
+  int32_t* nonfinite_host_ = nullptr;
+  int32_t* nonfinite_device_ = nullptr;  // the same word, as ops address it
+  bool unfinished_ = false;  // forwards may still run on the device (device outputs, no wait)
 
   // Workspace, sized for the largest B*S and the largest B seen (attention scratch: the
   // largest it needed).

@@ -8,7 +8,7 @@ safetensors (model.safetensors.index.json), pytorch_model.bin or sharded .bin
 
 from __future__ import annotations
 
-import json
+import pickle
 import re
 from pathlib import Path
 from typing import Callable, Iterable
@@ -23,10 +23,13 @@ from .layout import (
     FORMAT_VERSION,
     INT_KEYS,
     WEIGHTS_FILE,
+    check_finite,
+    check_fits,
     check_hyperparameters,
     expected_tensors,
     fmt_shape,
 )
+from .safetensors_header import read_header
 
 Log = Callable[[str], None]
 
@@ -47,6 +50,10 @@ SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
+
+# The dtypes an encoder weight may have in a checkpoint; all are read as float32.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_MIN_ITEMSIZE = min(getattr(torch, d).itemsize for d in FLOAT_DTYPES)
 
 # Tensors of the encoder namespace that are buffers, not weights.
 _BUFFERS = {"embeddings.position_ids", "embeddings.token_type_ids"}
@@ -119,21 +126,24 @@ def _json_key(path: Path, key: str):
 
 
 class WeightFiles:
-    """The tensors of a checkpoint's weight file(s), by name; safetensors are read lazily."""
+    """The tensors of a checkpoint's weight file(s), by name; their dtypes and shapes are known
+    from the headers (or the memory-mapped .bin) before any tensor data is read."""
 
     def __init__(self, src: Path):
         self.src = src
         self.kind, self.files = self._find(src)
         self._where: dict[str, Path] = {}  # tensor name -> file holding it
+        self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}  # tensor name -> (dtype, shape)
         self._safe: dict[Path, object] = {}  # open safetensors handles
         self._bin: dict[Path, dict] = {}  # loaded .bin state dicts
         for f in self.files:
-            for name in self._open(f):
+            for name, meta in self._open(f).items():
                 if name in self._where:
                     raise ConversionError(
                         f"{src}: tensor {name!r} is in both {self._where[name].name} and {f.name}"
                     )
                 self._where[name] = f
+                self._meta[name] = meta
 
     @staticmethod
     def _find(src: Path) -> tuple[str, list[Path]]:
@@ -156,24 +166,32 @@ class WeightFiles:
             msg += "; this looks like an ftbert-converted directory already (load it directly)"
         raise ConversionError(msg)
 
-    def _open(self, f: Path) -> list[str]:
+    def _open(self, f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Opens one weight file: {tensor name: (dtype, shape)}, with no tensor data read."""
+        if self.kind == "bin":
+            sd = self._bin[f] = _load_bin(f)
+            return {n: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in sd.items()}
+        header = read_header(f, ConversionError)
         try:
-            if self.kind == "safetensors":
-                from safetensors import safe_open
+            from safetensors import safe_open
 
-                handle = safe_open(str(f), framework="pt", device="cpu")
-                self._safe[f] = handle
-                return list(handle.keys())
-            sd = _load_bin(f)
-            self._bin[f] = sd
-            return list(sd.keys())
-        except ConversionError:
-            raise
-        except Exception as e:  # the readers raise many types for damaged files; name the file
-            raise ConversionError(f"{f}: cannot be read as a {self.kind} weight file ({e})") from e
+            self._safe[f] = safe_open(str(f), framework="pt", device="cpu")
+        except Exception as e:  # safetensors raises its own error types; name the file
+            raise ConversionError(f"{f}: cannot be read as safetensors ({e})") from e
+        return {n: (t.dtype, t.shape) for n, t in header.items()}
 
     def names(self) -> list[str]:
         return list(self._where)
+
+    def meta(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """(dtype name, shape) of a tensor, without reading it."""
+        return self._meta[name]
+
+    def where(self, name: str) -> Path:
+        return self._where[name]
+
+    def nbytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
 
     def get(self, name: str) -> torch.Tensor:
         f = self._where[name]
@@ -192,11 +210,10 @@ class WeightFiles:
 
 def _shards(src: Path, index_name: str) -> list[Path]:
     path = src / index_name
+    index = read_json(path, ConversionError)
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-        weight_map = index["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        names = sorted(set(index["weight_map"].values()))
+    except (KeyError, TypeError, AttributeError) as e:
         raise ConversionError(f"{path}: not a valid shard index (needs a 'weight_map' object; {e})") from e
     files = []
     for n in names:
@@ -212,14 +229,34 @@ def _shards(src: Path, index_name: str) -> list[Path]:
 
 def _load_bin(f: Path) -> dict:
     # weights_only: a .bin is a pickle, and a checkpoint from elsewhere must not run code on load.
+    # mmap: the tensors stay in the file until read, so their shapes can be checked first.
     try:
-        sd = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:
-        # Files from before torch 1.6 are not zip archives and cannot be memory-mapped.
-        sd = torch.load(str(f), map_location="cpu", weights_only=True)
+        try:
+            sd = torch.load(str(f), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:
+            # Files from before torch 1.6 are not zip archives and cannot be memory-mapped.
+            sd = torch.load(str(f), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConversionError(
+            f"{f}: refused: torch's weights-only loader found more than plain tensors in this pickle "
+            f"({_unpickler_reason(e)}); a full unpickle could run code from the file, so none is "
+            "tried (the file may also be damaged; save the weights as safetensors from a copy you trust)"
+        ) from e
+    except Exception as e:  # torch raises many types for damaged files; name the file
+        raise ConversionError(
+            f"{f}: cannot be read as a PyTorch weight file; it may be truncated or damaged "
+            f"({str(e) or type(e).__name__})"
+        ) from e
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ConversionError(f"{f}: expected a dict of tensors (a state_dict)")
     return sd
+
+
+def _unpickler_reason(e: Exception) -> str:
+    """The line of torch's weights-only error that says what was refused, without its advice to
+    turn the check off."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return next((line for line in lines if "unsupported" in line.lower()), lines[-1])
 
 
 # ---- names and re-layout --------------------------------------------------------------------
@@ -273,25 +310,34 @@ class _Collector:
     def has(self, canon: str) -> bool:
         return canon in self.by_canonical
 
-    def get(self, canon: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def check(self, canon: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """What get() would return, checked from the file headers alone, as a tensor without data."""
         orig = self.by_canonical.get(canon)
         if orig is None:
             shown = (_PREFIX if self.uses_prefix else "") + canon
             raise ConversionError(
                 f"{self.files.src}: missing tensor {shown!r} (not in {self.files.describe()})"
             )
-        t = self.files.get(orig)
-        if tuple(t.shape) != tuple(shape):
+        dtype, actual = self.files.meta(orig)
+        if actual != tuple(shape):
             raise ConversionError(
-                f"{self.files.src}: tensor {orig!r} has shape {fmt_shape(t.shape)}, but config.json "
-                f"implies {fmt_shape(shape)}"
+                f"{self.files.where(orig)}: tensor {orig!r} has shape {fmt_shape(actual)}, but "
+                f"config.json implies {fmt_shape(shape)}"
             )
-        if not t.is_floating_point():
-            raise ConversionError(f"{self.files.src}: tensor {orig!r} has dtype {t.dtype}, not a float type")
+        if dtype not in FLOAT_DTYPES:
+            raise ConversionError(
+                f"{self.files.where(orig)}: tensor {orig!r} has dtype {dtype}, which the engine does "
+                f"not take (it takes {', '.join(FLOAT_DTYPES)})"
+            )
+        return torch.empty(shape, device="meta")
+
+    def get(self, canon: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor as float32, checked (shape, dtype, finite values)."""
+        self.check(canon, shape)
+        orig = self.by_canonical[canon]
         # A copy: the result must not share memory with a mapped file or with another tensor.
-        t = t.detach().to(device="cpu", dtype=torch.float32, copy=True)
-        if not torch.isfinite(t).all():
-            raise ConversionError(f"{self.files.src}: tensor {orig!r} holds NaN or infinite values")
+        t = self.files.get(orig).detach().to(device="cpu", dtype=torch.float32, copy=True)
+        check_finite(orig, t, str(self.files.where(orig)), ConversionError)
         self.used.add(canon)
         return t
 
@@ -299,47 +345,52 @@ class _Collector:
         return [self.by_canonical[c] for c in self.by_canonical if c not in self.used]
 
 
-def _relayout(col: _Collector, cfg: dict, has_pooler: bool, log: Log) -> dict[str, torch.Tensor]:
-    """HF tensors ([out, in] Linear weights, separate Q/K/V) -> engine tensors ([in, out], fused QKV)."""
+def _relayout(get: Callable[[str, tuple], torch.Tensor], cfg: dict, has_pooler: bool,
+              log: Log) -> dict[str, torch.Tensor]:
+    """HF tensors ([out, in] Linear weights, separate Q/K/V) -> engine tensors ([in, out], fused QKV).
+
+    get(canonical HF name, shape) supplies each tensor: _Collector.get, or _Collector.check for a dry
+    run on tensors without data that checks every input before any is read.
+    """
     H, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     V, P, T = cfg["vocab_size"], cfg["max_position_embeddings"], cfg["type_vocab_size"]
     out: dict[str, torch.Tensor] = {}
     log("  embeddings")
-    out["embeddings.word"] = col.get("embeddings.word_embeddings.weight", (V, H))
-    out["embeddings.position"] = col.get("embeddings.position_embeddings.weight", (P, H))
-    out["embeddings.token_type"] = col.get("embeddings.token_type_embeddings.weight", (T, H))
-    out["embeddings.ln_gamma"] = col.get("embeddings.LayerNorm.weight", (H,))
-    out["embeddings.ln_beta"] = col.get("embeddings.LayerNorm.bias", (H,))
+    out["embeddings.word"] = get("embeddings.word_embeddings.weight", (V, H))
+    out["embeddings.position"] = get("embeddings.position_embeddings.weight", (P, H))
+    out["embeddings.token_type"] = get("embeddings.token_type_embeddings.weight", (T, H))
+    out["embeddings.ln_gamma"] = get("embeddings.LayerNorm.weight", (H,))
+    out["embeddings.ln_beta"] = get("embeddings.LayerNorm.bias", (H,))
 
     def linear_t(prefix: str, n_out: int, n_in: int) -> torch.Tensor:
-        return col.get(prefix + ".weight", (n_out, n_in)).t().contiguous()  # [in, out]
+        return get(prefix + ".weight", (n_out, n_in)).t().contiguous()  # [in, out]
 
     for i in range(L):
         log(f"  layer {i + 1}/{L}")
         p = f"encoder.layer.{i}."
         a = p + "attention."
-        q = col.get(a + "self.query.weight", (H, H))  # [H_out, H_in]
-        k = col.get(a + "self.key.weight", (H, H))
-        v = col.get(a + "self.value.weight", (H, H))
+        q = get(a + "self.query.weight", (H, H))  # [H_out, H_in]
+        k = get(a + "self.key.weight", (H, H))
+        v = get(a + "self.value.weight", (H, H))
         # [3H, H] -> [H, 3H]: column block 0 is Q, 1 is K, 2 is V, which the QKV GEMM output keeps.
         out[f"layers.{i}.qkv_weight"] = torch.cat([q, k, v], dim=0).t().contiguous()
         out[f"layers.{i}.qkv_bias"] = torch.cat(
-            [col.get(a + f"self.{n}.bias", (H,)) for n in ("query", "key", "value")]
+            [get(a + f"self.{n}.bias", (H,)) for n in ("query", "key", "value")]
         )
         out[f"layers.{i}.attn_out_weight"] = linear_t(a + "output.dense", H, H)
-        out[f"layers.{i}.attn_out_bias"] = col.get(a + "output.dense.bias", (H,))
-        out[f"layers.{i}.attn_ln_gamma"] = col.get(a + "output.LayerNorm.weight", (H,))
-        out[f"layers.{i}.attn_ln_beta"] = col.get(a + "output.LayerNorm.bias", (H,))
+        out[f"layers.{i}.attn_out_bias"] = get(a + "output.dense.bias", (H,))
+        out[f"layers.{i}.attn_ln_gamma"] = get(a + "output.LayerNorm.weight", (H,))
+        out[f"layers.{i}.attn_ln_beta"] = get(a + "output.LayerNorm.bias", (H,))
         out[f"layers.{i}.ffn_in_weight"] = linear_t(p + "intermediate.dense", I, H)
-        out[f"layers.{i}.ffn_in_bias"] = col.get(p + "intermediate.dense.bias", (I,))
+        out[f"layers.{i}.ffn_in_bias"] = get(p + "intermediate.dense.bias", (I,))
         out[f"layers.{i}.ffn_out_weight"] = linear_t(p + "output.dense", H, I)
-        out[f"layers.{i}.ffn_out_bias"] = col.get(p + "output.dense.bias", (H,))
-        out[f"layers.{i}.ffn_ln_gamma"] = col.get(p + "output.LayerNorm.weight", (H,))
-        out[f"layers.{i}.ffn_ln_beta"] = col.get(p + "output.LayerNorm.bias", (H,))
+        out[f"layers.{i}.ffn_out_bias"] = get(p + "output.dense.bias", (H,))
+        out[f"layers.{i}.ffn_ln_gamma"] = get(p + "output.LayerNorm.weight", (H,))
+        out[f"layers.{i}.ffn_ln_beta"] = get(p + "output.LayerNorm.bias", (H,))
     if has_pooler:
         log("  pooler")
         out["pooler.weight"] = linear_t("pooler.dense", H, H)
-        out["pooler.bias"] = col.get("pooler.dense.bias", (H,))
+        out["pooler.bias"] = get("pooler.dense.bias", (H,))
     return out
 
 
@@ -368,6 +419,9 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
     hf = read_hf_config(src)
     max_seq_length = read_max_seq_length(src)
     files = WeightFiles(src)
+    # No tensor has been read yet, only headers: absurd sizes in config.json fail here, cheaply.
+    check_fits({**hf, "has_pooler": False}, files.nbytes(), _MIN_ITEMSIZE, str(src / "config.json"),
+               files.describe(), ConversionError)
     col = _Collector(files, hf["num_hidden_layers"])
     has_pooler = col.has("pooler.dense.weight")
     log(
@@ -376,7 +430,9 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         f"{hf['intermediate_size']}, vocab {hf['vocab_size']}, {hf['hidden_act']}, "
         f"pooler {'yes' if has_pooler else 'no'}"
     )
-    tensors = _relayout(col, hf, has_pooler, log)
+    # A dry run on tensors without data: every input's presence, shape and dtype, before any is read.
+    _relayout(col.check, hf, has_pooler, _quiet)
+    tensors = _relayout(col.get, hf, has_pooler, log)
     ignored = [n for n in col.ignored() if _canonical(n) not in _BUFFERS]
     if ignored:
         outside = [n for n in ignored if not _is_encoder(_canonical(n))]

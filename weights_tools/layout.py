@@ -10,6 +10,7 @@ import hashlib
 import math
 import os
 import re
+import struct
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,24 +73,31 @@ LAYER_TENSORS = (
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
+# The engine holds every size in a C++ int.
+MAX_SIZE = 2**31 - 1
+
 
 def expected_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
     """The tensors an engine config implies, as (name, shape), embeddings first, then layers in order.
 
     Matrices are [in, out] (the transpose of nn.Linear's [out, in]).
     """
+    return list(iter_expected_tensors(config))
+
+
+def iter_expected_tensors(config: dict):
+    """expected_tensors one at a time: a reader can stop at the first mismatch without building the
+    whole list, which an absurd num_hidden_layers would make huge."""
     V = int(config["vocab_size"])
     H = int(config["hidden_size"])
     I = int(config["intermediate_size"])  # noqa: E741 (the FFN inner size, as in the docs)
     P = int(config["max_position_embeddings"])
     T = int(config["type_vocab_size"])
-    out: list[tuple[str, tuple[int, ...]]] = [
-        ("embeddings.word", (V, H)),
-        ("embeddings.position", (P, H)),
-        ("embeddings.token_type", (T, H)),
-        ("embeddings.ln_gamma", (H,)),
-        ("embeddings.ln_beta", (H,)),
-    ]
+    yield "embeddings.word", (V, H)
+    yield "embeddings.position", (P, H)
+    yield "embeddings.token_type", (T, H)
+    yield "embeddings.ln_gamma", (H,)
+    yield "embeddings.ln_beta", (H,)
     layer_shapes = {
         "qkv_weight": (H, 3 * H),
         "qkv_bias": (3 * H,),
@@ -105,11 +113,51 @@ def expected_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
         "ffn_ln_beta": (H,),
     }
     for i in range(int(config["num_hidden_layers"])):
-        out.extend((f"layers.{i}.{name}", layer_shapes[name]) for name in LAYER_TENSORS)
+        yield from ((f"layers.{i}.{name}", layer_shapes[name]) for name in LAYER_TENSORS)
     if config["has_pooler"]:
-        out.append(("pooler.weight", (H, H)))
-        out.append(("pooler.bias", (H,)))
-    return out
+        yield "pooler.weight", (H, H)
+        yield "pooler.bias", (H,)
+
+
+def _numel(shape) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def parameter_count(config: dict) -> tuple[int, str]:
+    """(number of parameters the config implies, what holds most of them), computed from the sizes
+    alone: one layer's tensors times the layer count, never a list as long as the model."""
+    L = int(config["num_hidden_layers"])
+    one = expected_tensors({**config, "num_hidden_layers": 1})
+    layer = sum(_numel(s) for n, s in one if n.startswith("layers."))
+    parts = [(_numel(s), f"{n} {fmt_shape(s)}") for n, s in one if not n.startswith("layers.")]
+    parts.append((L * layer, f"{L} layers of {layer} parameters"))
+    return sum(p for p, _ in parts), max(parts)[1]
+
+
+def check_fits(config: dict, available: int, itemsize: int, where: str, files: str,
+               error: Callable[[str], Exception]) -> None:
+    """Refuses a config whose tensors need more bytes than the weight files hold.
+
+    Runs before any tensor is read: an absurd size in the config (vocab_size 10**9, say) fails
+    here, naming the sizes, instead of in an allocation or a loop over the model's tensors.
+    """
+    count, largest = parameter_count(config)
+    need = count * itemsize
+    if need > available:
+        sizes = ", ".join(f"{k}={config[k]}" for k in INT_KEYS)
+        raise error(
+            f"{where}: the sizes it declares ({sizes}) imply {count} parameters, at least "
+            f"{human_size(need)}, but the weight files ({files}) hold only {human_size(available)} "
+            f"(most of it would be {largest}); a size in the config is wrong"
+        )
+
+
+def check_finite(name: str, t: torch.Tensor, where: str, error: Callable[[str], Exception]) -> None:
+    """A NaN or infinity in a weight poisons every output it reaches; refuse it at load."""
+    finite = torch.isfinite(t)
+    if not finite.all():
+        bad = t.numel() - int(finite.sum())
+        raise error(f"{where}: tensor {name!r} holds {bad} NaN or infinite value(s) (of {t.numel()})")
 
 
 def fmt_shape(shape) -> str:
@@ -146,22 +194,31 @@ def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exceptio
     """Checks the model hyper-parameters (shared by the HF reader and the converted-file reader)."""
     for key in INT_KEYS:
         v = cfg.get(key)
-        if not _is_int(v) or v <= 0:
-            raise error(f"{where}: {key} must be a positive integer, got {v!r}")
+        if not _is_int(v) or not 0 < v <= MAX_SIZE:
+            raise error(f"{where}: {key} must be a positive integer (at most {MAX_SIZE}), got {v!r}")
     if cfg["hidden_size"] % cfg["num_attention_heads"] != 0:
         raise error(
             f"{where}: hidden_size {cfg['hidden_size']} is not divisible by "
             f"num_attention_heads {cfg['num_attention_heads']}"
         )
     eps = cfg.get("layer_norm_eps")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps <= 0:
-        raise error(f"{where}: layer_norm_eps must be a positive number, got {eps!r}")
+    # The engine computes in float32: an eps that rounds to 0 or overflows there is no eps at all.
+    if (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps)
+            or not 0 < _as_float32(eps) < math.inf):
+        raise error(f"{where}: layer_norm_eps must be a positive number float32 can hold, got {eps!r}")
     act = cfg.get("hidden_act")
     if not isinstance(act, str) or act not in ACTIVATIONS:
         raise error(
             f"{where}: hidden_act {act!r} is not supported by the engine "
             f"(supported: {', '.join(ACTIVATIONS)})"
         )
+
+
+def _as_float32(x: float) -> float:
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return math.inf
 
 
 def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception]) -> None:

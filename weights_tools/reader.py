@@ -14,10 +14,13 @@ from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     check_engine_config,
-    expected_tensors,
+    check_finite,
+    check_fits,
     fmt_shape,
+    iter_expected_tensors,
     sha256_file,
 )
+from .safetensors_header import read_header
 
 
 def is_converted(directory) -> bool:
@@ -55,10 +58,13 @@ def read_converted(directory) -> tuple[dict, dict[str, torch.Tensor]]:
     """(engine config, tensors in the stored dtype) of a converted directory, all checked.
 
     Raises FormatError for a missing or malformed config, a missing, truncated or altered weights
-    file, and any tensor that is missing, unexpected, or of the wrong shape or dtype.
+    file, sizes the weights file cannot hold, any tensor that is missing, unexpected, or of the wrong
+    shape or dtype, and any NaN or infinite weight. Everything but the last is checked from the
+    config and the safetensors header, before any tensor data is read.
     """
     d = Path(directory)
     config = read_config(d)
+    cpath = d / CONFIG_FILE
     wpath = d / config["weights_file"]
     if not wpath.is_file():
         raise FormatError(f"{wpath}: weights file missing (named by {CONFIG_FILE})")
@@ -69,29 +75,34 @@ def read_converted(directory) -> tuple[dict, dict[str, torch.Tensor]]:
             f"{wpath} is corrupted or truncated (sha256 mismatch: {CONFIG_FILE} says "
             f"{config['weights_sha256'][:16]}..., the file hashes to {actual[:16]}...)"
         )
+    # The checksum covers the weights, not the config: its sizes are checked against the file.
+    want_dtype = DTYPES[config["dtype"]]
+    check_fits(config, wpath.stat().st_size, want_dtype.itemsize, str(cpath), wpath.name, FormatError)
+    header = read_header(wpath, FormatError)
+    names = []
+    for name, shape in iter_expected_tensors(config):
+        info = header.pop(name, None)
+        if info is None:
+            raise FormatError(f"{wpath}: missing tensor {name!r}")
+        if info.shape != shape:
+            raise FormatError(
+                f"{wpath}: tensor {name!r} has shape {fmt_shape(info.shape)}, expected {fmt_shape(shape)}"
+            )
+        if info.dtype != config["dtype"]:  # DTYPES and the header both use torch's names
+            raise FormatError(
+                f"{wpath}: tensor {name!r} is {info.dtype}, but {CONFIG_FILE} declares dtype "
+                f"{config['dtype']}"
+            )
+        names.append(name)
+    if header:
+        raise FormatError(f"{wpath}: unexpected tensor(s) {', '.join(sorted(header))}")
+
     try:
         from safetensors.torch import load_file
 
         tensors = load_file(str(wpath), device="cpu")
     except Exception as e:  # safetensors raises its own error types, and others for odd files
         raise FormatError(f"{wpath}: cannot be read as safetensors ({e})") from e
-
-    want_dtype = DTYPES[config["dtype"]]
-    ordered: dict[str, torch.Tensor] = {}
-    for name, shape in expected_tensors(config):
-        t = tensors.pop(name, None)
-        if t is None:
-            raise FormatError(f"{wpath}: missing tensor {name!r}")
-        if tuple(t.shape) != shape:
-            raise FormatError(
-                f"{wpath}: tensor {name!r} has shape {fmt_shape(t.shape)}, expected {fmt_shape(shape)}"
-            )
-        if t.dtype != want_dtype:
-            raise FormatError(
-                f"{wpath}: tensor {name!r} is {str(t.dtype).replace('torch.', '')}, but "
-                f"{CONFIG_FILE} declares dtype {config['dtype']}"
-            )
-        ordered[name] = t
-    if tensors:
-        raise FormatError(f"{wpath}: unexpected tensor(s) {', '.join(sorted(tensors))}")
-    return config, ordered
+    for name in names:
+        check_finite(name, tensors[name], str(wpath), FormatError)
+    return config, {name: tensors[name] for name in names}

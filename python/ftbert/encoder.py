@@ -354,7 +354,11 @@ class Encoder:
             from transformers import AutoTokenizer
 
             try:
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+                # trust_remote_code=False: a checkpoint's auto_map must never run its own code
+                # (left unset, transformers asks on stdin, and a "y" runs it).
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    str(self.path), local_files_only=True, trust_remote_code=False
+                )
             except Exception as e:  # transformers raises several types here
                 raise ValueError(f"no usable tokenizer in {str(self.path)!r}: {e}") from e
         return self._tokenizer

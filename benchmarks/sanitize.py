@@ -14,7 +14,7 @@ import torch
 from transformers import BertConfig, BertModel
 
 import ftbert
-from ftbert import _C
+from ftbert import _ops
 
 
 def forward() -> None:
@@ -42,7 +42,7 @@ def forward() -> None:
 
 def ops() -> None:
     rng = np.random.default_rng(1)
-    r = _C.OpRunner("cuda")
+    r = _ops.OpRunner("cuda")
     for dtype in ("float32", "float16", "bfloat16"):
         for seq in (7, 129, 1500):  # warp-per-row and block-per-row softmax
             scores = rng.standard_normal((2, 2, seq, seq)).astype(np.float32)

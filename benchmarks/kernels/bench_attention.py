@@ -81,7 +81,7 @@ def time_ms(fn, reps, warmup, flush):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def bench_shape(_C, runner, name, B, S, heads, d, dtype, args, flush):
+def bench_shape(_ops, runner, name, B, S, heads, d, dtype, args, flush):
     td = TORCH_DTYPE[dtype]
     H = heads * d
     scale = 1.0 / math.sqrt(d)
@@ -144,7 +144,7 @@ def bench_shape(_C, runner, name, B, S, heads, d, dtype, args, flush):
                          ("ftbert unfused", "unfused")):
         out = torch.empty(B, S, H, device="cuda", dtype=td)
         try:
-            ws_bytes = _C.attention_workspace_bytes(kind, dtype, B, S, heads, d)
+            ws_bytes = _ops.attention_workspace_bytes(kind, dtype, B, S, heads, d)
         except RuntimeError as e:
             rows.append(dict(method=method, ms=None, tflops=None, max_abs_diff=None,
                              note=str(e).splitlines()[0][:80]))
@@ -152,7 +152,7 @@ def bench_shape(_C, runner, name, B, S, heads, d, dtype, args, flush):
         ws = torch.empty(max(ws_bytes, 1), device="cuda", dtype=torch.uint8)
 
         def run(kind=kind, out=out, ws=ws):
-            _C.attention_ptr(runner, kind, dtype, qkv.data_ptr(), bias.data_ptr(), mask.data_ptr(),
+            _ops.attention_ptr(runner, kind, dtype, qkv.data_ptr(), bias.data_ptr(), mask.data_ptr(),
                              out.data_ptr(), ws.data_ptr(), B, S, heads, d, stream)
 
         portable = method == "flash portable"
@@ -186,9 +186,9 @@ def main():
 
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA GPU")
-    from ftbert import _C
+    from ftbert import _ops
 
-    runner = _C.OpRunner("cuda")
+    runner = _ops.OpRunner("cuda")
     props = torch.cuda.get_device_properties(0)
     flush = None
     if not args.no_flush:
@@ -204,7 +204,7 @@ def main():
     results = []
     for dtype in args.dtypes:
         for name, B, S, heads, d in SHAPES:
-            rows = bench_shape(_C, runner, name, B, S, heads, d, dtype, args, flush)
+            rows = bench_shape(_ops, runner, name, B, S, heads, d, dtype, args, flush)
             flash_ms = next((r["ms"] for r in rows if r["method"] == "ftbert flash"), None)
             for r in rows:
                 rel = r["ms"] / flash_ms if r["ms"] and flash_ms else None

@@ -1,4 +1,5 @@
-// Shared helpers of the pybind11 module: conversions between numpy arrays and engine types.
+// Shared helpers of the pybind11 modules (_C: the encoder; _ops: the op test harness):
+// conversions between Python values and engine types.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -13,8 +14,10 @@ namespace ftbert::bindings {
 namespace py = pybind11;
 
 DType dtype_from_string(const std::string& name);
+// InputError -> ValueError, every other ftbert::Error -> RuntimeError; once per module.
+void register_error_translation();
 
-void register_encoder(py::module_& m);
-void register_op_runner(py::module_& m);
+void register_encoder(py::module_& m);     // in _C
+void register_op_runner(py::module_& m);   // in _ops
 
 }  // namespace ftbert::bindings

@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from ftbert import _C
+from ftbert import _ops
 from tests._util import ragged_mask
 
 
 @pytest.fixture(scope="module")
 def cpu():
-    return _C.OpRunner("cpu")
+    return _ops.OpRunner("cpu")
 
 
 def layernorm64(x, gamma, beta, eps):

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-_C = pytest.importorskip("ftbert._C")
+_ops = pytest.importorskip("ftbert._ops")
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not _C.cuda_backend_built(), reason="this ftbert build has no CUDA backend"),
+    pytest.mark.skipif(not _ops.cuda_backend_built(), reason="this ftbert build has no CUDA backend"),
 ]
 
 from tests._util import ragged_mask  # noqa: E402
@@ -30,12 +30,12 @@ FP32_NOISE = 2e-6  # ~17 float32 ulps; the ops measured well under 1e-6 on an H1
 
 @pytest.fixture(scope="module")
 def gpu():
-    return _C.OpRunner("cuda")
+    return _ops.OpRunner("cuda")
 
 
 @pytest.fixture(scope="module")
 def cpu():
-    return _C.OpRunner("cpu")
+    return _ops.OpRunner("cpu")
 
 
 def rounded(x, dtype):
@@ -316,4 +316,4 @@ def test_pooler_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden):
 
 def test_bad_device_index_raises_instead_of_aborting():
     with pytest.raises(RuntimeError, match="99"):
-        _C.OpRunner("cuda:99")
+        _ops.OpRunner("cuda:99")

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
-_C = pytest.importorskip("ftbert._C")
-if not _C.cuda_backend_built():
+_ops = pytest.importorskip("ftbert._ops")
+if not _ops.cuda_backend_built():
     pytest.skip("this ftbert build has no CUDA backend", allow_module_level=True)
 
 from tests._util import ragged_mask  # noqa: E402
@@ -38,7 +38,7 @@ def sdpa_backends():
 
 @pytest.fixture(scope="module")
 def gpu():
-    return _C.OpRunner("cuda")
+    return _ops.OpRunner("cuda")
 
 
 @pytest.fixture(params=["default", "portable"], autouse=True)

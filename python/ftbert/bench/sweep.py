@@ -104,11 +104,11 @@ class Sweep:
         """Whether the backend has flash attention for this dtype and the model's head size."""
         key = (device, dtype)
         if key not in self._flash_ok:
-            from .. import _C
+            from .. import _ops
 
             c = self.model.config
             head_dim = int(c["hidden_size"]) // int(c["num_attention_heads"])
-            self._flash_ok[key] = bool(_C.OpRunner(device).supports_attention("flash", dtype, head_dim))
+            self._flash_ok[key] = bool(_ops.OpRunner(device).supports_attention("flash", dtype, head_dim))
         return self._flash_ok[key]
 
     def total(self) -> int:

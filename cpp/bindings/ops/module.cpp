@@ -1,0 +1,13 @@
+// The pybind11 module ftbert._ops: each backend op on numpy arrays, for the op tests and the kernel
+// benchmarks. Kept out of ftbert._C so that the production module only converts.
+#include "bindings/bindings.h"
+
+#include "ftbert/backend.h"
+
+PYBIND11_MODULE(_ops, m) {
+  m.doc() = "ftbert engine (C++): op-level entry points for tests and benchmarks";
+  ftbert::bindings::register_error_translation();
+  m.def("cuda_backend_built", &ftbert::cuda_backend_built,
+        "Whether this build has the CUDA backend library (it may still lack a GPU to run on).");
+  ftbert::bindings::register_op_runner(m);
+}

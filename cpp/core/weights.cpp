@@ -34,35 +34,58 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const ModelConfig& c) {
+namespace {
+
+// One row per tensor a config implies: its name in the converted file, its shape, and where
+// upload_weights puts it. The one table both expected_tensors and upload_weights read.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DeviceBuffer* dest;
+};
+
+// `w` may be null (the destinations are then null too): the names and shapes alone.
+std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> t = {
-      {"embeddings.word", {c.vocab_size, H}},
-      {"embeddings.position", {c.max_position_embeddings, H}},
-      {"embeddings.token_type", {c.type_vocab_size, H}},
-      {"embeddings.ln_gamma", {H}},
-      {"embeddings.ln_beta", {H}},
+  auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
+  std::vector<TensorSpec> t = {
+      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings)},
+      {"embeddings.position", {c.max_position_embeddings, H}, at(&ModelWeights::position_embeddings)},
+      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings)},
+      {"embeddings.ln_gamma", {H}, at(&ModelWeights::emb_ln_gamma)},
+      {"embeddings.ln_beta", {H}, at(&ModelWeights::emb_ln_beta)},
   };
+  if (w) w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    t.push_back({p + "qkv_weight", {H, 3 * H}});
-    t.push_back({p + "qkv_bias", {3 * H}});
-    t.push_back({p + "attn_out_weight", {H, H}});
-    t.push_back({p + "attn_out_bias", {H}});
-    t.push_back({p + "attn_ln_gamma", {H}});
-    t.push_back({p + "attn_ln_beta", {H}});
-    t.push_back({p + "ffn_in_weight", {H, I}});
-    t.push_back({p + "ffn_in_bias", {I}});
-    t.push_back({p + "ffn_out_weight", {I, H}});
-    t.push_back({p + "ffn_out_bias", {H}});
-    t.push_back({p + "ffn_ln_gamma", {H}});
-    t.push_back({p + "ffn_ln_beta", {H}});
+    LayerWeights* l = w ? &w->layers[i] : nullptr;
+    auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
+    t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight)});
+    t.push_back({p + "qkv_bias", {3 * H}, in(&LayerWeights::qkv_bias)});
+    t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight)});
+    t.push_back({p + "attn_out_bias", {H}, in(&LayerWeights::attn_out_bias)});
+    t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
+    t.push_back({p + "attn_ln_beta", {H}, in(&LayerWeights::attn_ln_beta)});
+    t.push_back({p + "ffn_in_weight", {H, I}, in(&LayerWeights::ffn_in_weight)});
+    t.push_back({p + "ffn_in_bias", {I}, in(&LayerWeights::ffn_in_bias)});
+    t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight)});
+    t.push_back({p + "ffn_out_bias", {H}, in(&LayerWeights::ffn_out_bias)});
+    t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});
+    t.push_back({p + "ffn_ln_beta", {H}, in(&LayerWeights::ffn_ln_beta)});
   }
   if (c.has_pooler) {
-    t.push_back({"pooler.weight", {H, H}});
-    t.push_back({"pooler.bias", {H}});
+    t.push_back({"pooler.weight", {H, H}, at(&ModelWeights::pooler_weight)});
+    t.push_back({"pooler.bias", {H}, at(&ModelWeights::pooler_bias)});
   }
   return t;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const ModelConfig& c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (TensorSpec& t : tensor_table(c, nullptr)) out.emplace_back(std::move(t.name), std::move(t.shape));
+  return out;
 }
 
 namespace {
@@ -105,43 +128,14 @@ DeviceBuffer upload_one(Backend* backend, const HostWeights& host, const std::st
 
 ModelWeights upload_weights(Backend* backend, const ModelConfig& config, const HostWeights& host,
                             DType compute) {
-  const auto expected = expected_tensors(config);
+  ModelWeights w;
+  const std::vector<TensorSpec> table = tensor_table(config, &w);
   for (const auto& [name, tensor] : host) {
     bool known = false;
-    for (const auto& e : expected) known = known || e.first == name;
+    for (const TensorSpec& t : table) known = known || t.name == name;
     FTBERT_CHECK(known, "weights: unexpected tensor '" << name << "' for this config");
   }
-  std::size_t next = 0;
-  auto up = [&](void) {
-    const auto& e = expected[next++];
-    return upload_one(backend, host, e.first, e.second, compute);
-  };
-  // The order below is expected_tensors' order.
-  ModelWeights w;
-  w.word_embeddings = up();
-  w.position_embeddings = up();
-  w.token_type_embeddings = up();
-  w.emb_ln_gamma = up();
-  w.emb_ln_beta = up();
-  w.layers.resize(config.num_layers);
-  for (auto& l : w.layers) {
-    l.qkv_weight = up();
-    l.qkv_bias = up();
-    l.attn_out_weight = up();
-    l.attn_out_bias = up();
-    l.attn_ln_gamma = up();
-    l.attn_ln_beta = up();
-    l.ffn_in_weight = up();
-    l.ffn_in_bias = up();
-    l.ffn_out_weight = up();
-    l.ffn_out_bias = up();
-    l.ffn_ln_gamma = up();
-    l.ffn_ln_beta = up();
-  }
-  if (config.has_pooler) {
-    w.pooler_weight = up();
-    w.pooler_bias = up();
-  }
+  for (const TensorSpec& t : table) *t.dest = upload_one(backend, host, t.name, t.shape, compute);
   backend->synchronize();  // the host staging buffers are gone after this function
   return w;
 }

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._native import _C, ensure_cuda_libraries
+from .inputs import as_int_array, check_device_values, check_shapes, int_tensor_to_numpy, ndim_message
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -236,10 +237,10 @@ class Encoder:
         is_torch = isinstance(input_ids, torch.Tensor)
         if is_torch:
             return self._forward_torch(input_ids, attention_mask, token_type_ids)
-        ids = _as_int_array("input_ids", input_ids)
-        mask = np.ones_like(ids) if attention_mask is None else _as_int_array("attention_mask", attention_mask)
-        types = np.zeros_like(ids) if token_type_ids is None else _as_int_array("token_type_ids", token_type_ids)
-        _check_shapes(ids.shape, mask.shape, types.shape)
+        ids = as_int_array("input_ids", input_ids)
+        mask = np.ones_like(ids) if attention_mask is None else as_int_array("attention_mask", attention_mask)
+        types = np.zeros_like(ids) if token_type_ids is None else as_int_array("token_type_ids", token_type_ids)
+        check_shapes(ids.shape, mask.shape, types.shape)
         hidden, pooled, nonfinite, earlier = self._native.forward_host(ids, mask, types)
         self._report_nonfinite(nonfinite, earlier)
         return EncoderOutput(_from_native_numpy(hidden), None if pooled is None else _from_native_numpy(pooled))
@@ -257,10 +258,10 @@ class Encoder:
             if t is not None and t.device != in_device:
                 raise ValueError(f"{name} is on {t.device} but input_ids is on {in_device}")
         if input_ids.dim() != 2:
-            raise ValueError(_ndim_message("input_ids", tuple(input_ids.shape)))
+            raise ValueError(ndim_message("input_ids", tuple(input_ids.shape)))
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
-        _check_shapes(tuple(input_ids.shape), tuple(mask.shape), tuple(types.shape))
+        check_shapes(tuple(input_ids.shape), tuple(mask.shape), tuple(types.shape))
 
         if self.device.startswith("cuda") and in_device.type == "cuda":
             if in_device.index != int(self.device.split(":")[1]):
@@ -269,9 +270,9 @@ class Encoder:
 
         # Host path: through numpy, then back to the inputs' device and a torch dtype.
         out = self.__call__(
-            _int_tensor_to_numpy("input_ids", input_ids),
-            _int_tensor_to_numpy("attention_mask", mask),
-            _int_tensor_to_numpy("token_type_ids", types),
+            int_tensor_to_numpy("input_ids", input_ids),
+            int_tensor_to_numpy("attention_mask", mask),
+            int_tensor_to_numpy("token_type_ids", types),
         )
         tdtype = getattr(torch, self.dtype)
 
@@ -322,27 +323,7 @@ class Encoder:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def _check_device_values(self, ids, mask, types) -> None:
-        # Device inputs are checked here with torch: a few reductions and one small read back (a
-        # sync); the kernels clamp anyway, so a bad id can never read outside the tables.
-        torch = _torch()
-        c = self.config
-        if ids.shape[1] > c["max_position_embeddings"]:
-            raise ValueError(
-                f"sequence length {ids.shape[1]} exceeds max_position_embeddings {c['max_position_embeddings']}"
-            )
-        stats = [*torch.aminmax(ids), *torch.aminmax(types)]
-        if mask.is_floating_point():
-            stats.append(((mask != 0) & (mask != 1)).any())
-        elif mask.dtype != torch.bool:
-            lo, hi = torch.aminmax(mask)
-            stats.append((lo < 0) | (hi > 1))
-        ids_lo, ids_hi, types_lo, types_hi, *mask_bad = torch.stack(stats).tolist()
-        for name, lo, hi, limit in (("input_ids", ids_lo, ids_hi, "vocab_size"),
-                                    ("token_type_ids", types_lo, types_hi, "type_vocab_size")):
-            if lo < 0 or hi >= c[limit]:
-                raise ValueError(f"{name} holds {int(lo if lo < 0 else hi)}, out of range for {limit} {c[limit]}")
-        if mask_bad and mask_bad[0]:
-            raise ValueError("attention_mask must hold only 0 and 1")
+        check_device_values(self.config, ids, mask, types)
 
     # ---- text ------------------------------------------------------------------------------
     @property
@@ -409,47 +390,6 @@ def _check_concurrency(n) -> int:
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def _ndim_message(name: str, shape: tuple) -> str:
-    hint = " (add a batch dimension, e.g. ids[None])" if len(shape) == 1 else ""
-    return f"{name} must be 2-D [batch, seq], got shape {shape}{hint}"
-
-
-def _as_int_array(name: str, value) -> np.ndarray:
-    if isinstance(value, (list, tuple)):
-        value = np.asarray(value)
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array or torch tensor, got {type(value).__name__}")
-    if value.dtype == np.bool_:
-        value = value.astype(np.int32)
-    if name == "attention_mask" and np.issubdtype(value.dtype, np.floating) and np.isin(value, (0.0, 1.0)).all():
-        value = value.astype(np.int32)  # a float 1.0/0.0 mask, as transformers accepts
-    if not np.issubdtype(value.dtype, np.integer):
-        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
-    if value.ndim != 2:
-        raise ValueError(_ndim_message(name, value.shape))
-    if value.size == 0:
-        raise ValueError(f"empty input: {name} has shape {value.shape}")
-    if value.dtype.itemsize > 4 or value.dtype == np.uint32:
-        lo, hi = int(value.min()), int(value.max())
-        if lo < -(2**31) or hi >= 2**31:
-            raise ValueError(f"{name} holds {lo if lo < -(2**31) else hi}, outside the int32 range")
-    return np.ascontiguousarray(value, dtype=np.int32)
-
-
-def _int_tensor_to_numpy(name: str, t) -> np.ndarray:
-    torch = _torch()
-    if t.dtype == torch.bool:
-        t = t.to(torch.int32)
-    return _as_int_array(name, t.detach().cpu().numpy())
-
-
-def _check_shapes(ids_shape, mask_shape, types_shape) -> None:
-    if tuple(mask_shape) != tuple(ids_shape):
-        raise ValueError(f"attention_mask has shape {tuple(mask_shape)}, expected {tuple(ids_shape)} like input_ids")
-    if tuple(types_shape) != tuple(ids_shape):
-        raise ValueError(f"token_type_ids has shape {tuple(types_shape)}, expected {tuple(ids_shape)} like input_ids")
 
 
 def _from_native_numpy(a: np.ndarray) -> np.ndarray:

@@ -21,7 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._native import _C, ensure_cuda_libraries
-from .inputs import as_int_array, check_device_values, check_shapes, int_tensor_to_numpy, ndim_message
+from .inputs import (
+    as_int_array, check_device_values, check_seq_length, check_shapes, check_tensor, device_int32,
+    ndim_message, tensor_to_numpy,
+)
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -241,6 +244,7 @@ class Encoder:
         mask = np.ones_like(ids) if attention_mask is None else as_int_array("attention_mask", attention_mask)
         types = np.zeros_like(ids) if token_type_ids is None else as_int_array("token_type_ids", token_type_ids)
         check_shapes(ids.shape, mask.shape, types.shape)
+        check_seq_length(self.config, ids.shape[1])
         hidden, pooled, nonfinite, earlier = self._native.forward_host(ids, mask, types)
         self._report_nonfinite(nonfinite, earlier)
         return EncoderOutput(_from_native_numpy(hidden), None if pooled is None else _from_native_numpy(pooled))
@@ -249,30 +253,35 @@ class Encoder:
         torch = _torch()
         tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         for name, t in tensors.items():
-            if t is not None and not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch tensor like input_ids, got {type(t).__name__}")
-            if t is not None and (t.is_floating_point() or t.is_complex()) and name != "attention_mask":
-                raise TypeError(f"{name} must hold integers, got {t.dtype}")
+            if t is not None:
+                check_tensor(name, t)
         in_device = input_ids.device
         for name, t in tensors.items():
             if t is not None and t.device != in_device:
                 raise ValueError(f"{name} is on {t.device} but input_ids is on {in_device}")
         if input_ids.dim() != 2:
             raise ValueError(ndim_message("input_ids", tuple(input_ids.shape)))
-        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        types = token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
-        check_shapes(tuple(input_ids.shape), tuple(mask.shape), tuple(types.shape))
+        shape = tuple(input_ids.shape)
+        mask, types = attention_mask, token_type_ids
+        if mask is None:
+            mask = torch.ones(shape, dtype=torch.int32, device=in_device)
+        if types is None:
+            types = torch.zeros(shape, dtype=torch.int32, device=in_device)
+        check_shapes(shape, tuple(mask.shape), tuple(types.shape))
 
         if self.device.startswith("cuda") and in_device.type == "cuda":
             if in_device.index != int(self.device.split(":")[1]):
-                raise ValueError(f"inputs are on {in_device} but the encoder runs on {self.device}")
+                raise ValueError(
+                    f"input_ids is on {in_device} but the encoder runs on {self.device}: move the inputs "
+                    f"there (.to({self.device!r})), or pass CPU tensors"
+                )
             return self._forward_cuda_tensors(input_ids, mask, types)
 
         # Host path: through numpy, then back to the inputs' device and a torch dtype.
         out = self.__call__(
-            int_tensor_to_numpy("input_ids", input_ids),
-            int_tensor_to_numpy("attention_mask", mask),
-            int_tensor_to_numpy("token_type_ids", types),
+            tensor_to_numpy("input_ids", input_ids),
+            tensor_to_numpy("attention_mask", mask),
+            tensor_to_numpy("token_type_ids", types),
         )
         tdtype = getattr(torch, self.dtype)
 
@@ -287,7 +296,7 @@ class Encoder:
         if B == 0 or S == 0:
             raise ValueError(f"empty input: input_ids has shape {tuple(ids.shape)}")
         self._check_device_values(ids, mask, types)
-        ids32, mask32, types32 = (t.to(torch.int32).contiguous() for t in (ids, mask, types))
+        ids32, mask32, types32 = (device_int32(t) for t in (ids, mask, types))
         tdtype = getattr(torch, self.dtype)
         hidden = torch.empty((B, S, self.hidden_size), dtype=tdtype, device=ids.device)
         pooled = (

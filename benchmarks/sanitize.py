@@ -3,11 +3,15 @@
   sanitize.py forward  - a small model's forward in float32, float16 and bfloat16, both attentions,
                          op by op and replayed as a CUDA graph
   sanitize.py ops      - the softmax (both variants), LayerNorm and both flash attention kernels
+  sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
+                         concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
+                         output equal to the sequential one
 """
 
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -38,6 +42,43 @@ def forward() -> None:
                     np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
                 assert enc.recorded_shapes == 1
                 print(dtype, attention, enc.attention_for(3, 77), "ok")
+
+
+def threads(cases_n: int = 24) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(0)
+        cfg = BertConfig(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=301, max_position_embeddings=256)
+        BertModel(cfg).save_pretrained(d)
+        rng = np.random.default_rng(2)
+        shapes = [(2, 33), (3, 64), (1, 100)]
+        cases = []
+        for i in range(cases_n):
+            b, s = shapes[i % len(shapes)]
+            mask = np.ones((b, s), np.int64)
+            mask[-1, rng.integers(1, s + 1):] = 0
+            cases.append((torch.from_numpy(rng.integers(0, 97, (b, s))).cuda(), torch.from_numpy(mask).cuda()))
+        for attention in ("unfused", "flash"):
+            for concurrency in (1, 2):
+                enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype="float16", attention=attention,
+                                                     concurrency=concurrency)
+                want = [enc(ids, mask).last_hidden_state.cpu() for ids, mask in cases]
+                streams = [torch.cuda.Stream() for _ in range(4)]
+
+                def run(i):
+                    s = streams[i % 4]
+                    with torch.cuda.stream(s):
+                        ids, mask = cases[i]
+                        ids, mask = ids.clone(), mask.clone()  # made on this stream
+                        out = enc(ids, mask).last_hidden_state
+                        got = out.cpu()  # waits for this stream only
+                    return got
+
+                with ThreadPoolExecutor(4) as ex:
+                    got = list(ex.map(run, range(len(cases))))
+                bad = sum(not torch.equal(a, b) for a, b in zip(want, got))
+                assert bad == 0, f"{bad} of {len(cases)} outputs differ ({attention}, concurrency {concurrency})"
+                print("threads", attention, concurrency, "ok")
 
 
 def ops() -> None:
@@ -72,4 +113,4 @@ def ops() -> None:
 
 
 if __name__ == "__main__":
-    {"forward": forward, "ops": ops}[sys.argv[1]]()
+    {"forward": forward, "ops": ops, "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))

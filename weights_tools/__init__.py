@@ -1,14 +1,16 @@
-"""HuggingFace BERT -> ftbert weight converter and the reader of converted directories.
+"""HuggingFace -> ftbert weight converter and the reader of converted directories.
 
     convert_checkpoint(src, dst, dtype)   writes a converted directory (see FORMAT.md)
     read_converted(dir)                   (config, tensors) of a converted directory, fully checked
     load_hf_checkpoint(src)               (config, float32 tensors) straight from a HF directory
     is_converted(dir), expected_tensors(config), main(argv) (the `ftbert convert` command)
+    FAMILIES, family_for(model_type)      the model families read, with their HF names (families.py)
 """
 
 from .cli import main
 from .convert import convert_checkpoint, load_hf_checkpoint
 from .errors import ConversionError, FormatError
+from .families import FAMILIES, Family, family_for
 from .layout import CONFIG_FILE, DTYPES, FORMAT_VERSION, WEIGHTS_FILE, expected_tensors
 from .reader import is_converted, read_converted
 
@@ -21,6 +23,9 @@ __all__ = [
     "is_converted",
     "expected_tensors",
     "main",
+    "FAMILIES",
+    "Family",
+    "family_for",
     "CONFIG_FILE",
     "WEIGHTS_FILE",
     "FORMAT_VERSION",

@@ -30,7 +30,7 @@ COPIED_DIRS = ("1_Pooling", "2_Normalize")
 
 
 def load_hf_checkpoint(src, progress: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Converts a HuggingFace BERT directory in memory: (engine config, float32 engine tensors).
+    """Converts a HuggingFace checkpoint directory in memory: (engine config, float32 engine tensors).
 
     The config has dtype "float32" and weights_file / weights_sha256 set to None (nothing is written).
     """
@@ -38,7 +38,8 @@ def load_hf_checkpoint(src, progress: bool = False) -> tuple[dict, dict[str, tor
 
 
 def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True) -> Path:
-    """Converts the HuggingFace BERT directory `src` into the ftbert directory `dst`; returns dst.
+    """Converts the HuggingFace checkpoint directory `src` (of a family in families.py) into the
+    ftbert directory `dst`; returns dst.
 
     dtype: the stored dtype, "float32", "float16" or "bfloat16". dst is created if needed; files of
     an earlier conversion there are replaced.

@@ -1,9 +1,10 @@
-"""Reads a HuggingFace BERT checkpoint directory and re-lays its encoder weights out for the engine.
+"""Reads a HuggingFace checkpoint directory and re-lays its encoder weights out for the engine.
 
-What is accepted: config.json with model_type "bert", and weights as model.safetensors, sharded
-safetensors (model.safetensors.index.json), pytorch_model.bin or sharded .bin
-(pytorch_model.bin.index.json). Names may carry the "bert." prefix of the task models
-(BertForMaskedLM, BertForSequenceClassification, ...); task heads are ignored.
+What is accepted: config.json with a model_type of a family in families.py (today "bert"), and
+weights as model.safetensors, sharded safetensors (model.safetensors.index.json), pytorch_model.bin
+or sharded .bin (pytorch_model.bin.index.json). Names may carry the prefix the family's task models
+put before the encoder (BertForMaskedLM, BertForSequenceClassification, ... for BERT); task heads
+are ignored. Every HF weight name and config key comes from the family's table.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Callable, Iterable
 import torch
 
 from .errors import ConversionError
+from .families import Family, family_for, supported_model_types
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
+    EMBEDDING_TENSORS,
     FORMAT_NAME,
     FORMAT_VERSION,
     INT_KEYS,
@@ -28,23 +31,11 @@ from .layout import (
     check_hyperparameters,
     expected_tensors,
     fmt_shape,
+    iter_expected_tensors,
 )
 from .safetensors_header import read_header
 
 Log = Callable[[str], None]
-
-# BertConfig's defaults, used as transformers uses them when config.json leaves a key out.
-HF_DEFAULTS = {
-    "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "intermediate_size": 3072,
-    "max_position_embeddings": 512,
-    "type_vocab_size": 2,
-    "layer_norm_eps": 1e-12,
-    "hidden_act": "gelu",
-}
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -55,11 +46,6 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _MIN_ITEMSIZE = min(getattr(torch, d).itemsize for d in FLOAT_DTYPES)
 
-# Tensors of the encoder namespace that are buffers, not weights.
-_BUFFERS = {"embeddings.position_ids", "embeddings.token_type_ids"}
-_LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.")
-_PREFIX = "bert."
-
 
 def _quiet(_: str) -> None:
     pass
@@ -68,29 +54,41 @@ def _quiet(_: str) -> None:
 # ---- config ---------------------------------------------------------------------------------
 
 
-def read_hf_config(src: Path) -> dict:
-    """config.json -> the model hyper-parameters (HF defaults filled in), checked."""
+def read_hf_config(src: Path) -> tuple[Family, dict]:
+    """config.json -> (its family, the model hyper-parameters under the engine's keys, the family's
+    defaults filled in), checked."""
     path = src / "config.json"
     if not path.is_file():
         raise ConversionError(f"{src}: no config.json (a HuggingFace checkpoint directory needs one)")
     raw = read_json_object(path, ConversionError)
     model_type = raw.get("model_type")
+    supported = _choices(supported_model_types())
     if model_type is None:
-        raise ConversionError(f"{path}: no model_type (only model_type 'bert' is supported)")
-    if model_type != "bert":
+        raise ConversionError(f"{path}: no model_type (only model_type {supported} is supported)")
+    family = family_for(model_type)
+    if family is None:
         raise ConversionError(
-            f"{path}: model_type {model_type!r} is not supported (only 'bert' can be converted)"
+            f"{path}: model_type {model_type!r} is not supported (only {supported} can be converted)"
         )
-    # Relative position embeddings change attention itself; converting would silently mis-compute.
-    pos_type = raw.get("position_embedding_type", "absolute")
-    if pos_type != "absolute":
-        raise ConversionError(
-            f"{path}: position_embedding_type {pos_type!r} is not supported (only 'absolute')"
-        )
-    cfg = {key: raw.get(key, default) for key, default in HF_DEFAULTS.items()}
+    for key, accepted in family.accepted_values.items():
+        value = raw.get(key, accepted[0])
+        if value not in accepted:
+            raise ConversionError(
+                f"{path}: {key} {value!r} is not supported (only {_choices(accepted)})"
+            )
+    cfg = {
+        key: (raw.get(k.hf, k.default) if k.hf is not None else k.default)
+        for key, k in family.config.items()
+    }
     check_hyperparameters(cfg, str(path), ConversionError)
     cfg["layer_norm_eps"] = float(cfg["layer_norm_eps"])
-    return cfg
+    return family, cfg
+
+
+def _choices(values) -> str:
+    """The values quoted for a message: 'a', or 'a' or 'b', or 'a', 'b' or 'c'."""
+    quoted = [repr(v) for v in values]
+    return " or ".join(filter(None, [", ".join(quoted[:-1]), quoted[-1]]))
 
 
 def read_max_seq_length(src: Path) -> int | None:
@@ -262,19 +260,23 @@ def _unpickler_reason(e: Exception) -> str:
 # ---- names and re-layout --------------------------------------------------------------------
 
 
-def _canonical(name: str) -> str:
-    """Strips the task models' "bert." prefix and maps old LayerNorm.gamma/beta to weight/bias."""
-    if name.startswith(_PREFIX):
-        name = name[len(_PREFIX) :]
-    if name.endswith("LayerNorm.gamma"):
-        name = name[: -len("gamma")] + "weight"
-    elif name.endswith("LayerNorm.beta"):
-        name = name[: -len("beta")] + "bias"
+def _canonical(name: str, family: Family) -> str:
+    """Strips the family's task-model prefix and maps old spellings of names to today's."""
+    for prefix in family.weights.prefixes:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+            break
+    for old, new in family.weights.legacy_suffixes.items():
+        if name.endswith(old):
+            name = name[: -len(old)] + new
+            break
     return name
 
 
-def _is_encoder(name: str) -> bool:
-    return name.split(".", 1)[0] in ("embeddings", "encoder", "pooler")
+def _layer_re(family: Family) -> re.Pattern:
+    """Matches a canonical per-layer name and captures its layer index."""
+    before, after = family.weights.layer_prefix.split("{i}")
+    return re.compile("^" + re.escape(before) + r"(\d+)" + re.escape(after))
 
 
 def _short_list(names: Iterable[str], n: int = 4) -> str:
@@ -286,24 +288,29 @@ def _short_list(names: Iterable[str], n: int = 4) -> str:
 class _Collector:
     """Hands out checked float32 tensors by canonical HF name and remembers which were used."""
 
-    def __init__(self, files: WeightFiles, num_layers: int):
+    def __init__(self, files: WeightFiles, family: Family, num_layers: int):
         self.files = files
         self.by_canonical: dict[str, str] = {}
         for orig in files.names():
-            canon = _canonical(orig)
+            canon = _canonical(orig, family)
             if canon in self.by_canonical:
                 raise ConversionError(
                     f"{files.src}: tensors {self.by_canonical[canon]!r} and {orig!r} are the same "
                     "weight under two names"
                 )
             self.by_canonical[canon] = orig
-        self.uses_prefix = any(n.startswith(_PREFIX) for n in files.names())
+        # A missing tensor is named as the checkpoint would spell it, prefix included.
+        self.prefix = next(
+            (p for p in family.weights.prefixes if any(n.startswith(p) for n in files.names())), ""
+        )
+        layer_re = _layer_re(family)
+        layers_key = family.config["num_hidden_layers"].hf or "num_hidden_layers"
         for canon, orig in self.by_canonical.items():
-            m = _LAYER_RE.match(canon)
+            m = layer_re.match(canon)
             if m and int(m.group(1)) >= num_layers:
                 raise ConversionError(
                     f"{files.src}: tensor {orig!r} belongs to layer {m.group(1)}, but config.json says "
-                    f"num_hidden_layers={num_layers}"
+                    f"{layers_key}={num_layers}"
                 )
         self.used: set[str] = set()
 
@@ -314,9 +321,8 @@ class _Collector:
         """What get() would return, checked from the file headers alone, as a tensor without data."""
         orig = self.by_canonical.get(canon)
         if orig is None:
-            shown = (_PREFIX if self.uses_prefix else "") + canon
             raise ConversionError(
-                f"{self.files.src}: missing tensor {shown!r} (not in {self.files.describe()})"
+                f"{self.files.src}: missing tensor {self.prefix + canon!r} (not in {self.files.describe()})"
             )
         dtype, actual = self.files.meta(orig)
         if actual != tuple(shape):
@@ -345,58 +351,68 @@ class _Collector:
         return [self.by_canonical[c] for c in self.by_canonical if c not in self.used]
 
 
-def _relayout(get: Callable[[str, tuple], torch.Tensor], cfg: dict, has_pooler: bool,
+def _is_linear(engine_name: str, shape: tuple[int, ...]) -> bool:
+    """A Linear weight: HF stores it [out, in], the engine [in, out]. Embedding tables are row
+    lookups and keep HF's [rows, H]."""
+    return len(shape) == 2 and engine_name not in EMBEDDING_TENSORS
+
+
+def _progress(engine_name: str, num_layers: int) -> str:
+    """The part of the model a tensor belongs to, as the progress lines name it."""
+    group, _, rest = engine_name.partition(".")
+    if group == "layers":
+        return f"layer {int(rest.split('.', 1)[0]) + 1}/{num_layers}"
+    return group
+
+
+def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: dict, has_pooler: bool,
               log: Log) -> dict[str, torch.Tensor]:
     """HF tensors ([out, in] Linear weights, separate Q/K/V) -> engine tensors ([in, out], fused QKV).
 
-    get(canonical HF name, shape) supplies each tensor: _Collector.get, or _Collector.check for a dry
-    run on tensors without data that checks every input before any is read.
+    Walks the engine layout (layout.iter_expected_tensors) and takes each tensor's source(s) from the
+    family's table. get(canonical HF name, shape) supplies each tensor: _Collector.get, or
+    _Collector.check for a dry run on tensors without data that checks every input before any is read.
     """
-    H, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    V, P, T = cfg["vocab_size"], cfg["max_position_embeddings"], cfg["type_vocab_size"]
     out: dict[str, torch.Tensor] = {}
-    log("  embeddings")
-    out["embeddings.word"] = get("embeddings.word_embeddings.weight", (V, H))
-    out["embeddings.position"] = get("embeddings.position_embeddings.weight", (P, H))
-    out["embeddings.token_type"] = get("embeddings.token_type_embeddings.weight", (T, H))
-    out["embeddings.ln_gamma"] = get("embeddings.LayerNorm.weight", (H,))
-    out["embeddings.ln_beta"] = get("embeddings.LayerNorm.bias", (H,))
-
-    def linear_t(prefix: str, n_out: int, n_in: int) -> torch.Tensor:
-        return get(prefix + ".weight", (n_out, n_in)).t().contiguous()  # [in, out]
-
-    for i in range(L):
-        log(f"  layer {i + 1}/{L}")
-        p = f"encoder.layer.{i}."
-        a = p + "attention."
-        q = get(a + "self.query.weight", (H, H))  # [H_out, H_in]
-        k = get(a + "self.key.weight", (H, H))
-        v = get(a + "self.value.weight", (H, H))
-        # [3H, H] -> [H, 3H]: column block 0 is Q, 1 is K, 2 is V, which the QKV GEMM output keeps.
-        out[f"layers.{i}.qkv_weight"] = torch.cat([q, k, v], dim=0).t().contiguous()
-        out[f"layers.{i}.qkv_bias"] = torch.cat(
-            [get(a + f"self.{n}.bias", (H,)) for n in ("query", "key", "value")]
-        )
-        out[f"layers.{i}.attn_out_weight"] = linear_t(a + "output.dense", H, H)
-        out[f"layers.{i}.attn_out_bias"] = get(a + "output.dense.bias", (H,))
-        out[f"layers.{i}.attn_ln_gamma"] = get(a + "output.LayerNorm.weight", (H,))
-        out[f"layers.{i}.attn_ln_beta"] = get(a + "output.LayerNorm.bias", (H,))
-        out[f"layers.{i}.ffn_in_weight"] = linear_t(p + "intermediate.dense", I, H)
-        out[f"layers.{i}.ffn_in_bias"] = get(p + "intermediate.dense.bias", (I,))
-        out[f"layers.{i}.ffn_out_weight"] = linear_t(p + "output.dense", H, I)
-        out[f"layers.{i}.ffn_out_bias"] = get(p + "output.dense.bias", (H,))
-        out[f"layers.{i}.ffn_ln_gamma"] = get(p + "output.LayerNorm.weight", (H,))
-        out[f"layers.{i}.ffn_ln_beta"] = get(p + "output.LayerNorm.bias", (H,))
-    if has_pooler:
-        log("  pooler")
-        out["pooler.weight"] = linear_t("pooler.dense", H, H)
-        out["pooler.bias"] = get("pooler.dense.bias", (H,))
+    shown = None
+    for name, shape in iter_expected_tensors({**cfg, "has_pooler": has_pooler}):
+        part = _progress(name, cfg["num_hidden_layers"])
+        if part != shown:
+            log(f"  {part}")
+            shown = part
+        sources = family.weights.hf_names(name)
+        if _is_linear(name, shape):
+            n_in, n_out = shape
+            # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
+            # the fused GEMM's output row keeps.
+            parts = [get(s, (n_out // len(sources), n_in)) for s in sources]
+            out[name] = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)).t().contiguous()
+        elif len(sources) == 1:
+            out[name] = get(sources[0], shape)
+        else:
+            out[name] = torch.cat([get(s, (shape[0] // len(sources), *shape[1:])) for s in sources])
     return out
+
+
+def hf_state_dict(family: Family, config: dict,
+                  tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of the re-layout: engine tensors -> the state dict of the family's bare encoder
+    model (BertModel for BERT), float32, [out, in] Linear weights, Q/K/V split again."""
+    sd: dict[str, torch.Tensor] = {}
+    for name, shape in iter_expected_tensors(config):
+        t = tensors[name].float()
+        if _is_linear(name, shape):
+            t = t.t()  # [in, k * out] -> [k * out, in]
+        sources = family.weights.hf_names(name)
+        for source, piece in zip(sources, t.chunk(len(sources), dim=0)):
+            sd[source] = piece.contiguous()
+    return sd
 
 
 def engine_config(hf: dict, has_pooler: bool, dtype: str, sha256: str | None,
                   max_seq_length: int | None) -> dict:
     """The engine config dict (ftbert_config.json's content), keys in the documented order."""
+    # The converted format's model_type is the engine's own (layout.check_engine_config), not HF's.
     cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model_type": "bert"}
     cfg.update({k: hf[k] for k in INT_KEYS})
     cfg["layer_norm_eps"] = hf["layer_norm_eps"]
@@ -416,14 +432,15 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         raise ConversionError(f"{src}: no such directory")
     if not src.is_dir():
         raise ConversionError(f"{src}: not a directory (expected a HuggingFace checkpoint directory)")
-    hf = read_hf_config(src)
+    family, hf = read_hf_config(src)
     max_seq_length = read_max_seq_length(src)
     files = WeightFiles(src)
     # No tensor has been read yet, only headers: absurd sizes in config.json fail here, cheaply.
     check_fits({**hf, "has_pooler": False}, files.nbytes(), _MIN_ITEMSIZE, str(src / "config.json"),
                files.describe(), ConversionError)
-    col = _Collector(files, hf["num_hidden_layers"])
-    has_pooler = col.has("pooler.dense.weight")
+    col = _Collector(files, family, hf["num_hidden_layers"])
+    pooler = family.weights.pooler
+    has_pooler = bool(pooler) and col.has(pooler["pooler.weight"])
     log(
         f"reading {src} ({files.describe()}): {hf['num_hidden_layers']} layers, hidden "
         f"{hf['hidden_size']}, {hf['num_attention_heads']} heads, intermediate "
@@ -431,12 +448,14 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         f"pooler {'yes' if has_pooler else 'no'}"
     )
     # A dry run on tensors without data: every input's presence, shape and dtype, before any is read.
-    _relayout(col.check, hf, has_pooler, _quiet)
-    tensors = _relayout(col.get, hf, has_pooler, log)
-    ignored = [n for n in col.ignored() if _canonical(n) not in _BUFFERS]
+    _relayout(col.check, family, hf, has_pooler, _quiet)
+    tensors = _relayout(col.get, family, hf, has_pooler, log)
+    roots = family.weights.roots()
+    ignored = [(n, _canonical(n, family)) for n in col.ignored()]
+    ignored = [(n, c) for n, c in ignored if c not in family.weights.buffers]
     if ignored:
-        outside = [n for n in ignored if not _is_encoder(_canonical(n))]
-        inside = [n for n in ignored if _is_encoder(_canonical(n))]
+        outside = [n for n, c in ignored if c.split(".", 1)[0] not in roots]
+        inside = [n for n, c in ignored if c.split(".", 1)[0] in roots]
         if outside:
             log(f"  ignored {len(outside)} tensor(s) outside the encoder: {_short_list(outside)}")
         if inside:

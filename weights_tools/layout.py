@@ -56,6 +56,17 @@ CONFIG_KEYS = (
     "max_seq_length",
 )
 
+# The tensors of a converted directory: these, then LAYER_TENSORS for each layer as
+# "layers.{i}.<name>", then the pooler's when the model has one.
+EMBEDDING_TENSORS = (
+    "embeddings.word",
+    "embeddings.position",
+    "embeddings.token_type",
+    "embeddings.ln_gamma",
+    "embeddings.ln_beta",
+)
+POOLER_TENSORS = ("pooler.weight", "pooler.bias")
+
 LAYER_TENSORS = (
     "qkv_weight",
     "qkv_bias",
@@ -93,11 +104,14 @@ def iter_expected_tensors(config: dict):
     I = int(config["intermediate_size"])  # noqa: E741 (the FFN inner size, as in the docs)
     P = int(config["max_position_embeddings"])
     T = int(config["type_vocab_size"])
-    yield "embeddings.word", (V, H)
-    yield "embeddings.position", (P, H)
-    yield "embeddings.token_type", (T, H)
-    yield "embeddings.ln_gamma", (H,)
-    yield "embeddings.ln_beta", (H,)
+    embedding_shapes = {
+        "embeddings.word": (V, H),
+        "embeddings.position": (P, H),
+        "embeddings.token_type": (T, H),
+        "embeddings.ln_gamma": (H,),
+        "embeddings.ln_beta": (H,),
+    }
+    yield from ((name, embedding_shapes[name]) for name in EMBEDDING_TENSORS)
     layer_shapes = {
         "qkv_weight": (H, 3 * H),
         "qkv_bias": (3 * H,),
@@ -115,8 +129,8 @@ def iter_expected_tensors(config: dict):
     for i in range(int(config["num_hidden_layers"])):
         yield from ((f"layers.{i}.{name}", layer_shapes[name]) for name in LAYER_TENSORS)
     if config["has_pooler"]:
-        yield "pooler.weight", (H, H)
-        yield "pooler.bias", (H,)
+        pooler_shapes = {"pooler.weight": (H, H), "pooler.bias": (H,)}
+        yield from ((name, pooler_shapes[name]) for name in POOLER_TENSORS)
 
 
 def _numel(shape) -> int:

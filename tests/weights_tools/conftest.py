@@ -1,5 +1,8 @@
 """Fixtures for the converter tests: the package under test (`wt`) and tiny random HF checkpoints.
 
+HF tensor names come from the family table (`wt.family_for("bert")`, through `hf_name`), never
+spelled here or in the tests.
+
 `wt` is `ftbert.weights_tools` when ftbert is installed, else the repository's top-level
 `weights_tools/` folder (so the converter can be tested without building the C++ engine).
 FTBERT_TEST_SOURCE_WEIGHTS_TOOLS=1 picks the folder even when ftbert is installed, to test edits
@@ -33,6 +36,7 @@ def _import_weights_tools():
 
 
 wt_module = _import_weights_tools()
+BERT = wt_module.family_for("bert")
 
 # Small, with odd sizes everywhere: head_dim 16, I not a multiple of H, V and P odd.
 TINY = dict(
@@ -67,8 +71,16 @@ def backbone(model):
     return getattr(model, "bert", model)
 
 
+def hf_name(engine_name: str, part: int = 0, kind: str = "model") -> str:
+    """The checkpoint name of an engine tensor's source (the part-th of a fused one: 0, 1, 2 are Q,
+    K, V), as a model of `kind` saves it: the task models keep the encoder under the family's prefix."""
+    name = BERT.weights.hf_names(engine_name)[part]
+    return name if kind == "model" else BERT.weights.prefixes[0] + name
+
+
 def reference_tensors(model) -> dict[str, torch.Tensor]:
-    """The engine tensors, built from the HF modules' attributes (not from state-dict names)."""
+    """The engine tensors, built from the HF modules' attributes, not from the family table's names:
+    an independent oracle, so a wrong entry in the table fails the round-trip tests."""
     m = backbone(model)
     e = m.embeddings
     ref = {
@@ -163,6 +175,8 @@ def hf():
 
     return SimpleNamespace(
         TINY=TINY,
+        family=BERT,
+        hf_name=hf_name,
         backbone=backbone,
         reference_tensors=reference_tensors,
         build_model=build_model,

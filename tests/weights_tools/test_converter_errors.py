@@ -71,24 +71,25 @@ def test_hidden_size_not_divisible_by_heads_is_refused(wt, make_checkpoint):
 
 
 @pytest.mark.parametrize(
-    "kind, name",
+    "kind, tensor, part",
     [
-        ("model", "encoder.layer.1.output.dense.weight"),
-        ("model", "embeddings.LayerNorm.bias"),
-        ("mlm", "bert.encoder.layer.0.attention.self.value.bias"),
-        ("cls", "bert.pooler.dense.bias"),  # a pooler weight without its bias
+        ("model", "layers.1.ffn_out_weight", 0),
+        ("model", "embeddings.ln_beta", 0),
+        ("mlm", "layers.0.qkv_bias", 2),  # V's bias, under the task model's prefix
+        ("cls", "pooler.bias", 0),  # a pooler weight without its bias
     ],
 )
-def test_missing_tensor_is_named(wt, make_checkpoint, kind, name):
+def test_missing_tensor_is_named(wt, hf, make_checkpoint, kind, tensor, part):
     src, _ = make_checkpoint(kind)
+    name = hf.hf_name(tensor, part, kind)
     _edit_weights(src, lambda sd: sd.pop(name))
     with pytest.raises(wt.ConversionError, match=re.escape(f"missing tensor '{name}'")):
         wt.load_hf_checkpoint(src)
 
 
-def test_wrong_shape_names_tensor_found_and_expected_shapes(wt, make_checkpoint):
+def test_wrong_shape_names_tensor_found_and_expected_shapes(wt, hf, make_checkpoint):
     src, _ = make_checkpoint("mlm")
-    name = "bert.encoder.layer.1.intermediate.dense.weight"  # HF [I, H] = [80, 48]
+    name = hf.hf_name("layers.1.ffn_in_weight", kind="mlm")  # HF [I, H] = [80, 48]
     _edit_weights(src, lambda sd: sd.__setitem__(name, torch.randn(79, 48)))
     with pytest.raises(wt.ConversionError) as e:
         wt.load_hf_checkpoint(src)
@@ -150,9 +151,9 @@ def test_damaged_source_file_is_a_conversion_error(wt, make_checkpoint, layout, 
         wt.load_hf_checkpoint(src)
 
 
-def test_non_finite_weight_is_refused(wt, make_checkpoint):
+def test_non_finite_weight_is_refused(wt, hf, make_checkpoint):
     src, _ = make_checkpoint("model")
-    name = "encoder.layer.0.attention.output.dense.weight"
+    name = hf.hf_name("layers.0.attn_out_weight")
 
     def poison(sd):
         sd[name][3, 5] = float("nan")
@@ -162,9 +163,9 @@ def test_non_finite_weight_is_refused(wt, make_checkpoint):
         wt.load_hf_checkpoint(src)
 
 
-def test_float16_overflow_is_refused_but_bfloat16_is_fine(wt, make_checkpoint, tmp_path):
+def test_float16_overflow_is_refused_but_bfloat16_is_fine(wt, hf, make_checkpoint, tmp_path):
     src, _ = make_checkpoint("model")
-    name = "encoder.layer.1.output.dense.bias"
+    name = hf.hf_name("layers.1.ffn_out_bias")
 
     def inflate(sd):
         sd[name][7] = 1.0e5  # past float16's 65504

@@ -34,8 +34,8 @@ def test_task_models_convert_their_encoder_and_pooler_only_when_present(
     from safetensors import safe_open
 
     with safe_open(str(src / "model.safetensors"), framework="pt") as f:
-        prefixed = any(k.startswith("bert.embeddings.") for k in f.keys())
-    assert prefixed == (kind != "model")  # the task models keep the encoder under "bert."
+        prefixed = any(k.startswith(hf.family.weights.prefixes[0]) for k in f.keys())
+    assert prefixed == (kind != "model")  # the task models keep the encoder under the prefix
     config, tensors = wt.read_converted(wt.convert_checkpoint(src, tmp_path / "out", progress=False))
     assert config["has_pooler"] is has_pooler
     assert ("pooler.weight" in tensors) is has_pooler
@@ -167,9 +167,11 @@ def test_old_layernorm_gamma_beta_names_are_accepted(wt, hf, make_checkpoint, tm
     sd = load_file(str(src / "model.safetensors"))
     renamed = {}
     for k, v in sd.items():
-        k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        for old, new in hf.family.weights.legacy_suffixes.items():
+            if k.endswith(new):
+                k = k[: -len(new)] + old
         renamed[k] = v
-    assert any(k.endswith("LayerNorm.gamma") for k in renamed)
+    assert any(k.endswith(tuple(hf.family.weights.legacy_suffixes)) for k in renamed)
     save_file(renamed, str(src / "model.safetensors"))
     _, tensors = wt.read_converted(wt.convert_checkpoint(src, tmp_path / "out", progress=False))
     ref = hf.reference_tensors(model)

@@ -2,7 +2,8 @@
 
 The checkpoint is read once (`load_model`). Every engine is built from those same tensors, so ftbert
 and transformers compute with identical weights whatever the directory holds (HuggingFace or
-ftbert-converted): the peers get a BertModel whose state dict is the engine layout mapped back.
+ftbert-converted): the peers get a BertModel whose state dict is the engine layout mapped back
+through the family table (weights_tools/families.py), which also gives the HF config keys.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from pathlib import Path
 
 import torch
 
+from ..weights_tools.families import BERT
+from ..weights_tools.hf import hf_state_dict
 from .args import BenchError
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-compile": "sdpa"}
 
-# BERT-base as in the paper (uncased vocab); random weights, so only the shapes matter.
-BERT_BASE = dict(
-    vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-    intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2, hidden_act="gelu",
-)
+# BERT-base as in the paper (uncased vocab), which is what BertConfig defaults to; random weights,
+# so only the shapes matter.
+BERT_BASE = {k.hf: k.default for k in BERT.config.values()}
 
 
 @dataclass
@@ -135,58 +136,20 @@ def ftbert_weight_bytes(model: Model, dtype: str) -> int:
 
 
 # ---- transformers --------------------------------------------------------------------------
-def hf_state_dict(config: dict, tensors: dict) -> dict:
-    """Engine layout ([in, out] matrices, fused Q|K|V) -> BertModel's state dict ([out, in])."""
-    H = int(config["hidden_size"])
-
-    def f(name):
-        return tensors[name].float()
-
-    sd = {
-        "embeddings.word_embeddings.weight": f("embeddings.word"),
-        "embeddings.position_embeddings.weight": f("embeddings.position"),
-        "embeddings.token_type_embeddings.weight": f("embeddings.token_type"),
-        "embeddings.LayerNorm.weight": f("embeddings.ln_gamma"),
-        "embeddings.LayerNorm.bias": f("embeddings.ln_beta"),
-    }
-    for i in range(int(config["num_hidden_layers"])):
-        e, p = f"layers.{i}.", f"encoder.layer.{i}."
-        qkv_w, qkv_b = f(e + "qkv_weight"), f(e + "qkv_bias")  # [H, 3H], [3H]
-        for j, n in enumerate(("query", "key", "value")):
-            sd[p + f"attention.self.{n}.weight"] = qkv_w[:, j * H : (j + 1) * H].t().contiguous()
-            sd[p + f"attention.self.{n}.bias"] = qkv_b[j * H : (j + 1) * H].contiguous()
-        sd[p + "attention.output.dense.weight"] = f(e + "attn_out_weight").t().contiguous()
-        sd[p + "attention.output.dense.bias"] = f(e + "attn_out_bias")
-        sd[p + "attention.output.LayerNorm.weight"] = f(e + "attn_ln_gamma")
-        sd[p + "attention.output.LayerNorm.bias"] = f(e + "attn_ln_beta")
-        sd[p + "intermediate.dense.weight"] = f(e + "ffn_in_weight").t().contiguous()
-        sd[p + "intermediate.dense.bias"] = f(e + "ffn_in_bias")
-        sd[p + "output.dense.weight"] = f(e + "ffn_out_weight").t().contiguous()
-        sd[p + "output.dense.bias"] = f(e + "ffn_out_bias")
-        sd[p + "output.LayerNorm.weight"] = f(e + "ffn_ln_gamma")
-        sd[p + "output.LayerNorm.bias"] = f(e + "ffn_ln_beta")
-    if config["has_pooler"]:
-        sd["pooler.dense.weight"] = f("pooler.weight").t().contiguous()
-        sd["pooler.dense.bias"] = f("pooler.bias")
-    return sd
-
-
 def make_hf(model: Model, attn_implementation: str):
     """A float32 CPU transformers BertModel with the model's weights, in eval mode."""
     from transformers import BertConfig, BertModel
 
     c = model.config
+    # The peer is a BertModel, so BERT's table gives its config keys and weight names.
     hf_config = BertConfig(
-        vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
-        num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
-        intermediate_size=c["intermediate_size"], max_position_embeddings=c["max_position_embeddings"],
-        type_vocab_size=c["type_vocab_size"], layer_norm_eps=c["layer_norm_eps"],
-        hidden_act=c["hidden_act"], attn_implementation=attn_implementation,
+        **{k.hf: c[key] for key, k in BERT.config.items() if k.hf is not None},
+        attn_implementation=attn_implementation,
     )
     hf = BertModel(hf_config, add_pooling_layer=bool(c["has_pooler"]))
-    missing, unexpected = hf.load_state_dict(hf_state_dict(c, model.tensors), strict=False)
-    # position_ids / token_type_ids are buffers BertModel makes itself.
-    if unexpected or any(not k.endswith(("position_ids", "token_type_ids")) for k in missing):
+    missing, unexpected = hf.load_state_dict(hf_state_dict(BERT, c, model.tensors), strict=False)
+    # Buffers (position_ids, token_type_ids) are made by BertModel itself.
+    if unexpected or any(k not in BERT.weights.buffers for k in missing):
         raise RuntimeError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
     return hf.eval()
 

@@ -1,0 +1,214 @@
+"""The HuggingFace model families the converter reads, one table each.
+
+A family is data: which `model_type` values it serves, how its config.json keys map onto the engine's
+config keys (with the defaults of its transformers config class), and where each engine tensor comes
+from in its checkpoints. hf.py reads every checkpoint through this table and the bench / tests build
+their names from it, so a family's weight names are spelled here and nowhere else.
+
+Engine-side names ("embeddings.word", "layers.{i}.qkv_weight", ...) are the converted format's own,
+defined in layout.py; the tables below map each of them to HuggingFace names.
+
+Only BERT is filled in. The fields are shaped for the families that share its encoder but differ in
+the details: RoBERTa / XLM-RoBERTa / CamemBERT (position ids offset by the pad id, prefix "roberta."),
+DistilBERT (other config keys, other weight names, no token types), ELECTRA (embeddings narrower than
+the encoder, projected up by `embeddings_project`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .layout import EMBEDDING_TENSORS, INT_KEYS, LAYER_TENSORS, POOLER_TENSORS
+
+# Position-id schemes. ABSOLUTE: token t sits at position t (BERT, DistilBERT, ELECTRA).
+# PADDING_OFFSET: real tokens count from pad_id + 1 and padding sits at pad_id (RoBERTa and its
+# descendants), so a model's usable length is max_position_embeddings - pad_id - 1.
+ABSOLUTE = "absolute"
+PADDING_OFFSET = "padding_offset"
+
+
+@dataclass(frozen=True)
+class Key:
+    """Where one engine config value comes from."""
+
+    hf: str | None  # the config.json key; None where the family fixes the value (DistilBERT's eps)
+    default: Any  # what the family's transformers config class uses when config.json leaves it out
+
+
+@dataclass(frozen=True)
+class PositionIds:
+    scheme: str  # ABSOLUTE or PADDING_OFFSET
+    pad_id: Key | None = None  # the pad token id, which PADDING_OFFSET counts from
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A Linear between the embeddings and the first layer, for embeddings narrower than hidden_size
+    (ELECTRA's `embeddings_project`, present only when embedding_size != hidden_size)."""
+
+    size: Key  # the embedding width's config key (ELECTRA: embedding_size, default 128)
+    weight: str  # HF name of its [hidden, embedding] weight
+    bias: str
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """Engine tensor -> HuggingFace tensor name(s), names as the bare encoder model stores them."""
+
+    # Prefixes the task models (ForMaskedLM, ForSequenceClassification, ...) put before the encoder.
+    prefixes: tuple[str, ...]
+    # Engine embedding tensor -> HF name.
+    embeddings: Mapping[str, str]
+    # What precedes every per-layer name; {i} is the layer index.
+    layer_prefix: str
+    # Engine per-layer tensor (LAYER_TENSORS) -> HF name(s) after layer_prefix. Several names are
+    # fused in order, stacked on the output dimension (Q | K | V).
+    layer: Mapping[str, str | tuple[str, ...]]
+    # Engine pooler tensor -> HF name; absent from a checkpoint whose task model has no pooler.
+    pooler: Mapping[str, str]
+    # Buffers the encoder saves beside its weights; not weights, never converted.
+    buffers: tuple[str, ...] = ()
+    # Old spellings still found in checkpoints: name ending -> today's ending.
+    legacy_suffixes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def hf_names(self, engine_name: str) -> tuple[str, ...]:
+        """The HF tensor(s) an engine tensor is made of, unprefixed, in fusing order."""
+        if engine_name in self.embeddings:
+            return (self.embeddings[engine_name],)
+        if engine_name in self.pooler:
+            return (self.pooler[engine_name],)
+        _, index, suffix = engine_name.split(".", 2)  # "layers.{i}.{suffix}"
+        names = self.layer[suffix]
+        prefix = self.layer_prefix.format(i=int(index))
+        return tuple(prefix + n for n in ((names,) if isinstance(names, str) else names))
+
+    def roots(self) -> frozenset[str]:
+        """The first name components of the encoder's tensors ("embeddings", "encoder", "pooler"):
+        what a checkpoint holds outside them belongs to a task head."""
+        names = [*self.embeddings.values(), self.layer_prefix, *self.pooler.values(), *self.buffers]
+        return frozenset(n.split(".", 1)[0] for n in names)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Everything the converter needs to know about one family's HuggingFace checkpoints."""
+
+    name: str
+    model_types: tuple[str, ...]  # config.json model_type values this table reads
+    # Engine config key -> its source. The engine keys are layout.INT_KEYS, layer_norm_eps and
+    # hidden_act; the order is the order they are read and checked in.
+    config: Mapping[str, Key]
+    # config.json keys whose other values change what the model computes in ways the engine does not
+    # implement -> the values accepted, the first being the default (relative positions, say).
+    accepted_values: Mapping[str, tuple[Any, ...]]
+    weights: WeightNames
+    position_ids: PositionIds
+    token_types: bool  # whether the model adds a token-type embedding (DistilBERT has none)
+    projection: Projection | None  # embeddings -> hidden projection (ELECTRA), None without one
+    heads: tuple[str, ...]  # the heads above the encoder that conversion knows, by kind
+
+
+def _frozen(d: dict) -> Mapping:
+    return MappingProxyType(d)
+
+
+BERT = Family(
+    name="bert",
+    model_types=("bert",),
+    # BertConfig's defaults (BERT-base).
+    config=_frozen({
+        "vocab_size": Key("vocab_size", 30522),
+        "hidden_size": Key("hidden_size", 768),
+        "num_hidden_layers": Key("num_hidden_layers", 12),
+        "num_attention_heads": Key("num_attention_heads", 12),
+        "intermediate_size": Key("intermediate_size", 3072),
+        "max_position_embeddings": Key("max_position_embeddings", 512),
+        "type_vocab_size": Key("type_vocab_size", 2),
+        "layer_norm_eps": Key("layer_norm_eps", 1e-12),
+        "hidden_act": Key("hidden_act", "gelu"),
+    }),
+    # Relative position embeddings change attention itself; converting would silently mis-compute.
+    accepted_values=_frozen({"position_embedding_type": ("absolute",)}),
+    weights=WeightNames(
+        prefixes=("bert.",),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.word_embeddings.weight",
+            "embeddings.position": "embeddings.position_embeddings.weight",
+            "embeddings.token_type": "embeddings.token_type_embeddings.weight",
+            "embeddings.ln_gamma": "embeddings.LayerNorm.weight",
+            "embeddings.ln_beta": "embeddings.LayerNorm.bias",
+        }),
+        layer_prefix="encoder.layer.{i}.",
+        layer=_frozen({
+            "qkv_weight": (
+                "attention.self.query.weight",
+                "attention.self.key.weight",
+                "attention.self.value.weight",
+            ),
+            "qkv_bias": ("attention.self.query.bias", "attention.self.key.bias", "attention.self.value.bias"),
+            "attn_out_weight": "attention.output.dense.weight",
+            "attn_out_bias": "attention.output.dense.bias",
+            "attn_ln_gamma": "attention.output.LayerNorm.weight",
+            "attn_ln_beta": "attention.output.LayerNorm.bias",
+            "ffn_in_weight": "intermediate.dense.weight",
+            "ffn_in_bias": "intermediate.dense.bias",
+            "ffn_out_weight": "output.dense.weight",
+            "ffn_out_bias": "output.dense.bias",
+            "ffn_ln_gamma": "output.LayerNorm.weight",
+            "ffn_ln_beta": "output.LayerNorm.bias",
+        }),
+        pooler=_frozen({"pooler.weight": "pooler.dense.weight", "pooler.bias": "pooler.dense.bias"}),
+        buffers=("embeddings.position_ids", "embeddings.token_type_ids"),
+        # TensorFlow-era checkpoints name LayerNorm's parameters gamma and beta.
+        legacy_suffixes=_frozen({"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}),
+    ),
+    position_ids=PositionIds(ABSOLUTE),
+    token_types=True,
+    projection=None,
+    heads=("pooler",),
+)
+
+
+def _check(family: Family) -> Family:
+    """Refuses a table that does not cover the engine layout exactly: a gap would otherwise surface
+    only when a checkpoint of that family is converted."""
+    w = family.weights
+    want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act"}
+    want_embeddings = {n for n in EMBEDDING_TENSORS if family.token_types or n != "embeddings.token_type"}
+    problems = []
+    if set(family.config) != want_keys:
+        problems.append(f"config keys {sorted(family.config)} != {sorted(want_keys)}")
+    if set(w.embeddings) != want_embeddings:
+        problems.append(f"embeddings {sorted(w.embeddings)} != {sorted(want_embeddings)}")
+    if set(w.layer) != set(LAYER_TENSORS):
+        problems.append(f"layer tensors {sorted(w.layer)} != {sorted(LAYER_TENSORS)}")
+    if w.pooler and set(w.pooler) != set(POOLER_TENSORS):
+        problems.append(f"pooler {sorted(w.pooler)} != {sorted(POOLER_TENSORS)}")
+    if ("pooler" in family.heads) != bool(w.pooler):
+        problems.append("a pooler head needs pooler names, and pooler names a pooler head")
+    if family.position_ids.scheme not in (ABSOLUTE, PADDING_OFFSET):
+        problems.append(f"unknown position-id scheme {family.position_ids.scheme!r}")
+    if (family.position_ids.scheme == PADDING_OFFSET) != (family.position_ids.pad_id is not None):
+        problems.append("a pad id goes with the padding_offset scheme, and only with it")
+    if problems:
+        raise AssertionError(f"family {family.name!r}: " + "; ".join(problems))
+    return family
+
+
+# Family name -> table.
+FAMILIES: Mapping[str, Family] = _frozen({f.name: _check(f) for f in (BERT,)})
+
+_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
+if len(_BY_MODEL_TYPE) != sum(len(f.model_types) for f in FAMILIES.values()):
+    raise AssertionError("a model_type is claimed by two families")
+
+
+def family_for(model_type: Any) -> Family | None:
+    """The family that reads a config.json `model_type`, or None (for any value, a non-string too)."""
+    return _BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return tuple(_BY_MODEL_TYPE)

@@ -30,6 +30,13 @@ ModelConfig config_from_dict(const py::dict& d) {
   c.layer_norm_eps = get<float>(d, "layer_norm_eps");
   c.activation = activation_from_hf(get<std::string>(d, "hidden_act"));
   c.has_pooler = get<bool>(d, "has_pooler");
+  // Conversions from before the RoBERTa family count positions from 0.
+  const std::string positions =
+      d.contains("position_ids") ? d["position_ids"].cast<std::string>() : "absolute";
+  FTBERT_CHECK_INPUT(positions == "absolute" || positions == "padding_offset",
+                     "config: position_ids '" << positions
+                                              << "' is not 'absolute' or 'padding_offset'");
+  if (positions == "padding_offset") c.position_pad_id = get<int>(d, "pad_token_id");
   return c;
 }
 

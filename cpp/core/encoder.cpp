@@ -136,9 +136,10 @@ void Encoder::set_allow_tf32(bool allow) {
 void Encoder::validate(const ForwardArgs& a) const {
   FTBERT_CHECK_INPUT(a.batch > 0, "empty batch: batch size must be at least 1");
   FTBERT_CHECK_INPUT(a.seq > 0, "empty sequences: sequence length must be at least 1");
-  FTBERT_CHECK_INPUT(a.seq <= config().max_position_embeddings,
-                     "sequence length " << a.seq << " exceeds max_position_embeddings "
-                                        << config().max_position_embeddings);
+  FTBERT_CHECK_INPUT(a.seq <= config().max_seq(),
+                     "input_ids has sequence length " << a.seq << ", longer than the "
+                                                      << config().max_seq()
+                                                      << " positions the model has");
   FTBERT_CHECK_INPUT(
       a.input_ids && a.attention_mask && a.token_type_ids && a.last_hidden_state,
       "forward: input_ids, attention_mask, token_type_ids and the output are required");

@@ -25,7 +25,7 @@ void Model::forward(Backend& be, const Activations& act, const int32_t* ids, con
   be.embed_layernorm(dtype_, ids, types, w.word_embeddings.data(), w.position_embeddings.data(),
                      w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
                      act.hidden, B, S, H, config_.vocab_size, config_.type_vocab_size,
-                     config_.layer_norm_eps);
+                     config_.layer_norm_eps, config_.position_pad_id);
   for (const LayerWeights& l : w.layers) {
     layer(be, act, l, mask, B, S, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
   }

@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
   void embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
                        const void* word, const void* position, const void* token_type,
                        const void* gamma, const void* beta, void* out, int batch, int seq,
-                       int hidden, int vocab, int type_vocab, float eps) override;
+                       int hidden, int vocab, int type_vocab, float eps, int position_pad_id = -1) override;
   void add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q, void* k,
                               void* v, int batch, int seq, int heads, int head_dim) override;
   void masked_softmax(DType dt, void* scores, const int32_t* mask, int batch, int heads, int seq,

@@ -17,20 +17,35 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
                                  const void* gamma, const void* beta,  // [H]
                                  void* out,                            // [B, S, H]
                                  int batch, int seq, int hidden, int vocab, int type_vocab,
-                                 float eps) {
+                                 float eps, int position_pad_id) {
   require_cpu_float32(dt, "embed_layernorm");
   const auto* w = static_cast<const float*>(word);
   const auto* p = static_cast<const float*>(position);
   const auto* t = static_cast<const float*>(token_type);
   auto* o = static_cast<float*>(out);
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
+  // Positions first (a running count per row), so the parallel rows below need no prefix scans.
+  std::vector<int64_t> pos(tokens);
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t counted = 0;
+    for (int64_t s = 0; s < seq; ++s) {
+      const int64_t i = b * seq + s;
+      if (position_pad_id < 0) {
+        pos[i] = s;
+      } else {
+        const bool real = input_ids[i] != position_pad_id;
+        counted += real;
+        pos[i] = real ? position_pad_id + counted : position_pad_id;
+      }
+    }
+  }
   parallel_for(tokens, tokens * hidden, [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
     for (int64_t i = begin; i < end; ++i) {
       // Ids were validated by the encoder; clamping keeps a direct op call memory-safe too.
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
-      const int64_t s = i % seq;
+      const int64_t s = pos[i];
       for (int h = 0; h < hidden; ++h)
         row[h] = w[id * hidden + h] + p[s * hidden + h] + t[tt * hidden + h];
       layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),

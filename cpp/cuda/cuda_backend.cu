@@ -309,7 +309,8 @@ void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int 
 void CudaBackend::embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
                                   const void* word, const void* position, const void* token_type,
                                   const void* gamma, const void* beta, void* out, int batch,
-                                  int seq, int hidden, int vocab, int type_vocab, float eps) {
+                                  int seq, int hidden, int vocab, int type_vocab, float eps,
+                                  int position_pad_id) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -317,7 +318,7 @@ void CudaBackend::embed_layernorm(DType dt, const int32_t* input_ids, const int3
                               static_cast<const T*>(position), static_cast<const T*>(token_type),
                               static_cast<const T*>(gamma), static_cast<const T*>(beta),
                               static_cast<T*>(out), batch, seq, hidden, vocab, type_vocab, eps,
-                              stream_);
+                              position_pad_id, stream_);
   });
 }
 

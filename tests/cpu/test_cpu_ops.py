@@ -62,6 +62,35 @@ def test_embed_layernorm_matches_lookup_and_layernorm(cpu, rng, batch, seq, hidd
     assert_close(cpu.embed_layernorm("float32", ids, tt, word, pos, typ, gamma, beta, 1e-12), ref, 1e-4)
 
 
+def padding_offset_positions(ids, pad):
+    """transformers' create_position_ids_from_input_ids: pad + running count of non-pad ids, pad on pads."""
+    real = (ids != pad).astype(np.int64)
+    return np.cumsum(real, axis=1) * real + pad
+
+
+@pytest.mark.parametrize("batch,seq,hidden,pad", [(1, 1, 32, 1), (3, 7, 48, 1), (2, 129, 336, 0), (4, 33, 40, 5)])
+def test_embed_layernorm_counts_positions_from_the_pad_id(cpu, rng, batch, seq, hidden, pad):
+    # The RoBERTa family: positions from the pad id, over non-pad ids, left or right padded.
+    vocab, types = 53, 1
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int32)
+    for b in range(batch):  # pad runs on the left or the right, plus stray pad ids inside
+        n = int(rng.integers(0, seq))
+        ids[b, :n] = pad if b % 2 else ids[b, :n]
+        ids[b, seq - n:] = ids[b, seq - n:] if b % 2 else pad
+    tt = np.zeros((batch, seq), np.int32)
+    word = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    pos = rng.standard_normal((seq + pad + 1, hidden)).astype(np.float32)
+    typ = rng.standard_normal((types, hidden)).astype(np.float32)
+    gamma = rng.standard_normal(hidden).astype(np.float32)
+    beta = rng.standard_normal(hidden).astype(np.float32)
+    x = word[ids].astype(np.float64) + pos[padding_offset_positions(ids, pad)] + typ[tt]
+    ref = layernorm64(x, gamma, beta, 1e-5)
+    got = cpu.embed_layernorm("float32", ids, tt, word, pos, typ, gamma, beta, 1e-5, position_pad_id=pad)
+    assert_close(got, ref, 1e-4)
+    with pytest.raises(ValueError, match="too few positions"):
+        cpu.embed_layernorm("float32", ids, tt, word, pos[:-1], typ, gamma, beta, 1e-5, position_pad_id=pad)
+
+
 @pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 32), (2, 7, 3, 48), (3, 97, 2, 64)])
 def test_add_qkv_bias_transpose_splits_heads(cpu, rng, batch, seq, heads, d):
     H = heads * d

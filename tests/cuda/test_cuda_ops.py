@@ -122,6 +122,20 @@ def test_embed_layernorm_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden, e
     check(got, want, dtype, atol=FP32_NOISE * np.abs(want).max())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seq,hidden", [(1, 1, 32), (3, 7, 336), (2, 300, 768)])
+def test_embed_layernorm_padding_offset_positions_match_cpu(gpu, cpu, rng, dtype, batch, seq, hidden):
+    # The RoBERTa family's positions (counted from pad id 1 over non-pad ids), left and right pads.
+    pad = 1
+    ids, tt, word, _, typ, gamma, beta = embedding_inputs(rng, dtype, batch, seq, hidden, vocab=50)
+    ids[0, : seq // 3] = pad
+    ids[-1, seq - seq // 4 :] = pad
+    pos = randn(rng, (seq + pad + 1, hidden), dtype, 0.5)
+    want = cpu.embed_layernorm("float32", ids, tt, word, pos, typ, gamma, beta, 1e-5, position_pad_id=pad)
+    got = gpu.embed_layernorm(dtype, ids, tt, word, pos, typ, gamma, beta, 1e-5, position_pad_id=pad)
+    check(got, want, dtype, atol=FP32_NOISE * np.abs(want).max())
+
+
 def test_embed_layernorm_clamps_out_of_range_ids(gpu, cpu, rng):
     # The kernel clamps ids and types into range, so bad device input reads valid rows. If the
     # binding validates host ids first, nothing reaches the kernel and there is nothing to check.

@@ -131,20 +131,25 @@ void register_op_runner(py::module_& m) {
       .def("embed_layernorm",
            [](OpRunner& r, const std::string& dtype, const I32Array& ids, const I32Array& types,
               const F32Array& word, const F32Array& position, const F32Array& token_type,
-              const F32Array& gamma, const F32Array& beta, float eps) {
+              const F32Array& gamma, const F32Array& beta, float eps, int position_pad_id) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(ids, 2, "ids");
              const int B = ids.shape(0), S = ids.shape(1), H = word.shape(1);
-             FTBERT_CHECK_INPUT(position.shape(0) >= S, "embed_layernorm: too few positions");
+             FTBERT_CHECK_INPUT(position.shape(0) >= S + (position_pad_id < 0 ? 0 : position_pad_id + 1),
+                                "embed_layernorm: too few positions");
              auto di = r.upload_ints(ids), dtt = r.upload_ints(types);
              auto dw = r.upload(word, dt), dp = r.upload(position, dt), dty = r.upload(token_type, dt);
              auto dg = r.upload(gamma, dt), db = r.upload(beta, dt);
              auto out = r.empty(static_cast<size_t>(B) * S * H, dt);
              r.backend().embed_layernorm(dt, di.as<int32_t>(), dtt.as<int32_t>(), dw.data(),
                                          dp.data(), dty.data(), dg.data(), db.data(), out.data(), B,
-                                         S, H, word.shape(0), token_type.shape(0), eps);
+                                         S, H, word.shape(0), token_type.shape(0), eps,
+                                         position_pad_id);
              return r.download(out, dt, {B, S, H});
-           })
+           },
+           py::arg("dtype"), py::arg("ids"), py::arg("types"), py::arg("word"), py::arg("position"),
+           py::arg("token_type"), py::arg("gamma"), py::arg("beta"), py::arg("eps"),
+           py::arg("position_pad_id") = -1)
       .def("add_qkv_bias_transpose",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
               int heads) {

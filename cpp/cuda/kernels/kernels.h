@@ -63,12 +63,13 @@ template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids,       // [B, S]
                             const int32_t* token_type_ids,  // [B, S] or null
                             const T* word,                  // [V, H]
-                            const T* position,              // [P, H], P >= S
+                            const T* position,              // [P, H], see position_pad_id
                             const T* token_type,            // [T, H]
                             const T* gamma,                 // [H]
                             const T* beta,                  // [H]
                             T* out,                         // [B, S, H]
                             int batch, int seq, int hidden, int vocab, int type_vocab, float eps,
+                            int position_pad_id,  // < 0: position s; else Backend::embed_layernorm's
                             cudaStream_t stream);
 
 // In place: x = act(x + bias). GELU is the exact erf form (kGeluErf) or the tanh form (kGeluTanh).

@@ -116,12 +116,20 @@ __global__ void __launch_bounds__(kMaxThreads)
                            const T* __restrict__ position, const T* __restrict__ token_type,
                            const T* __restrict__ gamma, const T* __restrict__ beta,
                            T* __restrict__ out, int seq, int hidden, int vocab, int type_vocab,
-                           float eps) {
+                           float eps, int position_pad_id) {
   extern __shared__ float4 smem_row[];
   __shared__ float scratch[32];
   float* row = reinterpret_cast<float*>(smem_row);
   const int token = blockIdx.x;
-  const int s = token % seq;
+  int s = token % seq;
+  if (position_pad_id >= 0) {
+    // The RoBERTa family's position: the non-pad ids up to this token, counted by the block.
+    const int32_t* row_ids = input_ids + (token - s);
+    float real = 0.0f;
+    for (int j = threadIdx.x; j <= s; j += blockDim.x) real += row_ids[j] != position_pad_id;
+    const int counted = static_cast<int>(block_sum(real, scratch));
+    s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
+  }
   // Clamped so that a bad id on the device reads a valid row instead of out of bounds.
   const int id = min(max(input_ids[token], 0), vocab - 1);
   const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
@@ -192,7 +200,7 @@ template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_ids, const T* word,
                             const T* position, const T* token_type, const T* gamma, const T* beta,
                             T* out, int batch, int seq, int hidden, int vocab, int type_vocab,
-                            float eps, cudaStream_t stream) {
+                            float eps, int position_pad_id, cudaStream_t stream) {
   const int tokens = batch * seq;
   if (tokens == 0 || hidden == 0) return;
   FTBERT_CHECK(vocab > 0 && type_vocab > 0,
@@ -205,7 +213,7 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
     const size_t smem = row_smem_bytes(kernel, hidden);
     kernel<<<tokens, row_threads(hidden / VEC), smem, stream>>>(
         input_ids, token_type_ids, word, position, token_type, gamma, beta, out, seq, hidden,
-        vocab, type_vocab, eps);
+        vocab, type_vocab, eps, position_pad_id);
   });
   FTBERT_LAUNCH_CHECK("embed_layernorm_kernel", stream);
 }
@@ -215,7 +223,7 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
                                                       int, int, float, int32_t*, cudaStream_t);   \
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
                                           const T*, const T*, const T*, T*, int, int, int, int,   \
-                                          int, float, cudaStream_t);
+                                          int, float, int, cudaStream_t);
 FTBERT_INSTANTIATE_LAYERNORM(float)
 FTBERT_INSTANTIATE_LAYERNORM(__half)
 FTBERT_INSTANTIATE_LAYERNORM(__nv_bfloat16)

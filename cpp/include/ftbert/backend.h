@@ -95,18 +95,21 @@ class Backend {
                             float alpha = 1.0f, float beta = 0.0f) = 0;
 
   // ---- fused element-wise / reduction ops ----------------------------------------------------
-  // out = LayerNorm(word[ids] + position[s] + token_type[types]) with gamma/beta.
+  // out = LayerNorm(word[ids] + position[pos] + token_type[types]) with gamma/beta. The position
+  // of token s is s when position_pad_id < 0 (BERT); else, as the RoBERTa family counts them,
+  // pad + (non-pad ids among tokens 0..s) for a non-pad token and pad for a pad token, where
+  // pad = position_pad_id (so P >= S + pad + 1).
   virtual void embed_layernorm(DType dt,
                                const int32_t* input_ids,       // [B, S]
                                const int32_t* token_type_ids,  // [B, S]
                                const void* word,               // [V, H]
-                               const void* position,           // [P, H], P >= S
+                               const void* position,           // [P, H]
                                const void* token_type,         // [T, H]
                                const void* gamma,              // [H]
                                const void* beta,               // [H]
                                void* out,                      // [B, S, H]
                                int batch, int seq, int hidden, int vocab, int type_vocab,
-                               float eps) = 0;
+                               float eps, int position_pad_id = -1) = 0;
 
   // Adds the Q|K|V bias and splits heads: q/k/v[b, h, s, :] = qkv[b, s, {0,1,2}·H + h·d + :] + bias.
   virtual void add_qkv_bias_transpose(DType dt,

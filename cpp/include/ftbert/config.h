@@ -30,8 +30,16 @@ struct ModelConfig {
   float layer_norm_eps = 1e-12f;
   Activation activation = Activation::kGeluErf;
   bool has_pooler = true;
+  // Position ids: -1 counts 0..S-1 (BERT); a pad id >= 0 counts the RoBERTa family's way, from
+  // pad + 1 over the non-pad tokens (Backend::embed_layernorm).
+  int position_pad_id = -1;
 
   int head_dim() const { return hidden_size / num_heads; }
+  // The longest sequence the position table serves.
+  int max_seq() const {
+    return position_pad_id < 0 ? max_position_embeddings
+                               : max_position_embeddings - position_pad_id - 1;
+  }
 
   void validate() const {
     FTBERT_CHECK(vocab_size > 0, "config: vocab_size must be positive, got " << vocab_size);
@@ -45,6 +53,8 @@ struct ModelConfig {
     FTBERT_CHECK(max_position_embeddings > 0, "config: max_position_embeddings must be positive");
     FTBERT_CHECK(type_vocab_size > 0, "config: type_vocab_size must be positive");
     FTBERT_CHECK(layer_norm_eps > 0, "config: layer_norm_eps must be positive");
+    FTBERT_CHECK(max_seq() > 0, "config: max_position_embeddings " << max_position_embeddings
+                                    << " leaves no position after the pad id " << position_pad_id);
   }
 };
 

@@ -13,7 +13,8 @@ from .layout import DTYPES, WEIGHTS_FILE, human_size
 def build_parser(prog: str = "ftbert convert") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Convert a HuggingFace BERT checkpoint directory into the ftbert format "
+        description="Convert a HuggingFace BERT, RoBERTa, XLM-RoBERTa or CamemBERT checkpoint "
+        "directory into the ftbert format "
         "(fused QKV, [in, out] matrices, one safetensors file, tokenizer files copied).",
     )
     p.add_argument("src", metavar="SRC", help="HuggingFace checkpoint directory (config.json + weights)")

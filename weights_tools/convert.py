@@ -19,7 +19,10 @@ COPIED_FILES = (
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
-    "vocab.txt",
+    "vocab.txt",  # BERT's WordPiece
+    "vocab.json",  # RoBERTa's byte-level BPE, with merges.txt
+    "merges.txt",
+    "sentencepiece.bpe.model",  # XLM-RoBERTa's and CamemBERT's SentencePiece
     "special_tokens_map.json",
     "added_tokens.json",
     "modules.json",

@@ -8,25 +8,38 @@ their names from it, so a family's weight names are spelled here and nowhere els
 Engine-side names ("embeddings.word", "layers.{i}.qkv_weight", ...) are the converted format's own,
 defined in layout.py; the tables below map each of them to HuggingFace names.
 
-Only BERT is filled in. The fields are shaped for the families that share its encoder but differ in
-the details: RoBERTa / XLM-RoBERTa / CamemBERT (position ids offset by the pad id, prefix "roberta."),
-DistilBERT (other config keys, other weight names, no token types), ELECTRA (embeddings narrower than
-the encoder, projected up by `embeddings_project`).
+Filled in: BERT, and RoBERTa with its two descendants XLM-RoBERTa and CamemBERT (RoBERTa's table,
+copied for the other two with their own model_type and their config class's vocab_size default). The fields are
+shaped for the families still to come, which share the encoder but differ in the details: DistilBERT
+(other config keys, other weight names, no token types), ELECTRA (embeddings narrower than the
+encoder, projected up by `embeddings_project`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .layout import EMBEDDING_TENSORS, INT_KEYS, LAYER_TENSORS, POOLER_TENSORS
+from .layout import (
+    ABSOLUTE,
+    EMBEDDING_TENSORS,
+    INT_KEYS,
+    LAYER_TENSORS,
+    PADDING_OFFSET,
+    POOLER_TENSORS,
+    POSITION_SCHEMES,
+)
 
-# Position-id schemes. ABSOLUTE: token t sits at position t (BERT, DistilBERT, ELECTRA).
-# PADDING_OFFSET: real tokens count from pad_id + 1 and padding sits at pad_id (RoBERTa and its
-# descendants), so a model's usable length is max_position_embeddings - pad_id - 1.
-ABSOLUTE = "absolute"
-PADDING_OFFSET = "padding_offset"
+# Position-id schemes (the engine config's "position_ids"; layout.POSITION_SCHEMES). ABSOLUTE: token
+# t sits at position t, padding or not (BERT, DistilBERT, ELECTRA). PADDING_OFFSET: a token whose id
+# is not pad_token_id sits at pad_token_id + (the number of such tokens up to and including it), a
+# pad token at pad_token_id (RoBERTa and its descendants; transformers'
+# create_position_ids_from_input_ids), so a model's usable length is
+# max_position_embeddings - pad_token_id - 1 (layout.usable_seq_length). Defined in layout.py, which
+# the converted reader shares; re-exported here as the tables' vocabulary.
+__all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "Family", "FAMILIES",
+           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "family_for", "supported_model_types"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +48,6 @@ class Key:
 
     hf: str | None  # the config.json key; None where the family fixes the value (DistilBERT's eps)
     default: Any  # what the family's transformers config class uses when config.json leaves it out
-
-
-@dataclass(frozen=True)
-class PositionIds:
-    scheme: str  # ABSOLUTE or PADDING_OFFSET
-    pad_id: Key | None = None  # the pad token id, which PADDING_OFFSET counts from
 
 
 @dataclass(frozen=True)
@@ -97,14 +104,14 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]  # config.json model_type values this table reads
-    # Engine config key -> its source. The engine keys are layout.INT_KEYS, layer_norm_eps and
-    # hidden_act; the order is the order they are read and checked in.
+    # Engine config key -> its source. The engine keys are layout.INT_KEYS, layer_norm_eps,
+    # hidden_act and pad_token_id; the order is the order they are read and checked in.
     config: Mapping[str, Key]
     # config.json keys whose other values change what the model computes in ways the engine does not
     # implement -> the values accepted, the first being the default (relative positions, say).
     accepted_values: Mapping[str, tuple[Any, ...]]
     weights: WeightNames
-    position_ids: PositionIds
+    position_ids: str  # ABSOLUTE or PADDING_OFFSET: the engine config's "position_ids"
     token_types: bool  # whether the model adds a token-type embedding (DistilBERT has none)
     projection: Projection | None  # embeddings -> hidden projection (ELECTRA), None without one
     heads: tuple[str, ...]  # the heads above the encoder that conversion knows, by kind
@@ -128,9 +135,12 @@ BERT = Family(
         "type_vocab_size": Key("type_vocab_size", 2),
         "layer_norm_eps": Key("layer_norm_eps", 1e-12),
         "hidden_act": Key("hidden_act", "gelu"),
+        # Unused by ABSOLUTE positions; recorded all the same (see hf.read_hf_config).
+        "pad_token_id": Key("pad_token_id", 0),
     }),
     # Relative position embeddings change attention itself; converting would silently mis-compute.
-    accepted_values=_frozen({"position_embedding_type": ("absolute",)}),
+    # A decoder (is_decoder) attends causally: the engine's attention is bidirectional only.
+    accepted_values=_frozen({"position_embedding_type": ("absolute",), "is_decoder": (False,)}),
     weights=WeightNames(
         prefixes=("bert.",),
         embeddings=_frozen({
@@ -164,10 +174,49 @@ BERT = Family(
         # TensorFlow-era checkpoints name LayerNorm's parameters gamma and beta.
         legacy_suffixes=_frozen({"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}),
     ),
-    position_ids=PositionIds(ABSOLUTE),
+    position_ids=ABSOLUTE,
     token_types=True,
     projection=None,
     heads=("pooler",),
+)
+
+# RoBERTa: BERT's encoder under BERT's weight names, with other defaults, the prefix "roberta." in its
+# task models, and position ids that count from the pad id. Its checkpoints hold a one-row
+# token-type table (type_vocab_size 1), taken as it is. RobertaModel has a pooler unless built with
+# add_pooling_layer=False, as every task model but ForMultipleChoice is; heads (lm_head.*,
+# classifier.*) lie outside the encoder and are ignored, as BERT's are.
+ROBERTA = Family(
+    name="roberta",
+    model_types=("roberta",),
+    # RobertaConfig's defaults: the class's, not roberta-base's config.json (which sets
+    # max_position_embeddings 514, type_vocab_size 1, layer_norm_eps 1e-5): a key left out of
+    # config.json means what transformers makes of it.
+    config=_frozen({
+        **BERT.config,
+        "vocab_size": Key("vocab_size", 50265),
+        "pad_token_id": Key("pad_token_id", 1),
+    }),
+    accepted_values=BERT.accepted_values,
+    weights=replace(BERT.weights, prefixes=("roberta.",)),
+    position_ids=PADDING_OFFSET,
+    token_types=True,
+    projection=None,
+    heads=("pooler",),
+)
+
+# XLMRobertaConfig and CamembertConfig keep BertConfig's vocab_size default (30522); everything else
+# is RoBERTa's, including the "roberta." prefix of their task models (base_model_prefix).
+XLM_ROBERTA = replace(
+    ROBERTA,
+    name="xlm-roberta",
+    model_types=("xlm-roberta",),
+    config=_frozen({**ROBERTA.config, "vocab_size": Key("vocab_size", 30522)}),
+)
+CAMEMBERT = replace(
+    ROBERTA,
+    name="camembert",
+    model_types=("camembert",),
+    config=_frozen({**ROBERTA.config, "vocab_size": Key("vocab_size", 30522)}),
 )
 
 
@@ -175,7 +224,7 @@ def _check(family: Family) -> Family:
     """Refuses a table that does not cover the engine layout exactly: a gap would otherwise surface
     only when a checkpoint of that family is converted."""
     w = family.weights
-    want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act"}
+    want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act", "pad_token_id"}
     want_embeddings = {n for n in EMBEDDING_TENSORS if family.token_types or n != "embeddings.token_type"}
     problems = []
     if set(family.config) != want_keys:
@@ -188,17 +237,21 @@ def _check(family: Family) -> Family:
         problems.append(f"pooler {sorted(w.pooler)} != {sorted(POOLER_TENSORS)}")
     if ("pooler" in family.heads) != bool(w.pooler):
         problems.append("a pooler head needs pooler names, and pooler names a pooler head")
-    if family.position_ids.scheme not in (ABSOLUTE, PADDING_OFFSET):
-        problems.append(f"unknown position-id scheme {family.position_ids.scheme!r}")
-    if (family.position_ids.scheme == PADDING_OFFSET) != (family.position_ids.pad_id is not None):
-        problems.append("a pad id goes with the padding_offset scheme, and only with it")
+    if family.position_ids not in POSITION_SCHEMES:
+        problems.append(f"unknown position-id scheme {family.position_ids!r}")
+    if family.position_ids == PADDING_OFFSET and family.config["pad_token_id"].hf is None:
+        problems.append("padding_offset positions count from config.json's pad_token_id: it needs a key")
+    if family.name not in family.model_types:
+        problems.append("the family's name is the model_type the engine config records: it must be one")
     if problems:
         raise AssertionError(f"family {family.name!r}: " + "; ".join(problems))
     return family
 
 
 # Family name -> table.
-FAMILIES: Mapping[str, Family] = _frozen({f.name: _check(f) for f in (BERT,)})
+FAMILIES: Mapping[str, Family] = _frozen({
+    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT)
+})
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 if len(_BY_MODEL_TYPE) != sum(len(f.model_types) for f in FAMILIES.values()):

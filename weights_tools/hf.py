@@ -1,10 +1,11 @@
 """Reads a HuggingFace checkpoint directory and re-lays its encoder weights out for the engine.
 
-What is accepted: config.json with a model_type of a family in families.py (today "bert"), and
-weights as model.safetensors, sharded safetensors (model.safetensors.index.json), pytorch_model.bin
-or sharded .bin (pytorch_model.bin.index.json). Names may carry the prefix the family's task models
-put before the encoder (BertForMaskedLM, BertForSequenceClassification, ... for BERT); task heads
-are ignored. Every HF weight name and config key comes from the family's table.
+What is accepted: config.json with a model_type of a family in families.py ("bert", "roberta",
+"xlm-roberta", "camembert"), and weights as model.safetensors, sharded safetensors
+(model.safetensors.index.json), pytorch_model.bin or sharded .bin (pytorch_model.bin.index.json).
+Names may carry the prefix the family's task models put before the encoder (BertForMaskedLM,
+BertForSequenceClassification, ... for BERT; RobertaForMaskedLM, ... for RoBERTa); task heads are
+ignored. Every HF weight name and config key comes from the family's table.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Iterable
 import torch
 
 from .errors import ConversionError
-from .families import Family, family_for, supported_model_types
+from .families import ABSOLUTE, Family, family_for, supported_model_types
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
@@ -29,6 +30,7 @@ from .layout import (
     check_finite,
     check_fits,
     check_hyperparameters,
+    check_positions,
     expected_tensors,
     fmt_shape,
     iter_expected_tensors,
@@ -82,7 +84,18 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
     }
     check_hyperparameters(cfg, str(path), ConversionError)
     cfg["layer_norm_eps"] = float(cfg["layer_norm_eps"])
+    cfg["position_ids"] = family.position_ids
+    pad = cfg["pad_token_id"]
+    if family.position_ids == ABSOLUTE and not (_is_int(pad) and 0 <= pad < cfg["vocab_size"]):
+        # Absolute positions never read the pad id: a config.json without a usable one (BERT
+        # configs with "pad_token_id": null exist) is no reason to refuse the model.
+        cfg["pad_token_id"] = family.config["pad_token_id"].default
+    check_positions(cfg, str(path), ConversionError)
     return family, cfg
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _choices(values) -> str:
@@ -409,14 +422,15 @@ def hf_state_dict(family: Family, config: dict,
     return sd
 
 
-def engine_config(hf: dict, has_pooler: bool, dtype: str, sha256: str | None,
+def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256: str | None,
                   max_seq_length: int | None) -> dict:
     """The engine config dict (ftbert_config.json's content), keys in the documented order."""
-    # The converted format's model_type is the engine's own (layout.check_engine_config), not HF's.
-    cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model_type": "bert"}
+    cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model_type": family.name}
     cfg.update({k: hf[k] for k in INT_KEYS})
     cfg["layer_norm_eps"] = hf["layer_norm_eps"]
     cfg["hidden_act"] = hf["hidden_act"]
+    cfg["position_ids"] = hf["position_ids"]
+    cfg["pad_token_id"] = hf["pad_token_id"]
     cfg["has_pooler"] = has_pooler
     cfg["dtype"] = dtype
     cfg["weights_file"] = WEIGHTS_FILE if sha256 is not None else None
@@ -442,7 +456,7 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
     pooler = family.weights.pooler
     has_pooler = bool(pooler) and col.has(pooler["pooler.weight"])
     log(
-        f"reading {src} ({files.describe()}): {hf['num_hidden_layers']} layers, hidden "
+        f"reading {src} ({files.describe()}): {family.name}, {hf['num_hidden_layers']} layers, hidden "
         f"{hf['hidden_size']}, {hf['num_attention_heads']} heads, intermediate "
         f"{hf['intermediate_size']}, vocab {hf['vocab_size']}, {hf['hidden_act']}, "
         f"pooler {'yes' if has_pooler else 'no'}"
@@ -460,7 +474,7 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
             log(f"  ignored {len(outside)} tensor(s) outside the encoder: {_short_list(outside)}")
         if inside:
             log(f"  ignored {len(inside)} unrecognised encoder tensor(s): {_short_list(inside)}")
-    config = engine_config(hf, has_pooler, "float32", None, max_seq_length)
+    config = engine_config(family, hf, has_pooler, "float32", None, max_seq_length)
     # Guards the re-layout against drifting from the one definition the loader checks.
     assert [(n, tuple(t.shape)) for n, t in tensors.items()] == expected_tensors(config)
     return config, tensors

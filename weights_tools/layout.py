@@ -17,7 +17,8 @@ from typing import Any, Callable
 import torch
 
 FORMAT_NAME = "ftbert"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what the converter writes
+READABLE_VERSIONS = (1, 2)  # what read_converted reads (version 1: reader._upgrade_version_1)
 CONFIG_FILE = "ftbert_config.json"
 WEIGHTS_FILE = "ftbert_weights.safetensors"
 
@@ -29,6 +30,15 @@ DTYPES: dict[str, torch.dtype] = {
 
 # HF `hidden_act` values the engine implements (see cpp/include/ftbert/config.h).
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+# Position-id schemes, the engine config's "position_ids". ABSOLUTE: token t sits at position t,
+# padding or not (BERT). PADDING_OFFSET: a token whose id is not pad_token_id sits at
+# pad_token_id + (the number of such tokens up to and including it), a pad token at pad_token_id
+# (RoBERTa and its descendants; transformers' create_position_ids_from_input_ids, computed from
+# input_ids, not from the attention mask).
+ABSOLUTE = "absolute"
+PADDING_OFFSET = "padding_offset"
+POSITION_SCHEMES = (ABSOLUTE, PADDING_OFFSET)
 
 # Hyper-parameters copied from config.json; all must be positive integers.
 INT_KEYS = (
@@ -49,6 +59,8 @@ CONFIG_KEYS = (
     *INT_KEYS,
     "layer_norm_eps",
     "hidden_act",
+    "position_ids",
+    "pad_token_id",
     "has_pooler",
     "dtype",
     "weights_file",
@@ -131,6 +143,25 @@ def iter_expected_tensors(config: dict):
     if config["has_pooler"]:
         pooler_shapes = {"pooler.weight": (H, H), "pooler.bias": (H,)}
         yield from ((name, pooler_shapes[name]) for name in POOLER_TENSORS)
+
+
+def usable_seq_length(config: dict) -> int:
+    """The longest input the model takes: max_position_embeddings, less pad_token_id + 1 for
+    padding_offset positions, whose first real token sits at pad_token_id + 1 (RoBERTa: 514 - 2)."""
+    P = int(config["max_position_embeddings"])
+    if config.get("position_ids", ABSOLUTE) == PADDING_OFFSET:
+        return P - int(config["pad_token_id"]) - 1
+    return P
+
+
+def seq_limit_text(config: dict) -> str:
+    """usable_seq_length as a message names it, with where it comes from."""
+    P = int(config["max_position_embeddings"])
+    if config.get("position_ids", ABSOLUTE) == PADDING_OFFSET:
+        pad = int(config["pad_token_id"])
+        return (f"the usable length {P - pad - 1} (max_position_embeddings {P} - pad_token_id {pad} "
+                "- 1: position ids start at pad_token_id + 1)")
+    return f"max_position_embeddings {P}"
 
 
 def _numel(shape) -> int:
@@ -228,6 +259,24 @@ def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exceptio
         )
 
 
+def check_positions(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks position_ids and pad_token_id (after check_hyperparameters)."""
+    scheme = cfg.get("position_ids")
+    if scheme not in POSITION_SCHEMES:
+        schemes = " or ".join(map(repr, POSITION_SCHEMES))
+        raise error(f"{where}: position_ids must be {schemes}, got {scheme!r}")
+    pad, V, P = cfg.get("pad_token_id"), cfg["vocab_size"], cfg["max_position_embeddings"]
+    if not _is_int(pad) or not 0 <= pad < V:
+        raise error(
+            f"{where}: pad_token_id must be an integer from 0 to vocab_size - 1 ({V - 1}), got {pad!r}"
+        )
+    if scheme == PADDING_OFFSET and pad + 1 >= P:
+        raise error(
+            f"{where}: pad_token_id {pad} leaves no usable position: position ids start at "
+            f"pad_token_id + 1 = {pad + 1}, but max_position_embeddings is {P}"
+        )
+
+
 def _as_float32(x: float) -> float:
     try:
         return struct.unpack("<f", struct.pack("<f", x))[0]
@@ -240,9 +289,21 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if missing:
         raise error(f"{where}: missing key(s) {', '.join(missing)}")
-    if cfg["model_type"] != "bert":
-        raise error(f"{where}: model_type {cfg['model_type']!r} is not supported (expected 'bert')")
+    from .families import FAMILIES  # families.py builds on this module
+
+    family = FAMILIES.get(cfg["model_type"]) if isinstance(cfg["model_type"], str) else None
+    if family is None:
+        raise error(
+            f"{where}: model_type {cfg['model_type']!r} is not supported (expected one of "
+            f"{', '.join(map(repr, FAMILIES))})"
+        )
     check_hyperparameters(cfg, where, error)
+    check_positions(cfg, where, error)
+    if cfg["position_ids"] != family.position_ids:
+        raise error(
+            f"{where}: position_ids {cfg['position_ids']!r} is not what model_type {cfg['model_type']!r} "
+            f"uses ({family.position_ids!r})"
+        )
     if not isinstance(cfg["has_pooler"], bool):
         raise error(f"{where}: has_pooler must be true or false, got {cfg['has_pooler']!r}")
     if cfg["dtype"] not in DTYPES:

@@ -9,10 +9,13 @@ import torch
 from .errors import FormatError
 from .jsonfile import read_json_object
 from .layout import (
+    ABSOLUTE,
     CONFIG_FILE,
+    CONFIG_KEYS,
     DTYPES,
     FORMAT_NAME,
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     check_engine_config,
     check_finite,
     check_fits,
@@ -32,8 +35,34 @@ def is_converted(directory) -> bool:
     return (Path(directory) / CONFIG_FILE).is_file()
 
 
+# What a version-1 file leaves unsaid: it holds a BERT, whose positions are absolute; the pad id is
+# unused by those, and BertConfig's default is written.
+_VERSION_1_IMPLIED = {"position_ids": ABSOLUTE, "pad_token_id": 0}
+
+
+def _upgrade_version_1(config: dict, path: Path) -> dict:
+    """A version-1 config as version 2 writes it: the keys version 2 added filled in, in CONFIG_KEYS
+    order, format_version left at 1 (what the file is). Version 1 allowed model_type "bert" only,
+    which check_engine_config sees to. A version-1 file that spells one of the added keys with
+    another value contradicts its own version: refused."""
+    for key, implied in _VERSION_1_IMPLIED.items():
+        if key in config and (config[key] != implied or type(config[key]) is not type(implied)):
+            raise FormatError(
+                f"{path}: format_version 1 implies {key} {implied!r}, but the file says "
+                f"{config[key]!r} (convert the HuggingFace checkpoint again)"
+            )
+    if "model_type" in config and config["model_type"] != "bert":
+        raise FormatError(
+            f"{path}: model_type {config['model_type']!r} is not supported in format_version 1 "
+            "(expected 'bert'; convert the HuggingFace checkpoint again)"
+        )
+    merged = {**config, **_VERSION_1_IMPLIED}
+    return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
+
+
 def read_config(directory) -> dict:
-    """ftbert_config.json, checked (format, version, keys, value ranges)."""
+    """ftbert_config.json, checked (format, version, keys, value ranges); a version-1 config comes
+    back with the keys version 2 added (position_ids "absolute", pad_token_id 0)."""
     d = Path(directory)
     path = d / CONFIG_FILE
     if not path.is_file():
@@ -45,11 +74,14 @@ def read_config(directory) -> dict:
     if config.get("format") != FORMAT_NAME:
         raise FormatError(f"{path}: format is {config.get('format')!r}, expected {FORMAT_NAME!r}")
     version = config.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or isinstance(version, bool) or not isinstance(version, int):
+        readable = " and ".join(map(str, READABLE_VERSIONS))
         raise FormatError(
-            f"{path}: format_version {version!r} is not supported (this ftbert reads version "
-            f"{FORMAT_VERSION}; convert the HuggingFace checkpoint again)"
+            f"{path}: format_version {version!r} is not supported (this ftbert reads versions "
+            f"{readable} and writes {FORMAT_VERSION}; convert the HuggingFace checkpoint again)"
         )
+    if version == 1:
+        config = _upgrade_version_1(config, path)
     check_engine_config(config, str(path), FormatError)
     return config
 

@@ -26,6 +26,7 @@ from .inputs import (
     ndim_message, tensor_to_numpy,
 )
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
+from .weights_tools.layout import usable_seq_length
 
 DTYPES = ("float32", "float16", "bfloat16")
 # Forwards that may run at once, by device kind. The CPU backend's GEMMs and row loops already use
@@ -355,8 +356,10 @@ class Encoder:
 
     @property
     def max_seq_length(self) -> int:
-        """Truncation length for `encode`: the sentence-transformers setting, else the model's limit."""
-        limit = int(self.config["max_position_embeddings"])
+        """Truncation length for `encode`: the sentence-transformers setting, else the model's limit
+        (max_position_embeddings; for RoBERTa-style position ids, max_position_embeddings -
+        pad_token_id - 1: 512 for RoBERTa's 514)."""
+        limit = usable_seq_length(self.config)
         st = self.config.get("max_seq_length")
         return min(int(st), limit) if st else limit
 

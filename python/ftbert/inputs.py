@@ -12,7 +12,9 @@ One home for each rule; `encoder.py` calls these on its host (numpy) and device 
   0.0 and 1.0 (as transformers accepts; any other float is a ValueError). Everything else -- bool
   input_ids, float ids or types, complex, object or string arrays -- is a TypeError.
 - Shape: 2-D [batch, seq] with batch >= 1 and seq >= 1; mask and types shaped like input_ids. 0-D,
-  1-D, 3-D, empty and ragged input are ValueErrors; so is seq > max_position_embeddings.
+  1-D, 3-D, empty and ragged input are ValueErrors; so is seq past the model's usable length
+  (max_position_embeddings; for RoBERTa-style padding_offset positions, max_position_embeddings -
+  pad_token_id - 1, since position ids start at pad_token_id + 1).
 - Values: input_ids in [0, vocab_size), token_type_ids in [0, type_vocab_size), attention_mask 0 or 1;
   integer values that do not fit int32 are rejected here, the rest on the host by the engine and, for
   tensors that stay on the GPU, by `check_device_values`. An all-zero mask row is allowed (its
@@ -26,6 +28,8 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+
+from .weights_tools.layout import seq_limit_text, usable_seq_length
 
 # Which dtype kinds ("int", "bool", "float") each argument takes.
 _KINDS = {"input_ids": ("int",), "token_type_ids": ("int", "bool"), "attention_mask": ("int", "bool", "float")}
@@ -109,9 +113,8 @@ def check_shapes(ids_shape, mask_shape, types_shape) -> None:
 
 
 def check_seq_length(config: dict, seq: int) -> None:
-    limit = config["max_position_embeddings"]
-    if seq > limit:
-        raise ValueError(f"input_ids has sequence length {seq}, which exceeds max_position_embeddings {limit}")
+    if seq > usable_seq_length(config):
+        raise ValueError(f"input_ids has sequence length {seq}, which exceeds {seq_limit_text(config)}")
 
 
 # ---- host inputs: numpy arrays and lists -------------------------------------------------------

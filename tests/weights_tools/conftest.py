@@ -1,7 +1,8 @@
 """Fixtures for the converter tests: the package under test (`wt`) and tiny random HF checkpoints.
 
-HF tensor names come from the family table (`wt.family_for("bert")`, through `hf_name`), never
-spelled here or in the tests.
+HF tensor names come from the family tables (`wt.family_for(model_type)`, through `hf_name`), never
+spelled here or in the tests. Checkpoints are BERT unless a test asks for another family
+(`make_checkpoint(..., family="roberta")`).
 
 `wt` is `ftbert.weights_tools` when ftbert is installed, else the repository's top-level
 `weights_tools/` folder (so the converter can be tested without building the C++ engine).
@@ -49,6 +50,11 @@ TINY = dict(
     type_vocab_size=3,
 )
 KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceClassification
+# model_type -> the transformers class-name stem of its models (RobertaModel, XLMRobertaForMaskedLM, ...).
+FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
+ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
+_KIND_SUFFIX = {"model": "Model", "mlm": "ForMaskedLM", "cls": "ForSequenceClassification",
+                "choice": "ForMultipleChoice"}
 LAYOUTS = ("safetensors", "sharded", "bin", "bin_sharded")
 
 
@@ -67,15 +73,16 @@ def _seed_from_run(rng):
 
 
 def backbone(model):
-    """The BertModel inside a task model (or the model itself)."""
-    return getattr(model, "bert", model)
+    """The encoder (BertModel, RobertaModel, ...) inside a task model (or the model itself)."""
+    return getattr(model, model.base_model_prefix, model)
 
 
-def hf_name(engine_name: str, part: int = 0, kind: str = "model") -> str:
+def hf_name(engine_name: str, part: int = 0, kind: str = "model", family: str = "bert") -> str:
     """The checkpoint name of an engine tensor's source (the part-th of a fused one: 0, 1, 2 are Q,
     K, V), as a model of `kind` saves it: the task models keep the encoder under the family's prefix."""
-    name = BERT.weights.hf_names(engine_name)[part]
-    return name if kind == "model" else BERT.weights.prefixes[0] + name
+    table = wt_module.family_for(family)
+    name = table.weights.hf_names(engine_name)[part]
+    return name if kind == "model" else table.weights.prefixes[0] + name
 
 
 def reference_tensors(model) -> dict[str, torch.Tensor]:
@@ -111,13 +118,19 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 
-def build_model(kind: str = "model", **overrides):
-    """A random BERT of the given kind; every parameter random (HF's init zeroes biases, which would
-    hide a bias placed in the wrong slot)."""
-    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
+def model_classes(family: str, kind: str = "model"):
+    """(config class, model class) of a family's model of `kind` ("model", "mlm", "cls", "choice")."""
+    import transformers
 
-    config = BertConfig(**{**TINY, **overrides})
-    cls = {"model": BertModel, "mlm": BertForMaskedLM, "cls": BertForSequenceClassification}[kind]
+    stem = FAMILY_CLASSES[family]
+    return getattr(transformers, stem + "Config"), getattr(transformers, stem + _KIND_SUFFIX[kind])
+
+
+def build_model(kind: str = "model", family: str = "bert", **overrides):
+    """A random model of the family and kind; every parameter random (HF's init zeroes biases, which
+    would hide a bias placed in the wrong slot)."""
+    config_cls, cls = model_classes(family, kind)
+    config = config_cls(**{**TINY, **overrides})
     model = cls(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -157,12 +170,12 @@ def save_checkpoint(model, path: Path, layout: str = "safetensors") -> Path:
 
 @pytest.fixture
 def make_checkpoint(tmp_path):
-    """make_checkpoint(kind, layout, **config overrides) -> (directory, model)."""
+    """make_checkpoint(kind, layout, family="bert", **config overrides) -> (directory, model)."""
     count = [0]
 
-    def make(kind: str = "model", layout: str = "safetensors", **overrides):
+    def make(kind: str = "model", layout: str = "safetensors", family: str = "bert", **overrides):
         count[0] += 1
-        model = build_model(kind, **overrides)
+        model = build_model(kind, family, **overrides)
         return save_checkpoint(model, tmp_path / f"hf{count[0]}", layout), model
 
     return make
@@ -176,6 +189,8 @@ def hf():
     return SimpleNamespace(
         TINY=TINY,
         family=BERT,
+        ROBERTA_FAMILY=ROBERTA_FAMILY,
+        model_classes=model_classes,
         hf_name=hf_name,
         backbone=backbone,
         reference_tensors=reference_tensors,

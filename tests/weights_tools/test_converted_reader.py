@@ -90,7 +90,8 @@ def test_config_that_is_not_a_json_object_is_a_format_error(wt, converted, text)
     "changes, pattern",
     [
         ({"format": "gguf"}, "format is 'gguf'"),
-        ({"format_version": 2}, "format_version 2 is not supported"),
+        ({"format_version": 3}, r"format_version 3 is not supported \(this ftbert reads versions 1 and 2"),
+        ({"format_version": 2.0}, "format_version 2.0 is not supported"),
         ({"format_version": True}, "format_version True is not supported"),
         ({"hidden_size": 0}, "hidden_size must be a positive integer"),
         ({"num_attention_heads": 5}, "not divisible"),

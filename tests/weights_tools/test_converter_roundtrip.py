@@ -87,7 +87,9 @@ def test_config_carries_the_hf_hyperparameters(wt, make_checkpoint, tmp_path):
                 "intermediate_size", "max_position_embeddings", "type_vocab_size", "layer_norm_eps",
                 "hidden_act"):
         assert stored[key] == hf_cfg[key], key
-    assert stored["format"] == "ftbert" and stored["format_version"] == 1
+    assert stored["format"] == "ftbert" and stored["format_version"] == 2
+    assert stored["model_type"] == "bert"
+    assert (stored["position_ids"], stored["pad_token_id"]) == ("absolute", hf_cfg["pad_token_id"])
     assert stored["dtype"] == "bfloat16" and stored["max_seq_length"] is None
     assert len(stored["weights_sha256"]) == 64
     assert (out / "config.json").read_text() == (src / "config.json").read_text()

@@ -1,0 +1,205 @@
+"""The RoBERTa family (roberta, xlm-roberta, camembert) on the CPU against transformers in float32
+(max abs error <= 1e-4): position ids counted from the pad id over the non-pad input_ids, the usable
+length max_position_embeddings - pad_token_id - 1, task checkpoints, converted directories, and
+version-1 conversions (BERT) that must still load."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import ftbert
+from tests._models import make_bert, make_roberta, write_roberta_tokenizer
+from tests._util import ragged_mask
+
+TOL = 1e-4
+
+# name -> make_roberta arguments: small odd sizes (head dims 16 and 32, odd intermediate sizes,
+# vocabularies near 150), with and without a pooler; "roberta-pad3" moves the pad id (and so every
+# position) and shortens the table so the limit is cheap to reach.
+MODELS = {
+    "roberta": dict(family="roberta", hidden=64, heads=4, layers=2, vocab=151, seed=1),
+    "xlm-roberta": dict(family="xlm-roberta", hidden=48, heads=3, layers=1, vocab=149, pooler=False,
+                        act="gelu_new", seed=2),
+    "camembert": dict(family="camembert", hidden=64, heads=2, layers=2, vocab=157, intermediate=131,
+                      seed=3),
+    "roberta-pad3": dict(family="roberta", hidden=48, heads=2, layers=2, vocab=150, pad=3, max_pos=40,
+                         seed=4),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model_pair(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_roberta(path, **MODELS[request.param])
+    return hf, ftbert.Encoder.from_pretrained(path)
+
+
+def make_inputs(rng, config, batch, seq, padding):
+    """input_ids with pad_token_id exactly where the mask is 0 (transformers counts positions from
+    the ids), and no pad id elsewhere. padding: "none" (full rows), "right" or "left"."""
+    pad, vocab = config.pad_token_id, config.vocab_size
+    ids = rng.integers(0, vocab - 1, (batch, seq))
+    ids += ids >= pad  # every id but the pad id
+    if padding == "none":
+        mask = np.ones((batch, seq), np.int32)
+    else:
+        mask = ragged_mask(rng, batch, seq, left=padding == "left")
+    ids[mask == 0] = pad
+    return ids.astype(np.int64), mask
+
+
+def backbone(hf):
+    return getattr(hf, hf.base_model_prefix, hf)
+
+
+def reference(hf, ids, mask):
+    with torch.no_grad():
+        return backbone(hf)(torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long())
+
+
+def assert_parity(hf, out, ids, mask):
+    ref = reference(hf, ids, mask)
+    assert np.isfinite(out.last_hidden_state).all()  # padded rows too
+    valid = mask.astype(bool)
+    err_h = np.abs(out.last_hidden_state - ref.last_hidden_state.numpy())[valid].max()
+    assert err_h <= TOL, f"hidden {err_h:.2e}"
+    if ref.pooler_output is None:
+        assert out.pooler_output is None
+    else:
+        # The pooler reads token 0, a pad token in left-padded rows: its position is pad_token_id.
+        err_p = np.abs(out.pooler_output - ref.pooler_output.numpy()).max()
+        assert err_p <= TOL, f"pooler {err_p:.2e}"
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (3, 7), (2, 33), (4, 36)])
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_matches_transformers_float32(model_pair, rng, batch, seq, padding):
+    hf, enc = model_pair
+    ids, mask = make_inputs(rng, hf.config, batch, seq, padding)
+    assert_parity(hf, enc(ids, mask), ids, mask)
+
+
+def test_config_records_the_family_and_its_positions(model_pair):
+    hf, enc = model_pair
+    c = enc.config
+    assert c["model_type"] == hf.config.model_type
+    assert c["position_ids"] == "padding_offset" and c["pad_token_id"] == hf.config.pad_token_id
+    assert c["type_vocab_size"] == 1  # RoBERTa's one-row token-type table, kept as it is
+    assert c["has_pooler"] is (backbone(hf).pooler is not None)
+
+
+def test_usable_length_runs_and_one_more_token_is_refused(model_pair, rng):
+    hf, enc = model_pair
+    P, pad = hf.config.max_position_embeddings, hf.config.pad_token_id
+    limit = P - pad - 1
+    assert enc.max_seq_length == limit
+    ids, mask = make_inputs(rng, hf.config, 2, limit, "left")  # row 0 full: position P - 1 is used
+    assert_parity(hf, enc(ids, mask), ids, mask)
+    longer = np.concatenate([ids, ids[:, :1]], axis=1)
+    pattern = f"sequence length {limit + 1}, which exceeds the usable length {limit} "
+    with pytest.raises(ValueError, match=pattern):
+        enc(longer)
+    with pytest.raises(ValueError, match=pattern):
+        enc(torch.from_numpy(longer))
+
+
+def test_sentence_transformers_length_is_capped_at_the_usable_length(model_pair):
+    hf, enc = model_pair
+    limit = hf.config.max_position_embeddings - hf.config.pad_token_id - 1
+    enc.config["max_seq_length"] = limit + 50
+    try:
+        assert enc.max_seq_length == limit
+        enc.config["max_seq_length"] = 5
+        assert enc.max_seq_length == 5
+    finally:
+        enc.config["max_seq_length"] = None
+
+
+def test_positions_come_from_the_ids_not_the_mask(model_pair, rng):
+    # A pad id under mask 1 sits at position pad_token_id in transformers (and does not advance the
+    # count for the tokens after it): the engine counts from input_ids as well.
+    hf, enc = model_pair
+    ids, mask = make_inputs(rng, hf.config, 3, 20, "right")
+    ids[:, [2, 5]] = hf.config.pad_token_id
+    mask[:, :6] = 1
+    assert_parity(hf, enc(ids, mask), ids, mask)
+
+
+@pytest.mark.parametrize(
+    "family, kind",
+    [("roberta", "mlm"), ("roberta", "cls"), ("xlm-roberta", "cls"), ("camembert", "cls"),
+     ("camembert", "choice")],
+)
+def test_task_checkpoints_load_their_encoder(tmp_path, rng, family, kind):
+    # ForMaskedLM / ForSequenceClassification have no pooler and a head (ignored, as for BERT);
+    # ForMultipleChoice keeps the pooler.
+    hf = make_roberta(tmp_path, family=family, kind=kind, hidden=48, heads=2, layers=1, vocab=153, seed=5)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    assert enc.config["has_pooler"] is (kind == "choice")
+    ids, mask = make_inputs(rng, hf.config, 3, 11, "left")
+    assert_parity(hf, enc(ids, mask), ids, mask)
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "camembert"])
+def test_converted_directory_runs_as_the_hf_directory(tmp_path, rng, family):
+    src = tmp_path / "hf"
+    hf = make_roberta(src, family=family, hidden=48, heads=3, layers=2, vocab=151, seed=6)
+    out = ftbert.convert_checkpoint(src, tmp_path / "converted", progress=False)
+    config, _ = ftbert.weights_tools.read_converted(out)
+    stored = json.loads((out / "ftbert_config.json").read_text())
+    assert stored["format_version"] == 2 and stored["model_type"] == family
+    assert (stored["position_ids"], stored["pad_token_id"]) == ("padding_offset", 1)
+    from_hf = ftbert.Encoder.from_pretrained(src)
+    from_converted = ftbert.Encoder.from_pretrained(out)
+    assert {k: v for k, v in from_hf.config.items() if not k.startswith("weights_")} == {
+        k: v for k, v in config.items() if not k.startswith("weights_")
+    }
+    ids, mask = make_inputs(rng, hf.config, 3, 17, "left")
+    a, b = from_hf(ids, mask), from_converted(ids, mask)
+    np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
+    np.testing.assert_array_equal(a.pooler_output, b.pooler_output)
+    assert_parity(hf, b, ids, mask)
+
+
+def test_version_1_conversion_still_loads_as_bert(tmp_path, rng):
+    # A BERT converted before format version 2: no position_ids, no pad_token_id.
+    src = tmp_path / "hf"
+    hf = make_bert(src, hidden=48, heads=2, layers=1, vocab=101, max_pos=64, seed=7)
+    out = ftbert.convert_checkpoint(src, tmp_path / "converted", progress=False)
+    path = out / "ftbert_config.json"
+    v2 = json.loads(path.read_text())
+    v1 = {k: v for k, v in v2.items() if k not in ("position_ids", "pad_token_id")}
+    path.write_text(json.dumps({**v1, "format_version": 1}))
+    enc = ftbert.Encoder.from_pretrained(out)
+    assert enc.config["format_version"] == 1
+    assert (enc.config["position_ids"], enc.config["pad_token_id"]) == ("absolute", 0)
+    assert enc.max_seq_length == 64
+    ids = rng.integers(0, 101, (2, 64))
+    mask = ragged_mask(rng, 2, 64, left=True)
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long())
+    out = enc(ids, mask)
+    valid = mask.astype(bool)
+    assert np.abs(out.last_hidden_state - ref.last_hidden_state.numpy())[valid].max() <= TOL
+    assert np.abs(out.pooler_output - ref.pooler_output.numpy()).max() <= TOL
+    with pytest.raises(ValueError, match="sequence length 65, which exceeds max_position_embeddings 64"):
+        enc(np.zeros((1, 65), np.int64))
+
+
+def test_encode_truncates_at_the_usable_length_and_matches_transformers(tmp_path):
+    # Through the checkpoint's own tokenizer, which pads with <pad> (id 1): a text past 512 tokens
+    # is cut at 512, not at max_position_embeddings 514, and mean pooling matches transformers'.
+    hf = make_roberta(tmp_path, hidden=48, heads=2, layers=1, vocab=151, seed=8)
+    tok = write_roberta_tokenizer(tmp_path)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    texts = ["a short one", "hello world " * 60, "x"]  # the long one: 720 tokens
+    got = enc.encode(texts, pooling="mean", normalize=False)
+    batch = tok(texts, padding=True, truncation=True, max_length=512, return_tensors="pt")
+    assert batch["input_ids"].shape[1] == 512
+    with torch.no_grad():
+        hidden = hf(**batch).last_hidden_state
+    m = batch["attention_mask"].unsqueeze(-1).float()
+    want = ((hidden * m).sum(1) / m.sum(1)).numpy()
+    assert np.abs(got - want).max() <= TOL

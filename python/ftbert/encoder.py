@@ -94,7 +94,7 @@ class Encoder:
         concurrency: int | None = None,
         nonfinite: str = "warn",
     ) -> "Encoder":
-        """Loads a HuggingFace BERT checkpoint directory or an ftbert-converted one.
+        """Loads a HuggingFace checkpoint directory (BERT or RoBERTa family) or an ftbert-converted one.
 
         device: "cpu", "cuda" or "cuda:N". dtype: "float32", "float16" or "bfloat16" (CPU: float32).
         attention: "auto", "unfused" or "flash" (see `Encoder.attention`). allow_tf32: let float32

@@ -66,12 +66,26 @@ Encoder::Slot& Encoder::acquire(uintptr_t stream) {
 }
 
 void Encoder::release(Slot& slot, uintptr_t stream) {
+  bool trimmed;
   {
     std::lock_guard<std::mutex> lock(pool_mutex_);
     slot.busy = false;
     slot.last_stream = stream;
+    trimmed = slot.index >= static_cast<size_t>(concurrency_.load());
   }
   slot_freed_.notify_one();
+  // set_concurrency lowered the count while this forward ran (it may even have freed the
+  // session before the forward made a new one): free what the slot holds now, unless the count
+  // went back up and another forward took the slot meanwhile.
+  if (trimmed) {
+    std::lock_guard<std::mutex> hold(slot.mutex);
+    bool still_trimmed;
+    {
+      std::lock_guard<std::mutex> lock(pool_mutex_);
+      still_trimmed = !slot.busy && slot.index >= static_cast<size_t>(concurrency_.load());
+    }
+    if (still_trimmed) slot.session.reset();
+  }
 }
 
 void Encoder::set_concurrency(int sessions) {

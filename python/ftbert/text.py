@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .weights_tools.layout import usable_seq_length
+
 if TYPE_CHECKING:
     from .encoder import Encoder
 
@@ -133,7 +135,8 @@ def _pad_to_bucket(ids, mask, types, enc: "Encoder", pad_id: int | None = None):
     import torch
 
     seq = ids.shape[1]
-    padded = min(-(-seq // SEQ_BUCKET) * SEQ_BUCKET, int(enc.config["max_position_embeddings"]))
+    # Never past the positions the model has (fewer than max_position_embeddings for RoBERTa).
+    padded = min(-(-seq // SEQ_BUCKET) * SEQ_BUCKET, usable_seq_length(enc.config))
     if padded <= seq:
         return ids, mask, types
     extra = (0, padded - seq)

@@ -1,4 +1,4 @@
-"""Small random-initialised HuggingFace checkpoints (BERT, and the RoBERTa family) for tests."""
+"""Small random-initialised HuggingFace checkpoints (BERT, the RoBERTa family, DistilBERT) for tests."""
 
 from pathlib import Path
 
@@ -110,6 +110,61 @@ def make_roberta(
     )
     model = (model_cls(cfg, add_pooling_layer=pooler) if kind == "model" else model_cls(cfg)).eval()
     _perturb_layer_norms(model)
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
+DISTILBERT_KINDS = {"model": "DistilBertModel", "mlm": "DistilBertForMaskedLM",
+                    "cls": "DistilBertForSequenceClassification"}
+
+
+def _perturb_distilbert_layer_norms(model) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+
+
+def make_distilbert(
+    path: Path,
+    kind="model",
+    dim=64,
+    heads=2,
+    layers=2,
+    hidden_dim=None,
+    act="gelu",
+    vocab=163,
+    max_pos=512,
+    pad=0,
+    sinusoidal=False,
+    seed=0,
+    **save_kwargs,
+):
+    """Saves a random DistilBERT model to `path` and returns it in eval mode. kind: "model"
+    (DistilBertModel), "mlm" or "cls" (task models: the encoder under `distilbert.`, heads ignored
+    by the converter). DistilBERT has no token types and no pooler; LayerNorm eps is 1e-12."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.DistilBertConfig(
+        vocab_size=vocab,
+        dim=dim,
+        n_layers=layers,
+        n_heads=heads,
+        hidden_dim=hidden_dim or 4 * dim - 3,  # odd on purpose
+        activation=act,
+        max_position_embeddings=max_pos,
+        pad_token_id=pad,
+        sinusoidal_pos_embds=sinusoidal,
+        attn_implementation="eager",
+    )
+    model = getattr(transformers, DISTILBERT_KINDS[kind])(cfg).eval()
+    # Random init zeroes the Linear biases; fill them so a bias in the wrong slot shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.05)
+    _perturb_distilbert_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model
 

@@ -8,11 +8,11 @@ their names from it, so a family's weight names are spelled here and nowhere els
 Engine-side names ("embeddings.word", "layers.{i}.qkv_weight", ...) are the converted format's own,
 defined in layout.py; the tables below map each of them to HuggingFace names.
 
-Filled in: BERT, and RoBERTa with its two descendants XLM-RoBERTa and CamemBERT (RoBERTa's table,
-copied for the other two with their own model_type and their config class's vocab_size default). The fields are
-shaped for the families still to come, which share the encoder but differ in the details: DistilBERT
-(other config keys, other weight names, no token types), ELECTRA (embeddings narrower than the
-encoder, projected up by `embeddings_project`).
+Filled in: BERT, RoBERTa with its two descendants XLM-RoBERTa and CamemBERT (RoBERTa's table,
+copied for the other two with their own model_type and their config class's vocab_size default), and
+DistilBERT (other config keys, other weight names, no token types, no pooler). The fields are shaped
+for the family still to come, which shares the encoder but differs in the details: ELECTRA
+(embeddings narrower than the encoder, projected up by `embeddings_project`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from .layout import (
 # max_position_embeddings - pad_token_id - 1 (layout.usable_seq_length). Defined in layout.py, which
 # the converted reader shares; re-exported here as the tables' vocabulary.
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "Family", "FAMILIES",
-           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "family_for", "supported_model_types"]
+           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "family_for",
+           "supported_model_types"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,18 @@ class Key:
 
     hf: str | None  # the config.json key; None where the family fixes the value (DistilBERT's eps)
     default: Any  # what the family's transformers config class uses when config.json leaves it out
+    # Other config.json keys the config class maps onto this one (its attribute_map: DistilBERT's
+    # hidden_size -> dim); where present they win over `hf`, as in transformers.
+    aliases: tuple[str, ...] = ()
+
+    def read(self, raw: Mapping[str, Any]) -> Any:
+        """The value a config.json dict gives this key."""
+        if self.hf is None:
+            return self.default
+        for name in (*self.aliases, self.hf):
+            if name in raw:
+                return raw[name]
+        return self.default
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,10 @@ class Family:
     accepted_values: Mapping[str, tuple[Any, ...]]
     weights: WeightNames
     position_ids: str  # ABSOLUTE or PADDING_OFFSET: the engine config's "position_ids"
-    token_types: bool  # whether the model adds a token-type embedding (DistilBERT has none)
+    # Whether the model adds a token-type embedding. Without one (DistilBERT) the table names no
+    # token-type tensor, type_vocab_size is fixed at 1, and the converter supplies a zero [1, H] table:
+    # adding it changes nothing, and token type ids other than 0 fail the engine's input check.
+    token_types: bool
     projection: Projection | None  # embeddings -> hidden projection (ELECTRA), None without one
     heads: tuple[str, ...]  # the heads above the encoder that conversion knows, by kind
 
@@ -219,6 +235,66 @@ CAMEMBERT = replace(
     config=_frozen({**ROBERTA.config, "vocab_size": Key("vocab_size", 30522)}),
 )
 
+# DistilBERT: BERT's post-LayerNorm encoder under other config keys (dim, n_layers, n_heads,
+# hidden_dim, activation) and other weight names, with no token-type embedding and no pooler.
+# LayerNorm eps is fixed at 1e-12 in the modules (no config key). Positions are absolute, 0..S-1,
+# whatever the padding. `sinusoidal_pos_embds` only changes how transformers initialises the position
+# table: the table is an ordinary parameter, saved in the checkpoint, and read from it like a learned
+# one. Task models (ForMaskedLM, ForSequenceClassification, ...) keep the encoder under "distilbert.";
+# their heads (vocab_*, pre_classifier, classifier, ...) are ignored.
+DISTILBERT = Family(
+    name="distilbert",
+    model_types=("distilbert",),
+    # DistilBertConfig's defaults (distilbert-base).
+    config=_frozen({
+        "vocab_size": Key("vocab_size", 30522),
+        "hidden_size": Key("dim", 768, aliases=("hidden_size",)),
+        "num_hidden_layers": Key("n_layers", 6, aliases=("num_hidden_layers",)),
+        "num_attention_heads": Key("n_heads", 12, aliases=("num_attention_heads",)),
+        "intermediate_size": Key("hidden_dim", 4 * 768),
+        "max_position_embeddings": Key("max_position_embeddings", 512),
+        "type_vocab_size": Key(None, 1),  # no token-type embedding: the converter's zero row
+        "layer_norm_eps": Key(None, 1e-12),  # nn.LayerNorm(dim, eps=1e-12) in every module
+        "hidden_act": Key("activation", "gelu"),
+        # Unused by ABSOLUTE positions; recorded all the same (see hf.read_hf_config).
+        "pad_token_id": Key("pad_token_id", 0),
+    }),
+    # Attention is always bidirectional (DistilBertConfig has no decoder mode); positions always
+    # absolute. Nothing in config.json changes the computation beyond the keys above.
+    accepted_values=_frozen({}),
+    weights=WeightNames(
+        prefixes=("distilbert.",),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.word_embeddings.weight",
+            "embeddings.position": "embeddings.position_embeddings.weight",
+            "embeddings.ln_gamma": "embeddings.LayerNorm.weight",
+            "embeddings.ln_beta": "embeddings.LayerNorm.bias",
+        }),
+        layer_prefix="transformer.layer.{i}.",
+        layer=_frozen({
+            "qkv_weight": ("attention.q_lin.weight", "attention.k_lin.weight", "attention.v_lin.weight"),
+            "qkv_bias": ("attention.q_lin.bias", "attention.k_lin.bias", "attention.v_lin.bias"),
+            "attn_out_weight": "attention.out_lin.weight",
+            "attn_out_bias": "attention.out_lin.bias",
+            "attn_ln_gamma": "sa_layer_norm.weight",
+            "attn_ln_beta": "sa_layer_norm.bias",
+            "ffn_in_weight": "ffn.lin1.weight",
+            "ffn_in_bias": "ffn.lin1.bias",
+            "ffn_out_weight": "ffn.lin2.weight",
+            "ffn_out_bias": "ffn.lin2.bias",
+            "ffn_ln_gamma": "output_layer_norm.weight",
+            "ffn_ln_beta": "output_layer_norm.bias",
+        }),
+        pooler=_frozen({}),
+        # Not persistent in today's transformers; older checkpoints saved it.
+        buffers=("embeddings.position_ids",),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=False,
+    projection=None,
+    heads=(),
+)
+
 
 def _check(family: Family) -> Family:
     """Refuses a table that does not cover the engine layout exactly: a gap would otherwise surface
@@ -239,6 +315,8 @@ def _check(family: Family) -> Family:
         problems.append("a pooler head needs pooler names, and pooler names a pooler head")
     if family.position_ids not in POSITION_SCHEMES:
         problems.append(f"unknown position-id scheme {family.position_ids!r}")
+    if not family.token_types and family.config["type_vocab_size"] != Key(None, 1):
+        problems.append("without token types, type_vocab_size is fixed at 1 (the converter's zero row)")
     if family.position_ids == PADDING_OFFSET and family.config["pad_token_id"].hf is None:
         problems.append("padding_offset positions count from config.json's pad_token_id: it needs a key")
     if family.name not in family.model_types:
@@ -250,7 +328,7 @@ def _check(family: Family) -> Family:
 
 # Family name -> table.
 FAMILIES: Mapping[str, Family] = _frozen({
-    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT)
+    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT)
 })
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

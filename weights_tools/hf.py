@@ -1,11 +1,11 @@
 """Reads a HuggingFace checkpoint directory and re-lays its encoder weights out for the engine.
 
 What is accepted: config.json with a model_type of a family in families.py ("bert", "roberta",
-"xlm-roberta", "camembert"), and weights as model.safetensors, sharded safetensors
+"xlm-roberta", "camembert", "distilbert"), and weights as model.safetensors, sharded safetensors
 (model.safetensors.index.json), pytorch_model.bin or sharded .bin (pytorch_model.bin.index.json).
 Names may carry the prefix the family's task models put before the encoder (BertForMaskedLM,
-BertForSequenceClassification, ... for BERT; RobertaForMaskedLM, ... for RoBERTa); task heads are
-ignored. Every HF weight name and config key comes from the family's table.
+BertForSequenceClassification, ... for BERT; RobertaForMaskedLM, ... for RoBERTa;
+DistilBertForMaskedLM, ... for DistilBERT); task heads are ignored. Every HF weight name and config key comes from the family's table.
 """
 
 from __future__ import annotations
@@ -78,10 +78,7 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
             raise ConversionError(
                 f"{path}: {key} {value!r} is not supported (only {_choices(accepted)})"
             )
-    cfg = {
-        key: (raw.get(k.hf, k.default) if k.hf is not None else k.default)
-        for key, k in family.config.items()
-    }
+    cfg = {key: k.read(raw) for key, k in family.config.items()}
     check_hyperparameters(cfg, str(path), ConversionError)
     cfg["layer_norm_eps"] = float(cfg["layer_norm_eps"])
     cfg["position_ids"] = family.position_ids
@@ -370,6 +367,12 @@ def _is_linear(engine_name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and engine_name not in EMBEDDING_TENSORS
 
 
+def _is_zero_token_types(family: Family, engine_name: str) -> bool:
+    """The token-type table of a family without token types (DistilBERT): not in its checkpoints,
+    supplied by the converter as zeros."""
+    return engine_name == "embeddings.token_type" and not family.token_types
+
+
 def _progress(engine_name: str, num_layers: int) -> str:
     """The part of the model a tensor belongs to, as the progress lines name it."""
     group, _, rest = engine_name.partition(".")
@@ -393,6 +396,11 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
         if part != shown:
             log(f"  {part}")
             shown = part
+        if _is_zero_token_types(family, name):
+            # No token-type embedding in the model: one zero row (type_vocab_size is fixed at 1),
+            # which adds nothing to token type 0, the only type the engine then accepts.
+            out[name] = torch.zeros(shape, dtype=torch.float32)
+            continue
         sources = family.weights.hf_names(name)
         if _is_linear(name, shape):
             n_in, n_out = shape
@@ -413,6 +421,8 @@ def hf_state_dict(family: Family, config: dict,
     model (BertModel for BERT), float32, [out, in] Linear weights, Q/K/V split again."""
     sd: dict[str, torch.Tensor] = {}
     for name, shape in iter_expected_tensors(config):
+        if _is_zero_token_types(family, name):
+            continue  # supplied by the converter; the HF model has no such tensor
         t = tensors[name].float()
         if _is_linear(name, shape):
             t = t.t()  # [in, k * out] -> [k * out, in]

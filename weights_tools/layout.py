@@ -304,6 +304,13 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
             f"{where}: position_ids {cfg['position_ids']!r} is not what model_type {cfg['model_type']!r} "
             f"uses ({family.position_ids!r})"
         )
+    if not family.token_types and cfg["type_vocab_size"] != 1:
+        raise error(
+            f"{where}: type_vocab_size {cfg['type_vocab_size']!r} is not what model_type "
+            f"{cfg['model_type']!r} has (1: it has no token-type embedding, only a zero row)"
+        )
+    if family.heads == () and cfg["has_pooler"] is True:
+        raise error(f"{where}: has_pooler is true, but model_type {cfg['model_type']!r} has no pooler")
     if not isinstance(cfg["has_pooler"], bool):
         raise error(f"{where}: has_pooler must be true or false, got {cfg['has_pooler']!r}")
     if cfg["dtype"] not in DTYPES:

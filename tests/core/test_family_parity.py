@@ -1,7 +1,8 @@
-"""The RoBERTa family (roberta, xlm-roberta, camembert) on the CPU against transformers in float32
-(max abs error <= 1e-4): position ids counted from the pad id over the non-pad input_ids, the usable
-length max_position_embeddings - pad_token_id - 1, task checkpoints, converted directories, and
-version-1 conversions (BERT) that must still load."""
+"""The RoBERTa family (roberta, xlm-roberta, camembert) and DistilBERT on the CPU against
+transformers in float32 (max abs error <= 1e-4): position ids counted from the pad id over the non-pad
+input_ids, the usable length max_position_embeddings - pad_token_id - 1, DistilBERT's absolute
+positions, missing token types and pooler, task checkpoints, converted directories, and version-1
+conversions (BERT) that must still load."""
 
 import json
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import ftbert
-from tests._models import make_bert, make_roberta, write_roberta_tokenizer
+from tests._models import make_bert, make_distilbert, make_roberta, write_roberta_tokenizer
 from tests._util import ragged_mask
 
 TOL = 1e-4
@@ -203,3 +204,102 @@ def test_encode_truncates_at_the_usable_length_and_matches_transformers(tmp_path
     m = batch["attention_mask"].unsqueeze(-1).float()
     want = ((hidden * m).sum(1) / m.sum(1)).numpy()
     assert np.abs(got - want).max() <= TOL
+
+
+# ---- DistilBERT ----------------------------------------------------------------------------------
+
+# name -> make_distilbert arguments: dims 48 and 64, 2 to 4 heads (head dims 12 to 32), one or two
+# layers, odd FFN sizes and vocabularies; "distilbert-short" has a short position table so its limit
+# is cheap to reach, and sinusoidal positions (the table is still the checkpoint's).
+DISTILBERT_MODELS = {
+    "distilbert": dict(dim=64, heads=4, layers=2, vocab=163, seed=11),
+    "distilbert-48": dict(dim=48, heads=3, layers=1, hidden_dim=97, vocab=149, act="relu", seed=12),
+    "distilbert-short": dict(dim=48, heads=2, layers=2, hidden_dim=131, vocab=157, max_pos=40,
+                             sinusoidal=True, seed=13),
+}
+
+
+@pytest.fixture(scope="module", params=list(DISTILBERT_MODELS))
+def distilbert_pair(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_distilbert(path, **DISTILBERT_MODELS[request.param])
+    return hf, ftbert.Encoder.from_pretrained(path)
+
+
+def assert_distilbert_parity(hf, out, ids, mask):
+    ref = reference(hf, ids, mask).last_hidden_state.numpy()
+    assert np.isfinite(out.last_hidden_state).all()
+    valid = mask.astype(bool)
+    err = np.abs(out.last_hidden_state - ref)[valid].max()
+    assert err <= TOL, f"hidden {err:.2e}"
+    assert out.pooler_output is None
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (3, 7), (2, 33), (4, 36)])
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_distilbert_matches_transformers_float32(distilbert_pair, rng, batch, seq, padding):
+    hf, enc = distilbert_pair
+    ids, mask = make_inputs(rng, hf.config, batch, seq, padding)
+    assert_distilbert_parity(hf, enc(ids, mask), ids, mask)
+
+
+def test_distilbert_config_has_no_token_types_and_no_pooler(distilbert_pair):
+    hf, enc = distilbert_pair
+    c = enc.config
+    assert c["model_type"] == "distilbert" and c["position_ids"] == "absolute"
+    assert (c["type_vocab_size"], c["has_pooler"], c["layer_norm_eps"]) == (1, False, 1e-12)
+    assert (c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], c["intermediate_size"]) == (
+        hf.config.dim, hf.config.n_heads, hf.config.n_layers, hf.config.hidden_dim)
+    assert enc.max_seq_length == hf.config.max_position_embeddings
+
+
+def test_distilbert_token_type_zero_is_accepted_and_others_refused(distilbert_pair, rng):
+    hf, enc = distilbert_pair
+    ids, mask = make_inputs(rng, hf.config, 2, 9, "right")
+    tt = np.zeros_like(ids)
+    assert_distilbert_parity(hf, enc(ids, mask, tt), ids, mask)
+    tt[0, 3] = 1
+    with pytest.raises(ValueError, match="type"):
+        enc(ids, mask, tt)
+
+
+def test_distilbert_full_length_runs_and_one_more_token_is_refused(tmp_path, rng):
+    hf = make_distilbert(tmp_path, **DISTILBERT_MODELS["distilbert-short"])
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    P = hf.config.max_position_embeddings
+    ids, mask = make_inputs(rng, hf.config, 2, P, "left")
+    assert_distilbert_parity(hf, enc(ids, mask), ids, mask)
+    with pytest.raises(ValueError, match=f"sequence length {P + 1}, which exceeds max_position_embeddings {P}"):
+        enc(np.concatenate([ids, ids[:, :1]], axis=1))
+
+
+@pytest.mark.parametrize("kind", ["mlm", "cls"])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_distilbert_task_checkpoints_load_their_encoder(tmp_path, rng, kind, padding):
+    # ForMaskedLM's vocab_* and ForSequenceClassification's pre_classifier / classifier are ignored.
+    hf = make_distilbert(tmp_path, kind=kind, dim=48, heads=4, layers=1, hidden_dim=101, vocab=151, seed=14)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    assert enc.config["has_pooler"] is False and enc.config["model_type"] == "distilbert"
+    ids, mask = make_inputs(rng, hf.config, 3, 13, padding)
+    assert_distilbert_parity(hf, enc(ids, mask), ids, mask)
+
+
+def test_distilbert_converted_directory_runs_as_the_hf_directory(tmp_path, rng):
+    src = tmp_path / "hf"
+    hf = make_distilbert(src, kind="cls", dim=64, heads=2, layers=2, vocab=151, seed=15)
+    out = ftbert.convert_checkpoint(src, tmp_path / "converted", progress=False)
+    config, tensors = ftbert.weights_tools.read_converted(out)
+    stored = json.loads((out / "ftbert_config.json").read_text())
+    assert stored["format_version"] == 2 and stored["model_type"] == "distilbert"
+    assert (stored["position_ids"], stored["type_vocab_size"], stored["has_pooler"]) == ("absolute", 1, False)
+    assert not tensors["embeddings.token_type"].any()
+    from_hf = ftbert.Encoder.from_pretrained(src)
+    from_converted = ftbert.Encoder.from_pretrained(out)
+    assert {k: v for k, v in from_hf.config.items() if not k.startswith("weights_")} == {
+        k: v for k, v in config.items() if not k.startswith("weights_")
+    }
+    ids, mask = make_inputs(rng, hf.config, 3, 17, "left")
+    a, b = from_hf(ids, mask), from_converted(ids, mask)
+    np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
+    assert a.pooler_output is None and b.pooler_output is None
+    assert_distilbert_parity(hf, b, ids, mask)

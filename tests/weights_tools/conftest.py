@@ -51,7 +51,11 @@ TINY = dict(
 )
 KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceClassification
 # model_type -> the transformers class-name stem of its models (RobertaModel, XLMRobertaForMaskedLM, ...).
-FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
+FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
+                  "distilbert": "DistilBert"}
+# TINY under DistilBertConfig's own keys (no token types: type_vocab_size has no key there).
+DISTILBERT_KEYS = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                   "intermediate_size": "hidden_dim", "hidden_act": "activation", "type_vocab_size": None}
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 _KIND_SUFFIX = {"model": "Model", "mlm": "ForMaskedLM", "cls": "ForSequenceClassification",
                 "choice": "ForMultipleChoice"}
@@ -90,6 +94,8 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
     an independent oracle, so a wrong entry in the table fails the round-trip tests."""
     m = backbone(model)
     e = m.embeddings
+    if hasattr(m, "transformer"):  # DistilBERT
+        return _distilbert_reference(m)
     ref = {
         "embeddings.word": e.word_embeddings.weight,
         "embeddings.position": e.position_embeddings.weight,
@@ -118,6 +124,35 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 
+def _distilbert_reference(m) -> dict[str, torch.Tensor]:
+    """reference_tensors for a DistilBertModel: no token-type table in the model (the engine's is one
+    zero row), no pooler."""
+    e = m.embeddings
+    ref = {
+        "embeddings.word": e.word_embeddings.weight,
+        "embeddings.position": e.position_embeddings.weight,
+        "embeddings.token_type": torch.zeros(1, e.word_embeddings.weight.shape[1]),
+        "embeddings.ln_gamma": e.LayerNorm.weight,
+        "embeddings.ln_beta": e.LayerNorm.bias,
+    }
+    for i, layer in enumerate(m.transformer.layer):
+        a, f = layer.attention, layer.ffn
+        p = f"layers.{i}."
+        ref[p + "qkv_weight"] = torch.cat([a.q_lin.weight.T, a.k_lin.weight.T, a.v_lin.weight.T], dim=1)
+        ref[p + "qkv_bias"] = torch.cat([a.q_lin.bias, a.k_lin.bias, a.v_lin.bias])
+        ref[p + "attn_out_weight"] = a.out_lin.weight.T
+        ref[p + "attn_out_bias"] = a.out_lin.bias
+        ref[p + "attn_ln_gamma"] = layer.sa_layer_norm.weight
+        ref[p + "attn_ln_beta"] = layer.sa_layer_norm.bias
+        ref[p + "ffn_in_weight"] = f.lin1.weight.T
+        ref[p + "ffn_in_bias"] = f.lin1.bias
+        ref[p + "ffn_out_weight"] = f.lin2.weight.T
+        ref[p + "ffn_out_bias"] = f.lin2.bias
+        ref[p + "ffn_ln_gamma"] = layer.output_layer_norm.weight
+        ref[p + "ffn_ln_beta"] = layer.output_layer_norm.bias
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
 def model_classes(family: str, kind: str = "model"):
     """(config class, model class) of a family's model of `kind` ("model", "mlm", "cls", "choice")."""
     import transformers
@@ -130,7 +165,11 @@ def build_model(kind: str = "model", family: str = "bert", **overrides):
     """A random model of the family and kind; every parameter random (HF's init zeroes biases, which
     would hide a bias placed in the wrong slot)."""
     config_cls, cls = model_classes(family, kind)
-    config = config_cls(**{**TINY, **overrides})
+    values = {**TINY, **overrides}
+    if family == "distilbert":
+        values = {DISTILBERT_KEYS.get(k, k): v for k, v in values.items()}
+        values.pop(None, None)
+    config = config_cls(**values)
     model = cls(config)
     with torch.no_grad():
         for p in model.parameters():

@@ -1,5 +1,6 @@
-"""The family tables (families.py) and the RoBERTa family's checkpoints: roberta, xlm-roberta and
-camembert convert like BERT under their own prefix, defaults and position ids."""
+"""The family tables (families.py), the RoBERTa family's checkpoints (roberta, xlm-roberta and
+camembert convert like BERT under their own prefix, defaults and position ids), and DistilBERT's
+(other config keys and names, no token types: a zero one-row table, no pooler)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 import torch
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert")
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 
 
@@ -32,7 +33,7 @@ def test_every_supported_model_type_has_a_family_of_its_name(wt):
     assert tuple(wt.FAMILIES) == MODEL_TYPES
     for t in MODEL_TYPES:
         assert wt.family_for(t).name == t and wt.family_for(t).model_types == (t,)
-    for other in ("BERT", "distilbert", None, 3, ["bert"]):
+    for other in ("BERT", "DistilBERT", "electra", None, 3, ["bert"]):
         assert wt.family_for(other) is None
 
 
@@ -43,8 +44,12 @@ def test_config_defaults_are_those_of_the_transformers_config_class(wt, hf, mode
     reference = config_cls()
     family = wt.family_for(model_type)
     for engine_key, key in family.config.items():
-        assert key.hf is not None, engine_key
+        if key.hf is None:  # fixed by the family: DistilBERT's eps and (absent) token types
+            assert model_type == "distilbert" and engine_key in ("layer_norm_eps", "type_vocab_size")
+            continue
         assert key.default == getattr(reference, key.hf), f"{model_type}: {engine_key}"
+        for alias in key.aliases:  # attribute_map names read the same attribute
+            assert reference.attribute_map[alias] == key.hf, f"{model_type}: {alias}"
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -191,4 +196,120 @@ def test_a_decoder_config_is_refused_naming_the_key(wt, make_checkpoint, family)
     cfg["is_decoder"] = True
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(wt.ConversionError, match="is_decoder"):
+        wt.load_hf_checkpoint(src)
+
+
+# ---- DistilBERT --------------------------------------------------------------------------------
+
+
+def test_distilbert_table_has_no_token_types_and_no_pooler(wt):
+    f = wt.family_for("distilbert")
+    assert f.position_ids == "absolute" and not f.token_types and f.projection is None
+    assert f.heads == () and dict(f.weights.pooler) == {}
+    assert "embeddings.token_type" not in f.weights.embeddings
+    assert (f.config["type_vocab_size"].hf, f.config["type_vocab_size"].default) == (None, 1)
+    assert (f.config["layer_norm_eps"].hf, f.config["layer_norm_eps"].default) == (None, 1e-12)
+    assert f.weights.roots() == {"embeddings", "transformer"}
+
+
+def test_a_table_with_a_token_type_key_but_no_token_types_is_refused(wt):
+    from dataclasses import replace
+    from importlib import import_module
+
+    families = import_module(wt.__name__ + ".families")
+    f = wt.family_for("distilbert")
+    bad = replace(f, config={**f.config, "type_vocab_size": families.Key("type_vocab_size", 2)})
+    with pytest.raises(AssertionError, match="type_vocab_size is fixed at 1"):
+        families._check(bad)
+
+
+@pytest.mark.parametrize("kind", ["model", "mlm", "cls"])
+@pytest.mark.parametrize("layout", ["safetensors", "bin_sharded"])
+def test_distilbert_roundtrip_is_exact(wt, hf, make_checkpoint, tmp_path, kind, layout):
+    src, model = make_checkpoint(kind, layout, family="distilbert")
+    out = wt.convert_checkpoint(src, tmp_path / "out", progress=False)
+    config, tensors = wt.read_converted(out)
+    assert config["model_type"] == "distilbert" and config["format_version"] == wt.FORMAT_VERSION
+    assert (config["position_ids"], config["pad_token_id"]) == ("absolute", 0)
+    assert (config["type_vocab_size"], config["layer_norm_eps"], config["has_pooler"]) == (1, 1e-12, False)
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["intermediate_size"]) == (48, 2, 3, 80)
+    ref = hf.reference_tensors(model)
+    assert list(tensors) == [n for n, _ in wt.expected_tensors(config)]
+    assert set(tensors) == set(ref)
+    for name, t in tensors.items():
+        assert torch.equal(t, ref[name]), name
+    assert not tensors["embeddings.token_type"].any() and tensors["embeddings.token_type"].shape == (1, 48)
+
+
+def test_distilbert_state_dict_inverts_the_relayout(wt, make_checkpoint):
+    from importlib import import_module
+
+    hf_mod = import_module(wt.__name__ + ".hf")
+    src, model = make_checkpoint("model", family="distilbert")
+    config, tensors = wt.load_hf_checkpoint(src)
+    sd = hf_mod.hf_state_dict(wt.family_for("distilbert"), config, tensors)
+    want = {k: v for k, v in model.state_dict().items() if k != "embeddings.position_ids"}
+    assert set(sd) == set(want)
+    assert all(torch.equal(sd[k], want[k].float()) for k in want)
+
+
+def test_distilbert_heads_are_ignored_and_named(wt, make_checkpoint, capsys):
+    src, _ = make_checkpoint("cls", family="distilbert")
+    capsys.readouterr()
+    wt.load_hf_checkpoint(src, progress=True)
+    out = capsys.readouterr().out
+    assert "distilbert, 2 layers, hidden 48, 3 heads, intermediate 80" in out and "pooler no" in out
+    assert "ignored 4 tensor(s) outside the encoder: classifier.bias" in out
+    assert "unrecognised" not in out
+
+
+def test_distilbert_config_keys_and_their_aliases(wt, make_checkpoint):
+    # save_pretrained writes dim / n_layers / n_heads / hidden_dim / activation; transformers also
+    # reads hidden_size / num_hidden_layers / num_attention_heads (attribute_map), and so do we.
+    src, _ = make_checkpoint("model", family="distilbert", hidden_act="relu")
+    config, _ = wt.load_hf_checkpoint(src)
+    assert config["hidden_act"] == "relu"
+    cfg = json.loads((src / "config.json").read_text())
+    renamed = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads"}
+    for old, new in renamed.items():
+        cfg[new] = cfg.pop(old)
+    (src / "config.json").write_text(json.dumps(cfg))
+    assert wt.load_hf_checkpoint(src)[0] == config
+    _edit_config(src, num_attention_heads=4, n_heads=3)  # the alias wins, as in transformers
+    assert wt.load_hf_checkpoint(src)[0]["num_attention_heads"] == 4
+
+
+def test_distilbert_unsupported_activation_is_refused(wt, make_checkpoint):
+    src, _ = make_checkpoint("model", family="distilbert")
+    _edit_config(src, activation="silu")
+    with pytest.raises(wt.ConversionError, match="hidden_act 'silu' is not supported"):
+        wt.load_hf_checkpoint(src)
+
+
+def test_distilbert_sinusoidal_positions_read_the_stored_table(wt, hf, make_checkpoint):
+    # sinusoidal_pos_embds only picks transformers' initialisation: the table is saved like a
+    # learned one, and converted from the checkpoint (here random, so any recomputation would show).
+    src, model = make_checkpoint("model", family="distilbert", sinusoidal_pos_embds=True)
+    _, tensors = wt.load_hf_checkpoint(src)
+    assert torch.equal(tensors["embeddings.position"], hf.reference_tensors(model)["embeddings.position"])
+
+
+def test_distilbert_missing_tensor_is_named_with_its_prefix(wt, make_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    src, _ = make_checkpoint("mlm", family="distilbert")
+    path = src / "model.safetensors"
+    sd = load_file(str(path))
+    name = "distilbert.transformer.layer.1.attention.k_lin.bias"
+    del sd[name]
+    save_file(sd, str(path))
+    with pytest.raises(wt.ConversionError, match=f"missing tensor '{name}'"):
+        wt.load_hf_checkpoint(src)
+
+
+def test_distilbert_layer_beyond_n_layers_names_the_key(wt, make_checkpoint):
+    src, _ = make_checkpoint("model", family="distilbert")
+    _edit_config(src, n_layers=1)
+    with pytest.raises(wt.ConversionError, match="belongs to layer 1, but config.json says n_layers=1"):
         wt.load_hf_checkpoint(src)

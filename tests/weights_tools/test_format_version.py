@@ -121,7 +121,12 @@ def test_roberta_converted_as_version_1_is_refused(wt, convert):
         ("roberta", {"pad_token_id": 40}, "pad_token_id 40 leaves no usable position"),
         ("roberta", {"model_type": "electra"},
          "model_type 'electra' is not supported \\(expected one of 'bert', 'roberta', 'xlm-roberta', "
-         "'camembert'\\)"),
+         "'camembert', 'distilbert'\\)"),
+        ("distilbert", {"type_vocab_size": 2},
+         "type_vocab_size 2 is not what model_type 'distilbert' has \\(1: it has no token-type embedding"),
+        ("distilbert", {"has_pooler": True}, "has_pooler is true, but model_type 'distilbert' has no pooler"),
+        ("distilbert", {"position_ids": "padding_offset"},
+         "position_ids 'padding_offset' is not what model_type 'distilbert' uses \\('absolute'\\)"),
         ("bert", {"model_type": ["bert"]}, "model_type \\['bert'\\] is not supported"),
     ],
 )

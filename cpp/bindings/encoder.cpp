@@ -22,6 +22,8 @@ ModelConfig config_from_dict(const py::dict& d) {
   ModelConfig c;
   c.vocab_size = get<int>(d, "vocab_size");
   c.hidden_size = get<int>(d, "hidden_size");
+  // Conversions without the key have no projection.
+  c.embedding_size = d.contains("embedding_size") ? d["embedding_size"].cast<int>() : c.hidden_size;
   c.num_layers = get<int>(d, "num_hidden_layers");
   c.num_heads = get<int>(d, "num_attention_heads");
   c.intermediate_size = get<int>(d, "intermediate_size");

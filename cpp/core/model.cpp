@@ -21,11 +21,19 @@ void Model::forward(Backend& be, const Activations& act, const int32_t* ids, con
                     const int32_t* types, int B, int S, AttentionKind attention,
                     bool pool) const {
   const ModelWeights& w = weights_;
-  const int H = config_.hidden_size;
+  const int H = config_.hidden_size, E = config_.embedding_size;
+  const bool project = config_.has_projection();
+  // embeddings [M, E] = LN(word + position + token type), then (ELECTRA) hidden = emb · Wp + bp
   be.embed_layernorm(dtype_, ids, types, w.word_embeddings.data(), w.position_embeddings.data(),
                      w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
-                     act.hidden, B, S, H, config_.vocab_size, config_.type_vocab_size,
-                     config_.layer_norm_eps, config_.position_pad_id);
+                     project ? act.embedded : act.hidden, B, S, E, config_.vocab_size,
+                     config_.type_vocab_size, config_.layer_norm_eps, config_.position_pad_id);
+  if (project) {
+    be.gemm(dtype_, false, false, B * S, H, E, act.embedded, E, w.project_weight.data(), H,
+            act.hidden, H);
+    be.add_bias_activation(dtype_, act.hidden, w.project_bias.data(), B * S, H,
+                           Activation::kIdentity);
+  }
   for (const LayerWeights& l : w.layers) {
     layer(be, act, l, mask, B, S, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
   }

@@ -37,6 +37,7 @@ bool Session::take_nonfinite() {
 
 size_t Session::workspace_bytes() const {
   return ids_.bytes() + mask_.bytes() + types_.bytes() + hidden_.bytes() + hidden2_.bytes() +
+         embedded_.bytes() +
          qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() +
          attention_scratch_.bytes();
 }
@@ -51,6 +52,7 @@ Activations Session::activations() const {
   Activations a;
   a.hidden = hidden_.data();
   a.hidden2 = hidden2_.data();
+  a.embedded = embedded_.data();
   a.qkv = qkv_.data();
   a.ctx = ctx_.data();
   a.inter = inter_.data();
@@ -117,6 +119,7 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     types_ = DeviceBuffer(b, tokens * sizeof(int32_t));
     hidden_ = DeviceBuffer(b, tokens * H * es);
     hidden2_ = DeviceBuffer(b, tokens * H * es);
+    if (c.has_projection()) embedded_ = DeviceBuffer(b, tokens * c.embedding_size * es);
     qkv_ = DeviceBuffer(b, tokens * 3 * H * es);
     ctx_ = DeviceBuffer(b, tokens * H * es);
     inter_ = DeviceBuffer(b, tokens * I * es);

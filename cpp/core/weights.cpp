@@ -46,15 +46,19 @@ struct TensorSpec {
 
 // `w` may be null (the destinations are then null too): the names and shapes alone.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_size;
   auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
   std::vector<TensorSpec> t = {
-      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings)},
-      {"embeddings.position", {c.max_position_embeddings, H}, at(&ModelWeights::position_embeddings)},
-      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings)},
-      {"embeddings.ln_gamma", {H}, at(&ModelWeights::emb_ln_gamma)},
-      {"embeddings.ln_beta", {H}, at(&ModelWeights::emb_ln_beta)},
+      {"embeddings.word", {c.vocab_size, E}, at(&ModelWeights::word_embeddings)},
+      {"embeddings.position", {c.max_position_embeddings, E}, at(&ModelWeights::position_embeddings)},
+      {"embeddings.token_type", {c.type_vocab_size, E}, at(&ModelWeights::token_type_embeddings)},
+      {"embeddings.ln_gamma", {E}, at(&ModelWeights::emb_ln_gamma)},
+      {"embeddings.ln_beta", {E}, at(&ModelWeights::emb_ln_beta)},
   };
+  if (c.has_projection()) {
+    t.push_back({"embeddings.project_weight", {E, H}, at(&ModelWeights::project_weight)});
+    t.push_back({"embeddings.project_bias", {H}, at(&ModelWeights::project_bias)});
+  }
   if (w) w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";

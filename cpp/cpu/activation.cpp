@@ -1,5 +1,5 @@
 // add_bias + activation on the CPU: GELU (erf form, as transformers' "gelu"), GELU (tanh form,
-// "gelu_new" / "gelu_pytorch_tanh"), ReLU, and tanh (the pooler).
+// "gelu_new" / "gelu_pytorch_tanh"), ReLU, tanh (the pooler) and none (a projection's bias).
 #include <cmath>
 
 #include "cpu/cpu_backend.h"
@@ -17,6 +17,7 @@ inline float activate(float x, Activation act) {
     }
     case Activation::kRelu: return x > 0.0f ? x : 0.0f;
     case Activation::kTanh: return std::tanh(x);
+    case Activation::kIdentity: return x;
   }
   return x;
 }

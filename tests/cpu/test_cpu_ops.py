@@ -145,6 +145,7 @@ ACTS = {
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
     "relu": lambda x: np.maximum(x, 0),
     "tanh": np.tanh,
+    "identity": lambda x: x,  # a projection's bias alone
 }
 
 

@@ -26,7 +26,8 @@ Activation activation_from_name(const std::string& name) {
   if (name == "gelu_tanh") return Activation::kGeluTanh;
   if (name == "relu") return Activation::kRelu;
   if (name == "tanh") return Activation::kTanh;
-  throw InputError("unknown activation '" + name + "': expected gelu, gelu_tanh, relu or tanh");
+  if (name == "identity") return Activation::kIdentity;
+  throw InputError("unknown activation '" + name + "': expected gelu, gelu_tanh, relu, tanh or identity");
 }
 
 AttentionKind kind_from_name(const std::string& name) {

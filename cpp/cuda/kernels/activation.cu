@@ -3,6 +3,7 @@
 //   kGeluTanh : 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))  (HF "gelu_new" / "gelu_pytorch_tanh")
 //   kRelu     : max(x, 0)
 //   kTanh     : tanh(x)                                      (the pooler)
+//   kIdentity : x                                            (a projection's bias alone)
 // A few rows per block (threadIdx.y), threads striding over a row's vectors; the activation is a
 // template parameter so the inner loop has no branch.
 #include <cmath>
@@ -25,6 +26,8 @@ __device__ __forceinline__ float activate(float x) {
     return 0.5f * x * (1.0f + tanhf(inner));
   } else if constexpr (A == Activation::kRelu) {
     return x > 0.0f ? x : 0.0f;
+  } else if constexpr (A == Activation::kIdentity) {
+    return x;
   } else {
     return tanhf(x);
   }
@@ -76,6 +79,10 @@ void invoke_add_bias_activation(T* x, const T* bias, int rows, int cols, Activat
         break;
       case Activation::kTanh:
         add_bias_activation_kernel<T, VEC, Activation::kTanh>
+            <<<grid, block, 0, stream>>>(x, bias, rows, cols);
+        break;
+      case Activation::kIdentity:
+        add_bias_activation_kernel<T, VEC, Activation::kIdentity>
             <<<grid, block, 0, stream>>>(x, bias, rows, cols);
         break;
       default:

@@ -8,7 +8,8 @@
 
 namespace ftbert {
 
-enum class Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2, kTanh = 3 };
+// kIdentity: the bias alone (a projection with no activation, ELECTRA's embeddings).
+enum class Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2, kTanh = 3, kIdentity = 4 };
 
 // Maps a HuggingFace `hidden_act` string to the activation; anything else is rejected by name.
 inline Activation activation_from_hf(const std::string& name) {
@@ -22,6 +23,7 @@ inline Activation activation_from_hf(const std::string& name) {
 struct ModelConfig {
   int vocab_size = 0;
   int hidden_size = 0;          // H
+  int embedding_size = 0;       // E: the embeddings' width; != H adds a projection E -> H (ELECTRA)
   int num_layers = 0;           // L
   int num_heads = 0;            // heads; head_dim = H / heads
   int intermediate_size = 0;    // I (FFN inner size)
@@ -35,6 +37,7 @@ struct ModelConfig {
   int position_pad_id = -1;
 
   int head_dim() const { return hidden_size / num_heads; }
+  bool has_projection() const { return embedding_size != hidden_size; }
   // The longest sequence the position table serves.
   int max_seq() const {
     return position_pad_id < 0 ? max_position_embeddings
@@ -44,6 +47,8 @@ struct ModelConfig {
   void validate() const {
     FTBERT_CHECK(vocab_size > 0, "config: vocab_size must be positive, got " << vocab_size);
     FTBERT_CHECK(hidden_size > 0, "config: hidden_size must be positive, got " << hidden_size);
+    FTBERT_CHECK(embedding_size > 0,
+                 "config: embedding_size must be positive, got " << embedding_size);
     FTBERT_CHECK(num_layers > 0, "config: num_hidden_layers must be positive, got " << num_layers);
     FTBERT_CHECK(num_heads > 0 && hidden_size % num_heads == 0,
                  "config: hidden_size " << hidden_size << " is not divisible by num_attention_heads "

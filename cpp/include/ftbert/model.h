@@ -18,6 +18,7 @@ namespace ftbert {
 // for at least [B, S] tokens and B sequences.
 struct Activations {
   void* hidden = nullptr;             // [B, S, H]  input of a layer and its output
+  void* embedded = nullptr;           // [B, S, E]  the embeddings before a projection (else null)
   void* hidden2 = nullptr;            // [B, S, H]  after attention
   void* qkv = nullptr;                // [B, S, 3H]
   void* ctx = nullptr;                // [B, S, H]

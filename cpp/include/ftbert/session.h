@@ -111,6 +111,7 @@ class Session {
   int capacity_batch_ = 0;
   DeviceBuffer ids_, mask_, types_;   // [B, S] int32
   DeviceBuffer hidden_, hidden2_;     // [B, S, H]
+  DeviceBuffer embedded_;             // [B, S, E], only with a projection
   DeviceBuffer qkv_;                  // [B, S, 3H]
   DeviceBuffer ctx_;                  // [B, S, H]
   DeviceBuffer inter_;                // [B, S, I]

@@ -67,11 +67,13 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  DeviceBuffer word_embeddings;        // [V, H]
-  DeviceBuffer position_embeddings;    // [P, H]
-  DeviceBuffer token_type_embeddings;  // [T, H]
-  DeviceBuffer emb_ln_gamma;           // [H]
-  DeviceBuffer emb_ln_beta;            // [H]
+  DeviceBuffer word_embeddings;        // [V, E]  (E = H without a projection)
+  DeviceBuffer position_embeddings;    // [P, E]
+  DeviceBuffer token_type_embeddings;  // [T, E]
+  DeviceBuffer emb_ln_gamma;           // [E]
+  DeviceBuffer emb_ln_beta;            // [E]
+  DeviceBuffer project_weight;         // [E, H] (empty without a projection)
+  DeviceBuffer project_bias;           // [H]
   std::vector<LayerWeights> layers;
   DeviceBuffer pooler_weight;          // [H, H] (empty without a pooler)
   DeviceBuffer pooler_bias;            // [H]

@@ -1,4 +1,5 @@
-"""Small random-initialised HuggingFace checkpoints (BERT, the RoBERTa family, DistilBERT) for tests."""
+"""Small random-initialised HuggingFace checkpoints (BERT, the RoBERTa family, DistilBERT, ELECTRA)
+for tests."""
 
 from pathlib import Path
 
@@ -165,6 +166,56 @@ def make_distilbert(
             if name.endswith(".bias"):
                 p.copy_(torch.randn_like(p) * 0.05)
     _perturb_distilbert_layer_norms(model)
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
+ELECTRA_KINDS = {"model": "ElectraModel", "pretrain": "ElectraForPreTraining",
+                 "cls": "ElectraForSequenceClassification"}
+
+
+def make_electra(
+    path: Path,
+    kind="model",
+    hidden=64,
+    embedding=32,
+    heads=2,
+    layers=2,
+    intermediate=None,
+    act="gelu",
+    vocab=173,
+    max_pos=512,
+    type_vocab=2,
+    seed=0,
+    **save_kwargs,
+):
+    """Saves a random ELECTRA discriminator to `path` and returns it in eval mode. kind: "model"
+    (ElectraModel), "pretrain" (ElectraForPreTraining) or "cls" (ElectraForSequenceClassification):
+    the encoder under `electra.`, heads ignored by the converter. embedding: embedding_size; when it
+    differs from hidden, transformers adds `embeddings_project` (Linear embedding -> hidden)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.ElectraConfig(
+        vocab_size=vocab,
+        embedding_size=embedding,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate or 4 * hidden - 3,  # odd on purpose
+        max_position_embeddings=max_pos,
+        type_vocab_size=type_vocab,
+        hidden_act=act,
+        attn_implementation="eager",
+    )
+    model = getattr(transformers, ELECTRA_KINDS[kind])(cfg).eval()
+    # Random init zeroes the Linear biases (the projection's too); fill them so a bias in the wrong
+    # slot shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.05)
+    _perturb_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model
 

@@ -9,10 +9,10 @@ Engine-side names ("embeddings.word", "layers.{i}.qkv_weight", ...) are the conv
 defined in layout.py; the tables below map each of them to HuggingFace names.
 
 Filled in: BERT, RoBERTa with its two descendants XLM-RoBERTa and CamemBERT (RoBERTa's table,
-copied for the other two with their own model_type and their config class's vocab_size default), and
-DistilBERT (other config keys, other weight names, no token types, no pooler). The fields are shaped
-for the family still to come, which shares the encoder but differs in the details: ELECTRA
-(embeddings narrower than the encoder, projected up by `embeddings_project`).
+copied for the other two with their own model_type and their config class's vocab_size default),
+DistilBERT (other config keys, other weight names, no token types, no pooler), and ELECTRA's
+discriminator (BERT's names under "electra.", embeddings of embedding_size projected to hidden_size
+by `embeddings_project`, no pooler).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from .layout import (
     LAYER_TENSORS,
     PADDING_OFFSET,
     POOLER_TENSORS,
+    PROJECTION_TENSORS,
     POSITION_SCHEMES,
 )
 
@@ -39,7 +40,7 @@ from .layout import (
 # max_position_embeddings - pad_token_id - 1 (layout.usable_seq_length). Defined in layout.py, which
 # the converted reader shares; re-exported here as the tables' vocabulary.
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "Family", "FAMILIES",
-           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "family_for",
+           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "family_for",
            "supported_model_types"]
 
 
@@ -66,11 +67,16 @@ class Key:
 @dataclass(frozen=True)
 class Projection:
     """A Linear between the embeddings and the first layer, for embeddings narrower than hidden_size
-    (ELECTRA's `embeddings_project`, present only when embedding_size != hidden_size)."""
+    (ELECTRA's `embeddings_project`, present only when embedding_size != hidden_size, as in
+    transformers). The engine's embeddings.project_weight [E, H] is the transpose of `weight`."""
 
     size: Key  # the embedding width's config key (ELECTRA: embedding_size, default 128)
     weight: str  # HF name of its [hidden, embedding] weight
     bias: str
+
+    def hf_names(self) -> Mapping[str, str]:
+        """Engine projection tensor (layout.PROJECTION_TENSORS) -> HF name."""
+        return MappingProxyType(dict(zip(PROJECTION_TENSORS, (self.weight, self.bias))))
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,24 @@ class Family:
     token_types: bool
     projection: Projection | None  # embeddings -> hidden projection (ELECTRA), None without one
     heads: tuple[str, ...]  # the heads above the encoder that conversion knows, by kind
+
+    def hf_names(self, engine_name: str) -> tuple[str, ...]:
+        """The HF tensor(s) an engine tensor is made of, unprefixed, in fusing order: the weight
+        table's, and the projection's for embeddings.project_*."""
+        if self.projection is not None and engine_name in PROJECTION_TENSORS:
+            return (self.projection.hf_names()[engine_name],)
+        return self.weights.hf_names(engine_name)
+
+    def roots(self) -> frozenset[str]:
+        """The first name components of the encoder's tensors (WeightNames.roots, and the
+        projection's: ELECTRA's "embeddings_project")."""
+        extra = () if self.projection is None else (self.projection.weight, self.projection.bias)
+        return self.weights.roots() | {n.split(".", 1)[0] for n in extra}
+
+    def embedding_size(self, raw: Mapping[str, Any], hidden_size: int) -> Any:
+        """The embedding width a config.json dict gives (the engine's "embedding_size"): the
+        projection's key, or hidden_size in a family without one."""
+        return hidden_size if self.projection is None else self.projection.size.read(raw)
 
 
 def _frozen(d: dict) -> Mapping:
@@ -296,6 +320,35 @@ DISTILBERT = Family(
 )
 
 
+# ELECTRA (the discriminator: ElectraModel, ElectraForPreTraining, ElectraForSequenceClassification,
+# ...): BERT's encoder under BERT's names and the prefix "electra.", absolute positions and token
+# types, but embeddings of embedding_size (word, position, token-type tables and their LayerNorm),
+# then `embeddings_project`, a Linear(embedding_size -> hidden_size) that ElectraModel only builds
+# when the two differ. ElectraModel has no pooler; the task heads (discriminator_predictions,
+# classifier, generator_*) lie outside the encoder and are ignored.
+ELECTRA = Family(
+    name="electra",
+    model_types=("electra",),
+    # ElectraConfig's defaults (electra-small-discriminator's sizes).
+    config=_frozen({
+        **BERT.config,
+        "hidden_size": Key("hidden_size", 256),
+        "num_attention_heads": Key("num_attention_heads", 4),
+        "intermediate_size": Key("intermediate_size", 1024),
+    }),
+    accepted_values=BERT.accepted_values,
+    weights=replace(BERT.weights, prefixes=("electra.",), pooler=_frozen({})),
+    position_ids=ABSOLUTE,
+    token_types=True,
+    projection=Projection(
+        size=Key("embedding_size", 128),
+        weight="embeddings_project.weight",
+        bias="embeddings_project.bias",
+    ),
+    heads=(),
+)
+
+
 def _check(family: Family) -> Family:
     """Refuses a table that does not cover the engine layout exactly: a gap would otherwise surface
     only when a checkpoint of that family is converted."""
@@ -319,6 +372,8 @@ def _check(family: Family) -> Family:
         problems.append("without token types, type_vocab_size is fixed at 1 (the converter's zero row)")
     if family.position_ids == PADDING_OFFSET and family.config["pad_token_id"].hf is None:
         problems.append("padding_offset positions count from config.json's pad_token_id: it needs a key")
+    if family.projection is not None and family.projection.size.hf is None:
+        problems.append("a projection's width comes from config.json: it needs a key")
     if family.name not in family.model_types:
         problems.append("the family's name is the model_type the engine config records: it must be one")
     if problems:
@@ -328,7 +383,7 @@ def _check(family: Family) -> Family:
 
 # Family name -> table.
 FAMILIES: Mapping[str, Family] = _frozen({
-    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT)
+    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA)
 })
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

@@ -1,11 +1,12 @@
 """Reads a HuggingFace checkpoint directory and re-lays its encoder weights out for the engine.
 
 What is accepted: config.json with a model_type of a family in families.py ("bert", "roberta",
-"xlm-roberta", "camembert", "distilbert"), and weights as model.safetensors, sharded safetensors
+"xlm-roberta", "camembert", "distilbert", "electra"), and weights as model.safetensors, sharded safetensors
 (model.safetensors.index.json), pytorch_model.bin or sharded .bin (pytorch_model.bin.index.json).
 Names may carry the prefix the family's task models put before the encoder (BertForMaskedLM,
 BertForSequenceClassification, ... for BERT; RobertaForMaskedLM, ... for RoBERTa;
-DistilBertForMaskedLM, ... for DistilBERT); task heads are ignored. Every HF weight name and config key comes from the family's table.
+DistilBertForMaskedLM, ... for DistilBERT; ElectraForPreTraining, ... for ELECTRA); task heads are
+ignored. Every HF weight name and config key comes from the family's table.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .layout import (
     EMBEDDING_TENSORS,
     FORMAT_NAME,
     FORMAT_VERSION,
+    EMBEDDING_SIZE,
     INT_KEYS,
     WEIGHTS_FILE,
     check_finite,
@@ -79,6 +81,7 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
                 f"{path}: {key} {value!r} is not supported (only {_choices(accepted)})"
             )
     cfg = {key: k.read(raw) for key, k in family.config.items()}
+    cfg[EMBEDDING_SIZE] = family.embedding_size(raw, cfg["hidden_size"])
     check_hyperparameters(cfg, str(path), ConversionError)
     cfg["layer_norm_eps"] = float(cfg["layer_norm_eps"])
     cfg["position_ids"] = family.position_ids
@@ -362,8 +365,8 @@ class _Collector:
 
 
 def _is_linear(engine_name: str, shape: tuple[int, ...]) -> bool:
-    """A Linear weight: HF stores it [out, in], the engine [in, out]. Embedding tables are row
-    lookups and keep HF's [rows, H]."""
+    """A Linear weight (the projection's too): HF stores it [out, in], the engine [in, out].
+    Embedding tables are row lookups and keep HF's [rows, E]."""
     return len(shape) == 2 and engine_name not in EMBEDDING_TENSORS
 
 
@@ -401,7 +404,7 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
             # which adds nothing to token type 0, the only type the engine then accepts.
             out[name] = torch.zeros(shape, dtype=torch.float32)
             continue
-        sources = family.weights.hf_names(name)
+        sources = family.hf_names(name)
         if _is_linear(name, shape):
             n_in, n_out = shape
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
@@ -426,7 +429,7 @@ def hf_state_dict(family: Family, config: dict,
         t = tensors[name].float()
         if _is_linear(name, shape):
             t = t.t()  # [in, k * out] -> [k * out, in]
-        sources = family.weights.hf_names(name)
+        sources = family.hf_names(name)
         for source, piece in zip(sources, t.chunk(len(sources), dim=0)):
             sd[source] = piece.contiguous()
     return sd
@@ -437,6 +440,7 @@ def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256
     """The engine config dict (ftbert_config.json's content), keys in the documented order."""
     cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model_type": family.name}
     cfg.update({k: hf[k] for k in INT_KEYS})
+    cfg[EMBEDDING_SIZE] = hf[EMBEDDING_SIZE]
     cfg["layer_norm_eps"] = hf["layer_norm_eps"]
     cfg["hidden_act"] = hf["hidden_act"]
     cfg["position_ids"] = hf["position_ids"]
@@ -470,11 +474,13 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         f"{hf['hidden_size']}, {hf['num_attention_heads']} heads, intermediate "
         f"{hf['intermediate_size']}, vocab {hf['vocab_size']}, {hf['hidden_act']}, "
         f"pooler {'yes' if has_pooler else 'no'}"
+        + (f", embeddings {hf[EMBEDDING_SIZE]} projected to {hf['hidden_size']}"
+           if hf[EMBEDDING_SIZE] != hf["hidden_size"] else "")
     )
     # A dry run on tensors without data: every input's presence, shape and dtype, before any is read.
     _relayout(col.check, family, hf, has_pooler, _quiet)
     tensors = _relayout(col.get, family, hf, has_pooler, log)
-    roots = family.weights.roots()
+    roots = family.roots()
     ignored = [(n, _canonical(n, family)) for n in col.ignored()]
     ignored = [(n, c) for n, c in ignored if c not in family.weights.buffers]
     if ignored:

@@ -51,12 +51,20 @@ INT_KEYS = (
     "type_vocab_size",
 )
 
+# The width of the embedding tables: hidden_size, except in a family with a projection (ELECTRA's
+# embedding_size), whose tables are narrower (or wider) and projected to hidden_size before the first
+# layer. A positive integer like INT_KEYS, but not a config.json key of every family: the family table
+# says where it comes from (families.Projection). Version-2 files written before it existed lack it
+# and mean hidden_size (reader.read_config fills it in).
+EMBEDDING_SIZE = "embedding_size"
+
 # Every key of ftbert_config.json, in the order it is written.
 CONFIG_KEYS = (
     "format",
     "format_version",
     "model_type",
     *INT_KEYS,
+    EMBEDDING_SIZE,
     "layer_norm_eps",
     "hidden_act",
     "position_ids",
@@ -78,6 +86,9 @@ EMBEDDING_TENSORS = (
     "embeddings.ln_beta",
 )
 POOLER_TENSORS = ("pooler.weight", "pooler.bias")
+# The embeddings -> hidden projection, right after embeddings.ln_beta, only when embedding_size !=
+# hidden_size: [E, H] ([in, out], like every matrix) and [H].
+PROJECTION_TENSORS = ("embeddings.project_weight", "embeddings.project_bias")
 
 LAYER_TENSORS = (
     "qkv_weight",
@@ -101,9 +112,11 @@ MAX_SIZE = 2**31 - 1
 
 
 def expected_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """The tensors an engine config implies, as (name, shape), embeddings first, then layers in order.
+    """The tensors an engine config implies, as (name, shape), embeddings first (with the projection
+    to hidden_size when embedding_size differs from it), then layers in order, then the pooler.
 
-    Matrices are [in, out] (the transpose of nn.Linear's [out, in]).
+    Matrices are [in, out] (the transpose of nn.Linear's [out, in]). A config without
+    "embedding_size" has embeddings of hidden_size.
     """
     return list(iter_expected_tensors(config))
 
@@ -116,14 +129,18 @@ def iter_expected_tensors(config: dict):
     I = int(config["intermediate_size"])  # noqa: E741 (the FFN inner size, as in the docs)
     P = int(config["max_position_embeddings"])
     T = int(config["type_vocab_size"])
+    E = embedding_size(config)
     embedding_shapes = {
-        "embeddings.word": (V, H),
-        "embeddings.position": (P, H),
-        "embeddings.token_type": (T, H),
-        "embeddings.ln_gamma": (H,),
-        "embeddings.ln_beta": (H,),
+        "embeddings.word": (V, E),
+        "embeddings.position": (P, E),
+        "embeddings.token_type": (T, E),
+        "embeddings.ln_gamma": (E,),
+        "embeddings.ln_beta": (E,),
     }
     yield from ((name, embedding_shapes[name]) for name in EMBEDDING_TENSORS)
+    if E != H:
+        projection_shapes = {"embeddings.project_weight": (E, H), "embeddings.project_bias": (H,)}
+        yield from ((name, projection_shapes[name]) for name in PROJECTION_TENSORS)
     layer_shapes = {
         "qkv_weight": (H, 3 * H),
         "qkv_bias": (3 * H,),
@@ -143,6 +160,11 @@ def iter_expected_tensors(config: dict):
     if config["has_pooler"]:
         pooler_shapes = {"pooler.weight": (H, H), "pooler.bias": (H,)}
         yield from ((name, pooler_shapes[name]) for name in POOLER_TENSORS)
+
+
+def embedding_size(config: dict) -> int:
+    """The embedding tables' width: config["embedding_size"], or hidden_size where it is absent."""
+    return int(config.get(EMBEDDING_SIZE, config["hidden_size"]))
 
 
 def usable_seq_length(config: dict) -> int:
@@ -189,7 +211,8 @@ def check_fits(config: dict, available: int, itemsize: int, where: str, files: s
     count, largest = parameter_count(config)
     need = count * itemsize
     if need > available:
-        sizes = ", ".join(f"{k}={config[k]}" for k in INT_KEYS)
+        keys = [*INT_KEYS, *([EMBEDDING_SIZE] if EMBEDDING_SIZE in config else [])]
+        sizes = ", ".join(f"{k}={config[k]}" for k in keys)
         raise error(
             f"{where}: the sizes it declares ({sizes}) imply {count} parameters, at least "
             f"{human_size(need)}, but the weight files ({files}) hold only {human_size(available)} "
@@ -236,8 +259,9 @@ def _is_int(v: Any) -> bool:
 
 
 def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:
-    """Checks the model hyper-parameters (shared by the HF reader and the converted-file reader)."""
-    for key in INT_KEYS:
+    """Checks the model hyper-parameters (shared by the HF reader and the converted-file reader);
+    cfg holds embedding_size (both readers fill it in before)."""
+    for key in (*INT_KEYS, EMBEDDING_SIZE):
         v = cfg.get(key)
         if not _is_int(v) or not 0 < v <= MAX_SIZE:
             raise error(f"{where}: {key} must be a positive integer (at most {MAX_SIZE}), got {v!r}")
@@ -308,6 +332,12 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
         raise error(
             f"{where}: type_vocab_size {cfg['type_vocab_size']!r} is not what model_type "
             f"{cfg['model_type']!r} has (1: it has no token-type embedding, only a zero row)"
+        )
+    if family.projection is None and cfg[EMBEDDING_SIZE] != cfg["hidden_size"]:
+        raise error(
+            f"{where}: embedding_size {cfg[EMBEDDING_SIZE]!r} is not what model_type "
+            f"{cfg['model_type']!r} has (its embeddings are hidden_size {cfg['hidden_size']!r} wide: "
+            "it has no embedding projection)"
         )
     if family.heads == () and cfg["has_pooler"] is True:
         raise error(f"{where}: has_pooler is true, but model_type {cfg['model_type']!r} has no pooler")

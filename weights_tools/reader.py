@@ -13,6 +13,7 @@ from .layout import (
     CONFIG_FILE,
     CONFIG_KEYS,
     DTYPES,
+    EMBEDDING_SIZE,
     FORMAT_NAME,
     FORMAT_VERSION,
     READABLE_VERSIONS,
@@ -60,9 +61,22 @@ def _upgrade_version_1(config: dict, path: Path) -> dict:
     return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
 
 
+def _fill_embedding_size(config: dict) -> dict:
+    """A config written before "embedding_size" existed (version 1, and version 2 until ELECTRA):
+    its embeddings are hidden_size wide, so the key comes back as hidden_size, in its place in the
+    CONFIG_KEYS order. Without a hidden_size the config is left as it is, for check_engine_config
+    to name the key that is missing."""
+    if EMBEDDING_SIZE in config or "hidden_size" not in config:
+        return config
+    merged = {**config, EMBEDDING_SIZE: config["hidden_size"]}
+    return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
+
+
 def read_config(directory) -> dict:
     """ftbert_config.json, checked (format, version, keys, value ranges); a version-1 config comes
-    back with the keys version 2 added (position_ids "absolute", pad_token_id 0)."""
+    back with the keys version 2 added (position_ids "absolute", pad_token_id 0), and a config
+    without "embedding_size" (version 1, or version 2 written before the key) with hidden_size
+    there."""
     d = Path(directory)
     path = d / CONFIG_FILE
     if not path.is_file():
@@ -82,6 +96,7 @@ def read_config(directory) -> dict:
         )
     if version == 1:
         config = _upgrade_version_1(config, path)
+    config = _fill_embedding_size(config)
     check_engine_config(config, str(path), FormatError)
     return config
 

@@ -1,8 +1,8 @@
-"""The RoBERTa family (roberta, xlm-roberta, camembert) and DistilBERT on the CPU against
+"""The RoBERTa family (roberta, xlm-roberta, camembert), DistilBERT and ELECTRA on the CPU against
 transformers in float32 (max abs error <= 1e-4): position ids counted from the pad id over the non-pad
 input_ids, the usable length max_position_embeddings - pad_token_id - 1, DistilBERT's absolute
-positions, missing token types and pooler, task checkpoints, converted directories, and version-1
-conversions (BERT) that must still load."""
+positions, missing token types and pooler, ELECTRA's narrow embeddings and their projection, task
+checkpoints, converted directories, and version-1 conversions (BERT) that must still load."""
 
 import json
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ftbert
-from tests._models import make_bert, make_distilbert, make_roberta, write_roberta_tokenizer
+from tests._models import make_bert, make_distilbert, make_electra, make_roberta, write_roberta_tokenizer
 from tests._util import ragged_mask
 
 TOL = 1e-4
@@ -303,3 +303,144 @@ def test_distilbert_converted_directory_runs_as_the_hf_directory(tmp_path, rng):
     np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
     assert a.pooler_output is None and b.pooler_output is None
     assert_distilbert_parity(hf, b, ids, mask)
+
+
+# ---- ELECTRA -------------------------------------------------------------------------------------
+
+# name -> make_electra arguments: embeddings narrower than the encoder (32 -> 64, 16 -> 48: the
+# projection), and as wide ("electra-equal": no embeddings_project in transformers, none in the
+# engine); 2 to 4 heads, one or two layers, odd FFN sizes and vocabularies, three token types;
+# "electra-short" has a short position table so its limit is cheap to reach.
+ELECTRA_MODELS = {
+    "electra": dict(embedding=32, hidden=64, heads=4, layers=2, intermediate=131, vocab=173, seed=21),
+    "electra-equal": dict(embedding=48, hidden=48, heads=3, layers=1, intermediate=97, vocab=151,
+                          act="gelu_new", seed=22),
+    "electra-short": dict(embedding=16, hidden=48, heads=2, layers=2, intermediate=101, vocab=157,
+                          max_pos=40, type_vocab=3, seed=23),
+}
+
+
+@pytest.fixture(scope="module", params=list(ELECTRA_MODELS))
+def electra_pair(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_electra(path, **ELECTRA_MODELS[request.param])
+    return hf, ftbert.Encoder.from_pretrained(path)
+
+
+def electra_inputs(rng, config, batch, seq, padding):
+    """(input_ids, attention_mask, token_type_ids): ELECTRA's positions are absolute, so the ids
+    under the mask are any; token types are drawn from the whole table."""
+    ids, mask = make_inputs(rng, config, batch, seq, padding)
+    return ids, mask, rng.integers(0, config.type_vocab_size, (batch, seq)).astype(np.int64)
+
+
+def assert_electra_parity(hf, out, ids, mask, types=None):
+    kwargs = {} if types is None else {"token_type_ids": torch.from_numpy(types)}
+    with torch.no_grad():
+        ref = backbone(hf)(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long(), **kwargs)
+    assert np.isfinite(out.last_hidden_state).all()
+    valid = mask.astype(bool)
+    err = np.abs(out.last_hidden_state - ref.last_hidden_state.numpy())[valid].max()
+    assert err <= TOL, f"hidden {err:.2e}"
+    assert out.pooler_output is None  # ElectraModel has no pooler
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (3, 7), (2, 33), (4, 36)])
+@pytest.mark.parametrize("padding", ["none", "right", "left"])
+def test_electra_matches_transformers_float32(electra_pair, rng, batch, seq, padding):
+    hf, enc = electra_pair
+    ids, mask, types = electra_inputs(rng, hf.config, batch, seq, padding)
+    assert_electra_parity(hf, enc(ids, mask, types), ids, mask, types)
+
+
+def test_electra_without_token_types_reads_type_zero(electra_pair, rng):
+    hf, enc = electra_pair
+    ids, mask, _ = electra_inputs(rng, hf.config, 3, 12, "right")
+    assert_electra_parity(hf, enc(ids, mask), ids, mask)
+
+
+def test_electra_config_records_the_embedding_size(electra_pair):
+    hf, enc = electra_pair
+    c, h = enc.config, hf.config
+    assert c["model_type"] == "electra" and c["position_ids"] == "absolute" and c["has_pooler"] is False
+    assert (c["embedding_size"], c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"],
+            c["intermediate_size"], c["type_vocab_size"]) == (
+        h.embedding_size, h.hidden_size, h.num_attention_heads, h.num_hidden_layers, h.intermediate_size,
+        h.type_vocab_size)
+    assert hasattr(backbone(hf), "embeddings_project") is (h.embedding_size != h.hidden_size)
+    assert enc.max_seq_length == h.max_position_embeddings
+
+
+def test_electra_full_length_runs_and_one_more_token_is_refused(tmp_path, rng):
+    hf = make_electra(tmp_path, **ELECTRA_MODELS["electra-short"])
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    P = hf.config.max_position_embeddings
+    ids, mask, types = electra_inputs(rng, hf.config, 2, P, "left")
+    assert_electra_parity(hf, enc(ids, mask, types), ids, mask, types)
+    pattern = f"sequence length {P + 1}, which exceeds max_position_embeddings {P}"
+    with pytest.raises(ValueError, match=pattern):
+        enc(np.concatenate([ids, ids[:, :1]], axis=1))
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "cls"])
+@pytest.mark.parametrize("embedding", [32, 48])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_electra_task_checkpoints_load_their_encoder(tmp_path, rng, kind, embedding, padding):
+    # ForPreTraining's discriminator_predictions and ForSequenceClassification's classifier are
+    # ignored; the encoder under "electra." is read, projection and all.
+    hf = make_electra(tmp_path, kind=kind, embedding=embedding, hidden=48, heads=4, layers=1, intermediate=101,
+                      vocab=151, seed=24)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    assert enc.config["has_pooler"] is False and enc.config["model_type"] == "electra"
+    assert enc.config["embedding_size"] == embedding
+    ids, mask, types = electra_inputs(rng, hf.config, 3, 13, padding)
+    assert_electra_parity(hf, enc(ids, mask, types), ids, mask, types)
+
+
+@pytest.mark.parametrize("embedding", [32, 64])
+def test_electra_converted_directory_runs_as_the_hf_directory(tmp_path, rng, embedding):
+    src = tmp_path / "hf"
+    hf = make_electra(src, kind="pretrain", embedding=embedding, hidden=64, heads=2, layers=2, vocab=151,
+                      seed=25)
+    out = ftbert.convert_checkpoint(src, tmp_path / "converted", progress=False)
+    config, tensors = ftbert.weights_tools.read_converted(out)
+    stored = json.loads((out / "ftbert_config.json").read_text())
+    assert stored["format_version"] == 2 and stored["model_type"] == "electra"
+    assert (stored["embedding_size"], stored["hidden_size"], stored["has_pooler"]) == (embedding, 64, False)
+    names = list(tensors)
+    if embedding != 64:
+        assert names[5:7] == ["embeddings.project_weight", "embeddings.project_bias"]
+        assert tensors["embeddings.project_weight"].shape == (embedding, 64)
+    else:
+        assert not any("project" in n for n in names)
+    from_hf = ftbert.Encoder.from_pretrained(src)
+    from_converted = ftbert.Encoder.from_pretrained(out)
+    assert {k: v for k, v in from_hf.config.items() if not k.startswith("weights_")} == {
+        k: v for k, v in config.items() if not k.startswith("weights_")
+    }
+    ids, mask, types = electra_inputs(rng, hf.config, 3, 17, "left")
+    a, b = from_hf(ids, mask, types), from_converted(ids, mask, types)
+    np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
+    assert a.pooler_output is None and b.pooler_output is None
+    assert_electra_parity(hf, b, ids, mask, types)
+
+
+def test_version_2_bert_without_embedding_size_still_loads(tmp_path, rng):
+    # Converted before "embedding_size" existed: read as hidden_size, computed as before.
+    src = tmp_path / "hf"
+    hf = make_bert(src, hidden=48, heads=2, layers=1, vocab=101, seed=26)
+    out = ftbert.convert_checkpoint(src, tmp_path / "converted", progress=False)
+    path = out / "ftbert_config.json"
+    cfg = json.loads(path.read_text())
+    del cfg["embedding_size"]
+    path.write_text(json.dumps(cfg))
+    enc = ftbert.Encoder.from_pretrained(out)
+    assert enc.config["embedding_size"] == 48 and enc.config["format_version"] == 2
+    ids = rng.integers(0, 101, (2, 20))
+    mask = ragged_mask(rng, 2, 20, left=False)
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long())
+    got = enc(ids, mask)
+    valid = mask.astype(bool)
+    assert np.abs(got.last_hidden_state - ref.last_hidden_state.numpy())[valid].max() <= TOL
+    assert np.abs(got.pooler_output - ref.pooler_output.numpy()).max() <= TOL

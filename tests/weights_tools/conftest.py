@@ -52,13 +52,16 @@ TINY = dict(
 KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceClassification
 # model_type -> the transformers class-name stem of its models (RobertaModel, XLMRobertaForMaskedLM, ...).
 FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
-                  "distilbert": "DistilBert"}
+                  "distilbert": "DistilBert", "electra": "Electra"}
 # TINY under DistilBertConfig's own keys (no token types: type_vocab_size has no key there).
 DISTILBERT_KEYS = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "hidden_act": "activation", "type_vocab_size": None}
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
+# ELECTRA's embeddings are narrower than TINY's hidden_size 48 unless a test says otherwise, so the
+# projection (embeddings_project) is there.
+ELECTRA_EMBEDDING_SIZE = 32
 _KIND_SUFFIX = {"model": "Model", "mlm": "ForMaskedLM", "cls": "ForSequenceClassification",
-                "choice": "ForMultipleChoice"}
+                "choice": "ForMultipleChoice", "pretrain": "ForPreTraining"}
 LAYOUTS = ("safetensors", "sharded", "bin", "bin_sharded")
 
 
@@ -118,7 +121,12 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
         ref[p + "ffn_out_bias"] = layer.output.dense.bias
         ref[p + "ffn_ln_gamma"] = layer.output.LayerNorm.weight
         ref[p + "ffn_ln_beta"] = layer.output.LayerNorm.bias
-    if m.pooler is not None:
+    project = getattr(m, "embeddings_project", None)  # ELECTRA with embedding_size != hidden_size
+    if project is not None:
+        ref = {**{k: v for k, v in ref.items() if k.startswith("embeddings.")},
+               "embeddings.project_weight": project.weight.T, "embeddings.project_bias": project.bias,
+               **{k: v for k, v in ref.items() if not k.startswith("embeddings.")}}
+    if getattr(m, "pooler", None) is not None:  # ElectraModel has none
         ref["pooler.weight"] = m.pooler.dense.weight.T
         ref["pooler.bias"] = m.pooler.dense.bias
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
@@ -154,7 +162,8 @@ def _distilbert_reference(m) -> dict[str, torch.Tensor]:
 
 
 def model_classes(family: str, kind: str = "model"):
-    """(config class, model class) of a family's model of `kind` ("model", "mlm", "cls", "choice")."""
+    """(config class, model class) of a family's model of `kind` ("model", "mlm", "cls", "choice", and
+    "pretrain": ElectraForPreTraining)."""
     import transformers
 
     stem = FAMILY_CLASSES[family]
@@ -166,6 +175,8 @@ def build_model(kind: str = "model", family: str = "bert", **overrides):
     would hide a bias placed in the wrong slot)."""
     config_cls, cls = model_classes(family, kind)
     values = {**TINY, **overrides}
+    if family == "electra":
+        values.setdefault("embedding_size", ELECTRA_EMBEDDING_SIZE)
     if family == "distilbert":
         values = {DISTILBERT_KEYS.get(k, k): v for k, v in values.items()}
         values.pop(None, None)

@@ -31,12 +31,12 @@ def test_cli_quiet_prints_only_the_final_line(wt, make_checkpoint, tmp_path, cap
 def test_cli_error_exits_1_with_one_line_message(wt, make_checkpoint, tmp_path, capsys):
     src, _ = make_checkpoint("model")
     cfg = json.loads((src / "config.json").read_text())
-    cfg["model_type"] = "electra"
+    cfg["model_type"] = "albert"
     (src / "config.json").write_text(json.dumps(cfg))
     capsys.readouterr()
     assert wt.main([str(src), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("ftbert convert: error:") and "'electra'" in err
+    assert err.count("\n") == 1 and err.startswith("ftbert convert: error:") and "'albert'" in err
     assert not (tmp_path / "out").exists()
 
 

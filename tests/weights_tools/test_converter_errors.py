@@ -32,12 +32,13 @@ def test_conversion_error_is_a_value_error(wt):
     assert issubclass(wt.ConversionError, ValueError) and issubclass(wt.FormatError, ValueError)
 
 
-@pytest.mark.parametrize("model_type", ["albert", "electra", "deberta-v2", "Roberta", "DistilBERT"])
+@pytest.mark.parametrize("model_type", ["albert", "electra-generator", "deberta-v2", "Roberta", "ELECTRA"])
 def test_other_model_type_is_refused_by_name(wt, make_checkpoint, tmp_path, model_type):
     src, _ = make_checkpoint("model")
     _edit_config(src, model_type=model_type)
     # The message names the model_type and every one that can be converted.
-    supported = r"\(only 'bert', 'roberta', 'xlm-roberta', 'camembert' or 'distilbert' can be converted\)"
+    supported = (r"\(only 'bert', 'roberta', 'xlm-roberta', 'camembert', 'distilbert' or 'electra' can be "
+                 r"converted\)")
     with pytest.raises(wt.ConversionError, match=f"model_type '{model_type}' is not supported {supported}"):
         wt.convert_checkpoint(src, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """The family tables (families.py), the RoBERTa family's checkpoints (roberta, xlm-roberta and
-camembert convert like BERT under their own prefix, defaults and position ids), and DistilBERT's
-(other config keys and names, no token types: a zero one-row table, no pooler)."""
+camembert convert like BERT under their own prefix, defaults and position ids), DistilBERT's
+(other config keys and names, no token types: a zero one-row table, no pooler), and ELECTRA's
+(BERT's names under "electra.", embeddings of embedding_size projected to hidden_size, no pooler)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import pytest
 import torch
 
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert")
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 
 
@@ -33,7 +34,7 @@ def test_every_supported_model_type_has_a_family_of_its_name(wt):
     assert tuple(wt.FAMILIES) == MODEL_TYPES
     for t in MODEL_TYPES:
         assert wt.family_for(t).name == t and wt.family_for(t).model_types == (t,)
-    for other in ("BERT", "DistilBERT", "electra", None, 3, ["bert"]):
+    for other in ("BERT", "DistilBERT", "ELECTRA", "albert", None, 3, ["bert"]):
         assert wt.family_for(other) is None
 
 
@@ -50,6 +51,9 @@ def test_config_defaults_are_those_of_the_transformers_config_class(wt, hf, mode
         assert key.default == getattr(reference, key.hf), f"{model_type}: {engine_key}"
         for alias in key.aliases:  # attribute_map names read the same attribute
             assert reference.attribute_map[alias] == key.hf, f"{model_type}: {alias}"
+    if family.projection is not None:
+        size = family.projection.size
+        assert size.default == getattr(reference, size.hf), f"{model_type}: embedding_size"
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -312,4 +316,156 @@ def test_distilbert_layer_beyond_n_layers_names_the_key(wt, make_checkpoint):
     src, _ = make_checkpoint("model", family="distilbert")
     _edit_config(src, n_layers=1)
     with pytest.raises(wt.ConversionError, match="belongs to layer 1, but config.json says n_layers=1"):
+        wt.load_hf_checkpoint(src)
+
+
+# ---- ELECTRA -----------------------------------------------------------------------------------
+
+
+def test_electra_table_is_berts_under_its_prefix_with_a_projection(wt):
+    f, bert = wt.family_for("electra"), wt.family_for("bert")
+    assert f.position_ids == "absolute" and f.token_types and f.heads == () and dict(f.weights.pooler) == {}
+    assert f.weights.prefixes == ("electra.",)
+    assert f.weights.embeddings == bert.weights.embeddings
+    assert f.weights.layer == bert.weights.layer and f.weights.layer_prefix == bert.weights.layer_prefix
+    assert f.accepted_values == bert.accepted_values
+    p = f.projection
+    assert (p.size.hf, p.size.default) == ("embedding_size", 128)
+    assert (p.weight, p.bias) == ("embeddings_project.weight", "embeddings_project.bias")
+    assert f.hf_names("embeddings.project_weight") == ("embeddings_project.weight",)
+    assert f.hf_names("embeddings.project_bias") == ("embeddings_project.bias",)
+    assert f.hf_names("layers.1.qkv_bias") == bert.weights.hf_names("layers.1.qkv_bias")
+    assert f.roots() == {"embeddings", "embeddings_project", "encoder"}
+    for other in wt.FAMILIES.values():
+        assert (other.projection is None) is (other.name != "electra")
+
+
+def test_expected_tensors_place_the_projection_after_the_embeddings(wt):
+    base = {"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 1, "intermediate_size": 5,
+            "max_position_embeddings": 7, "type_vocab_size": 2, "has_pooler": False}
+    projected = wt.expected_tensors({**base, "embedding_size": 4})
+    assert projected[:7] == [
+        ("embeddings.word", (11, 4)), ("embeddings.position", (7, 4)), ("embeddings.token_type", (2, 4)),
+        ("embeddings.ln_gamma", (4,)), ("embeddings.ln_beta", (4,)),
+        ("embeddings.project_weight", (4, 8)), ("embeddings.project_bias", (8,)),
+    ]
+    assert projected[7][0] == "layers.0.qkv_weight"
+    plain = wt.expected_tensors(base)
+    assert wt.expected_tensors({**base, "embedding_size": 8}) == plain  # E == H: no projection
+    assert [n for n, _ in plain if n.startswith("embeddings.")] == [
+        "embeddings.word", "embeddings.position", "embeddings.token_type", "embeddings.ln_gamma",
+        "embeddings.ln_beta"]
+
+
+@pytest.mark.parametrize("kind", ["model", "pretrain", "cls", "mlm"])
+@pytest.mark.parametrize("layout", ["safetensors", "bin_sharded"])
+def test_electra_roundtrip_is_exact(wt, hf, make_checkpoint, tmp_path, kind, layout):
+    src, model = make_checkpoint(kind, layout, family="electra")
+    out = wt.convert_checkpoint(src, tmp_path / "out", progress=False)
+    config, tensors = wt.read_converted(out)
+    assert config["model_type"] == "electra" and config["format_version"] == wt.FORMAT_VERSION
+    assert (config["position_ids"], config["pad_token_id"], config["has_pooler"]) == ("absolute", 0, False)
+    assert (config["embedding_size"], config["hidden_size"], config["type_vocab_size"]) == (32, 48, 3)
+    ref = hf.reference_tensors(model)
+    assert list(tensors) == [n for n, _ in wt.expected_tensors(config)] == list(ref)
+    for name, t in tensors.items():
+        assert torch.equal(t, ref[name]), name
+    assert tensors["embeddings.project_weight"].shape == (32, 48)
+    assert tensors["embeddings.word"].shape == (101, 32)
+
+
+def test_electra_with_embedding_size_equal_to_hidden_has_no_projection(wt, hf, make_checkpoint):
+    # transformers builds no embeddings_project then; nor is there an engine tensor for one.
+    src, model = make_checkpoint("pretrain", family="electra", embedding_size=48)
+    assert not hasattr(hf.backbone(model), "embeddings_project")
+    config, tensors = wt.load_hf_checkpoint(src)
+    assert config["embedding_size"] == config["hidden_size"] == 48
+    assert not any("project" in n for n in tensors)
+    ref = hf.reference_tensors(model)
+    assert list(tensors) == list(ref) and all(torch.equal(t, ref[n]) for n, t in tensors.items())
+
+
+@pytest.mark.parametrize("embedding_size", [32, 48])
+def test_electra_state_dict_inverts_the_relayout(wt, make_checkpoint, embedding_size):
+    from importlib import import_module
+
+    hf_mod = import_module(wt.__name__ + ".hf")
+    src, model = make_checkpoint("model", family="electra", embedding_size=embedding_size)
+    config, tensors = wt.load_hf_checkpoint(src)
+    sd = hf_mod.hf_state_dict(wt.family_for("electra"), config, tensors)
+    want = model.state_dict()
+    assert set(sd) == set(want)
+    assert all(torch.equal(sd[k], want[k].float()) for k in want)
+
+
+def test_electra_heads_are_ignored_and_named(wt, make_checkpoint, capsys):
+    src, _ = make_checkpoint("pretrain", family="electra")
+    capsys.readouterr()
+    wt.load_hf_checkpoint(src, progress=True)
+    out = capsys.readouterr().out
+    assert "electra, 2 layers, hidden 48, 3 heads, intermediate 80" in out and "pooler no" in out
+    assert "embeddings 32 projected to 48" in out
+    assert "ignored 4 tensor(s) outside the encoder: discriminator_predictions." in out
+    assert "unrecognised" not in out
+
+
+def test_electra_embedding_size_default_is_electras(wt, make_checkpoint):
+    # A config.json without embedding_size means ElectraConfig's 128: the 32-wide tables then
+    # disagree with it, and the message names the tensor.
+    src, _ = make_checkpoint("model", family="electra")
+    _edit_config(src, embedding_size=...)
+    with pytest.raises(wt.ConversionError, match=r"'embeddings.word_embeddings.weight' has shape \[101, 32\], "
+                                                 r"but config.json implies \[101, 128\]"):
+        wt.load_hf_checkpoint(src)
+
+
+@pytest.mark.parametrize("value", [0, -1, 32.0, "32", None, True, 2**31])
+def test_electra_bad_embedding_size_is_refused(wt, make_checkpoint, value):
+    src, _ = make_checkpoint("model", family="electra")
+    _edit_config(src, embedding_size=value)
+    with pytest.raises(wt.ConversionError, match=r"config\.json: embedding_size must be a positive integer"):
+        wt.load_hf_checkpoint(src)
+
+
+def test_electra_huge_embedding_size_fails_before_any_read(wt, make_checkpoint):
+    src, _ = make_checkpoint("model", family="electra")
+    _edit_config(src, embedding_size=10**9)
+    with pytest.raises(wt.ConversionError, match=r"embedding_size=1000000000\) imply .*embeddings.word "
+                                                 r"\[101, 1000000000\]"):
+        wt.load_hf_checkpoint(src)
+
+
+def test_electra_missing_projection_is_named_with_its_prefix(wt, make_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    src, _ = make_checkpoint("cls", family="electra")
+    path = src / "model.safetensors"
+    sd = load_file(str(path))
+    del sd["electra.embeddings_project.bias"]
+    save_file(sd, str(path))
+    with pytest.raises(wt.ConversionError, match="missing tensor 'electra.embeddings_project.bias'"):
+        wt.load_hf_checkpoint(src)
+
+
+def test_electra_projection_of_the_wrong_shape_is_refused(wt, make_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    src, _ = make_checkpoint("model", family="electra")
+    path = src / "model.safetensors"
+    sd = load_file(str(path))
+    sd["embeddings_project.weight"] = sd["embeddings_project.weight"].T.contiguous()
+    save_file(sd, str(path))
+    with pytest.raises(wt.ConversionError, match=r"'embeddings_project.weight' has shape \[32, 48\], but "
+                                                 r"config.json implies \[48, 32\]"):
+        wt.load_hf_checkpoint(src)
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key' is not supported"),
+    ({"is_decoder": True}, "is_decoder"),
+])
+def test_electra_refuses_what_the_engine_does_not_compute(wt, make_checkpoint, changes, pattern):
+    src, _ = make_checkpoint("model", family="electra")
+    _edit_config(src, **changes)
+    with pytest.raises(wt.ConversionError, match=pattern):
         wt.load_hf_checkpoint(src)

@@ -1,5 +1,6 @@
-"""Format version 2 (position_ids, pad_token_id, the family's model_type) and the version-1
-directories written before it, which still load as the BERTs they are."""
+"""Format version 2 (position_ids, pad_token_id, the family's model_type, embedding_size), the
+version-2 directories written before embedding_size existed (read as hidden_size), and the version-1
+directories written before version 2, which still load as the BERTs they are."""
 
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def convert(wt, make_checkpoint, tmp_path):
 
 
 def _as_version_1(out):
-    """What the converter wrote before version 2: no position_ids, no pad_token_id."""
-    _rewrite_config(out, format_version=1, position_ids=..., pad_token_id=...)
+    """What the converter wrote before version 2: no position_ids, no pad_token_id (and no
+    embedding_size)."""
+    _rewrite_config(out, format_version=1, position_ids=..., pad_token_id=..., embedding_size=...)
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra"])
 def test_written_config_is_version_2_with_keys_in_order(wt, convert, family):
     from importlib import import_module
 
@@ -53,8 +55,10 @@ def test_written_config_is_version_2_with_keys_in_order(wt, convert, family):
     assert tuple(stored) == layout.CONFIG_KEYS
     assert stored["format_version"] == wt.FORMAT_VERSION == 2
     assert stored["model_type"] == family
-    scheme = {"bert": "absolute", "roberta": "padding_offset"}[family]
-    assert (stored["position_ids"], stored["pad_token_id"]) == (scheme, {"bert": 0, "roberta": 1}[family])
+    scheme = {"bert": "absolute", "roberta": "padding_offset", "electra": "absolute"}[family]
+    assert (stored["position_ids"], stored["pad_token_id"]) == (scheme, {"roberta": 1}.get(family, 0))
+    # Written for every family: hidden_size where there is no projection (conftest's ELECTRA: 32).
+    assert stored["embedding_size"] == {"electra": 32}.get(family, stored["hidden_size"])
 
 
 def test_version_1_directory_reads_as_bert_with_absolute_positions(wt, convert):
@@ -119,9 +123,20 @@ def test_roberta_converted_as_version_1_is_refused(wt, convert):
         ("bert", {"pad_token_id": 101}, r"pad_token_id must be an integer from 0 to vocab_size - 1 \(100\)"),
         ("roberta", {"pad_token_id": "1"}, "pad_token_id must be an integer .* got '1'"),
         ("roberta", {"pad_token_id": 40}, "pad_token_id 40 leaves no usable position"),
-        ("roberta", {"model_type": "electra"},
-         "model_type 'electra' is not supported \\(expected one of 'bert', 'roberta', 'xlm-roberta', "
-         "'camembert', 'distilbert'\\)"),
+        ("roberta", {"model_type": "albert"},
+         "model_type 'albert' is not supported \\(expected one of 'bert', 'roberta', 'xlm-roberta', "
+         "'camembert', 'distilbert', 'electra'\\)"),
+        ("bert", {"embedding_size": 32},
+         "embedding_size 32 is not what model_type 'bert' has \\(its embeddings are hidden_size 48 wide"),
+        ("distilbert", {"embedding_size": 96}, "embedding_size 96 is not what model_type 'distilbert' has"),
+        ("electra", {"embedding_size": 0},
+         r"embedding_size must be a positive integer \(at most 2147483647\), got 0"),
+        ("electra", {"embedding_size": 32.0}, "embedding_size must be a positive integer .* got 32.0"),
+        ("electra", {"embedding_size": None}, "embedding_size must be a positive integer .* got None"),
+        # E == H: no projection, and tables of hidden_size, more than the file (32 wide) holds.
+        ("electra", {"embedding_size": 48}, r"embedding_size=48\) imply .* a size in the config is wrong"),
+        ("electra", {"embedding_size": 16},
+         "tensor 'embeddings.word' has shape \\[101, 32\\], expected \\[101, 16\\]"),
         ("distilbert", {"type_vocab_size": 2},
          "type_vocab_size 2 is not what model_type 'distilbert' has \\(1: it has no token-type embedding"),
         ("distilbert", {"has_pooler": True}, "has_pooler is true, but model_type 'distilbert' has no pooler"),
@@ -134,6 +149,34 @@ def test_bad_version_2_values_are_format_errors(wt, convert, family, changes, pa
     out = convert(family)
     _rewrite_config(out, **changes)
     with pytest.raises(wt.FormatError, match=pattern):
+        wt.read_converted(out)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_version_2_without_embedding_size_reads_as_hidden_size(wt, convert, family):
+    # Version-2 directories written before the key existed: embeddings of hidden_size, the key
+    # filled in on read, in its place in the key order.
+    out = convert(family)
+    written, tensors = wt.read_converted(out)
+    _rewrite_config(out, embedding_size=...)
+    config, again = wt.read_converted(out)
+    assert config == written and list(config) == list(written)
+    assert config["embedding_size"] == config["hidden_size"] == 48
+    assert list(again) == list(tensors) and all(torch.equal(again[n], tensors[n]) for n in tensors)
+
+
+def test_electra_without_embedding_size_is_refused_by_its_shapes(wt, convert):
+    # A projected ELECTRA needs the key: read as hidden_size, its tables are the wrong width.
+    out = convert("electra")
+    _rewrite_config(out, embedding_size=...)
+    with pytest.raises(wt.FormatError, match=r"embedding_size=48\) imply .* a size in the config is wrong"):
+        wt.read_converted(out)
+
+
+def test_electra_converted_as_version_1_is_refused(wt, convert):
+    out = convert("electra")
+    _as_version_1(out)
+    with pytest.raises(wt.FormatError, match="model_type 'electra' is not supported in format_version 1"):
         wt.read_converted(out)
 
 

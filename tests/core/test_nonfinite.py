@@ -16,10 +16,13 @@ from tests._models import make_bert
 
 
 def scale_to_overflow(model, path, value):
-    """Sets the last FFN's output weights to `value`, and saves: each output then sums ~I/4
-    positive GELU outputs times `value`, past the dtype's range for any input."""
+    """Pins the last FFN's inner activations to GELU(10) = 10 and sets its output weights to
+    `value`, and saves: each output is then ~10·I·value whatever the input, past the dtype's range."""
     with torch.no_grad():
-        model.encoder.layer[-1].output.dense.weight.fill_(value)
+        last = model.encoder.layer[-1]
+        last.intermediate.dense.weight.zero_()
+        last.intermediate.dense.bias.fill_(10.0)
+        last.output.dense.weight.fill_(value)
     model.save_pretrained(path)
 
 

@@ -11,8 +11,16 @@ def _perturb_layer_norms(model) -> None:
     # Random-init LayerNorm is gamma=1, beta=0: perturb so the test sees the real parameters.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "LayerNorm" in name:
+            if "LayerNorm" in name or "layer_norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+
+
+def _fill_biases(model) -> None:
+    # Random init zeroes the Linear biases; fill them so a bias in the wrong slot shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn_like(p) * 0.05)
 
 
 def make_bert(
@@ -119,13 +127,6 @@ DISTILBERT_KINDS = {"model": "DistilBertModel", "mlm": "DistilBertForMaskedLM",
                     "cls": "DistilBertForSequenceClassification"}
 
 
-def _perturb_distilbert_layer_norms(model) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name:
-                p.add_(torch.randn_like(p) * 0.1)
-
-
 def make_distilbert(
     path: Path,
     kind="model",
@@ -160,12 +161,8 @@ def make_distilbert(
         attn_implementation="eager",
     )
     model = getattr(transformers, DISTILBERT_KINDS[kind])(cfg).eval()
-    # Random init zeroes the Linear biases; fill them so a bias in the wrong slot shows.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.copy_(torch.randn_like(p) * 0.05)
-    _perturb_distilbert_layer_norms(model)
+    _fill_biases(model)
+    _perturb_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model
 
@@ -209,12 +206,7 @@ def make_electra(
         attn_implementation="eager",
     )
     model = getattr(transformers, ELECTRA_KINDS[kind])(cfg).eval()
-    # Random init zeroes the Linear biases (the projection's too); fill them so a bias in the wrong
-    # slot shows.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.copy_(torch.randn_like(p) * 0.05)
+    _fill_biases(model)  # the projection's too
     _perturb_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model

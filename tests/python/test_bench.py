@@ -19,7 +19,7 @@ from ftbert.bench.models import load_model, make_hf
 from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
 from ftbert.bench.timing import summarize
-from tests._models import make_bert
+from tests._models import make_bert, make_distilbert, make_electra, make_roberta
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ATTENTIONS = ("unfused", "flash", "auto")
@@ -168,6 +168,34 @@ def test_peers_get_exactly_the_checkpoint_weights(tmp_path):
     ids = torch.randint(0, 61, (3, 11))
     with torch.no_grad():
         assert torch.equal(rebuilt(ids).last_hidden_state, hf(ids).last_hidden_state)
+
+
+FAMILY_MAKERS = {
+    "roberta": lambda p: make_roberta(p, hidden=48, heads=3, layers=2, max_pos=40, seed=4),
+    "xlm-roberta": lambda p: make_roberta(p, family="xlm-roberta", hidden=32, heads=2, layers=1, seed=5),
+    "distilbert": lambda p: make_distilbert(p, dim=48, heads=3, layers=2, seed=6),
+    "electra": lambda p: make_electra(p, hidden=48, embedding=24, heads=3, layers=2, seed=7),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MAKERS))
+def test_peers_and_sweep_run_for_every_family(family, tmp_path):
+    # The peer is the family's own transformers model with the checkpoint's weights, and the
+    # bench's ftbert rows agree with it.
+    src = tmp_path / "ckpt"
+    hf = FAMILY_MAKERS[family](src)
+    rebuilt = make_hf(load_model("t", src), "eager")
+    assert type(rebuilt) is type(hf)
+    ids = torch.randint(3, 90, (2, 9))
+    with torch.no_grad():
+        assert torch.allclose(rebuilt(ids).last_hidden_state, hf(ids).last_hidden_state, atol=1e-6)
+    out = tmp_path / "results"
+    assert _run(["--model", str(src), "--batch", "2", "--seq", "9", "--attention", "unfused",
+                 "--engines", "ftbert", "hf-sdpa"], out) == 0
+    doc, _ = _read(out)
+    rows = doc["results"]
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+    assert all(r["max_abs_err"] <= 1e-4 for r in rows if r["engine"].startswith("ftbert")), rows
 
 
 def test_unknown_model_path_is_one_line_and_exit_2(tmp_path, capsys):

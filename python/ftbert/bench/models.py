@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..weights_tools.families import BERT
+from ..weights_tools.families import BERT, family_for
 from ..weights_tools.hf import hf_state_dict
 from .args import BenchError
 
@@ -137,20 +137,26 @@ def ftbert_weight_bytes(model: Model, dtype: str) -> int:
 
 # ---- transformers --------------------------------------------------------------------------
 def make_hf(model: Model, attn_implementation: str):
-    """A float32 CPU transformers BertModel with the model's weights, in eval mode."""
-    from transformers import BertConfig, BertModel
+    """A float32 CPU transformers model of the checkpoint's family with the model's weights, in eval
+    mode: the family's table gives its config keys and weight names."""
+    from transformers import AutoConfig, AutoModel
 
     c = model.config
-    # The peer is a BertModel, so BERT's table gives its config keys and weight names.
-    hf_config = BertConfig(
-        **{k.hf: c[key] for key, k in BERT.config.items() if k.hf is not None},
-        attn_implementation=attn_implementation,
-    )
-    hf = BertModel(hf_config, add_pooling_layer=bool(c["has_pooler"]))
-    missing, unexpected = hf.load_state_dict(hf_state_dict(BERT, c, model.tensors), strict=False)
-    # Buffers (position_ids, token_type_ids) are made by BertModel itself.
-    if unexpected or any(k not in BERT.weights.buffers for k in missing):
-        raise RuntimeError(f"weights do not fit BertModel: missing {missing}, unexpected {unexpected}")
+    family = family_for(c["model_type"])
+    keys = {k.hf: c[key] for key, k in family.config.items() if k.hf is not None}
+    if family.projection is not None:
+        keys[family.projection.size.hf] = c["embedding_size"]
+    hf_config = AutoConfig.for_model(family.model_types[0], **keys)
+    hf_config._attn_implementation = attn_implementation
+    hf = AutoModel.from_config(hf_config, attn_implementation=attn_implementation)
+    if getattr(hf, "pooler", None) is not None and not c["has_pooler"]:
+        hf.pooler = None  # the checkpoint had none: its forward then returns no pooler output
+    missing, unexpected = hf.load_state_dict(hf_state_dict(family, c, model.tensors), strict=False)
+    # Buffers (position_ids, token_type_ids) are made by the model itself.
+    if unexpected or any(k not in family.weights.buffers for k in missing):
+        raise RuntimeError(
+            f"weights do not fit {type(hf).__name__}: missing {missing}, unexpected {unexpected}"
+        )
     return hf.eval()
 
 

@@ -1,5 +1,8 @@
 """Shared helpers for the tests."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 
@@ -14,3 +17,17 @@ def ragged_mask(rng, batch, seq, left=False, min_len=1):
         else:
             mask[b, :n] = 1
     return mask
+
+
+def run_in_threads(n, work, timeout):
+    """Runs work(t) for t in 0..n-1, one thread each, released together; returns the results in order
+    and re-raises the first exception a thread raised (none waits longer than `timeout` seconds)."""
+    start = threading.Barrier(n)
+
+    def run(t):
+        start.wait(timeout=timeout)
+        return work(t)
+
+    with ThreadPoolExecutor(n) as ex:
+        futures = [ex.submit(run, t) for t in range(n)]
+        return [f.result(timeout=timeout) for f in futures]

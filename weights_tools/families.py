@@ -246,18 +246,13 @@ ROBERTA = Family(
 
 # XLMRobertaConfig and CamembertConfig keep BertConfig's vocab_size default (30522); everything else
 # is RoBERTa's, including the "roberta." prefix of their task models (base_model_prefix).
-XLM_ROBERTA = replace(
-    ROBERTA,
-    name="xlm-roberta",
-    model_types=("xlm-roberta",),
-    config=_frozen({**ROBERTA.config, "vocab_size": Key("vocab_size", 30522)}),
-)
-CAMEMBERT = replace(
-    ROBERTA,
-    name="camembert",
-    model_types=("camembert",),
-    config=_frozen({**ROBERTA.config, "vocab_size": Key("vocab_size", 30522)}),
-)
+def _roberta_with_bert_vocab(name: str) -> Family:
+    return replace(ROBERTA, name=name, model_types=(name,),
+                   config=_frozen({**ROBERTA.config, "vocab_size": Key("vocab_size", 30522)}))
+
+
+XLM_ROBERTA = _roberta_with_bert_vocab("xlm-roberta")
+CAMEMBERT = _roberta_with_bert_vocab("camembert")
 
 # DistilBERT: BERT's post-LayerNorm encoder under other config keys (dim, n_layers, n_heads,
 # hidden_dim, activation) and other weight names, with no token-type embedding and no pooler.

@@ -14,7 +14,7 @@ import torch
 import ftbert
 from ftbert.text import tokenizer_lock
 from tests._models import make_bert
-from tests._util import ragged_mask
+from tests._util import run_in_threads, ragged_mask
 from tests._vocab import random_texts, write_vocab
 
 VOCAB = 211
@@ -39,17 +39,7 @@ def load(path, concurrency=None):
 
 
 def in_threads(n, work):
-    """Runs work(t) for t in 0..n-1, one thread each, released together; returns the results in order
-    and re-raises the first exception a thread raised."""
-    start = threading.Barrier(n)
-
-    def run(t):
-        start.wait(timeout=TIMEOUT)
-        return work(t)
-
-    with ThreadPoolExecutor(n) as ex:
-        futures = [ex.submit(run, t) for t in range(n)]
-        return [f.result(timeout=TIMEOUT) for f in futures]
+    return run_in_threads(n, work, TIMEOUT)
 
 
 def make_calls(rng, n):

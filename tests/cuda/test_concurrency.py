@@ -10,8 +10,6 @@ was chosen) or another forward's data (a race). The CPU side of the contract is
 tests/core/test_concurrency.py.
 """
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ import torch
 
 import ftbert
 from tests._models import make_bert
-from tests._util import ragged_mask
+from tests._util import run_in_threads, ragged_mask
 from tests._vocab import random_texts, write_vocab
 
 pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
@@ -56,17 +54,7 @@ def load(path, dtype, concurrency=None, **kwargs):
 
 
 def in_threads(n, work):
-    """Runs work(t) for t in 0..n-1, one thread each, released together; returns the results in order
-    and re-raises the first exception a thread raised."""
-    start = threading.Barrier(n)
-
-    def run(t):
-        start.wait(timeout=TIMEOUT)
-        return work(t)
-
-    with ThreadPoolExecutor(n) as ex:
-        futures = [ex.submit(run, t) for t in range(n)]
-        return [f.result(timeout=TIMEOUT) for f in futures]
+    return run_in_threads(n, work, TIMEOUT)
 
 
 def make_call(rng, batch, seq, kind, left=None):

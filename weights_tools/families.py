@@ -8,6 +8,10 @@ their names from it, so a family's weight names are spelled here and nowhere els
 Engine-side names ("embeddings.word", "layers.{i}.qkv_weight", ...) are the converted format's own,
 defined in layout.py; the tables below map each of them to HuggingFace names.
 
+Heads: each family names the tensors of its sequence- and token-classification heads
+(*ForSequenceClassification, *ForTokenClassification); hf.py picks one by config.json's
+`architectures`.
+
 Filled in: BERT, RoBERTa with its two descendants XLM-RoBERTa and CamemBERT (RoBERTa's table,
 copied for the other two with their own model_type and their config class's vocab_size default),
 DistilBERT (other config keys, other weight names, no token types, no pooler), and ELECTRA's
@@ -24,12 +28,15 @@ from typing import Any, Mapping
 from .layout import (
     ABSOLUTE,
     EMBEDDING_TENSORS,
+    HEAD_ACTIVATIONS,
+    HEAD_TENSORS,
     INT_KEYS,
     LAYER_TENSORS,
     PADDING_OFFSET,
     POOLER_TENSORS,
     PROJECTION_TENSORS,
     POSITION_SCHEMES,
+    SEQUENCE_CLASSIFICATION,
 )
 
 # Position-id schemes (the engine config's "position_ids"; layout.POSITION_SCHEMES). ABSOLUTE: token
@@ -39,7 +46,8 @@ from .layout import (
 # create_position_ids_from_input_ids), so a model's usable length is
 # max_position_embeddings - pad_token_id - 1 (layout.usable_seq_length). Defined in layout.py, which
 # the converted reader shares; re-exported here as the tables' vocabulary.
-__all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "Family", "FAMILIES",
+__all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
+           "Family", "FAMILIES",
            "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "family_for",
            "supported_model_types"]
 
@@ -77,6 +85,34 @@ class Projection:
     def hf_names(self) -> Mapping[str, str]:
         """Engine projection tensor (layout.PROJECTION_TENSORS) -> HF name."""
         return MappingProxyType(dict(zip(PROJECTION_TENSORS, (self.weight, self.bias))))
+
+
+@dataclass(frozen=True)
+class SequenceHead:
+    """A sequence-classification head (the family's *ForSequenceClassification), read from token 0:
+    `dense` + `activation`, then `out` (num_labels wide). BERT's dense is its pooler (dense None: the
+    classifier reads the pooler output); the others have a dense of their own in the head."""
+
+    dense: tuple[str, str] | None  # HF (weight, bias) of the head's own dense; None: the pooler
+    activation: str | None  # after the own dense (layout.HEAD_ACTIVATIONS); None with the pooler
+    out: tuple[str, str]  # HF (weight, bias) of the [num_labels, hidden] output Linear
+
+    def hf_names(self) -> Mapping[str, str]:
+        """Engine head tensor (layout.HEAD_TENSORS) -> HF name."""
+        names = dict(zip(HEAD_TENSORS[2:], self.out))
+        if self.dense is not None:
+            names.update(zip(HEAD_TENSORS[:2], self.dense))
+        return MappingProxyType(names)
+
+
+@dataclass(frozen=True)
+class TokenHead:
+    """A token-classification head (*ForTokenClassification): one Linear on every token."""
+
+    out: tuple[str, str]  # HF (weight, bias) of the [num_labels, hidden] Linear
+
+    def hf_names(self) -> Mapping[str, str]:
+        return MappingProxyType(dict(zip(HEAD_TENSORS[2:], self.out)))
 
 
 @dataclass(frozen=True)
@@ -136,13 +172,24 @@ class Family:
     # adding it changes nothing, and token type ids other than 0 fail the engine's input check.
     token_types: bool
     projection: Projection | None  # embeddings -> hidden projection (ELECTRA), None without one
-    heads: tuple[str, ...]  # the heads above the encoder that conversion knows, by kind
+    # The task heads conversion runs, by the architectures suffix config.json names them with.
+    sequence_head: SequenceHead
+    token_head: TokenHead
 
-    def hf_names(self, engine_name: str) -> tuple[str, ...]:
+    def head(self, kind: str) -> SequenceHead | TokenHead:
+        """The head of a kind (layout.HEAD_KINDS)."""
+        return self.sequence_head if kind == SEQUENCE_CLASSIFICATION else self.token_head
+
+    def hf_names(self, engine_name: str, head: str | None = None) -> tuple[str, ...]:
         """The HF tensor(s) an engine tensor is made of, unprefixed, in fusing order: the weight
-        table's, and the projection's for embeddings.project_*."""
+        table's, the projection's for embeddings.project_*, and the head's (of kind `head`) for
+        classifier.*."""
         if self.projection is not None and engine_name in PROJECTION_TENSORS:
             return (self.projection.hf_names()[engine_name],)
+        if engine_name in HEAD_TENSORS:
+            if head is None:
+                raise KeyError(f"{engine_name} belongs to a head: name its kind")
+            return (self.head(head).hf_names()[engine_name],)
         return self.weights.hf_names(engine_name)
 
     def roots(self) -> frozenset[str]:
@@ -217,14 +264,15 @@ BERT = Family(
     position_ids=ABSOLUTE,
     token_types=True,
     projection=None,
-    heads=("pooler",),
+    sequence_head=SequenceHead(dense=None, activation=None, out=("classifier.weight", "classifier.bias")),
+    token_head=TokenHead(out=("classifier.weight", "classifier.bias")),
 )
 
 # RoBERTa: BERT's encoder under BERT's weight names, with other defaults, the prefix "roberta." in its
 # task models, and position ids that count from the pad id. Its checkpoints hold a one-row
 # token-type table (type_vocab_size 1), taken as it is. RobertaModel has a pooler unless built with
-# add_pooling_layer=False, as every task model but ForMultipleChoice is; heads (lm_head.*,
-# classifier.*) lie outside the encoder and are ignored, as BERT's are.
+# add_pooling_layer=False, as every task model but ForMultipleChoice is; its classification heads
+# read token 0 without one.
 ROBERTA = Family(
     name="roberta",
     model_types=("roberta",),
@@ -241,7 +289,13 @@ ROBERTA = Family(
     position_ids=PADDING_OFFSET,
     token_types=True,
     projection=None,
-    heads=("pooler",),
+    # RobertaClassificationHead: dense, tanh, out_proj on token 0 (<s>).
+    sequence_head=SequenceHead(
+        dense=("classifier.dense.weight", "classifier.dense.bias"),
+        activation="tanh",
+        out=("classifier.out_proj.weight", "classifier.out_proj.bias"),
+    ),
+    token_head=BERT.token_head,
 )
 
 # XLMRobertaConfig and CamembertConfig keep BertConfig's vocab_size default (30522); everything else
@@ -260,7 +314,7 @@ CAMEMBERT = _roberta_with_bert_vocab("camembert")
 # whatever the padding. `sinusoidal_pos_embds` only changes how transformers initialises the position
 # table: the table is an ordinary parameter, saved in the checkpoint, and read from it like a learned
 # one. Task models (ForMaskedLM, ForSequenceClassification, ...) keep the encoder under "distilbert.";
-# their heads (vocab_*, pre_classifier, classifier, ...) are ignored.
+# their classification heads are the table's; the others (vocab_*, qa_outputs) are left out.
 DISTILBERT = Family(
     name="distilbert",
     model_types=("distilbert",),
@@ -311,7 +365,13 @@ DISTILBERT = Family(
     position_ids=ABSOLUTE,
     token_types=False,
     projection=None,
-    heads=(),
+    # pre_classifier, ReLU, classifier on token 0.
+    sequence_head=SequenceHead(
+        dense=("pre_classifier.weight", "pre_classifier.bias"),
+        activation="relu",
+        out=("classifier.weight", "classifier.bias"),
+    ),
+    token_head=TokenHead(out=("classifier.weight", "classifier.bias")),
 )
 
 
@@ -319,8 +379,8 @@ DISTILBERT = Family(
 # ...): BERT's encoder under BERT's names and the prefix "electra.", absolute positions and token
 # types, but embeddings of embedding_size (word, position, token-type tables and their LayerNorm),
 # then `embeddings_project`, a Linear(embedding_size -> hidden_size) that ElectraModel only builds
-# when the two differ. ElectraModel has no pooler; the task heads (discriminator_predictions,
-# classifier, generator_*) lie outside the encoder and are ignored.
+# when the two differ. ElectraModel has no pooler; the classification heads are the table's, the
+# others (discriminator_predictions, generator_*) are left out.
 ELECTRA = Family(
     name="electra",
     model_types=("electra",),
@@ -340,7 +400,13 @@ ELECTRA = Family(
         weight="embeddings_project.weight",
         bias="embeddings_project.bias",
     ),
-    heads=(),
+    # ElectraClassificationHead: RoBERTa's, with (erf) GELU where RoBERTa has tanh.
+    sequence_head=SequenceHead(
+        dense=("classifier.dense.weight", "classifier.dense.bias"),
+        activation="gelu",
+        out=("classifier.out_proj.weight", "classifier.out_proj.bias"),
+    ),
+    token_head=BERT.token_head,
 )
 
 
@@ -359,8 +425,12 @@ def _check(family: Family) -> Family:
         problems.append(f"layer tensors {sorted(w.layer)} != {sorted(LAYER_TENSORS)}")
     if w.pooler and set(w.pooler) != set(POOLER_TENSORS):
         problems.append(f"pooler {sorted(w.pooler)} != {sorted(POOLER_TENSORS)}")
-    if ("pooler" in family.heads) != bool(w.pooler):
-        problems.append("a pooler head needs pooler names, and pooler names a pooler head")
+    if family.sequence_head.dense is None and not w.pooler:
+        problems.append("a sequence head without a dense of its own reads the pooler: it needs one")
+    if (family.sequence_head.dense is None) != (family.sequence_head.activation is None):
+        problems.append("a sequence head's own dense and its activation come together")
+    if family.sequence_head.activation not in (None, *HEAD_ACTIVATIONS):
+        problems.append(f"unknown head activation {family.sequence_head.activation!r}")
     if family.position_ids not in POSITION_SCHEMES:
         problems.append(f"unknown position-id scheme {family.position_ids!r}")
     if not family.token_types and family.config["type_vocab_size"] != Key(None, 1):

@@ -5,14 +5,17 @@ What is accepted: config.json with a model_type of a family in families.py ("ber
 (model.safetensors.index.json), pytorch_model.bin or sharded .bin (pytorch_model.bin.index.json).
 Names may carry the prefix the family's task models put before the encoder (BertForMaskedLM,
 BertForSequenceClassification, ... for BERT; RobertaForMaskedLM, ... for RoBERTa;
-DistilBertForMaskedLM, ... for DistilBERT; ElectraForPreTraining, ... for ELECTRA); task heads are
-ignored. Every HF weight name and config key comes from the family's table.
+DistilBertForMaskedLM, ... for DistilBERT; ElectraForPreTraining, ... for ELECTRA). The head that
+config.json's `architectures` names is converted when it is a sequence- or token-classification head
+(read_head); any other head is left out with a warning that names it. Every HF weight name and config
+key comes from the family's table.
 """
 
 from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -27,7 +30,11 @@ from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     EMBEDDING_SIZE,
+    HEAD,
+    HEAD_TENSORS,
     INT_KEYS,
+    SEQUENCE_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
     WEIGHTS_FILE,
     check_finite,
     check_fits,
@@ -92,6 +99,81 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
         cfg["pad_token_id"] = family.config["pad_token_id"].default
     check_positions(cfg, str(path), ConversionError)
     return family, cfg
+
+
+# The architectures (config.json) whose head the engine runs, by class-name suffix.
+_HEAD_SUFFIXES = {"ForSequenceClassification": SEQUENCE_CLASSIFICATION,
+                  "ForTokenClassification": TOKEN_CLASSIFICATION}
+# sentence-transformers' CrossEncoder records the activation it applies to scores as a class path.
+_SCORE_ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "identity", "Softmax": "softmax"}
+
+
+def architecture(src: Path) -> str | None:
+    """The model class config.json names (its first `architectures` entry), or None."""
+    archs = read_json_object(src / "config.json", ConversionError).get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return None
+
+
+def read_head(src: Path, family: Family) -> dict | None:
+    """The engine config's "head" for the architecture config.json names (layout.HEAD), or None
+    when it names no classification head."""
+    path = src / "config.json"
+    raw = read_json_object(path, ConversionError)
+    arch = architecture(src)
+    kind = next((k for suffix, k in _HEAD_SUFFIXES.items() if arch and arch.endswith(suffix)), None)
+    if kind is None:
+        return None
+    labels = _labels(raw, path)
+    head = family.head(kind)
+    own_dense = kind == SEQUENCE_CLASSIFICATION and head.dense is not None
+    return {
+        "kind": kind,
+        "num_labels": len(labels),
+        "input": "tokens" if kind == TOKEN_CLASSIFICATION else "first_token" if own_dense else "pooler",
+        "activation": head.activation if own_dense else None,
+        "labels": labels,
+        "score_activation": _score_activation(raw, path),
+    }
+
+
+def _labels(raw: dict, path: Path) -> list[str]:
+    """The class names by id: id2label (keys "0".."N-1", as transformers saves them), else
+    num_labels generic names, else transformers' default of 2."""
+    id2label = raw.get("id2label")
+    if id2label is None:
+        n = raw.get("num_labels", 2)
+        if not _is_int(n) or n < 1:
+            raise ConversionError(f"{path}: num_labels must be a positive integer, got {n!r}")
+        return [f"LABEL_{i}" for i in range(n)]
+    if not isinstance(id2label, dict) or not id2label:
+        raise ConversionError(f"{path}: id2label must be a non-empty object, got {id2label!r}")
+    want = [str(i) for i in range(len(id2label))]
+    if sorted(id2label, key=lambda k: (len(k), k)) != want:
+        raise ConversionError(
+            f"{path}: id2label's keys must be the ids 0..{len(id2label) - 1}, got {sorted(id2label)!r}"
+        )
+    return [str(id2label[k]) for k in want]
+
+
+def _score_activation(raw: dict, path: Path) -> str | None:
+    """What CrossEncoder applies to the scores, from config.json (null: it says nothing)."""
+    st = raw.get("sentence_transformers")
+    name = st.get("activation_fn") if isinstance(st, dict) else None
+    if name is None:
+        name = raw.get("sbert_ce_default_activation_function")  # older sentence-transformers
+    if name is None:
+        return None
+    short = str(name).rsplit(".", 1)[-1]
+    if short not in _SCORE_ACTIVATIONS:
+        warnings.warn(
+            f"{path}: the score activation {name!r} is not one ftbert applies "
+            f"({', '.join(_SCORE_ACTIVATIONS)}); predict() returns raw logits unless told otherwise",
+            UserWarning, stacklevel=4,
+        )
+        return None
+    return _SCORE_ACTIVATIONS[short]
 
 
 def _is_int(v) -> bool:
@@ -316,6 +398,7 @@ class _Collector:
         self.prefix = next(
             (p for p in family.weights.prefixes if any(n.startswith(p) for n in files.names())), ""
         )
+        self.roots = family.roots()
         layer_re = _layer_re(family)
         layers_key = family.config["num_hidden_layers"].hf or "num_hidden_layers"
         for canon, orig in self.by_canonical.items():
@@ -334,8 +417,10 @@ class _Collector:
         """What get() would return, checked from the file headers alone, as a tensor without data."""
         orig = self.by_canonical.get(canon)
         if orig is None:
+            # Named as the checkpoint would spell it: the encoder's under the task model's prefix.
+            shown = self.prefix + canon if canon.split(".", 1)[0] in self.roots else canon
             raise ConversionError(
-                f"{self.files.src}: missing tensor {self.prefix + canon!r} (not in {self.files.describe()})"
+                f"{self.files.src}: missing tensor {shown!r} (not in {self.files.describe()})"
             )
         dtype, actual = self.files.meta(orig)
         if actual != tuple(shape):
@@ -394,6 +479,7 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
     """
     out: dict[str, torch.Tensor] = {}
     shown = None
+    kind = cfg[HEAD]["kind"] if cfg.get(HEAD) else None
     for name, shape in iter_expected_tensors({**cfg, "has_pooler": has_pooler}):
         part = _progress(name, cfg["num_hidden_layers"])
         if part != shown:
@@ -404,7 +490,7 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
             # which adds nothing to token type 0, the only type the engine then accepts.
             out[name] = torch.zeros(shape, dtype=torch.float32)
             continue
-        sources = family.hf_names(name)
+        sources = family.hf_names(name, kind)
         if _is_linear(name, shape):
             n_in, n_out = shape
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
@@ -421,22 +507,27 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
 def hf_state_dict(family: Family, config: dict,
                   tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse of the re-layout: engine tensors -> the state dict of the family's bare encoder
-    model (BertModel for BERT), float32, [out, in] Linear weights, Q/K/V split again."""
+    model (BertModel for BERT), float32, [out, in] Linear weights, Q/K/V split again; with a head,
+    the state dict of the task model (BertForSequenceClassification, ...): the encoder's tensors
+    under the family's prefix, the head's at the top."""
     sd: dict[str, torch.Tensor] = {}
+    kind = config[HEAD]["kind"] if config.get(HEAD) else None
     for name, shape in iter_expected_tensors(config):
         if _is_zero_token_types(family, name):
             continue  # supplied by the converter; the HF model has no such tensor
         t = tensors[name].float()
         if _is_linear(name, shape):
             t = t.t()  # [in, k * out] -> [k * out, in]
-        sources = family.hf_names(name)
+        sources = family.hf_names(name, kind)
+        # A task model keeps its encoder under the family's prefix, its head at the top.
+        prefix = family.weights.prefixes[0] if kind and name not in HEAD_TENSORS else ""
         for source, piece in zip(sources, t.chunk(len(sources), dim=0)):
-            sd[source] = piece.contiguous()
+            sd[prefix + source] = piece.contiguous()
     return sd
 
 
 def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256: str | None,
-                  max_seq_length: int | None) -> dict:
+                  max_seq_length: int | None, head: dict | None = None) -> dict:
     """The engine config dict (ftbert_config.json's content), keys in the documented order."""
     cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model_type": family.name}
     cfg.update({k: hf[k] for k in INT_KEYS})
@@ -446,6 +537,7 @@ def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256
     cfg["position_ids"] = hf["position_ids"]
     cfg["pad_token_id"] = hf["pad_token_id"]
     cfg["has_pooler"] = has_pooler
+    cfg[HEAD] = head
     cfg["dtype"] = dtype
     cfg["weights_file"] = WEIGHTS_FILE if sha256 is not None else None
     cfg["weights_sha256"] = sha256
@@ -469,6 +561,14 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
     col = _Collector(files, family, hf["num_hidden_layers"])
     pooler = family.weights.pooler
     has_pooler = bool(pooler) and col.has(pooler["pooler.weight"])
+    arch = architecture(src)
+    head = read_head(src, family)
+    if head is not None and head["input"] == "pooler" and not has_pooler:
+        raise ConversionError(
+            f"{src}: {arch}'s classifier reads the pooler output, but the checkpoint has no pooler "
+            f"(missing {col.prefix + pooler['pooler.weight']!r})"
+        )
+    hf = {**hf, HEAD: head}
     log(
         f"reading {src} ({files.describe()}): {family.name}, {hf['num_hidden_layers']} layers, hidden "
         f"{hf['hidden_size']}, {hf['num_attention_heads']} heads, intermediate "
@@ -476,6 +576,7 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         f"pooler {'yes' if has_pooler else 'no'}"
         + (f", embeddings {hf[EMBEDDING_SIZE]} projected to {hf['hidden_size']}"
            if hf[EMBEDDING_SIZE] != hf["hidden_size"] else "")
+        + (f", {head['kind'].replace('_', ' ')} head of {head['num_labels']} label(s)" if head else "")
     )
     # A dry run on tensors without data: every input's presence, shape and dtype, before any is read.
     _relayout(col.check, family, hf, has_pooler, _quiet)
@@ -487,10 +588,17 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         outside = [n for n, c in ignored if c.split(".", 1)[0] not in roots]
         inside = [n for n, c in ignored if c.split(".", 1)[0] in roots]
         if outside:
-            log(f"  ignored {len(outside)} tensor(s) outside the encoder: {_short_list(outside)}")
+            log(f"  left out {len(outside)} tensor(s) outside the encoder: {_short_list(outside)}")
+            # Never silent: a user of a task checkpoint must learn that its head does not run.
+            warnings.warn(
+                f"{src}: the head of {arch or 'this checkpoint'} is not supported and is left out "
+                f"({len(outside)} tensor(s): {_short_list(outside)}); only the encoder runs "
+                f"(ftbert runs sequence- and token-classification heads)",
+                UserWarning, stacklevel=3,
+            )
         if inside:
             log(f"  ignored {len(inside)} unrecognised encoder tensor(s): {_short_list(inside)}")
-    config = engine_config(family, hf, has_pooler, "float32", None, max_seq_length)
+    config = engine_config(family, hf, has_pooler, "float32", None, max_seq_length, head)
     # Guards the re-layout against drifting from the one definition the loader checks.
     assert [(n, tuple(t.shape)) for n, t in tensors.items()] == expected_tensors(config)
     return config, tensors

@@ -58,6 +58,26 @@ INT_KEYS = (
 # and mean hidden_size (reader.read_config fills it in).
 EMBEDDING_SIZE = "embedding_size"
 
+# The task head above the encoder: null, or an object with these keys (check_head):
+#   kind: SEQUENCE_CLASSIFICATION (logits [B, num_labels] from token 0) or TOKEN_CLASSIFICATION
+#     (logits [B, S, num_labels] from every token);
+#   num_labels: a positive integer;
+#   input: where a sequence head reads: "pooler" (the pooler output: BERT) or "first_token" (token 0
+#     through the head's own dense and activation: the others); "tokens" for a token head;
+#   activation: that own dense's activation (HEAD_ACTIVATIONS), null otherwise;
+#   labels: the class names by id (config.json's id2label), num_labels of them;
+#   score_activation: what sentence-transformers applies to the scores (SCORE_ACTIVATIONS, from
+#     config.json's sentence_transformers.activation_fn), or null where the checkpoint says nothing.
+# Files written before heads existed lack the key and mean null (reader.read_config fills it in).
+HEAD = "head"
+SEQUENCE_CLASSIFICATION = "sequence_classification"
+TOKEN_CLASSIFICATION = "token_classification"
+HEAD_KINDS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
+HEAD_KEYS = ("kind", "num_labels", "input", "activation", "labels", "score_activation")
+HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token"), TOKEN_CLASSIFICATION: ("tokens",)}
+HEAD_ACTIVATIONS = ("tanh", "gelu", "relu")
+SCORE_ACTIVATIONS = ("sigmoid", "identity", "softmax")
+
 # Every key of ftbert_config.json, in the order it is written.
 CONFIG_KEYS = (
     "format",
@@ -70,6 +90,7 @@ CONFIG_KEYS = (
     "position_ids",
     "pad_token_id",
     "has_pooler",
+    HEAD,
     "dtype",
     "weights_file",
     "weights_sha256",
@@ -89,6 +110,10 @@ POOLER_TENSORS = ("pooler.weight", "pooler.bias")
 # The embeddings -> hidden projection, right after embeddings.ln_beta, only when embedding_size !=
 # hidden_size: [E, H] ([in, out], like every matrix) and [H].
 PROJECTION_TENSORS = ("embeddings.project_weight", "embeddings.project_bias")
+# The head's, after the pooler's: its own dense ([H, H], [H]; input "first_token" only), then its
+# output Linear ([H, num_labels], [num_labels]).
+HEAD_TENSORS = ("classifier.dense_weight", "classifier.dense_bias", "classifier.out_weight",
+                "classifier.out_bias")
 
 LAYER_TENSORS = (
     "qkv_weight",
@@ -113,7 +138,8 @@ MAX_SIZE = 2**31 - 1
 
 def expected_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
     """The tensors an engine config implies, as (name, shape), embeddings first (with the projection
-    to hidden_size when embedding_size differs from it), then layers in order, then the pooler.
+    to hidden_size when embedding_size differs from it), then layers in order, then the pooler, then
+    the head's.
 
     Matrices are [in, out] (the transpose of nn.Linear's [out, in]). A config without
     "embedding_size" has embeddings of hidden_size.
@@ -160,6 +186,13 @@ def iter_expected_tensors(config: dict):
     if config["has_pooler"]:
         pooler_shapes = {"pooler.weight": (H, H), "pooler.bias": (H,)}
         yield from ((name, pooler_shapes[name]) for name in POOLER_TENSORS)
+    head = config.get(HEAD)
+    if head is not None:
+        N = int(head["num_labels"])
+        head_shapes = {"classifier.dense_weight": (H, H), "classifier.dense_bias": (H,),
+                       "classifier.out_weight": (H, N), "classifier.out_bias": (N,)}
+        names = HEAD_TENSORS if head["input"] == "first_token" else HEAD_TENSORS[2:]
+        yield from ((name, head_shapes[name]) for name in names)
 
 
 def embedding_size(config: dict) -> int:
@@ -339,10 +372,11 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
             f"{cfg['model_type']!r} has (its embeddings are hidden_size {cfg['hidden_size']!r} wide: "
             "it has no embedding projection)"
         )
-    if family.heads == () and cfg["has_pooler"] is True:
+    if not family.weights.pooler and cfg["has_pooler"] is True:
         raise error(f"{where}: has_pooler is true, but model_type {cfg['model_type']!r} has no pooler")
     if not isinstance(cfg["has_pooler"], bool):
         raise error(f"{where}: has_pooler must be true or false, got {cfg['has_pooler']!r}")
+    check_head(cfg, where, error)
     if cfg["dtype"] not in DTYPES:
         raise error(f"{where}: dtype {cfg['dtype']!r} is not one of {', '.join(DTYPES)}")
     wf = cfg["weights_file"]
@@ -355,3 +389,46 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
     msl = cfg["max_seq_length"]
     if msl is not None and (not _is_int(msl) or msl <= 0):
         raise error(f"{where}: max_seq_length must be a positive integer or null, got {msl!r}")
+
+
+def check_head(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks the engine config's "head" (see HEAD): null, or an object whose values agree with each
+    other and with the rest of the config."""
+    head = cfg.get(HEAD)
+    if head is None:
+        return
+    if not isinstance(head, dict):
+        raise error(f"{where}: head must be null or an object, got {head!r}")
+    keys = set(head)
+    if keys != set(HEAD_KEYS):
+        missing, extra = sorted(set(HEAD_KEYS) - keys), sorted(keys - set(HEAD_KEYS))
+        what = "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
+                                       extra and f"unknown {', '.join(extra)}"]))
+        raise error(f"{where}: head: {what} (expected keys {', '.join(HEAD_KEYS)})")
+    kind = head["kind"]
+    if kind not in HEAD_KINDS:
+        raise error(f"{where}: head.kind must be one of {', '.join(map(repr, HEAD_KINDS))}, got {kind!r}")
+    n = head["num_labels"]
+    if not _is_int(n) or not 0 < n <= MAX_SIZE:
+        raise error(f"{where}: head.num_labels must be a positive integer, got {n!r}")
+    inputs = HEAD_INPUTS[kind]
+    if head["input"] not in inputs:
+        raise error(f"{where}: head.input for a {kind} head must be {' or '.join(map(repr, inputs))}, "
+                    f"got {head['input']!r}")
+    if head["input"] == "pooler" and cfg["has_pooler"] is not True:
+        raise error(f"{where}: head.input is 'pooler', but has_pooler is {cfg['has_pooler']!r}")
+    act = head["activation"]
+    if head["input"] == "first_token":
+        if act not in HEAD_ACTIVATIONS:
+            raise error(f"{where}: head.activation must be one of {', '.join(map(repr, HEAD_ACTIVATIONS))} "
+                        f"for input 'first_token', got {act!r}")
+    elif act is not None:
+        raise error(f"{where}: head.activation must be null for input {head['input']!r}, got {act!r}")
+    labels = head["labels"]
+    if (not isinstance(labels, list) or len(labels) != n
+            or not all(isinstance(x, str) for x in labels)):
+        raise error(f"{where}: head.labels must be a list of num_labels ({n}) strings, got {labels!r}")
+    score = head["score_activation"]
+    if score is not None and score not in SCORE_ACTIVATIONS:
+        raise error(f"{where}: head.score_activation must be null or one of "
+                    f"{', '.join(map(repr, SCORE_ACTIVATIONS))}, got {score!r}")

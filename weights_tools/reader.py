@@ -15,6 +15,7 @@ from .layout import (
     DTYPES,
     EMBEDDING_SIZE,
     FORMAT_NAME,
+    HEAD,
     FORMAT_VERSION,
     READABLE_VERSIONS,
     check_engine_config,
@@ -72,11 +73,19 @@ def _fill_embedding_size(config: dict) -> dict:
     return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
 
 
+def _fill_head(config: dict) -> dict:
+    """A config written before heads existed holds none: "head" comes back as null, in its place."""
+    if HEAD in config:
+        return config
+    merged = {**config, HEAD: None}
+    return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
+
+
 def read_config(directory) -> dict:
     """ftbert_config.json, checked (format, version, keys, value ranges); a version-1 config comes
     back with the keys version 2 added (position_ids "absolute", pad_token_id 0), and a config
     without "embedding_size" (version 1, or version 2 written before the key) with hidden_size
-    there."""
+    there, and one without "head" (written before heads) with a null head."""
     d = Path(directory)
     path = d / CONFIG_FILE
     if not path.is_file():
@@ -96,7 +105,7 @@ def read_config(directory) -> dict:
         )
     if version == 1:
         config = _upgrade_version_1(config, path)
-    config = _fill_embedding_size(config)
+    config = _fill_head(_fill_embedding_size(config))
     check_engine_config(config, str(path), FormatError)
     return config
 

@@ -39,6 +39,20 @@ ModelConfig config_from_dict(const py::dict& d) {
                      "config: position_ids '" << positions
                                               << "' is not 'absolute' or 'padding_offset'");
   if (positions == "padding_offset") c.position_pad_id = get<int>(d, "pad_token_id");
+  // Conversions from before heads have none.
+  if (d.contains("head") && !d["head"].is_none()) {
+    const auto h = d["head"].cast<py::dict>();
+    const auto kind = get<std::string>(h, "kind");
+    FTBERT_CHECK_INPUT(kind == "sequence_classification" || kind == "token_classification",
+                       "config: head.kind '" << kind << "' is not 'sequence_classification' or "
+                                                "'token_classification'");
+    c.head.kind = kind == "token_classification" ? HeadKind::kToken : HeadKind::kSequence;
+    c.head.num_labels = get<int>(h, "num_labels");
+    c.head.reads_pooler = get<std::string>(h, "input") == "pooler";
+    if (c.head.has_dense()) {
+      c.head.dense_activation = head_activation_from_name(get<std::string>(h, "activation"));
+    }
+  }
   return c;
 }
 
@@ -130,7 +144,7 @@ void register_encoder(py::module_& m) {
                                                                   : py::dtype("uint16");
              (void)item;
              py::array hidden(np_dtype, std::vector<py::ssize_t>{B, S, H});
-             py::object pooled = py::none();
+             py::object pooled = py::none(), logits = py::none();
              ForwardArgs a;
              a.input_ids = ids.data();
              a.attention_mask = mask.data();
@@ -143,19 +157,29 @@ void register_encoder(py::module_& m) {
                a.pooler_output = p.mutable_data();
                pooled = p;
              }
+             const HeadConfig& head = e.config().head;
+             if (head.kind != HeadKind::kNone) {
+               const py::ssize_t N = head.num_labels;
+               py::array l(np_dtype, head.kind == HeadKind::kToken
+                                         ? std::vector<py::ssize_t>{B, S, N}
+                                         : std::vector<py::ssize_t>{B, N});
+               a.logits = l.mutable_data();
+               logits = l;
+             }
              ForwardResult r;
              {
                py::gil_scoped_release release;
                r = e.forward(a);
              }
-             return py::make_tuple(hidden, pooled, r.nonfinite, r.earlier_nonfinite);
+             return py::make_tuple(hidden, pooled, logits, r.nonfinite, r.earlier_nonfinite);
            })
       // Device memory in and out (e.g. torch CUDA tensors), enqueued on `stream`; returns the
       // ForwardResult's two flags.
       .def(
           "forward_device",
           [](Encoder& e, uintptr_t ids, uintptr_t mask, uintptr_t types, int batch, int seq,
-             uintptr_t hidden, uintptr_t pooled, uintptr_t stream, bool wait_for_finite_check) {
+             uintptr_t hidden, uintptr_t pooled, uintptr_t logits, uintptr_t stream,
+             bool wait_for_finite_check) {
             ForwardArgs a;
             a.input_ids = reinterpret_cast<const int32_t*>(ids);
             a.attention_mask = reinterpret_cast<const int32_t*>(mask);
@@ -165,6 +189,7 @@ void register_encoder(py::module_& m) {
             a.inputs_on_device = true;
             a.last_hidden_state = reinterpret_cast<void*>(hidden);
             a.pooler_output = reinterpret_cast<void*>(pooled);
+            a.logits = reinterpret_cast<void*>(logits);
             a.outputs_on_device = true;
             a.stream = stream;
             a.wait_for_finite_check = wait_for_finite_check;
@@ -177,7 +202,7 @@ void register_encoder(py::module_& m) {
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
           py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
-          py::arg("stream"), py::arg("wait_for_finite_check") = false);
+          py::arg("logits"), py::arg("stream"), py::arg("wait_for_finite_check") = false);
 }
 
 }  // namespace ftbert::bindings

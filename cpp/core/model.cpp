@@ -19,7 +19,7 @@ Model::Model(const ModelConfig& config, const HostWeights& weights, Backend* bac
 
 void Model::forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* mask,
                     const int32_t* types, int B, int S, AttentionKind attention,
-                    bool pool) const {
+                    Outputs outputs) const {
   const ModelWeights& w = weights_;
   const int H = config_.hidden_size, E = config_.embedding_size;
   const bool project = config_.has_projection();
@@ -37,10 +37,36 @@ void Model::forward(Backend& be, const Activations& act, const int32_t* ids, con
   for (const LayerWeights& l : w.layers) {
     layer(be, act, l, mask, B, S, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
   }
-  if (pool) {
-    be.pooler(dtype_, act.hidden, w.pooler_weight.data(), w.pooler_bias.data(), act.pooled, B, S,
-              H);
+  const HeadConfig& hc = config_.head;
+  const bool logits = outputs.logits && hc.kind != HeadKind::kNone;
+  if (outputs.pooled || (logits && hc.reads_pooler)) {
+    be.first_token_dense(dtype_, act.hidden, w.pooler_weight.data(), w.pooler_bias.data(),
+                         act.pooled, B, S, H, H, Activation::kTanh);
   }
+  if (logits) head(be, act, B, S);
+}
+
+void Model::head(Backend& be, const Activations& act, int B, int S) const {
+  const ModelWeights& w = weights_;
+  const HeadConfig& hc = config_.head;
+  const int H = config_.hidden_size, N = hc.num_labels;
+  // x [rows, H]: every token, the pooler output, or token 0 through the head's own dense.
+  const void* x = act.hidden;
+  if (hc.kind == HeadKind::kSequence) {
+    if (hc.reads_pooler) {
+      x = act.pooled;
+    } else {
+      be.first_token_dense(dtype_, act.hidden, w.head_dense_weight.data(),
+                           w.head_dense_bias.data(), act.head_hidden, B, S, H, H,
+                           hc.dense_activation);
+      x = act.head_hidden;
+    }
+  }
+  const int rows = static_cast<int>(hc.rows(B, S));
+  // logits [rows, N] = x · Wout + bout
+  be.gemm(dtype_, false, false, rows, N, H, x, H, w.head_out_weight.data(), N, act.logits, N);
+  be.add_bias_activation(dtype_, act.logits, w.head_out_bias.data(), rows, N,
+                         Activation::kIdentity);
 }
 
 void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,

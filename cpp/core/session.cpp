@@ -38,8 +38,8 @@ bool Session::take_nonfinite() {
 size_t Session::workspace_bytes() const {
   return ids_.bytes() + mask_.bytes() + types_.bytes() + hidden_.bytes() + hidden2_.bytes() +
          embedded_.bytes() +
-         qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() +
-         attention_scratch_.bytes();
+         qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() + head_hidden_.bytes() +
+         logits_.bytes() + attention_scratch_.bytes();
 }
 
 void Session::drop_recordings() {
@@ -57,6 +57,8 @@ Activations Session::activations() const {
   a.ctx = ctx_.data();
   a.inter = inter_.data();
   a.pooled = pooled_.data();
+  a.head_hidden = head_hidden_.data();
+  a.logits = logits_.data();
   a.attention_scratch = attention_scratch_.data();
   a.nonfinite = nonfinite_device_;
   return a;
@@ -104,12 +106,15 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
   const ModelConfig& c = model_.config();
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
   const size_t es = dtype_size(model_.dtype());
-  const size_t H = c.hidden_size, I = c.intermediate_size;
+  const size_t H = c.hidden_size, I = c.intermediate_size, N = c.head.num_labels;
+  const bool token_head = c.head.kind == HeadKind::kToken;
   Backend* b = backend_;
   // Growing frees buffers that queued work and the recordings still use: wait, then drop them.
   if (batch > capacity_batch_) {  // the pooler's rows: more sequences of fewer tokens
     drop_recordings();
     pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
+    if (c.head.has_dense()) head_hidden_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
+    if (c.head.kind == HeadKind::kSequence) logits_ = DeviceBuffer(b, static_cast<size_t>(batch) * N * es);
     capacity_batch_ = batch;
   }
   if (tokens > capacity_tokens_) {
@@ -123,6 +128,7 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     qkv_ = DeviceBuffer(b, tokens * 3 * H * es);
     ctx_ = DeviceBuffer(b, tokens * H * es);
     inter_ = DeviceBuffer(b, tokens * I * es);
+    if (token_head) logits_ = DeviceBuffer(b, tokens * N * es);
     capacity_tokens_ = tokens;
   }
   if (attention_bytes > attention_scratch_.bytes()) {
@@ -147,7 +153,9 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
 
   ensure_workspace(B, S, attention_workspace_bytes(attention, model_.dtype(), B, S, c.num_heads,
                                                    c.head_dim()));
-  const bool pool = c.has_pooler && a.pooler_output != nullptr;
+  Model::Outputs outputs;
+  outputs.pooled = c.has_pooler && a.pooler_output != nullptr;
+  outputs.logits = c.head.kind != HeadKind::kNone && a.logits != nullptr;
   const Activations act = activations();
 
   // A recording reads the inputs from the session's buffers; op by op, device inputs are read
@@ -155,10 +163,10 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   int32_t *own_ids = ids_.as<int32_t>(), *own_mask = mask_.as<int32_t>(),
           *own_types = types_.as<int32_t>();
   const RecordedOps* recording =
-      graphs ? recording_for({B, S, attention, pool},
+      graphs ? recording_for({B, S, attention, outputs},
                              [&] {
                                model_.forward(*backend_, act, own_ids, own_mask, own_types, B, S,
-                                              attention, pool);
+                                              attention, outputs);
                              })
              : nullptr;
   const int32_t *ids = a.input_ids, *mask = a.attention_mask, *types = a.token_type_ids;
@@ -180,16 +188,19 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   if (recording != nullptr) {
     backend_->replay(*recording);
   } else {
-    model_.forward(*backend_, act, ids, mask, types, B, S, attention, pool);
+    model_.forward(*backend_, act, ids, mask, types, B, S, attention, outputs);
   }
 
   const size_t es = dtype_size(model_.dtype());
+  const size_t logits_bytes = outputs.logits ? c.head.rows(B, S) * c.head.num_labels * es : 0;
   if (a.outputs_on_device) {
     backend_->copy_on_device(a.last_hidden_state, hidden_.data(), M * H * es);
-    if (pool) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);
+    if (outputs.pooled) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);
+    if (outputs.logits) backend_->copy_on_device(a.logits, logits_.data(), logits_bytes);
   } else {
     backend_->copy_to_host(a.last_hidden_state, hidden_.data(), M * H * es);
-    if (pool) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
+    if (outputs.pooled) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
+    if (outputs.logits) backend_->copy_to_host(a.logits, logits_.data(), logits_bytes);
   }
   if (exact) {
     backend_->synchronize();

@@ -81,6 +81,15 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
     t.push_back({"pooler.weight", {H, H}, at(&ModelWeights::pooler_weight)});
     t.push_back({"pooler.bias", {H}, at(&ModelWeights::pooler_bias)});
   }
+  if (c.head.has_dense()) {
+    t.push_back({"classifier.dense_weight", {H, H}, at(&ModelWeights::head_dense_weight)});
+    t.push_back({"classifier.dense_bias", {H}, at(&ModelWeights::head_dense_bias)});
+  }
+  if (c.head.kind != HeadKind::kNone) {
+    const int64_t N = c.head.num_labels;
+    t.push_back({"classifier.out_weight", {H, N}, at(&ModelWeights::head_out_weight)});
+    t.push_back({"classifier.out_bias", {N}, at(&ModelWeights::head_out_bias)});
+  }
   return t;
 }
 

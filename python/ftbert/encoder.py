@@ -41,6 +41,9 @@ ATTENTIONS = ("auto", "unfused", "flash")
 class EncoderOutput:
     last_hidden_state: Any  # [B, S, H]
     pooler_output: Any  # [B, H], or None when the checkpoint has no pooler
+    # The task head's scores before any activation: [B, num_labels] (sequence classification) or
+    # [B, S, num_labels] (token classification); None without a head.
+    logits: Any = None
 
 
 def _torch():
@@ -151,6 +154,25 @@ class Encoder:
         return int(self.config["hidden_size"])
 
     @property
+    def head(self) -> str | None:
+        """The task head that runs after the encoder: "sequence_classification" (logits per
+        sequence, from token 0), "token_classification" (logits per token), or None."""
+        head = self.config.get("head")
+        return None if head is None else head["kind"]
+
+    @property
+    def num_labels(self) -> int | None:
+        """The width of `logits` (None without a head)."""
+        head = self.config.get("head")
+        return None if head is None else int(head["num_labels"])
+
+    @property
+    def labels(self) -> list[str] | None:
+        """The head's class names by id (the checkpoint's id2label), or None without a head."""
+        head = self.config.get("head")
+        return None if head is None else list(head["labels"])
+
+    @property
     def attention(self) -> str:
         """"auto" (flash where supported and measured faster, else unfused), "unfused" or "flash"."""
         return self._native.attention
@@ -246,9 +268,9 @@ class Encoder:
         types = np.zeros_like(ids) if token_type_ids is None else as_int_array("token_type_ids", token_type_ids)
         check_shapes(ids.shape, mask.shape, types.shape)
         check_seq_length(self.config, ids.shape[1])
-        hidden, pooled, nonfinite, earlier = self._native.forward_host(ids, mask, types)
+        hidden, pooled, logits, nonfinite, earlier = self._native.forward_host(ids, mask, types)
         self._report_nonfinite(nonfinite, earlier)
-        return EncoderOutput(_from_native_numpy(hidden), None if pooled is None else _from_native_numpy(pooled))
+        return EncoderOutput(*(None if a is None else _from_native_numpy(a) for a in (hidden, pooled, logits)))
 
     def _forward_torch(self, input_ids, attention_mask, token_type_ids) -> EncoderOutput:
         torch = _torch()
@@ -289,7 +311,7 @@ class Encoder:
         def back(a):
             return None if a is None else torch.from_numpy(a).to(device=in_device, dtype=tdtype)
 
-        return EncoderOutput(back(out.last_hidden_state), back(out.pooler_output))
+        return EncoderOutput(back(out.last_hidden_state), back(out.pooler_output), back(out.logits))
 
     def _forward_cuda_tensors(self, ids, mask, types) -> EncoderOutput:
         torch = _torch()
@@ -305,16 +327,20 @@ class Encoder:
             if self.config["has_pooler"]
             else None
         )
+        logits = None
+        if self.head is not None:
+            rows = (B, S) if self.head == "token_classification" else (B,)
+            logits = torch.empty((*rows, self.num_labels), dtype=tdtype, device=ids.device)
         stream = torch.cuda.current_stream(ids.device).cuda_stream
         nonfinite, earlier = self._native.forward_device(
             ids32.data_ptr(), mask32.data_ptr(), types32.data_ptr(), B, S,
-            hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(), stream,
-            self._nonfinite == "raise",
+            hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
+            0 if logits is None else logits.data_ptr(), stream, self._nonfinite == "raise",
         )
         self._report_nonfinite(nonfinite, earlier)
         # The int32 copies were made on this same stream, so torch's allocator cannot hand their
         # memory to other work before the engine has read them.
-        return EncoderOutput(hidden, pooled)
+        return EncoderOutput(hidden, pooled, logits)
 
     def _report_nonfinite(self, now: bool, earlier: bool) -> None:
         if self._nonfinite == "ignore" or not (now or earlier):
@@ -378,6 +404,27 @@ class Encoder:
         from .text import encode_texts
 
         return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size)
+
+    def predict(self, pairs, batch_size: int = 32, activation="auto"):
+        """Scores text pairs with the sequence-classification head, as sentence-transformers'
+        `CrossEncoder.predict` does: float32 numpy, [N] for one label, else [N, num_labels].
+
+        pairs: a list of (text, text) pairs (or one pair), tokenized as the checkpoint's tokenizer
+        pairs them. activation: "auto" (the checkpoint's choice, else sigmoid for one label and
+        none for more), "sigmoid", "softmax", "identity", None, or a callable on a torch tensor.
+        """
+        from .cross_encoder import predict
+
+        return predict(self, pairs, batch_size=batch_size, activation=activation)
+
+    def rank(self, query: str, documents: Sequence[str], top_k: int | None = None,
+             return_documents: bool = False, batch_size: int = 32, activation="auto") -> list[dict]:
+        """Orders `documents` by their score against `query` (a one-label cross-encoder):
+        [{"corpus_id": i, "score": s[, "text": documents[i]]}, ...], best first, `top_k` of them."""
+        from .cross_encoder import rank
+
+        return rank(self, query, documents, top_k=top_k, return_documents=return_documents,
+                    batch_size=batch_size, activation=activation)
 
 
 # ---- argument and input conversion helpers --------------------------------------------------

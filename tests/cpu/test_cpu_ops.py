@@ -158,12 +158,20 @@ def test_add_bias_activation_matches_reference(cpu, rng, act, rows, cols):
     assert_close(cpu.add_bias_activation("float32", x, bias, act), ref, 2e-6 * max(1.0, np.abs(ref).max()))
 
 
-def test_pooler_is_tanh_dense_on_first_token(cpu, rng):
+@pytest.mark.parametrize("act", ["tanh", "gelu", "relu", "identity"])
+@pytest.mark.parametrize("out", [48, 1, 5])  # the pooler's H, and a classifier's label counts
+def test_first_token_dense_is_act_of_dense_on_token_0(cpu, rng, act, out):
     hidden = rng.standard_normal((3, 7, 48)).astype(np.float32)
-    w = rng.standard_normal((48, 48)).astype(np.float32) * 0.2
-    b = rng.standard_normal(48).astype(np.float32)
-    ref = np.tanh(hidden[:, 0].astype(np.float64) @ w + b)
-    assert_close(cpu.pooler("float32", hidden, w, b), ref, 1e-5)
+    w = rng.standard_normal((48, out)).astype(np.float32) * 0.2
+    b = rng.standard_normal(out).astype(np.float32)
+    ref = ACTS[act](hidden[:, 0].astype(np.float64) @ w + b)
+    assert_close(cpu.first_token_dense("float32", hidden, w, b, act), ref, 1e-5)
+
+
+def test_first_token_dense_refuses_mismatched_weights(cpu, rng):
+    hidden = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"weight must be \[H, N\] and bias \[N\]"):
+        cpu.first_token_dense("float32", hidden, np.zeros((9, 4), np.float32), np.zeros(4, np.float32), "tanh")
 
 
 def test_cpu_rejects_half_precision_with_clear_error(cpu, rng):

@@ -310,17 +310,21 @@ def test_add_bias_activation_matches_cpu(gpu, cpu, rng, dtype, act, rows, cols):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("batch,seq,hidden", [(1, 1, 32), (3, 7, 48), (2, 9, 336), (4, 5, 768)])
-def test_pooler_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden):
+@pytest.mark.parametrize("batch,seq,hidden,out,act", [
+    (1, 1, 32, 32, "tanh"), (3, 7, 48, 48, "tanh"), (2, 9, 336, 336, "tanh"), (4, 5, 768, 768, "tanh"),
+    # classification heads: their own dense (GELU, ReLU) and odd label counts
+    (3, 7, 48, 48, "gelu"), (5, 4, 64, 64, "relu"), (3, 7, 48, 1, "identity"), (6, 3, 96, 5, "identity"),
+])
+def test_first_token_dense_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden, out, act):
     hidden_states = randn(rng, (batch, seq, hidden), dtype)
-    weight = randn(rng, (hidden, hidden), dtype, 1.0 / math.sqrt(hidden))
-    bias = randn(rng, hidden, dtype, 0.5)
-    want = cpu.pooler("float32", hidden_states, weight, bias)
-    got = gpu.pooler(dtype, hidden_states, weight, bias)
+    weight = randn(rng, (hidden, out), dtype, 1.0 / math.sqrt(hidden))
+    bias = randn(rng, out, dtype, 0.5)
+    want = cpu.first_token_dense("float32", hidden_states, weight, bias, act)
+    got = gpu.first_token_dense(dtype, hidden_states, weight, bias, act)
     first = hidden_states[:, 0].astype(np.float64)
     dense = first @ weight
-    # The CUDA pooler rounds the GEMM output to the dtype before bias + tanh (slope <= 1), so
-    # that rounding counts at the GEMM output's magnitude too.
+    # The CUDA op rounds the GEMM output to the dtype before bias + activation (slope <= ~1.13),
+    # so that rounding counts at the GEMM output's magnitude too.
     check(got, want, dtype, magnitude=np.abs(want) + np.abs(dense),
           atol=FP32_NOISE * (np.abs(first) @ np.abs(weight) + np.abs(bias)))
 

@@ -94,7 +94,24 @@ def hf_name(engine_name: str, part: int = 0, kind: str = "model", family: str = 
 
 def reference_tensors(model) -> dict[str, torch.Tensor]:
     """The engine tensors, built from the HF modules' attributes, not from the family table's names:
-    an independent oracle, so a wrong entry in the table fails the round-trip tests."""
+    an independent oracle, so a wrong entry in the table fails the round-trip tests. A
+    sequence-classification model's head is included."""
+    ref = _encoder_reference(model)
+    classifier = getattr(model, "classifier", None)
+    name = type(model).__name__
+    if name.endswith(("ForSequenceClassification", "ForTokenClassification")):
+        pre = getattr(model, "pre_classifier", None)  # DistilBERT
+        dense, out = (pre, classifier) if pre is not None else (
+            (classifier.dense, classifier.out_proj) if hasattr(classifier, "out_proj") else (None, classifier))
+        if dense is not None:
+            ref["classifier.dense_weight"] = dense.weight.detach().T.contiguous()
+            ref["classifier.dense_bias"] = dense.bias.detach()
+        ref["classifier.out_weight"] = out.weight.detach().T.contiguous()
+        ref["classifier.out_bias"] = out.bias.detach()
+    return ref
+
+
+def _encoder_reference(model) -> dict[str, torch.Tensor]:
     m = backbone(model)
     e = m.embeddings
     if hasattr(m, "transformer"):  # DistilBERT
@@ -198,6 +215,7 @@ def save_checkpoint(model, path: Path, layout: str = "safetensors") -> Path:
         model.save_pretrained(path, max_shard_size="20KB")
         assert (path / "model.safetensors.index.json").is_file()
     elif layout in ("bin", "bin_sharded"):
+        model.config.architectures = [type(model).__name__]  # as save_pretrained records it
         model.config.save_pretrained(path)
         sd = model.state_dict()
         if layout == "bin":

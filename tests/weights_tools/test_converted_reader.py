@@ -143,7 +143,8 @@ def test_missing_and_unexpected_tensors_are_named(wt, converted):
         wt.read_converted(converted)
     _rewrite_weights(converted, lambda sd: sd.__setitem__("layers.0.qkv_bias", torch.zeros(144)))
     wt.read_converted(converted)
-    # A pooler the config does not declare is as wrong as a missing one.
-    _rewrite_config(converted, has_pooler=False)
-    with pytest.raises(wt.FormatError, match="unexpected tensor.*pooler.bias, pooler.weight"):
+    # A pooler (or head) the config does not declare is as wrong as a missing one.
+    _rewrite_config(converted, has_pooler=False, head=None)
+    with pytest.raises(wt.FormatError, match="unexpected tensor.*classifier.out_bias, classifier.out_weight, "
+                                             "pooler.bias, pooler.weight"):
         wt.read_converted(converted)

@@ -72,7 +72,10 @@ def test_roberta_family_differs_from_bert_only_where_transformers_does(wt):
         # The encoder's tensors are BertModel's names: only the task-model prefix differs.
         assert f.weights.embeddings == bert.weights.embeddings
         assert f.weights.layer == bert.weights.layer and f.weights.layer_prefix == bert.weights.layer_prefix
-        assert f.weights.pooler == bert.weights.pooler and f.heads == ("pooler",)
+        assert f.weights.pooler == bert.weights.pooler
+        # RobertaClassificationHead: a dense and tanh of its own on token 0, then out_proj.
+        assert f.sequence_head.dense == ("classifier.dense.weight", "classifier.dense.bias")
+        assert f.sequence_head.activation == "tanh" and f.token_head == bert.token_head
         assert f.token_types and f.projection is None
 
 
@@ -103,13 +106,14 @@ def test_roberta_from_sharded_checkpoints(wt, hf, make_checkpoint, layout):
     assert all(torch.equal(t, ref[n]) for n, t in tensors.items())
 
 
-def test_task_heads_are_ignored_and_named(wt, make_checkpoint, capsys):
-    src, _ = make_checkpoint("cls", family="xlm-roberta")
+def test_unsupported_heads_are_left_out_and_named(wt, make_checkpoint, capsys):
+    src, _ = make_checkpoint("mlm", family="xlm-roberta")
     capsys.readouterr()
-    wt.load_hf_checkpoint(src, progress=True)
+    with pytest.warns(UserWarning, match=r"XLMRobertaForMaskedLM is not supported and is left out \(5 tensor"):
+        wt.load_hf_checkpoint(src, progress=True)
     out = capsys.readouterr().out
     assert "xlm-roberta, 2 layers" in out
-    assert "ignored 4 tensor(s) outside the encoder: classifier.dense.bias" in out
+    assert "left out 5 tensor(s) outside the encoder: lm_head.bias" in out
 
 
 def test_missing_tensor_is_named_with_the_roberta_prefix(wt, make_checkpoint):
@@ -209,7 +213,9 @@ def test_a_decoder_config_is_refused_naming_the_key(wt, make_checkpoint, family)
 def test_distilbert_table_has_no_token_types_and_no_pooler(wt):
     f = wt.family_for("distilbert")
     assert f.position_ids == "absolute" and not f.token_types and f.projection is None
-    assert f.heads == () and dict(f.weights.pooler) == {}
+    assert dict(f.weights.pooler) == {}
+    assert f.sequence_head.dense == ("pre_classifier.weight", "pre_classifier.bias")
+    assert f.sequence_head.activation == "relu"
     assert "embeddings.token_type" not in f.weights.embeddings
     assert (f.config["type_vocab_size"].hf, f.config["type_vocab_size"].default) == (None, 1)
     assert (f.config["layer_norm_eps"].hf, f.config["layer_norm_eps"].default) == (None, 1e-12)
@@ -258,14 +264,15 @@ def test_distilbert_state_dict_inverts_the_relayout(wt, make_checkpoint):
     assert all(torch.equal(sd[k], want[k].float()) for k in want)
 
 
-def test_distilbert_heads_are_ignored_and_named(wt, make_checkpoint, capsys):
+def test_distilbert_classifier_is_converted_and_named(wt, make_checkpoint, capsys):
     src, _ = make_checkpoint("cls", family="distilbert")
     capsys.readouterr()
-    wt.load_hf_checkpoint(src, progress=True)
+    config, tensors = wt.load_hf_checkpoint(src, progress=True)
     out = capsys.readouterr().out
     assert "distilbert, 2 layers, hidden 48, 3 heads, intermediate 80" in out and "pooler no" in out
-    assert "ignored 4 tensor(s) outside the encoder: classifier.bias" in out
-    assert "unrecognised" not in out
+    assert "sequence classification head of 2 label(s)" in out
+    assert "left out" not in out and "unrecognised" not in out
+    assert (config["head"]["input"], config["head"]["activation"]) == ("first_token", "relu")
 
 
 def test_distilbert_config_keys_and_their_aliases(wt, make_checkpoint):
@@ -324,7 +331,9 @@ def test_distilbert_layer_beyond_n_layers_names_the_key(wt, make_checkpoint):
 
 def test_electra_table_is_berts_under_its_prefix_with_a_projection(wt):
     f, bert = wt.family_for("electra"), wt.family_for("bert")
-    assert f.position_ids == "absolute" and f.token_types and f.heads == () and dict(f.weights.pooler) == {}
+    assert f.position_ids == "absolute" and f.token_types and dict(f.weights.pooler) == {}
+    # ElectraClassificationHead has GELU (erf) where RoBERTa's has tanh.
+    assert f.sequence_head.activation == "gelu" and f.sequence_head.out[0] == "classifier.out_proj.weight"
     assert f.weights.prefixes == ("electra.",)
     assert f.weights.embeddings == bert.weights.embeddings
     assert f.weights.layer == bert.weights.layer and f.weights.layer_prefix == bert.weights.layer_prefix
@@ -398,14 +407,15 @@ def test_electra_state_dict_inverts_the_relayout(wt, make_checkpoint, embedding_
     assert all(torch.equal(sd[k], want[k].float()) for k in want)
 
 
-def test_electra_heads_are_ignored_and_named(wt, make_checkpoint, capsys):
+def test_electra_pretraining_head_is_left_out_and_named(wt, make_checkpoint, capsys):
     src, _ = make_checkpoint("pretrain", family="electra")
     capsys.readouterr()
-    wt.load_hf_checkpoint(src, progress=True)
+    with pytest.warns(UserWarning, match="ElectraForPreTraining is not supported and is left out"):
+        wt.load_hf_checkpoint(src, progress=True)
     out = capsys.readouterr().out
     assert "electra, 2 layers, hidden 48, 3 heads, intermediate 80" in out and "pooler no" in out
     assert "embeddings 32 projected to 48" in out
-    assert "ignored 4 tensor(s) outside the encoder: discriminator_predictions." in out
+    assert "left out 4 tensor(s) outside the encoder: discriminator_predictions." in out
     assert "unrecognised" not in out
 
 

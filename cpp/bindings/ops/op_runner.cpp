@@ -213,16 +213,21 @@ void register_op_runner(py::module_& m) {
              r.backend().add_bias_activation(dt, dx.data(), db.data(), M, N, activation_from_name(act));
              return r.download(dx, dt, {M, N});
            })
-      .def("pooler",
+      .def("first_token_dense",
            [](OpRunner& r, const std::string& dtype, const F32Array& hidden, const F32Array& weight,
-              const F32Array& bias) {
+              const F32Array& bias, const std::string& act) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(hidden, 3, "hidden");
+             require_ndim(weight, 2, "weight");
              const int B = hidden.shape(0), S = hidden.shape(1), H = hidden.shape(2);
+             const int N = weight.shape(1);
+             FTBERT_CHECK_INPUT(weight.shape(0) == H && bias.size() == N,
+                                "first_token_dense: weight must be [H, N] and bias [N]");
              auto dh = r.upload(hidden, dt), dw = r.upload(weight, dt), db = r.upload(bias, dt);
-             auto out = r.empty(static_cast<size_t>(B) * H, dt);
-             r.backend().pooler(dt, dh.data(), dw.data(), db.data(), out.data(), B, S, H);
-             return r.download(out, dt, {B, H});
+             auto out = r.empty(static_cast<size_t>(B) * N, dt);
+             r.backend().first_token_dense(dt, dh.data(), dw.data(), db.data(), out.data(), B, S,
+                                           H, N, activation_from_name(act));
+             return r.download(out, dt, {B, N});
            })
       .def("flash_attention",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,

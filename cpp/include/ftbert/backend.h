@@ -171,17 +171,18 @@ class Backend {
                                int batch, int seq, int heads, int head_dim, float scale);
 
   // ---- composed ops --------------------------------------------------------------------------
-  // Pooler: out = tanh(hidden[:, 0] · W + b). The GEMM reads the first-token rows in place
-  // (row stride S·H), so no gather is needed.
-  void pooler(DType dt,
-              const void* hidden,  // [B, S, H]
-              const void* weight,  // [H, H] (in, out)
-              const void* bias,    // [H]
-              void* out,           // [B, H]
-              int batch, int seq, int hidden_size) {
-    gemm(dt, false, false, batch, hidden_size, hidden_size, hidden, seq * hidden_size, weight,
-         hidden_size, out, hidden_size);
-    add_bias_activation(dt, out, bias, batch, hidden_size, Activation::kTanh);
+  // out = act(hidden[:, 0] · W + b): a dense layer on each sequence's first token (the pooler:
+  // tanh; a classification head's dense). The GEMM reads the first-token rows in place (row
+  // stride S·H), so no gather is needed.
+  void first_token_dense(DType dt,
+                         const void* hidden,  // [B, S, H]
+                         const void* weight,  // [H, N] (in, out)
+                         const void* bias,    // [N]
+                         void* out,           // [B, N]
+                         int batch, int seq, int hidden_size, int out_size, Activation act) {
+    gemm(dt, false, false, batch, out_size, hidden_size, hidden, seq * hidden_size, weight,
+         out_size, out, out_size);
+    add_bias_activation(dt, out, bias, batch, out_size, act);
   }
 };
 

@@ -12,6 +12,14 @@ namespace ftbert {
 enum class Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2, kTanh = 3, kIdentity = 4 };
 
 // Maps a HuggingFace `hidden_act` string to the activation; anything else is rejected by name.
+// A classification head's dense activation ("tanh", "gelu" (erf), "relu").
+inline Activation head_activation_from_name(const std::string& name) {
+  if (name == "tanh") return Activation::kTanh;
+  if (name == "gelu") return Activation::kGeluErf;
+  if (name == "relu") return Activation::kRelu;
+  FTBERT_FAIL("unsupported head activation '" << name << "' (supported: tanh, gelu, relu)");
+}
+
 inline Activation activation_from_hf(const std::string& name) {
   if (name == "gelu") return Activation::kGeluErf;
   if (name == "gelu_new" || name == "gelu_pytorch_tanh") return Activation::kGeluTanh;
@@ -19,6 +27,26 @@ inline Activation activation_from_hf(const std::string& name) {
   FTBERT_FAIL("unsupported hidden_act '" << name
                                          << "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)");
 }
+
+// A task head above the encoder.
+enum class HeadKind : int {
+  kNone = 0,
+  kSequence = 1,  // logits [B, N] from token 0: the pooler's output, or a dense of its own + act
+  kToken = 2,     // logits [B, S, N] from every token
+};
+
+struct HeadConfig {
+  HeadKind kind = HeadKind::kNone;
+  int num_labels = 0;         // N
+  bool reads_pooler = false;  // sequence head on the pooler output (BERT); else its own dense
+  Activation dense_activation = Activation::kTanh;  // of that own dense
+
+  // The logits' rows for a batch: one per sequence or one per token.
+  int64_t rows(int batch, int seq) const {
+    return kind == HeadKind::kToken ? static_cast<int64_t>(batch) * seq : batch;
+  }
+  bool has_dense() const { return kind == HeadKind::kSequence && !reads_pooler; }
+};
 
 struct ModelConfig {
   int vocab_size = 0;
@@ -35,6 +63,7 @@ struct ModelConfig {
   // Position ids: -1 counts 0..S-1 (BERT); a pad id >= 0 counts the RoBERTa family's way, from
   // pad + 1 over the non-pad tokens (Backend::embed_layernorm).
   int position_pad_id = -1;
+  HeadConfig head;
 
   int head_dim() const { return hidden_size / num_heads; }
   bool has_projection() const { return embedding_size != hidden_size; }
@@ -60,6 +89,12 @@ struct ModelConfig {
     FTBERT_CHECK(layer_norm_eps > 0, "config: layer_norm_eps must be positive");
     FTBERT_CHECK(max_seq() > 0, "config: max_position_embeddings " << max_position_embeddings
                                     << " leaves no position after the pad id " << position_pad_id);
+    if (head.kind != HeadKind::kNone) {
+      FTBERT_CHECK(head.num_labels > 0,
+                   "config: head.num_labels must be positive, got " << head.num_labels);
+      FTBERT_CHECK(!head.reads_pooler || (head.kind == HeadKind::kSequence && has_pooler),
+                   "config: only a sequence head of a model with a pooler reads the pooler");
+    }
   }
 };
 

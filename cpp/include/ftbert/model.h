@@ -1,12 +1,14 @@
 // The BERT encoder's math, written once over the Backend ops:
 //   embeddings+LN -> L x [QKV GEMM -> attention -> out GEMM -> bias+residual+LN
-//                         -> FFN GEMM -> bias+act -> FFN GEMM -> bias+residual+LN] -> pooler
+//                         -> FFN GEMM -> bias+act -> FFN GEMM -> bias+residual+LN]
+//   -> pooler -> task head (sequence: token 0's dense + act, or the pooler; token: every token)
 // A Model holds the weights and nothing that changes per call; it is read-only after
 // construction, so any number of sessions (cpp/core/session.h) run it at once on their own
 // buffers. Buffers, recordings, locks and streams are the session's business.
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 
 #include "ftbert/backend.h"
 #include "ftbert/config.h"
@@ -24,6 +26,8 @@ struct Activations {
   void* ctx = nullptr;                // [B, S, H]
   void* inter = nullptr;              // [B, S, I]
   void* pooled = nullptr;             // [B, H]
+  void* head_hidden = nullptr;        // [B, H]  a sequence head's own dense (else null)
+  void* logits = nullptr;             // [B, N] or [B, S, N] (else null)
   void* attention_scratch = nullptr;  // attention_workspace_bytes(...)
   int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
 };
@@ -37,19 +41,30 @@ class Model {
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
 
-  // Enqueues embeddings, layers and (when `pool`) the pooler on `be`, from device ids, mask and
-  // token types into act.hidden (and act.pooled).
+  // What a forward computes besides act.hidden.
+  struct Outputs {
+    bool pooled = false;  // act.pooled
+    bool logits = false;  // act.logits (a model with a head)
+    bool operator<(const Outputs& o) const {
+      return std::tie(pooled, logits) < std::tie(o.pooled, o.logits);
+    }
+  };
+
+  // Enqueues embeddings, layers, and the pooler and head as `outputs` asks, on `be`, from device
+  // ids, mask and token types into act.hidden (and act.pooled, act.logits).
   void forward(Backend& be, const Activations& act,
                const int32_t* ids,    // [B, S]
                const int32_t* mask,   // [B, S] 1/0
                const int32_t* types,  // [B, S]
-               int batch, int seq, AttentionKind attention, bool pool) const;
+               int batch, int seq, AttentionKind attention, Outputs outputs) const;
 
  private:
   // One post-LN layer; reads and leaves the layer's input/output in act.hidden.
   // `nonfinite`: given to the layer's last LayerNorm (the last layer's is the model's output).
   void layer(Backend& be, const Activations& act, const LayerWeights& w, const int32_t* mask,
              int batch, int seq, AttentionKind attention, int32_t* nonfinite) const;
+  // The task head: act.hidden (and act.pooled for a head on the pooler) -> act.logits.
+  void head(Backend& be, const Activations& act, int batch, int seq) const;
 
   ModelConfig config_;
   DType dtype_;

@@ -29,6 +29,7 @@ struct ForwardArgs {
   bool inputs_on_device = false;
   void* last_hidden_state = nullptr;        // [B, S, H] in the compute dtype
   void* pooler_output = nullptr;            // [B, H] in the compute dtype, or null
+  void* logits = nullptr;                   // [B, N] / [B, S, N] (the head's), or null
   bool outputs_on_device = false;
   // The caller's stream (Backend::set_stream): the inputs are read and the outputs written in
   // its order. Unset: the session's own stream, and the call returns once outputs are written.
@@ -74,9 +75,10 @@ class Session {
   struct ShapeKey {
     int batch, seq;
     AttentionKind attention;
-    bool pool;
+    Model::Outputs outputs;
     bool operator<(const ShapeKey& o) const {
-      return std::tie(batch, seq, attention, pool) < std::tie(o.batch, o.seq, o.attention, o.pool);
+      return std::tie(batch, seq, attention, outputs) <
+             std::tie(o.batch, o.seq, o.attention, o.outputs);
     }
   };
   struct Recording {
@@ -116,6 +118,8 @@ class Session {
   DeviceBuffer ctx_;                  // [B, S, H]
   DeviceBuffer inter_;                // [B, S, I]
   DeviceBuffer pooled_;               // [B, H]
+  DeviceBuffer head_hidden_;          // [B, H], only for a sequence head with its own dense
+  DeviceBuffer logits_;               // [B, N] or [B, S, N], only with a head
   DeviceBuffer attention_scratch_;    // run_attention's workspace (unfused: q, k, v, scores)
 };
 

@@ -77,6 +77,10 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   DeviceBuffer pooler_weight;          // [H, H] (empty without a pooler)
   DeviceBuffer pooler_bias;            // [H]
+  DeviceBuffer head_dense_weight;      // [H, H] (a sequence head's own dense; else empty)
+  DeviceBuffer head_dense_bias;        // [H]
+  DeviceBuffer head_out_weight;        // [H, N] (empty without a head)
+  DeviceBuffer head_out_bias;          // [N]
 };
 
 // Checks every expected tensor (present, shape, finite dtype) and uploads it in `compute` dtype.

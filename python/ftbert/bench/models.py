@@ -151,7 +151,10 @@ def make_hf(model: Model, attn_implementation: str):
     hf = AutoModel.from_config(hf_config, attn_implementation=attn_implementation)
     if getattr(hf, "pooler", None) is not None and not c["has_pooler"]:
         hf.pooler = None  # the checkpoint had none: its forward then returns no pooler output
-    missing, unexpected = hf.load_state_dict(hf_state_dict(family, c, model.tensors), strict=False)
+    # The bare encoder: a checkpoint's task head (the engine's classifier.*) is not part of it.
+    encoder_only = {**c, "head": None}
+    tensors = {k: v for k, v in model.tensors.items() if not k.startswith("classifier.")}
+    missing, unexpected = hf.load_state_dict(hf_state_dict(family, encoder_only, tensors), strict=False)
     # Buffers (position_ids, token_type_ids) are made by the model itself.
     if unexpected or any(k not in family.weights.buffers for k in missing):
         raise RuntimeError(

@@ -1,7 +1,8 @@
 """Small workloads for compute-sanitizer (run by gpu_check.sh).
 
-  sanitize.py forward  - a small model's forward in float32, float16 and bfloat16, both attentions,
-                         op by op and replayed as a CUDA graph
+  sanitize.py forward  - a small model's forward with a sequence or a token classification head, in
+                         float32, float16 and bfloat16, both attentions, op by op and replayed as a
+                         CUDA graph
   sanitize.py ops      - the softmax (both variants), LayerNorm and both flash attention kernels
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
@@ -22,26 +23,34 @@ from ftbert import _ops
 
 
 def forward() -> None:
+    # A classifier on the pooler (sequence head) and one per token: the heads' GEMMs with odd label
+    # counts and first_token_dense run under the sanitizer too.
+    from transformers import BertForSequenceClassification, BertForTokenClassification
+
     with tempfile.TemporaryDirectory() as d:
         torch.manual_seed(0)
-        cfg = BertConfig(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=301, max_position_embeddings=256)
-        BertModel(cfg).save_pretrained(d)
+        sizes = dict(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=301, max_position_embeddings=256)
+        dirs = {"sequence": os.path.join(d, "sequence"), "token": os.path.join(d, "token")}
+        BertForSequenceClassification(BertConfig(**sizes, num_labels=3)).save_pretrained(dirs["sequence"])
+        BertForTokenClassification(BertConfig(**sizes, num_labels=5)).save_pretrained(dirs["token"])
         rng = np.random.default_rng(0)
         ids = rng.integers(0, 97, (3, 77))
         mask = np.ones((3, 77), np.int64)
         mask[1, 40:] = 0
         mask[2, :9] = 0
-        for dtype in ("float32", "float16", "bfloat16"):
-            for attention in ("unfused", "auto"):
-                enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype=dtype, attention=attention)
-                out = enc(ids, mask)
-                assert np.isfinite(out.last_hidden_state).all()
-                for _ in range(2):  # recorded as a CUDA graph, then replayed
-                    again = enc(ids, mask)
-                    np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
-                assert enc.recorded_shapes == 1
-                print(dtype, attention, enc.attention_for(3, 77), "ok")
+        for head, path in dirs.items():
+            for dtype in ("float32", "float16", "bfloat16"):
+                for attention in ("unfused", "auto"):
+                    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, attention=attention)
+                    out = enc(ids, mask)
+                    assert np.isfinite(out.last_hidden_state).all() and np.isfinite(out.logits).all()
+                    for _ in range(2):  # recorded as a CUDA graph, then replayed
+                        again = enc(ids, mask)
+                        np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
+                        np.testing.assert_array_equal(again.logits, out.logits)
+                    assert enc.recorded_shapes == 1
+                    print(head, dtype, attention, enc.attention_for(3, 77), "ok")
 
 
 def threads(cases_n: int = 24) -> None:

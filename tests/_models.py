@@ -1,10 +1,51 @@
 """Small random-initialised HuggingFace checkpoints (BERT, the RoBERTa family, DistilBERT, ELECTRA)
-for tests."""
+for tests: bare encoders and task models (kind "cls": ForSequenceClassification, "token":
+ForTokenClassification, and heads the engine does not run: "mlm", "qa", "choice", "pretrain")."""
 
 from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertModel
+
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
+# kind -> the transformers class name after the family's stem (BertForTokenClassification, ...).
+KIND_SUFFIXES = {
+    "model": "Model",
+    "cls": "ForSequenceClassification",
+    "token": "ForTokenClassification",
+    "mlm": "ForMaskedLM",
+    "qa": "ForQuestionAnswering",
+    "choice": "ForMultipleChoice",
+    "pretrain": "ForPreTraining",
+}
+# The kinds whose head the engine runs.
+HEAD_KINDS = ("cls", "token")
+FAMILY_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
+                "distilbert": "DistilBert", "electra": "Electra"}
+
+# Out of alphabetical order and suffixed with the id, so a label list read in the wrong order (or
+# with "10" sorted before "2") shows.
+_LABEL_WORDS = ("zulu", "alpha", "mike", "bravo", "yankee", "charlie", "xray", "delta", "whiskey", "echo")
+
+
+def label_names(num_labels: int) -> list[str]:
+    """The id2label names the task checkpoints get, by id."""
+    return [f"{_LABEL_WORDS[i % len(_LABEL_WORDS)]}-{i}" for i in range(num_labels)]
+
+
+def _labels_config(kind: str, num_labels: int) -> dict:
+    """Config keyword arguments for a classification head of num_labels distinctive labels."""
+    if kind not in HEAD_KINDS:
+        return {}
+    names = label_names(num_labels)
+    return {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
+
+
+def model_class(family: str, kind: str = "model"):
+    """The transformers class of a family's model of `kind` (see KIND_SUFFIXES)."""
+    import transformers
+
+    return getattr(transformers, FAMILY_STEMS[family] + KIND_SUFFIXES[kind])
 
 
 def _perturb_layer_norms(model) -> None:
@@ -23,6 +64,12 @@ def _fill_biases(model) -> None:
                 p.copy_(torch.randn_like(p) * 0.05)
 
 
+def _wants_biases(kind: str, fill_biases) -> bool:
+    # A head's biases must be non-zero for a misplaced one to show; bare models keep HF's zeros
+    # unless asked (the checkpoints older tests were written against).
+    return kind in HEAD_KINDS if fill_biases is None else bool(fill_biases)
+
+
 def make_bert(
     path: Path,
     hidden=64,
@@ -34,9 +81,17 @@ def make_bert(
     max_pos=512,
     type_vocab=2,
     seed=0,
+    kind="model",
+    num_labels=2,
+    fill_biases=None,
     **save_kwargs,
-) -> BertModel:
-    """Saves a random BertModel to `path` (safetensors by default) and returns it in eval mode."""
+):
+    """Saves a random BERT model to `path` (safetensors by default) and returns it in eval mode.
+
+    kind: "model" (BertModel, with its pooler), or a task model (KIND_SUFFIXES): "cls" and "token"
+    get num_labels labels named by label_names. fill_biases (default: for "cls" and "token") fills
+    the biases HF's init leaves at zero; the bare model keeps them zero, as it always has.
+    """
     torch.manual_seed(seed)
     cfg = BertConfig(
         vocab_size=vocab,
@@ -48,8 +103,11 @@ def make_bert(
         type_vocab_size=type_vocab,
         hidden_act=act,
         attn_implementation="eager",
+        **_labels_config(kind, num_labels),
     )
-    model = BertModel(cfg).eval()
+    model = (BertModel(cfg) if kind == "model" else model_class("bert", kind)(cfg)).eval()
+    if _wants_biases(kind, fill_biases):
+        _fill_biases(model)
     _perturb_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model
@@ -62,12 +120,12 @@ ROBERTA_FAMILY = {
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", "XLMRoberta"),
     "camembert": ("CamembertConfig", "CamembertModel", "Camembert"),
 }
-TASK_SUFFIXES = {"mlm": "ForMaskedLM", "cls": "ForSequenceClassification", "choice": "ForMultipleChoice"}
+TASK_SUFFIXES = {k: v for k, v in KIND_SUFFIXES.items() if k not in ("model", "pretrain")}
 
 
 def roberta_classes(family: str, kind: str = "model"):
     """(config class, model class) of a RoBERTa-family model; kind "model" (the bare encoder),
-    "mlm", "cls" or "choice" (the task models)."""
+    "mlm", "cls", "token", "qa" or "choice" (the task models)."""
     import transformers
 
     config_name, model_name, stem = ROBERTA_FAMILY[family]
@@ -91,14 +149,18 @@ def make_roberta(
     eps=1e-5,
     pooler=True,
     seed=0,
+    num_labels=2,
+    fill_biases=None,
     **save_kwargs,
 ):
     """Saves a random RoBERTa-family model to `path` and returns it in eval mode.
 
     family: "roberta", "xlm-roberta" or "camembert". kind: "model" (RobertaModel & co., with a
-    pooler unless pooler=False), "mlm", "cls" or "choice" (task models; only ForMultipleChoice keeps
-    a pooler). The defaults are those of the released checkpoints (max_position_embeddings 514,
-    pad_token_id 1, one token type, eps 1e-5), at a tiny size with an odd intermediate size.
+    pooler unless pooler=False), "mlm", "cls", "token", "qa" or "choice" (task models; only
+    ForMultipleChoice keeps a pooler); "cls" and "token" get num_labels labels named by label_names.
+    The defaults are those of the released checkpoints (max_position_embeddings 514, pad_token_id 1,
+    one token type, eps 1e-5), at a tiny size with an odd intermediate size. fill_biases (default:
+    for "cls" and "token") fills the biases HF's init leaves at zero.
     """
     torch.manual_seed(seed)
     config_cls, model_cls = roberta_classes(family, kind)
@@ -116,15 +178,17 @@ def make_roberta(
         bos_token_id=0 if pad != 0 else 2,
         eos_token_id=2 if pad != 2 else 0,
         attn_implementation="eager",
+        **_labels_config(kind, num_labels),
     )
     model = (model_cls(cfg, add_pooling_layer=pooler) if kind == "model" else model_cls(cfg)).eval()
+    if _wants_biases(kind, fill_biases):
+        _fill_biases(model)
     _perturb_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model
 
 
-DISTILBERT_KINDS = {"model": "DistilBertModel", "mlm": "DistilBertForMaskedLM",
-                    "cls": "DistilBertForSequenceClassification"}
+DISTILBERT_KINDS = {k: "DistilBert" + v for k, v in KIND_SUFFIXES.items() if k != "pretrain"}
 
 
 def make_distilbert(
@@ -140,11 +204,13 @@ def make_distilbert(
     pad=0,
     sinusoidal=False,
     seed=0,
+    num_labels=2,
     **save_kwargs,
 ):
     """Saves a random DistilBERT model to `path` and returns it in eval mode. kind: "model"
-    (DistilBertModel), "mlm" or "cls" (task models: the encoder under `distilbert.`, heads ignored
-    by the converter). DistilBERT has no token types and no pooler; LayerNorm eps is 1e-12."""
+    (DistilBertModel), "mlm", "cls", "token", "qa" or "choice" (task models: the encoder under
+    `distilbert.`); "cls" and "token" get num_labels labels named by label_names. DistilBERT has no
+    token types and no pooler; LayerNorm eps is 1e-12."""
     import transformers
 
     torch.manual_seed(seed)
@@ -159,6 +225,7 @@ def make_distilbert(
         pad_token_id=pad,
         sinusoidal_pos_embds=sinusoidal,
         attn_implementation="eager",
+        **_labels_config(kind, num_labels),
     )
     model = getattr(transformers, DISTILBERT_KINDS[kind])(cfg).eval()
     _fill_biases(model)
@@ -167,8 +234,7 @@ def make_distilbert(
     return model
 
 
-ELECTRA_KINDS = {"model": "ElectraModel", "pretrain": "ElectraForPreTraining",
-                 "cls": "ElectraForSequenceClassification"}
+ELECTRA_KINDS = {k: "Electra" + v for k, v in KIND_SUFFIXES.items()}
 
 
 def make_electra(
@@ -184,12 +250,14 @@ def make_electra(
     max_pos=512,
     type_vocab=2,
     seed=0,
+    num_labels=2,
     **save_kwargs,
 ):
     """Saves a random ELECTRA discriminator to `path` and returns it in eval mode. kind: "model"
-    (ElectraModel), "pretrain" (ElectraForPreTraining) or "cls" (ElectraForSequenceClassification):
-    the encoder under `electra.`, heads ignored by the converter. embedding: embedding_size; when it
-    differs from hidden, transformers adds `embeddings_project` (Linear embedding -> hidden)."""
+    (ElectraModel), "pretrain" (ElectraForPreTraining), "cls", "token", "mlm", "qa" or "choice" (task
+    models: the encoder under `electra.`); "cls" and "token" get num_labels labels named by
+    label_names. embedding: embedding_size; when it differs from hidden, transformers adds
+    `embeddings_project` (Linear embedding -> hidden)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -204,12 +272,42 @@ def make_electra(
         type_vocab_size=type_vocab,
         hidden_act=act,
         attn_implementation="eager",
+        **_labels_config(kind, num_labels),
     )
     model = getattr(transformers, ELECTRA_KINDS[kind])(cfg).eval()
     _fill_biases(model)  # the projection's too
     _perturb_layer_norms(model)
     model.save_pretrained(path, **save_kwargs)
     return model
+
+
+def make_model(
+    path: Path,
+    family: str,
+    kind: str = "model",
+    num_labels: int = 2,
+    hidden=48,
+    heads=3,
+    layers=1,
+    intermediate=None,
+    act="gelu",
+    seed=0,
+    **extra,
+):
+    """Saves a random model of any family (FAMILIES) and kind (KIND_SUFFIXES) to `path` and returns
+    it in eval mode: one spelling of the sizes for every maker above (DistilBERT's dim / hidden_dim
+    are hidden / intermediate here). `extra` goes to the family's maker (ELECTRA's embedding, a
+    RoBERTa pad, vocab, max_pos, ...). Biases are filled for "cls" and "token" in every family."""
+    sizes = dict(heads=heads, layers=layers, act=act, seed=seed, num_labels=num_labels, **extra)
+    if family == "bert":
+        return make_bert(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family in ROBERTA_FAMILY:
+        return make_roberta(path, family=family, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family == "distilbert":
+        return make_distilbert(path, kind=kind, dim=hidden, hidden_dim=intermediate, **sizes)
+    if family == "electra":
+        return make_electra(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    raise ValueError(f"unknown family {family!r}")
 
 
 def write_roberta_tokenizer(path: Path):

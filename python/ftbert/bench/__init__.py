@@ -4,10 +4,12 @@
     ftbert bench --model bert-base --dtype float16 --batch 1,8,32 --seq 128,512
     ftbert bench --preset serving                  # ftbert/bench/presets/serving.json
     ftbert bench --model bert-base --breakdown --dtype float16 --batch 32 --seq 128
+    ftbert bench --rerank                          # cross-encoder pairs/s: random BERT-base, batch 32
 
 Modules: args (options, presets), models (checkpoint, ftbert and the transformers peers), timing,
 sweep (the grid loop, errors per configuration), report (table, JSON, CSV, PNG), breakdown (per-op
-profile of one configuration). The results' layout is described in benchmarks/README.md.
+profile of one configuration), rerank (cross-encoder pairs/s next to transformers and
+sentence-transformers). The results' layout is described in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def _environment(opts: Options) -> dict:
         "transformers": transformers.__version__, "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
     }
+    if opts.rerank:
+        try:
+            import sentence_transformers
+
+            env["sentence_transformers"] = sentence_transformers.__version__
+        except ImportError:  # its rows then fail one by one, saying why
+            env["sentence_transformers"] = None
     gpus = {d: torch.cuda.get_device_name(torch.device(d)) for d in opts.devices if d.startswith("cuda")}
     if gpus:
         env["gpus"] = gpus
@@ -86,6 +95,8 @@ def _run(argv: list[str]) -> int:
         console = Console(quiet=opts.quiet, highlight=False, width=200)
 
     with contextlib.ExitStack() as stack:
+        if opts.rerank:
+            return _rerank(opts, stack, console)
         label, path = resolve_model(opts.model, stack)
         model = load_model(label, path)
         opts.out.mkdir(parents=True, exist_ok=True)
@@ -138,6 +149,73 @@ def _sweep(opts, model, meta, stem, console) -> int:
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
     if sweep.interrupted:
         print("ftbert bench: interrupted; the files hold the configurations done so far", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _rerank(opts, stack, console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers.utils import logging as hf_logging
+
+    from .report import write_csv, write_json
+    from .rerank import (DOCS_PER_QUERY, FIELDS, Rerank, ScoreMismatch, describe, print_table,
+                         resolve_checkpoint)
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=opts.quiet, transient=True,
+    )
+    # transformers' own bars (loading and writing weights) would cut into ours.
+    hf_logging.disable_progress_bar()
+    stack.callback(hf_logging.enable_progress_bar)
+    mismatch = None
+    with progress:
+        what = "building a random BERT-base cross-encoder" if opts.model == "bert-base" else "loading"
+        task = progress.add_task(what, total=None)
+        ck = resolve_checkpoint(opts, stack)
+        progress.update(task, description=f"making pairs of {opts.query_len} + {opts.doc_len} tokens")
+        run = Rerank(opts, ck, progress)
+        progress.remove_task(task)
+        try:
+            rows = run.run()
+        except ScoreMismatch as e:
+            rows, mismatch = run.rows, e
+    opts.out.mkdir(parents=True, exist_ok=True)
+    stem = _stem(opts, "rerank-" + re.sub(r".*/", "", ck.label.rstrip("/")))
+    meta = {
+        "ftbert_bench_version": 1,
+        "mode": "rerank",
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "description": opts.description,
+        "options": opts.as_dict(),
+        "model": describe(ck, run.n_params, opts.seed),
+        "environment": _environment(opts),
+        "pairs": {"query_tokens": opts.query_len, "doc_tokens": opts.doc_len,
+                  "pair_tokens": run.pair_tokens, "max_length": ck.max_length,
+                  "docs_per_query": DOCS_PER_QUERY, "seed": opts.seed},
+        "checks": run.checks,
+        "notes": opts.notes,
+        "interrupted": run.interrupted,
+    }
+    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
+    write_json(files["json"], meta, rows, FIELDS)
+    write_csv(files["csv"], rows, FIELDS)
+    params = f"{run.n_params / 1e6:.1f}M parameters, " if run.n_params else ""
+    console.print(f"model {ck.label}: {params}{ck.config.get('num_hidden_layers')} layers, hidden "
+                  f"{ck.config.get('hidden_size')}; {len(run.pairs)} pairs of {opts.query_len} + "
+                  f"{opts.doc_len} tokens ({run.pair_tokens} with special tokens)")
+    print_table(console, rows, run.checks)
+    for note in opts.notes:
+        console.print(f"note: {note}")
+    failed = sum(r["status"] == "failed" for r in rows)
+    if failed:
+        console.print(f"{failed} row(s) failed: status 'failed' and the error in the results")
+    console.print("wrote " + ", ".join(str(p) for p in files.values()))
+    if mismatch is not None:
+        print(f"ftbert bench: error: {mismatch}", file=sys.stderr)
+        return 1
+    if run.interrupted:
+        print("ftbert bench: interrupted; the files hold the rows done so far", file=sys.stderr)
         return 130
     return 0
 

@@ -23,10 +23,27 @@ DEFAULT_ENGINES = ["ftbert", "hf-eager", "hf-sdpa"]
 DEFAULT_ITERS = {"cuda": 100, "cpu": 10}
 DEFAULT_WARMUP = {"cuda": 10, "cpu": 2}
 
+# --rerank: pairs/s of a cross-encoder, end to end (text in, scores out) and model only.
+RERANK_ENGINES = ("ftbert", "hf-eager", "hf-sdpa", "sentence-transformers")
+RERANK_DEFAULT_ENGINES = ["ftbert", "hf-sdpa", "sentence-transformers"]
+RERANK_DEFAULT_BATCHES = [32]
+# Pairs per timed pass: 16 batches of 32 on the GPU; a BERT-base pass over 512 pairs of 275 tokens
+# takes tens of seconds on a CPU, so fewer there.
+RERANK_DEFAULT_PAIRS = {"cuda": 512, "cpu": 64}
+RERANK_DEFAULT_QUERY_LEN = 16
+RERANK_DEFAULT_DOC_LEN = 256
+# One repetition is a whole pass over the pairs (tens of milliseconds on the GPU), not one forward.
+RERANK_ITERS = {"cuda": 10, "cpu": 3}
+RERANK_WARMUP = {"cuda": 2, "cpu": 1}
+# Options of the latency sweep that mean nothing to --rerank.
+SWEEP_ONLY = ("seq", "varlen", "compile")
+RERANK_ONLY = ("pairs", "query_len", "doc_len", "tokenizer")
+
 # Keys a preset may set (the option names, with "-" spelt "_").
 PRESET_KEYS = (
     "description", "model", "device", "dtype", "batch", "seq", "attention", "engines", "compile",
     "iters", "warmup", "varlen", "seed", "allow_tf32", "no_cuda_graphs",
+    "rerank", "pairs", "query_len", "doc_len", "tokenizer",
 )
 
 
@@ -56,15 +73,25 @@ class Options:
     description: str | None = None
     notes: list[str] = field(default_factory=list)
     cuda_graphs: bool = True
+    rerank: bool = False
+    pairs: int | None = None  # None: RERANK_DEFAULT_PAIRS for the device
+    query_len: int = RERANK_DEFAULT_QUERY_LEN
+    doc_len: int = RERANK_DEFAULT_DOC_LEN
+    tokenizer: str | None = None  # tokenizer files of --rerank --model bert-base (None: bundled MiniLM's)
 
     def iters_for(self, device: str) -> int:
-        return self.iters if self.iters is not None else DEFAULT_ITERS[device.split(":")[0]]
+        table = RERANK_ITERS if self.rerank else DEFAULT_ITERS
+        return self.iters if self.iters is not None else table[device.split(":")[0]]
 
     def warmup_for(self, device: str) -> int:
-        return self.warmup if self.warmup is not None else DEFAULT_WARMUP[device.split(":")[0]]
+        table = RERANK_WARMUP if self.rerank else DEFAULT_WARMUP
+        return self.warmup if self.warmup is not None else table[device.split(":")[0]]
+
+    def pairs_for(self, device: str) -> int:
+        return self.pairs if self.pairs is not None else RERANK_DEFAULT_PAIRS[device.split(":")[0]]
 
     def as_dict(self) -> dict:
-        return {
+        d = {
             "model": self.model, "devices": self.devices, "dtypes": self.dtypes,
             "batches": self.batches, "seqs": self.seqs, "attentions": self.attentions,
             "engines": self.engines, "iters": {d: self.iters_for(d) for d in self.devices},
@@ -72,6 +99,11 @@ class Options:
             "seed": self.seed, "allow_tf32": self.allow_tf32, "cuda_graphs": self.cuda_graphs,
             "breakdown": self.breakdown, "preset": self.preset,
         }
+        if self.rerank:
+            del d["seqs"], d["varlen"], d["breakdown"]
+            d.update(rerank=True, pairs={dev: self.pairs_for(dev) for dev in self.devices},
+                     query_len=self.query_len, doc_len=self.doc_len, tokenizer=self.tokenizer)
+        return d
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Defaults are None so that a preset's value can fill what the command line leaves out.
     p.add_argument("--model", help="minilm (the bundled all-MiniLM-L6-v2, default), bert-base (random "
-                   "BERT-base, fixed seed) or a HuggingFace / ftbert-converted checkpoint directory")
+                   "BERT-base, fixed seed) or a HuggingFace / ftbert-converted checkpoint directory; "
+                   "with --rerank: bert-base (default: a random BERT-base cross-encoder) or a "
+                   "HuggingFace cross-encoder directory (*ForSequenceClassification, one label)")
     p.add_argument("--preset", help="a preset name (shipped: serving, minilm, varlen, compile, "
-                   "quick, cpu; or ./benchmarks/presets/NAME.json) or a JSON file path")
+                   "quick, cpu, rerank; or ./benchmarks/presets/NAME.json) or a JSON file path")
     p.add_argument("--device", nargs="+", help="cuda, cuda:N and/or cpu (default: cuda when there is "
                    "a GPU and a CUDA build, else cpu)")
     p.add_argument("--dtype", nargs="+", help="float32, float16, bfloat16 (default: all three on the "
@@ -98,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", nargs="+", help="ftbert attention variants: unfused, flash, auto "
                    "(default: all three)")
     p.add_argument("--engines", nargs="+", help="ftbert, hf-eager, hf-sdpa, hf-compile (default: "
-                   "ftbert,hf-eager,hf-sdpa)")
+                   "ftbert,hf-eager,hf-sdpa); with --rerank: ftbert, hf-eager, hf-sdpa, "
+                   "sentence-transformers")
     p.add_argument("--compile", action="store_true", default=None, help="add torch.compile of the "
                    "transformers sdpa model (hf-compile); compiles once per shape and dtype (minutes)")
     p.add_argument("--iters", type=int, help="timed repetitions per configuration (default 100 on "
@@ -114,6 +149,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--breakdown", action="store_true", help="per-op breakdown of one ftbert "
                    "configuration (the first batch, seq, dtype and attention) with torch.profiler; "
                    "needs a GPU")
+    r = p.add_argument_group(
+        "reranking (--rerank)",
+        "Pairs/s of a cross-encoder scoring (query, document) pairs: ftbert's Encoder.predict next to "
+        "transformers (tokenizer + forward + activation) and sentence-transformers' CrossEncoder.predict, "
+        "each end to end (texts in, scores out) and model only (pre-tokenized batches, forward only), "
+        "after a check that the scores agree. Defaults: --model bert-base, --batch 32, float16 on the "
+        "GPU (float32 on the CPU), --attention auto, --engines ftbert,hf-sdpa,sentence-transformers "
+        "(hf-eager also runs), --iters 10 --warmup 2 (CPU 3 and 1), one repetition being a pass over "
+        "all the pairs.")
+    r.add_argument("--rerank", action="store_true", default=None, help="run the reranking benchmark "
+                   "instead of the latency sweep")
+    r.add_argument("--pairs", type=int, help="pairs per timed pass (default 512 on the GPU, 64 on the CPU)")
+    r.add_argument("--query-len", type=int, help="tokens per query, special tokens not counted "
+                   f"(default {RERANK_DEFAULT_QUERY_LEN})")
+    r.add_argument("--doc-len", type=int, help="tokens per document, special tokens not counted "
+                   f"(default {RERANK_DEFAULT_DOC_LEN}); pairs longer than the model's limit are "
+                   "truncated, as the cross-encoder truncates them")
+    r.add_argument("--tokenizer", metavar="DIR", help="with --model bert-base: a directory with a BERT "
+                   "uncased tokenizer (vocab.txt is enough; default: the bundled all-MiniLM-L6-v2's)")
     p.add_argument("--out", help="folder for the JSON, CSV and PNG files (default ./bench_results)")
     p.add_argument("--name", help="file name stem of the outputs (default MODEL-DEVICE-TIMESTAMP)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no table")
@@ -218,20 +272,45 @@ def parse_options(argv: list[str], cuda_available: bool) -> Options:
         v = getattr(ns, attr)
         return v if v is not None else preset.get(key or attr)
 
-    model = pick("model") or "minilm"
+    rerank = bool(pick("rerank"))
+    if rerank:
+        given = [k for k in SWEEP_ONLY if pick(k)] + (["breakdown"] if ns.breakdown else [])
+        if given:
+            raise BenchError(f"--{given[0].replace('_', '-')} does not apply to --rerank (its pairs are "
+                             "--query-len + --doc-len tokens, timed end to end and model only)")
+    else:
+        given = [k for k in RERANK_ONLY if pick(k) is not None]
+        if given:
+            raise BenchError(f"--{given[0].replace('_', '-')} only applies with --rerank")
+    model = pick("model") or ("bert-base" if rerank else "minilm")
     devices = _devices(pick("device")) if pick("device") is not None else (
         ["cuda:0"] if cuda_available else ["cpu"])
     any_gpu = any(d.startswith("cuda") for d in devices)
+    default_dtypes = (["float16"] if rerank else list(DTYPES)) if any_gpu else ["float32"]
     dtypes = (_choices("dtype", pick("dtype"), DTYPES) if pick("dtype") is not None
-              else list(DTYPES) if any_gpu else ["float32"])
-    batches = _ints("batch", pick("batch")) if pick("batch") is not None else list(DEFAULT_BATCHES)
-    seqs = _ints("seq", pick("seq")) if pick("seq") is not None else list(DEFAULT_SEQS)
+              else default_dtypes)
+    batches = _ints("batch", pick("batch")) if pick("batch") is not None else list(
+        RERANK_DEFAULT_BATCHES if rerank else DEFAULT_BATCHES)
+    seqs = [] if rerank else (_ints("seq", pick("seq")) if pick("seq") is not None else list(DEFAULT_SEQS))
     attentions = (_choices("attention", pick("attention"), ATTENTIONS) if pick("attention") is not None
-                  else list(ATTENTIONS))
-    engines = (_choices("engines", pick("engines"), ENGINES) if pick("engines") is not None
-               else list(DEFAULT_ENGINES))
+                  else ["auto"] if rerank else list(ATTENTIONS))
+    if rerank and len(attentions) > 1:
+        raise BenchError("--attention: --rerank times one ftbert attention variant, got "
+                         f"{', '.join(attentions)}")
+    allowed = RERANK_ENGINES if rerank else ENGINES
+    engines = (_choices("engines", pick("engines"), allowed) if pick("engines") is not None
+               else list(RERANK_DEFAULT_ENGINES if rerank else DEFAULT_ENGINES))
     if pick("compile") and "hf-compile" not in engines:
         engines.append("hf-compile")
+    if pick("tokenizer") is not None and model != "bert-base":
+        raise BenchError("--tokenizer only applies to --model bert-base: a cross-encoder directory "
+                         "brings its own tokenizer")
+    pairs = pick("pairs")
+    query_len = pick("query_len")
+    doc_len = pick("doc_len")
+    for what, v in (("pairs", pairs), ("query-len", query_len), ("doc-len", doc_len)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise BenchError(f"--{what} must be an integer of at least 1, got {v!r}")
 
     iters, warmup = pick("iters"), pick("warmup")
     for what, v, least in (("iters", iters, 1), ("warmup", warmup, 0)):
@@ -254,6 +333,9 @@ def parse_options(argv: list[str], cuda_available: bool) -> Options:
         seed=seed, allow_tf32=bool(pick("allow_tf32")), breakdown=bool(ns.breakdown),
         out=Path(ns.out or "bench_results"), name=ns.name, quiet=bool(ns.quiet),
         preset=preset_path, description=preset.get("description"),
-        cuda_graphs=not pick("no_cuda_graphs"),
+        cuda_graphs=not pick("no_cuda_graphs"), rerank=rerank, pairs=pairs,
+        query_len=RERANK_DEFAULT_QUERY_LEN if query_len is None else query_len,
+        doc_len=RERANK_DEFAULT_DOC_LEN if doc_len is None else doc_len,
+        tokenizer=None if pick("tokenizer") is None else str(pick("tokenizer")),
     )
     return opts

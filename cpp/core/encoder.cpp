@@ -157,27 +157,6 @@ void Encoder::validate(const ForwardArgs& a) const {
   FTBERT_CHECK_INPUT(
       a.input_ids && a.attention_mask && a.token_type_ids && a.last_hidden_state,
       "forward: input_ids, attention_mask, token_type_ids and the output are required");
-  if (!a.inputs_on_device) validate_host_inputs(a);
-}
-
-void Encoder::validate_host_inputs(const ForwardArgs& a) const {
-  const ModelConfig& c = config();
-  const int64_t n = static_cast<int64_t>(a.batch) * a.seq;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t id = a.input_ids[i];
-    FTBERT_CHECK_INPUT(id >= 0 && id < c.vocab_size,
-                       "input_ids[" << i / a.seq << ", " << i % a.seq << "] = " << id
-                                    << " is out of range for vocab_size " << c.vocab_size);
-    const int32_t tt = a.token_type_ids[i];
-    FTBERT_CHECK_INPUT(tt >= 0 && tt < c.type_vocab_size,
-                       "token_type_ids[" << i / a.seq << ", " << i % a.seq << "] = " << tt
-                                         << " is out of range for type_vocab_size "
-                                         << c.type_vocab_size);
-    const int32_t m = a.attention_mask[i];
-    FTBERT_CHECK_INPUT(m == 0 || m == 1, "attention_mask[" << i / a.seq << ", " << i % a.seq
-                                                           << "] = " << m
-                                                           << "; expected 0 or 1");
-  }
 }
 
 ForwardResult Encoder::forward(const ForwardArgs& args) {

@@ -42,7 +42,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
   parallel_for(tokens, tokens * hidden, [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
     for (int64_t i = begin; i < end; ++i) {
-      // Ids were validated by the encoder; clamping keeps a direct op call memory-safe too.
+      // Values are checked by the Python API; clamping keeps any other caller memory-safe.
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
       const int64_t s = pos[i];

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._native import _C, ensure_cuda_libraries
 from .inputs import (
-    as_int_array, check_device_values, check_seq_length, check_shapes, check_tensor, device_int32,
+    as_int_array, check_shapes, check_tensor, check_values, device_int32,
     ndim_message, tensor_to_numpy,
 )
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
@@ -267,7 +267,7 @@ class Encoder:
         mask = np.ones_like(ids) if attention_mask is None else as_int_array("attention_mask", attention_mask)
         types = np.zeros_like(ids) if token_type_ids is None else as_int_array("token_type_ids", token_type_ids)
         check_shapes(ids.shape, mask.shape, types.shape)
-        check_seq_length(self.config, ids.shape[1])
+        check_values(self.config, ids, mask, types)
         hidden, pooled, logits, nonfinite, earlier = self._native.forward_host(ids, mask, types)
         self._report_nonfinite(nonfinite, earlier)
         return EncoderOutput(*(None if a is None else _from_native_numpy(a) for a in (hidden, pooled, logits)))
@@ -359,7 +359,7 @@ class Encoder:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def _check_device_values(self, ids, mask, types) -> None:
-        check_device_values(self.config, ids, mask, types)
+        check_values(self.config, ids, mask, types)
 
     # ---- text ------------------------------------------------------------------------------
     @property

@@ -16,9 +16,9 @@ One home for each rule; `encoder.py` calls these on its host (numpy) and device 
   (max_position_embeddings; for RoBERTa-style padding_offset positions, max_position_embeddings -
   pad_token_id - 1, since position ids start at pad_token_id + 1).
 - Values: input_ids in [0, vocab_size), token_type_ids in [0, type_vocab_size), attention_mask 0 or 1;
-  integer values that do not fit int32 are rejected here, the rest on the host by the engine and, for
-  tensors that stay on the GPU, by `check_device_values`. An all-zero mask row is allowed (its
-  outputs are finite; they mean nothing).
+  integer values that do not fit int32 are rejected on conversion, the rest by `check_values`, for
+  host arrays and device tensors alike (the engine itself only clamps ids). An all-zero mask row is
+  allowed (its outputs are finite; they mean nothing).
 
 Every error is a ValueError or TypeError whose message names the argument.
 """
@@ -204,30 +204,42 @@ def _comparable(t):
     return t
 
 
-def check_device_values(config: dict, ids, mask, types) -> None:
-    """Value checks of torch inputs that stay on their device (CUDA tensors given to a CUDA encoder).
+def check_values(config: dict, ids, mask, types) -> None:
+    """The value rules (and the usable length), their one home for both paths: input_ids within
+    vocab_size, token_type_ids within type_vocab_size, attention_mask 0 or 1.
 
-    The same rules the engine applies to host inputs, computed with torch: a few reductions and one
-    small read back (a sync); the kernels clamp anyway, so a bad id can never read outside the tables.
+    numpy arrays (host inputs, int32 from as_int_array) are checked with numpy; torch tensors that
+    stay on their device (CUDA tensors given to a CUDA encoder) with a few reductions and one small
+    read back (a sync). The engine does not check values again: its kernels clamp ids, so a bad one
+    that reached them could never read outside the tables.
     """
-    torch = _torch()
     check_seq_length(config, ids.shape[1])
-    ids_c, types_c, mask_c = _comparable(ids), _comparable(types), _comparable(mask)
-    stats = [*torch.aminmax(ids_c), *torch.aminmax(types_c)]  # torch.stack promotes: all are signed ints
-    mask_bad = None if mask.dtype == torch.bool else (mask_c != 0) & (mask_c != 1)
-    if mask_bad is not None:
-        stats.append(mask_bad.any())
-    ids_lo, ids_hi, types_lo, types_hi, *mask_any = torch.stack(stats).tolist()
-    for name, t, lo, hi, limit in (("input_ids", ids, ids_lo, ids_hi, "vocab_size"),
-                                   ("token_type_ids", types, types_lo, types_hi, "type_vocab_size")):
+    if isinstance(ids, np.ndarray):
+        mask_bad = (mask != 0) & (mask != 1)
+        ids_lo, ids_hi, types_lo, types_hi = (int(v) for v in (ids.min(), ids.max(), types.min(), types.max()))
+        mask_any = [bool(mask_bad.any())]
+        unsigned = False, False, False
+    else:
+        torch = _torch()
+        ids_c, types_c, mask_c = _comparable(ids), _comparable(types), _comparable(mask)
+        stats = [*torch.aminmax(ids_c), *torch.aminmax(types_c)]  # torch.stack promotes: all are signed ints
+        mask_bad = None if mask.dtype == torch.bool else (mask_c != 0) & (mask_c != 1)
+        if mask_bad is not None:
+            stats.append(mask_bad.any())
+        ids_lo, ids_hi, types_lo, types_hi, *mask_any = torch.stack(stats).tolist()
+        # uint64 values past 2**63 read as negative in _comparable: named as they are.
+        unsigned = tuple(t.dtype == torch.uint64 for t in (ids, types, mask))
+        mask = mask_c
+    for name, lo, hi, limit, is_u64 in (("input_ids", ids_lo, ids_hi, "vocab_size", unsigned[0]),
+                                        ("token_type_ids", types_lo, types_hi, "type_vocab_size", unsigned[1])):
         if lo < 0 or hi >= config[limit]:
             value = lo if lo < 0 else hi
-            if t.dtype == torch.uint64 and value < 0:
+            if is_u64 and value < 0:
                 value += 2**64
             raise ValueError(f"{name} holds {value}, out of range for {limit} {config[limit]}")
     if mask_any and mask_any[0]:
-        value = mask_c[mask_bad][0].item()  # the error path only: one more read back
-        if mask.dtype == torch.uint64 and value < 0:
+        value = mask[mask_bad].flatten()[0].item()  # the error path only: one more read back
+        if unsigned[2] and value < 0:
             value += 2**64
         raise ValueError(_mask_message(value))
 

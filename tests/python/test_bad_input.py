@@ -33,7 +33,7 @@ def ids_of(shape, high=50):
         (lambda: dict(input_ids=ids_of((2, 5)), token_type_ids=np.full((2, 5), 2)), ValueError,
          "out of range for type_vocab_size 2"),
         (lambda: dict(input_ids=ids_of((2, 5)), attention_mask=np.full((2, 5), 3)), ValueError,
-         "0 or 1"),
+         "must hold only 0 and 1, got 3"),
         (lambda: dict(input_ids=ids_of((2, 5)).astype(np.float32)), TypeError, "must hold integers"),
         (lambda: dict(input_ids=np.zeros((0, 5), np.int64)), ValueError, "empty"),
         (lambda: dict(input_ids=np.zeros((2, 0), np.int64)), ValueError, "empty"),

@@ -32,8 +32,11 @@ class Encoder {
           DType compute);
   ~Encoder();
 
-  // Runs the model. Host inputs are validated here (id ranges, mask values, sizes); the call
-  // returns once host outputs are written, or after enqueueing when outputs are on the device.
+  // Runs the model. Sizes are checked here (batch, sequence length against the position table);
+  // input values are the caller's to check (the Python API does, python/ftbert/inputs.py): the
+  // embedding kernels clamp ids and token types into their tables, so no value reads out of
+  // bounds. Returns once host outputs are written, or after enqueueing when outputs are on the
+  // device.
   ForwardResult forward(const ForwardArgs& args);
 
   const ModelConfig& config() const { return model_->config(); }
@@ -89,7 +92,6 @@ class Encoder {
   // The slots that exist now (stable pointers; slots are never removed).
   std::vector<Slot*> slots() const;
   void validate(const ForwardArgs& args) const;
-  void validate_host_inputs(const ForwardArgs& args) const;
 
   std::string device_;
   std::unique_ptr<Backend> backend_;  // holds the weights and runs slot 0; destroyed last

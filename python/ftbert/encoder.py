@@ -97,7 +97,8 @@ class Encoder:
         concurrency: int | None = None,
         nonfinite: str = "warn",
     ) -> "Encoder":
-        """Loads a HuggingFace checkpoint directory (BERT or RoBERTa family) or an ftbert-converted one.
+        """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
+        classification head if it has one) or an ftbert-converted one.
 
         device: "cpu", "cuda" or "cuda:N". dtype: "float32", "float16" or "bfloat16" (CPU: float32).
         attention: "auto", "unfused" or "flash" (see `Encoder.attention`). allow_tf32: let float32

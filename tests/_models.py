@@ -321,3 +321,24 @@ def write_roberta_tokenizer(path: Path):
     tok = RobertaTokenizer(vocab={t: i for i, t in enumerate(tokens)}, merges=[])
     tok.save_pretrained(path)
     return tok
+
+
+def head_modules(hf):
+    """(own dense or None, output Linear) of a task model, from its modules, not from any name table."""
+    pre = getattr(hf, "pre_classifier", None)  # DistilBERT's sequence head
+    if pre is not None:
+        return pre, hf.classifier
+    if hasattr(hf.classifier, "out_proj"):  # RobertaClassificationHead, ElectraClassificationHead
+        return hf.classifier.dense, hf.classifier.out_proj
+    return None, hf.classifier
+
+
+def widen_head(hf):
+    # At init scale (std 0.02) the head's dense sees inputs near 0, where tanh, GELU (erf or tanh
+    # approximation) and a missing activation nearly agree: spread its inputs over a few units and
+    # the logits over O(1), so the wrong activation misses 1e-4 by far.
+    dense, out = head_modules(hf)
+    with torch.no_grad():
+        if dense is not None:
+            dense.weight.mul_(25.0)
+        out.weight.mul_(10.0)

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 import ftbert
-from tests._models import FAMILIES, label_names, make_model
+from tests._models import FAMILIES, head_modules, label_names, make_model, widen_head
 from tests._util import ragged_mask
 
 TOL = 1e-4
@@ -70,32 +70,11 @@ class Case:
         return self.family in ("bert", "electra")
 
 
-def _head_modules(hf):
-    """(own dense or None, output Linear) of a task model, from its modules, not from any name table."""
-    pre = getattr(hf, "pre_classifier", None)  # DistilBERT's sequence head
-    if pre is not None:
-        return pre, hf.classifier
-    if hasattr(hf.classifier, "out_proj"):  # RobertaClassificationHead, ElectraClassificationHead
-        return hf.classifier.dense, hf.classifier.out_proj
-    return None, hf.classifier
-
-
-def _widen_head(hf):
-    # At init scale (std 0.02) the head's dense sees inputs near 0, where tanh, GELU (erf or tanh
-    # approximation) and a missing activation nearly agree: spread its inputs over a few units and
-    # the logits over O(1), so the wrong activation misses 1e-4 by far.
-    dense, out = _head_modules(hf)
-    with torch.no_grad():
-        if dense is not None:
-            dense.weight.mul_(25.0)
-        out.weight.mul_(10.0)
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     hf = make_model(path, **CASES[request.param])
-    _widen_head(hf)
+    widen_head(hf)
     hf.save_pretrained(path)
     return Case(request.param, path, hf, ftbert.Encoder.from_pretrained(path))
 
@@ -210,7 +189,7 @@ def test_converter_round_trip_is_exact(case, converted):
     wt = ftbert.weights_tools
     config, tensors = wt.read_converted(converted)
     assert list(tensors) == [n for n, _ in wt.expected_tensors(config)]
-    dense, out = _head_modules(case.hf)
+    dense, out = head_modules(case.hf)
     want = {"classifier.out_weight": out.weight.T, "classifier.out_bias": out.bias}
     if dense is not None:
         want = {"classifier.dense_weight": dense.weight.T, "classifier.dense_bias": dense.bias, **want}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ftbert
-from tests._models import make_model, model_class
+from tests._models import make_model, model_class, widen_head
 from tests._util import ragged_mask
 
 pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
@@ -51,26 +51,6 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
-def _head_modules(hf):
-    """(own dense or None, output Linear) of a task model."""
-    pre = getattr(hf, "pre_classifier", None)  # DistilBERT's sequence head
-    if pre is not None:
-        return pre, hf.classifier
-    if hasattr(hf.classifier, "out_proj"):  # RobertaClassificationHead, ElectraClassificationHead
-        return hf.classifier.dense, hf.classifier.out_proj
-    return None, hf.classifier
-
-
-def _widen_head(hf):
-    # As in the CPU tests: the head's dense sees inputs over a few units and the logits are O(1), so
-    # a wrong activation cannot hide near 0.
-    dense, out = _head_modules(hf)
-    with torch.no_grad():
-        if dense is not None:
-            dense.weight.mul_(25.0)
-        out.weight.mul_(10.0)
-
-
 class Case:
     def __init__(self, name, path, hf):
         self.name, self.path, self.hf = name, path, hf
@@ -91,7 +71,7 @@ class Case:
 def case(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     hf = make_model(path, **CASES[request.param])
-    _widen_head(hf)
+    widen_head(hf)
     hf.save_pretrained(path)
     yield Case(request.param, path, hf)
     torch.cuda.empty_cache()

@@ -104,19 +104,18 @@ def _fmt(v, spec: str) -> str:
     return format(v, spec)
 
 
-def print_table(console, rows: list[dict]) -> None:
-    """One table per (device, dtype); why a row failed or was skipped goes in numbered notes below
-    it, so long messages do not squeeze the columns."""
+def print_grouped_tables(console, rows: list[dict], title: str, columns: tuple[str, ...],
+                         left: tuple[str, ...], cells) -> None:
+    """One table per (device, dtype) of `rows`, titled "device  dtype  title"; `cells(row)` gives a
+    row's cells before its status column. Why a row failed or was skipped (and an ok row's note)
+    goes in numbered notes below its table, so long messages do not squeeze the columns."""
     from rich.markup import escape
     from rich.table import Table
 
-    groups = list(dict.fromkeys((r["device"], r["dtype"]) for r in rows))
-    for device, dtype in groups:
-        t = Table(title=f"{device}  {dtype}", title_justify="left", header_style="bold")
-        for name in ("batch", "seq", "engine", "kernel", "median ms", "p90 ms", "p99 ms", "seq/s",
-                     "tok/s", "peak MiB", "× sdpa", "max err", "status"):
-            t.add_column(name, justify="left" if name in ("engine", "kernel", "status") else "right",
-                         no_wrap=True)
+    for device, dtype in dict.fromkeys((r["device"], r["dtype"]) for r in rows):
+        t = Table(title=f"{device}  {dtype}  {title}".rstrip(), title_justify="left", header_style="bold")
+        for name in (*columns, "status"):
+            t.add_column(name, justify="left" if name in (*left, "status") else "right", no_wrap=True)
         footnotes: list[str] = []
 
         def ref(text: str) -> str:
@@ -133,13 +132,24 @@ def print_table(console, rows: list[dict]) -> None:
                 status = "[yellow]skipped[/] " + escape(ref(r.get("note") or ""))
             else:
                 status = "[red]failed[/] " + escape(ref(r.get("error") or ""))
-            t.add_row(
-                str(r["batch"]), str(r["seq"]), r["engine"], r.get("kernel") or "-",
-                _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"),
-                _fmt(r.get("p99_ms"), ".3f"), _fmt(r.get("seq_per_s"), ",.0f"),
-                _fmt(r.get("tok_per_s"), ",.0f"), _fmt(r.get("peak_mib"), ",.1f"),
-                _fmt(r.get("speedup_vs_sdpa"), ".2f"), _fmt(r.get("max_abs_err"), ".2e"), status,
-            )
+            t.add_row(*cells(r), status)
         console.print(t)
         for i, text in enumerate(footnotes, 1):
             console.print(f"  [{i}] {escape(text)}", soft_wrap=True)
+
+
+def print_table(console, rows: list[dict]) -> None:
+    """The sweep's tables (print_grouped_tables)."""
+    print_grouped_tables(
+        console, rows, "",
+        ("batch", "seq", "engine", "kernel", "median ms", "p90 ms", "p99 ms", "seq/s", "tok/s",
+         "peak MiB", "× sdpa", "max err"),
+        ("engine", "kernel"),
+        lambda r: (
+            str(r["batch"]), str(r["seq"]), r["engine"], r.get("kernel") or "-",
+            _fmt(r.get("median_ms"), ".3f"), _fmt(r.get("p90_ms"), ".3f"),
+            _fmt(r.get("p99_ms"), ".3f"), _fmt(r.get("seq_per_s"), ",.0f"),
+            _fmt(r.get("tok_per_s"), ",.0f"), _fmt(r.get("peak_mib"), ",.1f"),
+            _fmt(r.get("speedup_vs_sdpa"), ".2f"), _fmt(r.get("max_abs_err"), ".2e"),
+        ),
+    )

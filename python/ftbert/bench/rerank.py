@@ -18,7 +18,6 @@ pass over all the pairs; the numbers are medians over repetitions.
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
 import json
 import math
@@ -31,7 +30,7 @@ import torch
 
 from .args import BenchError, Options
 from .models import BERT_BASE, TORCH_DTYPES
-from .sweep import CPU_DTYPE_NOTE, _one_line, on_device_stream
+from .sweep import CPU_DTYPE_NOTE, _free, _one_line, failed_row, on_device_stream
 from .timing import summarize, time_forward
 
 STAGES = ("end-to-end", "model")
@@ -325,13 +324,6 @@ class Checkpoint:
     tokenizer: object
 
 
-def _free(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        with contextlib.suppress(RuntimeError):
-            torch.cuda.empty_cache()
-
-
 def save_dtype(opts: Options) -> str:
     """The dtype the random checkpoint is written in: float32 when any run needs it, else the first
     half dtype (every engine loads the same file, so all compute with the same weights)."""
@@ -574,11 +566,7 @@ class Rerank:
         except KeyboardInterrupt:
             raise
         except Exception as e:  # OOM, CUDA or engine errors: record this one, go on with the rest
-            msg = _one_line(e)
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                msg = "out of memory: " + msg
-            _free(device)
-            return {"status": "failed", "error": msg}
+            return failed_row(e, device)
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -603,44 +591,24 @@ def add_ratios(rows: list[dict]) -> None:
 # ---- output ----------------------------------------------------------------------------------
 def print_table(console, rows: list[dict], checks: list[dict]) -> None:
     """One table per (device, dtype), then the score check's line; failures in numbered notes."""
-    from rich.markup import escape
-    from rich.table import Table
+    from .report import _fmt, print_grouped_tables
 
-    from .report import _fmt
+    def cells(r: dict) -> tuple:
+        share = r.get("model_share")
+        return (
+            str(r["batch"]), r["engine"], r["stage"], r.get("kernel") or "-",
+            _fmt(r.get("median_ms"), ".2f"), _fmt(r.get("ms_per_batch"), ".3f"),
+            _fmt(r.get("pairs_per_s"), ",.0f"), _fmt(r.get("tok_per_s"), ",.0f"),
+            _fmt(r.get("speedup_vs_sdpa"), ".2f"), _fmt(None if share is None else 100 * share, ".0f"),
+            _fmt(r.get("max_abs_diff"), ".1e"),
+        )
 
-    for device, dtype in dict.fromkeys((r["device"], r["dtype"]) for r in rows):
-        t = Table(title=f"{device}  {dtype}  rerank", title_justify="left", header_style="bold")
-        for name in ("batch", "engine", "stage", "kernel", "median ms", "ms/batch", "pairs/s",
-                     "tok/s", "× sdpa", "model %", "score diff", "status"):
-            t.add_column(name, justify="left" if name in ("engine", "stage", "kernel", "status")
-                         else "right", no_wrap=True)
-        footnotes: list[str] = []
-
-        def ref(text: str) -> str:
-            if text not in footnotes:
-                footnotes.append(text)
-            return f"[{footnotes.index(text) + 1}]"
-
-        for r in rows:
-            if (r["device"], r["dtype"]) != (device, dtype):
-                continue
-            if r["status"] == "ok":
-                status = "[green]ok[/]"
-            elif r["status"] == "skipped":
-                status = "[yellow]skipped[/] " + escape(ref(r.get("note") or ""))
-            else:
-                status = "[red]failed[/] " + escape(ref(r.get("error") or ""))
-            share = r.get("model_share")
-            t.add_row(
-                str(r["batch"]), r["engine"], r["stage"], r.get("kernel") or "-",
-                _fmt(r.get("median_ms"), ".2f"), _fmt(r.get("ms_per_batch"), ".3f"),
-                _fmt(r.get("pairs_per_s"), ",.0f"), _fmt(r.get("tok_per_s"), ",.0f"),
-                _fmt(r.get("speedup_vs_sdpa"), ".2f"), _fmt(None if share is None else 100 * share, ".0f"),
-                _fmt(r.get("max_abs_diff"), ".1e"), status,
-            )
-        console.print(t)
-        for i, text in enumerate(footnotes, 1):
-            console.print(f"  [{i}] {escape(text)}", soft_wrap=True)
+    print_grouped_tables(
+        console, rows, "rerank",
+        ("batch", "engine", "stage", "kernel", "median ms", "ms/batch", "pairs/s", "tok/s", "× sdpa",
+         "model %", "score diff"),
+        ("engine", "stage", "kernel"), cells,
+    )
     for c in checks:
         console.print(check_line(c), soft_wrap=True)
 

@@ -89,6 +89,16 @@ def _free(device: str, collect: bool = True) -> None:
             pass
 
 
+def failed_row(e: Exception, device: str) -> dict:
+    """The result row of a configuration that raised (out of memory, a CUDA or engine error): the
+    error in one line, and memory given back, so the run goes on with the next configuration."""
+    msg = _one_line(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        msg = "out of memory: " + msg
+    _free(device)
+    return {"status": "failed", "error": msg}
+
+
 class Sweep:
     def __init__(self, opts: Options, model: Model, progress=None):
         self.opts = opts
@@ -252,11 +262,7 @@ class Sweep:
         except KeyboardInterrupt:
             raise
         except Exception as e:  # OOM, CUDA or engine errors: record this one, go on with the rest
-            msg = _one_line(e)
-            if isinstance(e, torch.cuda.OutOfMemoryError):
-                msg = "out of memory: " + msg
-            _free(device)
-            return {"status": "failed", "error": msg}
+            return failed_row(e, device)
         finally:
             if engine == "hf-compile":
                 torch._dynamo.reset()

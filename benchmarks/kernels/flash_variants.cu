@@ -169,6 +169,7 @@ struct Bench {
     if (C::D != sh.d) return;
     fc::flash_detail::FlashParams p;
     p.qkv = qkv, p.bias = bias, p.out = out, p.seq = sh.S, p.heads = sh.heads;
+    p.cu_seqlens = nullptr;  // padded batches (the mask) here
     p.scale_log2 = scale * fc::flash_detail::kLog2e;
     auto run = [&](const int32_t* mask) {
       p.mask = mask;

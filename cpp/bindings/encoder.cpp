@@ -115,6 +115,29 @@ void register_encoder(py::module_& m) {
       .def("attention_for", [](const Encoder& e, int batch, int seq) {
         return std::string(attention_kind_name(e.attention_for(batch, seq)));
       })
+      .def_property(
+          "padding_free",
+          [](const Encoder& e) -> py::object {
+            switch (e.padding_free()) {
+              case Encoder::PaddingFree::kOn: return py::bool_(true);
+              case Encoder::PaddingFree::kOff: return py::bool_(false);
+              case Encoder::PaddingFree::kAuto: break;
+            }
+            return py::str("auto");
+          },
+          [](Encoder& e, const py::object& mode) {
+            if (py::isinstance<py::bool_>(mode)) {
+              e.set_padding_free(mode.cast<bool>() ? Encoder::PaddingFree::kOn
+                                                   : Encoder::PaddingFree::kOff);
+            } else if (py::isinstance<py::str>(mode) && mode.cast<std::string>() == "auto") {
+              e.set_padding_free(Encoder::PaddingFree::kAuto);
+            } else {
+              throw InputError("padding_free must be 'auto', True or False, got " +
+                               py::repr(mode).cast<std::string>());
+            }
+          })
+      .def("padding_free_for", &Encoder::padding_free_for, py::arg("batch"), py::arg("seq"),
+           py::arg("tokens"), py::arg("first_token_differs") = false)
       // These wait for the forwards running in the sessions they touch: without the GIL.
       .def("set_allow_tf32", &Encoder::set_allow_tf32, py::call_guard<py::gil_scoped_release>())
       .def_property("graphs", &Encoder::graphs,
@@ -127,8 +150,11 @@ void register_encoder(py::module_& m) {
                                               py::call_guard<py::gil_scoped_release>()))
       // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to
       // view), then the ForwardResult's two flags.
+      // packed_outputs: last_hidden_state [T, H] and token logits [T, N], the attended tokens in
+      // order (Encoder.forward_packed).
       .def("forward_host",
-           [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types) {
+           [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types,
+              bool packed_outputs) {
              FTBERT_CHECK_INPUT(ids.ndim() == 2, "input_ids must be 2-D [batch, seq]");
              FTBERT_CHECK_INPUT(mask.ndim() == 2 && mask.shape(0) == ids.shape(0) &&
                                     mask.shape(1) == ids.shape(1),
@@ -143,9 +169,19 @@ void register_encoder(py::module_& m) {
                                    : e.dtype() == DType::kFloat16 ? py::dtype("float16")
                                                                   : py::dtype("uint16");
              (void)item;
-             py::array hidden(np_dtype, std::vector<py::ssize_t>{B, S, H});
-             py::object pooled = py::none(), logits = py::none();
              ForwardArgs a;
+             if (packed_outputs) {
+               a.packed_outputs = true;
+               a.tokens = 0;
+               for (py::ssize_t i = 0; i < mask.size(); ++i) a.tokens += mask.data()[i] != 0;
+             }
+             // Per-token outputs: [B, S, ...], or [T, ...] packed.
+             const auto per_token = [&](py::ssize_t width) {
+               return packed_outputs ? std::vector<py::ssize_t>{a.tokens, width}
+                                     : std::vector<py::ssize_t>{B, S, width};
+             };
+             py::array hidden(np_dtype, per_token(H));
+             py::object pooled = py::none(), logits = py::none();
              a.input_ids = ids.data();
              a.attention_mask = mask.data();
              a.token_type_ids = types.data();
@@ -161,7 +197,7 @@ void register_encoder(py::module_& m) {
              if (head.kind != HeadKind::kNone) {
                const py::ssize_t N = head.num_labels;
                py::array l(np_dtype, head.kind == HeadKind::kToken
-                                         ? std::vector<py::ssize_t>{B, S, N}
+                                         ? per_token(N)
                                          : std::vector<py::ssize_t>{B, N});
                a.logits = l.mutable_data();
                logits = l;
@@ -172,14 +208,16 @@ void register_encoder(py::module_& m) {
                r = e.forward(a);
              }
              return py::make_tuple(hidden, pooled, logits, r.nonfinite, r.earlier_nonfinite);
-           })
+           },
+           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
+           py::arg("packed_outputs") = false)
       // Device memory in and out (e.g. torch CUDA tensors), enqueued on `stream`; returns the
       // ForwardResult's two flags.
       .def(
           "forward_device",
           [](Encoder& e, uintptr_t ids, uintptr_t mask, uintptr_t types, int batch, int seq,
              uintptr_t hidden, uintptr_t pooled, uintptr_t logits, uintptr_t stream,
-             bool wait_for_finite_check) {
+             bool wait_for_finite_check, int64_t tokens, bool packed_outputs) {
             ForwardArgs a;
             a.input_ids = reinterpret_cast<const int32_t*>(ids);
             a.attention_mask = reinterpret_cast<const int32_t*>(mask);
@@ -193,6 +231,8 @@ void register_encoder(py::module_& m) {
             a.outputs_on_device = true;
             a.stream = stream;
             a.wait_for_finite_check = wait_for_finite_check;
+            a.tokens = tokens;
+            a.packed_outputs = packed_outputs;
             ForwardResult r;
             {
               py::gil_scoped_release release;
@@ -202,7 +242,8 @@ void register_encoder(py::module_& m) {
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
           py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
-          py::arg("logits"), py::arg("stream"), py::arg("wait_for_finite_check") = false);
+          py::arg("logits"), py::arg("stream"), py::arg("wait_for_finite_check") = false,
+          py::arg("tokens") = -1, py::arg("packed_outputs") = false);
 }
 
 }  // namespace ftbert::bindings

@@ -68,13 +68,14 @@ size_t attention_workspace_bytes(AttentionKind kind, DType dt, int batch, int se
 }
 
 void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* qkv,
-                   const void* qkv_bias, const int32_t* mask, void* out, void* workspace,
-                   int batch, int seq, int heads, int head_dim) {
+                   const void* qkv_bias, void* out, void* workspace, const SequenceLayout& layout,
+                   int heads, int head_dim) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (kind == AttentionKind::kFlash) {
-    backend.flash_attention(dt, qkv, qkv_bias, mask, out, batch, seq, heads, head_dim, scale);
+    backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale);
     return;
   }
+  const int batch = layout.batch, seq = layout.max_seq;
   const UnfusedLayout l = unfused_layout(dt, batch, seq, heads, head_dim);
   char* base = static_cast<char*>(workspace);
   void* q = base;                        // [B, heads, S, d]
@@ -86,15 +87,15 @@ void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* q
   const int64_t head_stride = static_cast<int64_t>(seq) * head_dim;
   const int64_t score_stride = static_cast<int64_t>(seq) * seq;
 
-  backend.add_qkv_bias_transpose(dt, qkv, qkv_bias, q, k, v, batch, seq, heads, head_dim);
+  backend.add_qkv_bias_transpose(dt, qkv, qkv_bias, q, k, v, layout, heads, head_dim);
   // scores = Q Kᵀ per (batch, head); the 1/sqrt(d) scale is folded into the softmax.
   backend.batched_gemm(dt, false, true, seq, seq, head_dim, q, head_dim, head_stride, k, head_dim,
                        head_stride, scores, seq, score_stride, bh);
-  backend.masked_softmax(dt, scores, mask, batch, heads, seq, scale);
+  backend.masked_softmax(dt, scores, layout, heads, scale);
   // context = P V per (batch, head)
   backend.batched_gemm(dt, false, false, seq, head_dim, seq, scores, seq, score_stride, v,
                        head_dim, head_stride, ctx, head_dim, head_stride, bh);
-  backend.transpose_heads(dt, ctx, out, batch, seq, heads, head_dim);
+  backend.transpose_heads(dt, ctx, out, layout, heads, head_dim);
 }
 
 }  // namespace ftbert

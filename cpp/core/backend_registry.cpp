@@ -20,10 +20,15 @@ std::string Backend::attention_unsupported_reason(AttentionKind kind, DType dt,
          " backend";
 }
 
-void Backend::flash_attention(DType dt, const void*, const void*, const int32_t*, void*, int, int,
+void Backend::flash_attention(DType dt, const void*, const void*, void*, const SequenceLayout&,
                               int, int head_dim, float) {
   FTBERT_FAIL("flash attention cannot run here: "
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
+}
+
+void Backend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
+                             int32_t* token_index, int64_t capacity) {
+  pack_sequences_host(mask, batch, seq, cu_seqlens, token_index, capacity);
 }
 
 int32_t* Backend::allocate_host_flag() { return new int32_t(0); }

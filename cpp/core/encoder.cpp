@@ -28,6 +28,24 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
   return select_attention(attention_mode_, *backend_, dtype(), config().head_dim(), batch, seq);
 }
 
+// The padding-free rule. `auto` packs once padding is at least kAutoPackedPadding of the batch's
+// positions and the token count is known on the host (host inputs, or packed callers): packing
+// costs an upload of the sequence offsets and a scatter of the outputs, and device inputs would
+// need their count read back, which waits for the device. It never packs where packing would
+// change a first-token output. See README "Padding-free execution".
+constexpr double kAutoPackedPadding = 0.1;
+
+bool Encoder::padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs) const {
+  switch (padding_free_.load()) {
+    case PaddingFree::kOff: return false;
+    case PaddingFree::kOn: return true;
+    case PaddingFree::kAuto: break;
+  }
+  const double padded = static_cast<double>(batch) * seq;
+  return tokens >= 0 && !first_token_differs &&
+         padded - static_cast<double>(tokens) >= kAutoPackedPadding * padded;
+}
+
 // ---- the session pool ---------------------------------------------------------------------------
 
 std::vector<Encoder::Slot*> Encoder::slots() const {
@@ -159,8 +177,30 @@ void Encoder::validate(const ForwardArgs& a) const {
       "forward: input_ids, attention_mask, token_type_ids and the output are required");
 }
 
-ForwardResult Encoder::forward(const ForwardArgs& args) {
-  validate(args);
+ForwardResult Encoder::forward(const ForwardArgs& in) {
+  validate(in);
+  ForwardArgs args = in;
+  // Host masks are counted here (for the rule and the GEMM sizes), with whether every sequence
+  // starts with a token.
+  bool first_positions_attended = true;
+  if (!args.inputs_on_device) {
+    int64_t t = 0;
+    for (int64_t b = 0; b < args.batch; ++b) {
+      const int32_t* row = args.attention_mask + b * args.seq;
+      first_positions_attended = first_positions_attended && row[0] != 0;
+      for (int s = 0; s < args.seq; ++s) t += row[s] != 0;
+    }
+    args.tokens = t;
+  }
+  FTBERT_CHECK_INPUT(!args.packed_outputs || args.tokens >= 0,
+                     "packed outputs need the token count");
+  const HeadConfig& head = config().head;
+  const bool first_token_output =
+      (args.pooler_output != nullptr && config().has_pooler) ||
+      (args.logits != nullptr && head.kind == HeadKind::kSequence);
+  args.packed = args.packed_outputs ||
+                padding_free_for(args.batch, args.seq, args.tokens,
+                                 first_token_output && !first_positions_attended);
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);
   Slot& slot = acquire(stream);

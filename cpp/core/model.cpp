@@ -17,52 +17,55 @@ Model::Model(const ModelConfig& config, const HostWeights& weights, Backend* bac
   weights_ = upload_weights(backend, config_, weights, compute);
 }
 
-void Model::forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* mask,
-                    const int32_t* types, int B, int S, AttentionKind attention,
-                    Outputs outputs) const {
+void Model::forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* types,
+                    const SequenceLayout& L, AttentionKind attention, Outputs outputs) const {
   const ModelWeights& w = weights_;
-  const int H = config_.hidden_size, E = config_.embedding_size;
+  const int H = config_.hidden_size, E = config_.embedding_size, M = L.rows;
   const bool project = config_.has_projection();
   // embeddings [M, E] = LN(word + position + token type), then (ELECTRA) hidden = emb · Wp + bp
   be.embed_layernorm(dtype_, ids, types, w.word_embeddings.data(), w.position_embeddings.data(),
                      w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
-                     project ? act.embedded : act.hidden, B, S, E, config_.vocab_size,
+                     project ? act.embedded : act.hidden, L, E, config_.vocab_size,
                      config_.type_vocab_size, config_.layer_norm_eps, config_.position_pad_id);
   if (project) {
-    be.gemm(dtype_, false, false, B * S, H, E, act.embedded, E, w.project_weight.data(), H,
+    be.gemm(dtype_, false, false, M, H, E, act.embedded, E, w.project_weight.data(), H,
             act.hidden, H);
-    be.add_bias_activation(dtype_, act.hidden, w.project_bias.data(), B * S, H,
+    be.add_bias_activation(dtype_, act.hidden, w.project_bias.data(), M, H,
                            Activation::kIdentity);
   }
+  // Rows past the tokens (a bucketed recording): the embeddings made them zeros and the per-row
+  // ops keep them finite; attention never writes them, so its output there is zeroed once.
+  if (L.bounded) be.clear_rows_past_tokens(act.ctx, L, static_cast<size_t>(H) * dtype_size(dtype_));
   for (const LayerWeights& l : w.layers) {
-    layer(be, act, l, mask, B, S, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
+    layer(be, act, l, L, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
   }
   const HeadConfig& hc = config_.head;
   const bool logits = outputs.logits && hc.kind != HeadKind::kNone;
   if (outputs.pooled || (logits && hc.reads_pooler)) {
-    be.first_token_dense(dtype_, act.hidden, w.pooler_weight.data(), w.pooler_bias.data(),
-                         act.pooled, B, S, H, H, Activation::kTanh);
+    be.first_token_dense(dtype_, act.hidden, L, w.pooler_weight.data(), w.pooler_bias.data(),
+                         act.pooled, act.first_tokens, H, H, Activation::kTanh);
   }
-  if (logits) head(be, act, B, S);
+  if (logits) head(be, act, L);
 }
 
-void Model::head(Backend& be, const Activations& act, int B, int S) const {
+void Model::head(Backend& be, const Activations& act, const SequenceLayout& L) const {
   const ModelWeights& w = weights_;
   const HeadConfig& hc = config_.head;
   const int H = config_.hidden_size, N = hc.num_labels;
   // x [rows, H]: every token, the pooler output, or token 0 through the head's own dense.
   const void* x = act.hidden;
+  int rows = L.rows;
   if (hc.kind == HeadKind::kSequence) {
+    rows = L.batch;
     if (hc.reads_pooler) {
       x = act.pooled;
     } else {
-      be.first_token_dense(dtype_, act.hidden, w.head_dense_weight.data(),
-                           w.head_dense_bias.data(), act.head_hidden, B, S, H, H,
+      be.first_token_dense(dtype_, act.hidden, L, w.head_dense_weight.data(),
+                           w.head_dense_bias.data(), act.head_hidden, act.first_tokens, H, H,
                            hc.dense_activation);
       x = act.head_hidden;
     }
   }
-  const int rows = static_cast<int>(hc.rows(B, S));
   // logits [rows, N] = x · Wout + bout
   be.gemm(dtype_, false, false, rows, N, H, x, H, w.head_out_weight.data(), N, act.logits, N);
   be.add_bias_activation(dtype_, act.logits, w.head_out_bias.data(), rows, N,
@@ -70,17 +73,16 @@ void Model::head(Backend& be, const Activations& act, int B, int S) const {
 }
 
 void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
-                  const int32_t* mask, int B, int S, AttentionKind attention,
-                  int32_t* nonfinite) const {
+                  const SequenceLayout& L, AttentionKind attention, int32_t* nonfinite) const {
   const DType dt = dtype_;
-  const int M = B * S, H = config_.hidden_size, I = config_.intermediate_size;
+  const int M = L.rows, H = config_.hidden_size, I = config_.intermediate_size;
   const float eps = config_.layer_norm_eps;
 
   // qkv [M, 3H] = hidden [M, H] · Wqkv [H, 3H]   (bias added inside attention)
   be.gemm(dt, false, false, M, 3 * H, H, act.hidden, H, w.qkv_weight.data(), 3 * H, act.qkv,
           3 * H);
-  run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), mask, act.ctx,
-                act.attention_scratch, B, S, config_.num_heads, config_.head_dim());
+  run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), act.ctx, act.attention_scratch, L,
+                config_.num_heads, config_.head_dim());
   // hidden2 = LN(ctx · Wo + bo + hidden)
   be.gemm(dt, false, false, M, H, H, act.ctx, H, w.attn_out_weight.data(), H, act.hidden2, H);
   be.add_bias_residual_layernorm(dt, act.hidden2, act.hidden, w.attn_out_bias.data(),

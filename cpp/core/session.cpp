@@ -36,7 +36,8 @@ bool Session::take_nonfinite() {
 }
 
 size_t Session::workspace_bytes() const {
-  return ids_.bytes() + mask_.bytes() + types_.bytes() + hidden_.bytes() + hidden2_.bytes() +
+  return ids_.bytes() + mask_.bytes() + types_.bytes() + cu_seqlens_.bytes() +
+         token_index_.bytes() + first_tokens_.bytes() + hidden_.bytes() + hidden2_.bytes() +
          embedded_.bytes() +
          qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() + head_hidden_.bytes() +
          logits_.bytes() + attention_scratch_.bytes();
@@ -56,6 +57,7 @@ Activations Session::activations() const {
   a.qkv = qkv_.data();
   a.ctx = ctx_.data();
   a.inter = inter_.data();
+  a.first_tokens = first_tokens_.data();
   a.pooled = pooled_.data();
   a.head_hidden = head_hidden_.data();
   a.logits = logits_.data();
@@ -113,6 +115,8 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
   if (batch > capacity_batch_) {  // the pooler's rows: more sequences of fewer tokens
     drop_recordings();
     pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
+    first_tokens_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
+    cu_seqlens_ = DeviceBuffer(b, (static_cast<size_t>(batch) + 1) * sizeof(int32_t));
     if (c.head.has_dense()) head_hidden_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
     if (c.head.kind == HeadKind::kSequence) logits_ = DeviceBuffer(b, static_cast<size_t>(batch) * N * es);
     capacity_batch_ = batch;
@@ -122,6 +126,7 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     ids_ = DeviceBuffer(b, tokens * sizeof(int32_t));
     mask_ = DeviceBuffer(b, tokens * sizeof(int32_t));
     types_ = DeviceBuffer(b, tokens * sizeof(int32_t));
+    token_index_ = DeviceBuffer(b, tokens * sizeof(int32_t));
     hidden_ = DeviceBuffer(b, tokens * H * es);
     hidden2_ = DeviceBuffer(b, tokens * H * es);
     if (c.has_projection()) embedded_ = DeviceBuffer(b, tokens * c.embedding_size * es);
@@ -137,10 +142,32 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
   }
 }
 
+int64_t Session::pack(const ForwardArgs& a) {
+  const int B = a.batch, S = a.seq;
+  const int64_t padded = static_cast<int64_t>(B) * S;
+  if (!a.inputs_on_device) {
+    host_cu_seqlens_.resize(B + 1);
+    host_token_index_.resize(padded);
+    const int64_t t = pack_sequences_host(a.attention_mask, B, S, host_cu_seqlens_.data(),
+                                          host_token_index_.data(), padded);
+    backend_->copy_to_device(cu_seqlens_.data(), host_cu_seqlens_.data(), (B + 1) * sizeof(int32_t));
+    backend_->copy_to_device(token_index_.data(), host_token_index_.data(), padded * sizeof(int32_t));
+    return t;
+  }
+  backend_->pack_sequences(a.attention_mask, B, S, cu_seqlens_.as<int32_t>(),
+                           token_index_.as<int32_t>(), padded);
+  if (a.tokens >= 0) return a.tokens;
+  // T decides the GEMMs' sizes, which the host sets: read it back once (this waits for the
+  // caller's stream up to the packing).
+  int32_t t = 0;
+  backend_->copy_to_host(&t, cu_seqlens_.as<int32_t>() + B, sizeof(int32_t));
+  backend_->synchronize();
+  return t;
+}
+
 ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs) {
   const ModelConfig& c = model_.config();
-  const int B = a.batch, S = a.seq, H = c.hidden_size;
-  const int64_t M = static_cast<int64_t>(B) * S;
+  const int B = a.batch, S = a.seq;
   if (a.stream) backend_->set_stream(*a.stream);
   ForwardResult result;
   // An exact check reads the flag once this forward is done; what earlier forwards set must be
@@ -158,20 +185,31 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   outputs.logits = c.head.kind != HeadKind::kNone && a.logits != nullptr;
   const Activations act = activations();
 
+  // The layout: padded, or packed over T rows (a recording: over T's bucket, rows past T zeros).
+  SequenceLayout layout = SequenceLayout::padded(B, S, mask_.as<int32_t>());
+  int64_t tokens = static_cast<int64_t>(B) * S;
+  if (a.packed) {
+    tokens = pack(a);
+    layout.cu_seqlens = cu_seqlens_.as<int32_t>();
+    layout.token_index = token_index_.as<int32_t>();
+    layout.bounded = graphs;
+    layout.rows = static_cast<int>(graphs ? packed_rows_bucket(tokens, B, S) : tokens);
+  }
+
   // A recording reads the inputs from the session's buffers; op by op, device inputs are read
   // where they are.
-  int32_t *own_ids = ids_.as<int32_t>(), *own_mask = mask_.as<int32_t>(),
-          *own_types = types_.as<int32_t>();
+  int32_t *own_ids = ids_.as<int32_t>(), *own_types = types_.as<int32_t>();
   const RecordedOps* recording =
-      graphs ? recording_for({B, S, attention, outputs},
+      graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs},
                              [&] {
-                               model_.forward(*backend_, act, own_ids, own_mask, own_types, B, S,
+                               model_.forward(*backend_, act, own_ids, own_types, layout,
                                               attention, outputs);
                              })
              : nullptr;
   const int32_t *ids = a.input_ids, *mask = a.attention_mask, *types = a.token_type_ids;
   if (!a.inputs_on_device || recording != nullptr) {
-    const size_t bytes = M * sizeof(int32_t);
+    const size_t bytes = static_cast<size_t>(B) * S * sizeof(int32_t);
+    int32_t* own_mask = mask_.as<int32_t>();
     if (a.inputs_on_device) {
       backend_->copy_on_device(own_ids, ids, bytes);
       backend_->copy_on_device(own_mask, mask, bytes);
@@ -182,34 +220,64 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
       backend_->copy_to_device(own_types, types, bytes);
     }
     ids = own_ids;
-    mask = own_mask;
     types = own_types;
+  } else {
+    layout.mask = mask;
   }
   if (recording != nullptr) {
     backend_->replay(*recording);
   } else {
-    model_.forward(*backend_, act, ids, mask, types, B, S, attention, outputs);
+    model_.forward(*backend_, act, ids, types, layout, attention, outputs);
   }
-
-  const size_t es = dtype_size(model_.dtype());
-  const size_t logits_bytes = outputs.logits ? c.head.rows(B, S) * c.head.num_labels * es : 0;
-  if (a.outputs_on_device) {
-    backend_->copy_on_device(a.last_hidden_state, hidden_.data(), M * H * es);
-    if (outputs.pooled) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);
-    if (outputs.logits) backend_->copy_on_device(a.logits, logits_.data(), logits_bytes);
-  } else {
-    backend_->copy_to_host(a.last_hidden_state, hidden_.data(), M * H * es);
-    if (outputs.pooled) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
-    if (outputs.logits) backend_->copy_to_host(a.logits, logits_.data(), logits_bytes);
-  }
+  copy_outputs(a, layout, tokens, outputs);
   if (exact) {
     backend_->synchronize();
     result.nonfinite = take_nonfinite();
+    if (a.packed && !a.outputs_on_device && !a.packed_outputs) {
+      // The packed rows landed at the start of the caller's arrays: spread them out in place.
+      const size_t es = dtype_size(model_.dtype());
+      const int64_t padded = static_cast<int64_t>(B) * S;
+      unpack_rows_host_in_place(a.last_hidden_state, host_token_index_.data(), tokens, padded,
+                                c.hidden_size * es);
+      if (outputs.logits && c.head.kind == HeadKind::kToken) {
+        unpack_rows_host_in_place(a.logits, host_token_index_.data(), tokens, padded,
+                                  c.head.num_labels * es);
+      }
+    }
   } else {
     result.earlier_nonfinite = take_nonfinite();
   }
   unfinished_ = !exact;
   return result;
+}
+
+void Session::copy_outputs(const ForwardArgs& a, const SequenceLayout& layout, int64_t tokens,
+                           Model::Outputs outputs) {
+  const ModelConfig& c = model_.config();
+  const int B = a.batch, H = c.hidden_size, N = c.head.num_labels;
+  const size_t es = dtype_size(model_.dtype());
+  const bool token_logits = outputs.logits && c.head.kind == HeadKind::kToken;
+  // Per-token outputs: packed rows as they are (host outputs are scattered once they land), or
+  // spread back over the padding on the device.
+  const int64_t rows = layout.packed() ? tokens : layout.rows;
+  if (a.outputs_on_device) {
+    if (layout.packed() && !a.packed_outputs) {
+      backend_->unpack_rows(hidden_.data(), layout, a.last_hidden_state, H * es);
+      if (token_logits) backend_->unpack_rows(logits_.data(), layout, a.logits, N * es);
+    } else {
+      backend_->copy_on_device(a.last_hidden_state, hidden_.data(), rows * H * es);
+      if (token_logits) backend_->copy_on_device(a.logits, logits_.data(), rows * N * es);
+    }
+    if (outputs.pooled) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);
+    if (outputs.logits && !token_logits) {
+      backend_->copy_on_device(a.logits, logits_.data(), B * N * es);
+    }
+  } else {
+    backend_->copy_to_host(a.last_hidden_state, hidden_.data(), rows * H * es);
+    if (token_logits) backend_->copy_to_host(a.logits, logits_.data(), rows * N * es);
+    if (outputs.pooled) backend_->copy_to_host(a.pooler_output, pooled_.data(), B * H * es);
+    if (outputs.logits && !token_logits) backend_->copy_to_host(a.logits, logits_.data(), B * N * es);
+  }
 }
 
 }  // namespace ftbert

@@ -15,18 +15,19 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
                                  const void* position,                // [P, H]
                                  const void* token_type,              // [T, H]
                                  const void* gamma, const void* beta,  // [H]
-                                 void* out,                            // [B, S, H]
-                                 int batch, int seq, int hidden, int vocab, int type_vocab,
+                                 void* out,                            // [rows, H]
+                                 const SequenceLayout& l, int hidden, int vocab, int type_vocab,
                                  float eps, int position_pad_id) {
   require_cpu_float32(dt, "embed_layernorm");
   const auto* w = static_cast<const float*>(word);
   const auto* p = static_cast<const float*>(position);
   const auto* t = static_cast<const float*>(token_type);
   auto* o = static_cast<float*>(out);
-  const int64_t tokens = static_cast<int64_t>(batch) * seq;
-  // Positions first (a running count per row), so the parallel rows below need no prefix scans.
-  std::vector<int64_t> pos(tokens);
-  for (int64_t b = 0; b < batch; ++b) {
+  const int64_t seq = l.max_seq, padded = static_cast<int64_t>(l.batch) * seq;
+  // Positions of every padded position first (a running count per row), so that the parallel
+  // rows below need no prefix scans and packing cannot change a position.
+  std::vector<int64_t> pos(padded);
+  for (int64_t b = 0; b < l.batch; ++b) {
     int64_t counted = 0;
     for (int64_t s = 0; s < seq; ++s) {
       const int64_t i = b * seq + s;
@@ -39,9 +40,15 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
       }
     }
   }
-  parallel_for(tokens, tokens * hidden, [&](int64_t begin, int64_t end) {
+  const int64_t rows = l.rows;
+  parallel_for(rows, rows * hidden, [&](int64_t begin, int64_t end) {
     std::vector<float> row(hidden);
-    for (int64_t i = begin; i < end; ++i) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = l.packed() ? l.token_index[r] : r;
+      if (i < 0) {  // a row past the tokens of a packed batch
+        std::fill(o + r * hidden, o + (r + 1) * hidden, 0.0f);
+        continue;
+      }
       // Values are checked by the Python API; clamping keeps any other caller memory-safe.
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
@@ -49,7 +56,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
       for (int h = 0; h < hidden; ++h)
         row[h] = w[id * hidden + h] + p[s * hidden + h] + t[tt * hidden + h];
       layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
-                    o + i * hidden, hidden, eps);
+                    o + r * hidden, hidden, eps);
     }
   });
 }

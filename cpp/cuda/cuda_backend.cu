@@ -306,49 +306,78 @@ void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int 
 
 // ---- fused ops ----------------------------------------------------------------------------------
 
+void CudaBackend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
+                                 int32_t* token_index, int64_t capacity) {
+  DeviceScope scope(device_);
+  invoke_pack_sequences(mask, batch, seq, cu_seqlens, token_index, capacity, stream_);
+}
+
+void CudaBackend::first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
+                               int hidden) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_first_tokens<T>(static_cast<const T*>(x), layout, static_cast<T*>(out), hidden,
+                           stream_);
+  });
+}
+
+void CudaBackend::unpack_rows(const void* in, const SequenceLayout& layout, void* out,
+                              size_t row_bytes) {
+  DeviceScope scope(device_);
+  invoke_unpack_rows(in, layout, out, row_bytes, stream_);
+}
+
+void CudaBackend::clear_rows_past_tokens(void* x, const SequenceLayout& layout,
+                                         size_t row_bytes) {
+  DeviceScope scope(device_);
+  invoke_clear_rows_past_tokens(x, layout, row_bytes, stream_);
+}
+
 void CudaBackend::embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
                                   const void* word, const void* position, const void* token_type,
-                                  const void* gamma, const void* beta, void* out, int batch,
-                                  int seq, int hidden, int vocab, int type_vocab, float eps,
-                                  int position_pad_id) {
+                                  const void* gamma, const void* beta, void* out,
+                                  const SequenceLayout& layout, int hidden, int vocab,
+                                  int type_vocab, float eps, int position_pad_id) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     invoke_embed_layernorm<T>(input_ids, token_type_ids, static_cast<const T*>(word),
                               static_cast<const T*>(position), static_cast<const T*>(token_type),
                               static_cast<const T*>(gamma), static_cast<const T*>(beta),
-                              static_cast<T*>(out), batch, seq, hidden, vocab, type_vocab, eps,
+                              static_cast<T*>(out), layout, hidden, vocab, type_vocab, eps,
                               position_pad_id, stream_);
   });
 }
 
 void CudaBackend::add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q,
-                                         void* k, void* v, int batch, int seq, int heads,
-                                         int head_dim) {
+                                         void* k, void* v, const SequenceLayout& layout,
+                                         int heads, int head_dim) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     invoke_add_qkv_bias_transpose<T>(static_cast<const T*>(qkv), static_cast<const T*>(bias),
                                      static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v),
-                                     batch, seq, heads, head_dim, stream_);
+                                     layout, heads, head_dim, stream_);
   });
 }
 
-void CudaBackend::masked_softmax(DType dt, void* scores, const int32_t* mask, int batch, int heads,
-                                 int seq, float scale) {
+void CudaBackend::masked_softmax(DType dt, void* scores, const SequenceLayout& layout, int heads,
+                                 float scale) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    invoke_masked_softmax<T>(static_cast<T*>(scores), mask, batch, heads, seq, scale, stream_);
+    invoke_masked_softmax<T>(static_cast<T*>(scores), layout.mask, layout.batch, heads,
+                             layout.max_seq, scale, stream_);
   });
 }
 
-void CudaBackend::transpose_heads(DType dt, const void* in, void* out, int batch, int seq,
-                                  int heads, int head_dim) {
+void CudaBackend::transpose_heads(DType dt, const void* in, void* out,
+                                  const SequenceLayout& layout, int heads, int head_dim) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    invoke_transpose_heads<T>(static_cast<const T*>(in), static_cast<T*>(out), batch, seq, heads,
+    invoke_transpose_heads<T>(static_cast<const T*>(in), static_cast<T*>(out), layout, heads,
                               head_dim, stream_);
   });
 }
@@ -391,14 +420,13 @@ std::string CudaBackend::attention_unsupported_reason(AttentionKind kind, DType 
   return "unknown attention kind " + std::to_string(static_cast<int>(kind));
 }
 
-void CudaBackend::flash_attention(DType dt, const void* qkv, const void* qkv_bias,
-                                  const int32_t* mask, void* out, int batch, int seq, int heads,
-                                  int head_dim, float scale) {
+void CudaBackend::flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
+                                  const SequenceLayout& layout, int heads, int head_dim,
+                                  float scale) {
   const std::string why = flash_attention_unsupported_reason(dt, head_dim);
   FTBERT_CHECK(why.empty(), "flash attention on " << device_name_ << ": " << why);
   DeviceScope scope(device_);
-  invoke_flash_attention(dt, qkv, qkv_bias, mask, out, batch, seq, heads, head_dim, scale,
-                         stream_);
+  invoke_flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, stream_);
 }
 
 }  // namespace ftbert::cuda

@@ -58,16 +58,25 @@ class CudaBackend : public Backend {
                     float beta = 0.0f) override;
 
   // ---- fused ops ------------------------------------------------------------------------------
+  void pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
+                      int32_t* token_index, int64_t capacity) override;
+  void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
+                    int hidden) override;
+  void unpack_rows(const void* in, const SequenceLayout& layout, void* out,
+                   size_t row_bytes) override;
+  void clear_rows_past_tokens(void* x, const SequenceLayout& layout, size_t row_bytes) override;
   void embed_layernorm(DType dt, const int32_t* input_ids, const int32_t* token_type_ids,
                        const void* word, const void* position, const void* token_type,
-                       const void* gamma, const void* beta, void* out, int batch, int seq,
-                       int hidden, int vocab, int type_vocab, float eps, int position_pad_id = -1) override;
+                       const void* gamma, const void* beta, void* out,
+                       const SequenceLayout& layout, int hidden, int vocab, int type_vocab,
+                       float eps, int position_pad_id = -1) override;
   void add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q, void* k,
-                              void* v, int batch, int seq, int heads, int head_dim) override;
-  void masked_softmax(DType dt, void* scores, const int32_t* mask, int batch, int heads, int seq,
+                              void* v, const SequenceLayout& layout, int heads,
+                              int head_dim) override;
+  void masked_softmax(DType dt, void* scores, const SequenceLayout& layout, int heads,
                       float scale) override;
-  void transpose_heads(DType dt, const void* in, void* out, int batch, int seq, int heads,
-                       int head_dim) override;
+  void transpose_heads(DType dt, const void* in, void* out, const SequenceLayout& layout,
+                       int heads, int head_dim) override;
   void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
                                    const void* gamma, const void* beta, int rows, int hidden,
                                    float eps, int32_t* nonfinite = nullptr) override;
@@ -78,8 +87,8 @@ class CudaBackend : public Backend {
   bool supports_attention(AttentionKind kind, DType dt, int head_dim) const override;
   std::string attention_unsupported_reason(AttentionKind kind, DType dt,
                                            int head_dim) const override;
-  void flash_attention(DType dt, const void* qkv, const void* qkv_bias, const int32_t* mask,
-                       void* out, int batch, int seq, int heads, int head_dim,
+  void flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
+                       const SequenceLayout& layout, int heads, int head_dim,
                        float scale) override;
 
  private:

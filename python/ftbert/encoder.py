@@ -96,6 +96,7 @@ class Encoder:
         cuda_graphs: bool = True,
         concurrency: int | None = None,
         nonfinite: str = "warn",
+        padding_free="auto",
     ) -> "Encoder":
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
@@ -106,9 +107,10 @@ class Encoder:
         cuda_graphs: replay repeated input shapes as CUDA graphs (see `Encoder.cuda_graphs`).
         concurrency: how many forwards may run at once (see `Encoder.concurrency`).
         nonfinite: what a NaN or Inf in the output does: "warn", "raise" or "ignore" (see
-        `Encoder.nonfinite`).
+        `Encoder.nonfinite`). padding_free: "auto", True or False (see `Encoder.padding_free`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
+        _check_padding_free(padding_free)
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"model path {str(path)!r} does not exist")
@@ -137,6 +139,7 @@ class Encoder:
         native = _C.Encoder(config, weights, f"{kind}:{index}" if kind == "cuda" else "cpu", dtype)
         del weights, tensors
         native.attention = attention
+        native.padding_free = padding_free
         native.graphs = bool(cuda_graphs)
         native.concurrency = _check_concurrency(DEFAULT_CONCURRENCY[kind] if concurrency is None else concurrency)
         if allow_tf32:
@@ -187,6 +190,30 @@ class Encoder:
     def attention_for(self, batch: int, seq: int) -> str:
         """The attention kernel the selector runs for this shape: "flash" or "unfused"."""
         return self._native.attention_for(batch, seq)
+
+    @property
+    def padding_free(self):
+        """Padding-free execution: only the attended tokens are computed, packed one sequence after
+        another (every GEMM, LayerNorm and activation on [tokens, H]; attention per sequence), and
+        the outputs are the same at every attended position, zeros at padding.
+
+        "auto" (the default) packs a batch when at least 10% of its positions are padding and its
+        mask is on the host (numpy arrays, CPU tensors); it stays padded for CUDA tensors (counting
+        their tokens would wait for the GPU) and where packing would change a first-token output
+        (a pooler or sequence head, with a sequence whose position 0 is padding: padded, that
+        position is the first token, as in transformers; packed, the first real token is).
+        True packs every batch (CUDA tensors: their token count is read back once), False none.
+        """
+        return self._native.padding_free
+
+    @padding_free.setter
+    def padding_free(self, mode) -> None:
+        self._native.padding_free = _check_padding_free(mode)
+
+    def padding_free_for(self, batch: int, seq: int, tokens: int) -> bool:
+        """Whether a host batch of `tokens` attended tokens in [batch, seq] (every sequence starting
+        with a token) runs packed."""
+        return self._native.padding_free_for(batch, seq, tokens)
 
     @property
     def cuda_graphs(self) -> bool:
@@ -343,6 +370,104 @@ class Encoder:
         # memory to other work before the engine has read them.
         return EncoderOutput(hidden, pooled, logits)
 
+    def forward_packed(self, input_ids, cu_seqlens, token_type_ids=None) -> EncoderOutput:
+        """Runs sequences given packed, one after another with no padding (FlashAttention's varlen
+        convention): sequence b is input_ids[cu_seqlens[b]:cu_seqlens[b + 1]].
+
+        input_ids, token_type_ids: [T] (numpy, a list, or torch tensors, on the encoder's GPU or the
+        CPU); cu_seqlens: [B + 1] offsets, 0 first and T last, on the host (a list, numpy or a CPU
+        tensor: the shapes of the work depend on it). Returns packed outputs: last_hidden_state
+        [T, H] and token logits [T, N] in input order; pooler_output [B, H] and sequence logits
+        [B, N] per sequence (an empty sequence's are those of a zero first token). Runs packed
+        whatever `padding_free` says.
+        """
+        torch = _torch()
+        cu = _host_offsets(cu_seqlens)
+        is_torch = isinstance(input_ids, torch.Tensor)
+        on_gpu = is_torch and input_ids.device.type == "cuda"
+        if is_torch:
+            check_tensor("input_ids", input_ids)
+            if token_type_ids is not None:
+                check_tensor("token_type_ids", token_type_ids)
+                if token_type_ids.device != input_ids.device:
+                    raise ValueError(f"token_type_ids is on {token_type_ids.device} but input_ids is on "
+                                     f"{input_ids.device}")
+        else:
+            input_ids = as_int_array("input_ids", np.asarray(input_ids)[None, :] if not isinstance(
+                input_ids, np.ndarray) or input_ids.ndim == 1 else input_ids)[0]
+            if token_type_ids is not None:
+                token_type_ids = as_int_array("token_type_ids", np.asarray(token_type_ids).reshape(1, -1))[0]
+        if input_ids.ndim != 1:
+            raise ValueError(f"input_ids must be 1-D [tokens] for forward_packed, got shape {tuple(input_ids.shape)}")
+        T = int(input_ids.shape[0])
+        if int(cu[-1]) != T:
+            raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but input_ids has {T} tokens")
+        if token_type_ids is not None and tuple(token_type_ids.shape) != (T,):
+            raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, expected ({T},) like input_ids")
+        lengths = np.diff(cu)
+        B, S = len(lengths), max(1, int(lengths.max()))
+        # Each token's padded position in a right-padded [B, S] batch.
+        index = np.repeat(np.arange(B, dtype=np.int64) * S - cu[:-1], lengths) + np.arange(T)
+        if on_gpu:
+            if self.device.startswith("cuda") and input_ids.device.index == int(self.device.split(":")[1]):
+                return self._forward_packed_cuda(input_ids, token_type_ids, index, B, S, T)
+            raise ValueError(f"input_ids is on {input_ids.device} but the encoder runs on {self.device}")
+        if is_torch:
+            in_device = input_ids.device
+            input_ids = tensor_to_numpy("input_ids", input_ids[None])[0]
+            if token_type_ids is not None:
+                token_type_ids = tensor_to_numpy("token_type_ids", token_type_ids[None])[0]
+        ids = np.zeros(B * S, np.int32)
+        mask = np.zeros(B * S, np.int32)
+        types = np.zeros(B * S, np.int32)
+        ids[index] = input_ids
+        mask[index] = 1
+        if token_type_ids is not None:
+            types[index] = token_type_ids
+        ids, mask, types = (a.reshape(B, S) for a in (ids, mask, types))
+        check_values(self.config, ids, mask, types)
+        hidden, pooled, logits, nonfinite, earlier = self._native.forward_host(ids, mask, types, packed_outputs=True)
+        self._report_nonfinite(nonfinite, earlier)
+        out = EncoderOutput(*(None if a is None else _from_native_numpy(a) for a in (hidden, pooled, logits)))
+        if not is_torch:
+            return out
+        tdtype = getattr(torch, self.dtype)
+
+        def back(a):
+            return None if a is None else torch.from_numpy(a).to(device=in_device, dtype=tdtype)
+
+        return EncoderOutput(back(out.last_hidden_state), back(out.pooler_output), back(out.logits))
+
+    def _forward_packed_cuda(self, input_ids, token_type_ids, index, B, S, T) -> EncoderOutput:
+        torch = _torch()
+        dev = input_ids.device
+        idx = torch.from_numpy(index).to(dev, non_blocking=True)
+        ids = torch.zeros(B * S, dtype=torch.int32, device=dev)
+        mask = torch.zeros(B * S, dtype=torch.int32, device=dev)
+        types = torch.zeros(B * S, dtype=torch.int32, device=dev)
+        ids.index_copy_(0, idx, device_int32(input_ids))
+        mask.index_fill_(0, idx, 1)
+        if token_type_ids is not None:
+            types.index_copy_(0, idx, device_int32(token_type_ids))
+        ids, mask, types = (a.view(B, S) for a in (ids, mask, types))
+        self._check_device_values(ids, mask, types)
+        tdtype = getattr(torch, self.dtype)
+        hidden = torch.empty((T, self.hidden_size), dtype=tdtype, device=dev)
+        pooled = torch.empty((B, self.hidden_size), dtype=tdtype, device=dev) if self.config["has_pooler"] else None
+        logits = None
+        if self.head is not None:
+            rows = T if self.head == "token_classification" else B
+            logits = torch.empty((rows, self.num_labels), dtype=tdtype, device=dev)
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        nonfinite, earlier = self._native.forward_device(
+            ids.data_ptr(), mask.data_ptr(), types.data_ptr(), B, S,
+            hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
+            0 if logits is None else logits.data_ptr(), stream, self._nonfinite == "raise",
+            tokens=T, packed_outputs=True,
+        )
+        self._report_nonfinite(nonfinite, earlier)
+        return EncoderOutput(hidden, pooled, logits)
+
     def _report_nonfinite(self, now: bool, earlier: bool) -> None:
         if self._nonfinite == "ignore" or not (now or earlier):
             return
@@ -437,6 +562,37 @@ def _check_nonfinite(mode) -> str:
     if mode not in NONFINITE:
         raise ValueError(f"unknown nonfinite {mode!r}: expected one of {', '.join(NONFINITE)}")
     return mode
+
+
+def _check_padding_free(mode):
+    if isinstance(mode, (bool, np.bool_)):
+        return bool(mode)
+    if mode != "auto":
+        raise ValueError(f"padding_free must be 'auto', True or False, got {mode!r}")
+    return mode
+
+
+def _host_offsets(cu_seqlens) -> np.ndarray:
+    """cu_seqlens (a list, numpy array or CPU tensor) -> int64 numpy offsets, checked."""
+    torch = _torch()
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.device.type != "cpu":
+            raise ValueError(
+                f"cu_seqlens is on {cu_seqlens.device}: pass it on the host (a list, numpy array or CPU "
+                "tensor), since the shapes of the work depend on it"
+            )
+        cu_seqlens = cu_seqlens.numpy()
+    cu = np.asarray(cu_seqlens)
+    if cu.dtype == object or not (np.issubdtype(cu.dtype, np.integer) or cu.dtype == bool) or cu.dtype == bool:
+        raise TypeError(f"cu_seqlens must hold integers, got dtype {cu.dtype}")
+    if cu.ndim != 1 or cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries [B + 1], got shape {cu.shape}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+    if (np.diff(cu) < 0).any():
+        raise ValueError("cu_seqlens must not decrease (sequence lengths are its differences)")
+    return cu
 
 
 def _check_concurrency(n) -> int:

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "ftbert/backend.h"
 #include "ftbert/check.h"
 #include "ftbert/host_convert.h"
+#include "ftbert/sequences.h"
 #include "ftbert/weights.h"
 
 namespace ftbert::bindings {
@@ -61,6 +63,46 @@ class OpRunner {
   }
   DeviceBuffer empty(size_t n, DType dt) { return DeviceBuffer(backend_.get(), n * dtype_size(dt)); }
 
+  // A layout over a [B, S] mask: padded (mask uploaded), or packed by the backend's own
+  // pack_sequences from it. The buffers live as long as this value.
+  struct Layout {
+    DeviceBuffer mask, cu_seqlens, token_index;
+    SequenceLayout layout;
+    int64_t tokens = 0;
+  };
+  Layout layout(const I32Array& mask, bool packed) {
+    FTBERT_CHECK_INPUT(mask.ndim() == 2, "mask must be 2-D [batch, seq]");
+    Layout l;
+    const int B = mask.shape(0), S = mask.shape(1);
+    l.mask = upload_ints(mask);
+    l.layout = SequenceLayout::padded(B, S, l.mask.as<int32_t>());
+    l.tokens = static_cast<int64_t>(B) * S;
+    if (!packed) return l;
+    l.tokens = 0;
+    for (py::ssize_t i = 0; i < mask.size(); ++i) l.tokens += mask.data()[i] != 0;
+    l.cu_seqlens = DeviceBuffer(backend_.get(), (B + 1) * sizeof(int32_t));
+    l.token_index = DeviceBuffer(backend_.get(), static_cast<size_t>(B) * S * sizeof(int32_t));
+    backend_->pack_sequences(l.mask.as<int32_t>(), B, S, l.cu_seqlens.as<int32_t>(),
+                             l.token_index.as<int32_t>(), static_cast<int64_t>(B) * S);
+    l.layout.cu_seqlens = l.cu_seqlens.as<int32_t>();
+    l.layout.token_index = l.token_index.as<int32_t>();
+    l.layout.rows = static_cast<int>(l.tokens);
+    return l;
+  }
+
+  // Packed over `mask` when one is given, else padded [B, S] with no mask (ops that read none).
+  Layout layout_for(const std::optional<I32Array>& mask, int batch, int seq) {
+    if (mask) {
+      FTBERT_CHECK_INPUT(mask->ndim() == 2 && mask->shape(0) == batch && mask->shape(1) == seq,
+                         "mask must be [" << batch << ", " << seq << "]");
+      return layout(*mask, true);
+    }
+    Layout l;
+    l.layout = SequenceLayout::padded(batch, seq, nullptr);
+    l.tokens = static_cast<int64_t>(batch) * seq;
+    return l;
+  }
+
   // float32 numpy array of `shape` from a device buffer in dtype `dt`.
   py::array_t<float> download(const DeviceBuffer& buf, DType dt, std::vector<py::ssize_t> shape) {
     py::array_t<float> out(shape);
@@ -78,6 +120,21 @@ class OpRunner {
 
 void require_ndim(const py::array& a, int ndim, const char* what) {
   FTBERT_CHECK_INPUT(a.ndim() == ndim, what << " must be " << ndim << "-D, got " << a.ndim() << "-D");
+}
+
+// The rows of x [B, S, W] where mask [B, S] is set, in order: [T, W] (a packed batch).
+F32Array pack_rows(const F32Array& x, const I32Array& mask) {
+  require_ndim(x, 3, "x");
+  FTBERT_CHECK_INPUT(mask.ndim() == 2 && mask.shape(0) == x.shape(0) && mask.shape(1) == x.shape(1),
+                     "mask must be [B, S] for x [B, S, W]");
+  const py::ssize_t W = x.shape(2);
+  std::vector<py::ssize_t> rows;
+  for (py::ssize_t i = 0; i < mask.size(); ++i)
+    if (mask.data()[i] != 0) rows.push_back(i);
+  F32Array out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows.size()), W});
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy(x.data() + rows[r] * W, x.data() + (rows[r] + 1) * W, out.mutable_data() + r * W);
+  return out;
 }
 
 }  // namespace
@@ -132,7 +189,8 @@ void register_op_runner(py::module_& m) {
       .def("embed_layernorm",
            [](OpRunner& r, const std::string& dtype, const I32Array& ids, const I32Array& types,
               const F32Array& word, const F32Array& position, const F32Array& token_type,
-              const F32Array& gamma, const F32Array& beta, float eps, int position_pad_id) {
+              const F32Array& gamma, const F32Array& beta, float eps, int position_pad_id,
+              const std::optional<I32Array>& mask) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(ids, 2, "ids");
              const int B = ids.shape(0), S = ids.shape(1), H = word.shape(1);
@@ -141,35 +199,42 @@ void register_op_runner(py::module_& m) {
              auto di = r.upload_ints(ids), dtt = r.upload_ints(types);
              auto dw = r.upload(word, dt), dp = r.upload(position, dt), dty = r.upload(token_type, dt);
              auto dg = r.upload(gamma, dt), db = r.upload(beta, dt);
-             auto out = r.empty(static_cast<size_t>(B) * S * H, dt);
+             // Packed (a mask given): one row per attended token, [T, H].
+             auto l = r.layout_for(mask, B, S);
+             auto out = r.empty(static_cast<size_t>(l.layout.rows) * H, dt);
              r.backend().embed_layernorm(dt, di.as<int32_t>(), dtt.as<int32_t>(), dw.data(),
-                                         dp.data(), dty.data(), dg.data(), db.data(), out.data(), B,
-                                         S, H, word.shape(0), token_type.shape(0), eps,
+                                         dp.data(), dty.data(), dg.data(), db.data(), out.data(),
+                                         l.layout, H, word.shape(0), token_type.shape(0), eps,
                                          position_pad_id);
+             if (mask) return r.download(out, dt, {l.layout.rows, H});
              return r.download(out, dt, {B, S, H});
            },
            py::arg("dtype"), py::arg("ids"), py::arg("types"), py::arg("word"), py::arg("position"),
            py::arg("token_type"), py::arg("gamma"), py::arg("beta"), py::arg("eps"),
-           py::arg("position_pad_id") = -1)
+           py::arg("position_pad_id") = -1, py::arg("mask") = py::none())
       .def("add_qkv_bias_transpose",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
-              int heads) {
+              int heads, const std::optional<I32Array>& mask) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3, d = H / heads;
              FTBERT_CHECK_INPUT(qkv.shape(2) == 3 * H && H == heads * d, "qkv: bad last dimension");
-             auto dq = r.upload(qkv, dt), dbias = r.upload(bias, dt);
+             // Packed (a mask given): the op reads qkv's attended rows only, packed.
+             auto l = r.layout_for(mask, B, S);
+             auto dq = r.upload(mask ? pack_rows(qkv, *mask) : qkv, dt), dbias = r.upload(bias, dt);
              const size_t n = static_cast<size_t>(B) * S * H;
              auto q = r.empty(n, dt), k = r.empty(n, dt), v = r.empty(n, dt);
              r.backend().add_qkv_bias_transpose(dt, dq.data(), dbias.data(), q.data(), k.data(),
-                                                v.data(), B, S, heads, d);
+                                                v.data(), l.layout, heads, d);
              return py::make_tuple(r.download(q, dt, {B, heads, S, d}),
                                    r.download(k, dt, {B, heads, S, d}),
                                    r.download(v, dt, {B, heads, S, d}));
-           })
+           },
+           py::arg("dtype"), py::arg("qkv"), py::arg("bias"), py::arg("heads"),
+           py::arg("mask") = py::none())
       .def("masked_softmax",
            [](OpRunner& r, const std::string& dtype, const F32Array& scores, const I32Array& mask,
-              float scale) {
+              float scale, bool packed) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(scores, 4, "scores");
              const int B = scores.shape(0), h = scores.shape(1), S = scores.shape(2);
@@ -177,20 +242,28 @@ void register_op_runner(py::module_& m) {
                                     mask.shape(1) == S,
                                 "masked_softmax: scores must be [B, h, S, S] and mask [B, S]");
              auto ds = r.upload(scores, dt);
-             auto dm = r.upload_ints(mask);
-             r.backend().masked_softmax(dt, ds.data(), dm.as<int32_t>(), B, h, S, scale);
+             // Packed: keys s < the sequence's length (mask's count) attend.
+             auto l = r.layout(mask, packed);
+             r.backend().masked_softmax(dt, ds.data(), l.layout, h, scale);
              return r.download(ds, dt, shape_of(scores));
-           })
+           },
+           py::arg("dtype"), py::arg("scores"), py::arg("mask"), py::arg("scale"),
+           py::arg("packed") = false)
       .def("transpose_heads",
-           [](OpRunner& r, const std::string& dtype, const F32Array& x) {
+           [](OpRunner& r, const std::string& dtype, const F32Array& x,
+              const std::optional<I32Array>& mask) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(x, 4, "x");
              const int B = x.shape(0), h = x.shape(1), S = x.shape(2), d = x.shape(3);
+             // Packed (a mask given): sequence b's first len_b positions become its rows, [T, H].
+             auto l = r.layout_for(mask, B, S);
              auto dx = r.upload(x, dt);
-             auto out = r.empty(x.size(), dt);
-             r.backend().transpose_heads(dt, dx.data(), out.data(), B, S, h, d);
+             auto out = r.empty(static_cast<size_t>(l.layout.rows) * h * d, dt);
+             r.backend().transpose_heads(dt, dx.data(), out.data(), l.layout, h, d);
+             if (mask) return r.download(out, dt, {l.layout.rows, h * d});
              return r.download(out, dt, {B, S, h * d});
-           })
+           },
+           py::arg("dtype"), py::arg("x"), py::arg("mask") = py::none())
       .def("add_bias_residual_layernorm",
            [](OpRunner& r, const std::string& dtype, const F32Array& x, const F32Array& residual,
               const F32Array& bias, const F32Array& gamma, const F32Array& beta, float eps) {
@@ -215,7 +288,7 @@ void register_op_runner(py::module_& m) {
            })
       .def("first_token_dense",
            [](OpRunner& r, const std::string& dtype, const F32Array& hidden, const F32Array& weight,
-              const F32Array& bias, const std::string& act) {
+              const F32Array& bias, const std::string& act, const std::optional<I32Array>& mask) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(hidden, 3, "hidden");
              require_ndim(weight, 2, "weight");
@@ -223,24 +296,74 @@ void register_op_runner(py::module_& m) {
              const int N = weight.shape(1);
              FTBERT_CHECK_INPUT(weight.shape(0) == H && bias.size() == N,
                                 "first_token_dense: weight must be [H, N] and bias [N]");
-             auto dh = r.upload(hidden, dt), dw = r.upload(weight, dt), db = r.upload(bias, dt);
+             // Packed (a mask given): hidden's attended rows only; a sequence's first token is
+             // its first attended one.
+             auto l = r.layout_for(mask, B, S);
+             auto dh = r.upload(mask ? pack_rows(hidden, *mask) : hidden, dt);
+             auto dw = r.upload(weight, dt), db = r.upload(bias, dt);
              auto out = r.empty(static_cast<size_t>(B) * N, dt);
-             r.backend().first_token_dense(dt, dh.data(), dw.data(), db.data(), out.data(), B, S,
-                                           H, N, activation_from_name(act));
+             auto scratch = r.empty(static_cast<size_t>(B) * H, dt);
+             r.backend().first_token_dense(dt, dh.data(), l.layout, dw.data(), db.data(),
+                                           out.data(), scratch.data(), H, N,
+                                           activation_from_name(act));
              return r.download(out, dt, {B, N});
-           })
+           },
+           py::arg("dtype"), py::arg("hidden"), py::arg("weight"), py::arg("bias"), py::arg("act"),
+           py::arg("mask") = py::none())
       .def("flash_attention",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
-              const I32Array& mask, int heads, float scale) {
+              const I32Array& mask, int heads, float scale, bool packed) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3;
-             auto dq = r.upload(qkv, dt), db = r.upload(bias, dt);
-             auto dm = r.upload_ints(mask);
-             auto out = r.empty(static_cast<size_t>(B) * S * H, dt);
-             r.backend().flash_attention(dt, dq.data(), db.data(), dm.as<int32_t>(), out.data(), B,
-                                         S, heads, H / heads, scale);
+             // Packed: qkv's attended rows only in, [T, H] out.
+             auto l = r.layout(mask, packed);
+             auto dq = r.upload(packed ? pack_rows(qkv, mask) : qkv, dt), db = r.upload(bias, dt);
+             auto out = r.empty(static_cast<size_t>(l.layout.rows) * H, dt);
+             r.backend().flash_attention(dt, dq.data(), db.data(), out.data(), l.layout, heads,
+                                         H / heads, scale);
+             if (packed) return r.download(out, dt, {l.layout.rows, H});
              return r.download(out, dt, {B, S, H});
+           },
+           py::arg("dtype"), py::arg("qkv"), py::arg("bias"), py::arg("mask"), py::arg("heads"),
+           py::arg("scale"), py::arg("packed") = false)
+      // The sequence-layout ops on their own: packing (cu_seqlens, token_index), the scatter
+      // back to [B, S, W], and the clearing of rows past T in a bucket of `rows` rows.
+      .def("pack_sequences",
+           [](OpRunner& r, const I32Array& mask) {
+             auto l = r.layout(mask, true);
+             const int B = mask.shape(0), S = mask.shape(1);
+             py::array_t<int32_t> cu(B + 1), index(static_cast<py::ssize_t>(B) * S);
+             r.backend().copy_to_host(cu.mutable_data(), l.cu_seqlens.data(), (B + 1) * sizeof(int32_t));
+             r.backend().copy_to_host(index.mutable_data(), l.token_index.data(),
+                                      static_cast<size_t>(B) * S * sizeof(int32_t));
+             r.backend().synchronize();
+             return py::make_tuple(cu, index);
+           })
+      .def("unpack_rows",
+           [](OpRunner& r, const std::string& dtype, const F32Array& packed, const I32Array& mask) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(packed, 2, "packed");
+             auto l = r.layout(mask, true);
+             FTBERT_CHECK_INPUT(packed.shape(0) == l.tokens, "packed must have one row per attended token");
+             const int B = mask.shape(0), S = mask.shape(1), W = packed.shape(1);
+             auto in = r.upload(packed, dt);
+             auto out = r.empty(static_cast<size_t>(B) * S * W, dt);
+             r.backend().unpack_rows(in.data(), l.layout, out.data(), W * dtype_size(dt));
+             return r.download(out, dt, {B, S, W});
+           })
+      .def("clear_rows_past_tokens",
+           [](OpRunner& r, const std::string& dtype, const F32Array& x, const I32Array& mask) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(x, 2, "x");
+             auto l = r.layout(mask, true);
+             FTBERT_CHECK_INPUT(x.shape(0) >= l.tokens && x.shape(0) <= mask.size(),
+                                "x must have between T and B*S rows");
+             l.layout.rows = x.shape(0);
+             l.layout.bounded = true;
+             auto dx = r.upload(x, dt);
+             r.backend().clear_rows_past_tokens(dx.data(), l.layout, x.shape(1) * dtype_size(dt));
+             return r.download(dx, dt, shape_of(x));
            });
 
   // Raw-pointer attention for kernel benchmarks on device tensors; enqueued on `stream`.
@@ -259,8 +382,9 @@ void register_op_runner(py::module_& m) {
         r.backend().set_stream(stream);
         run_attention(r.backend(), kind_from_name(kind), dtype_from_string(dtype),
                       reinterpret_cast<const void*>(qkv), reinterpret_cast<const void*>(bias),
-                      reinterpret_cast<const int32_t*>(mask), reinterpret_cast<void*>(out),
-                      reinterpret_cast<void*>(workspace), batch, seq, heads, head_dim);
+                      reinterpret_cast<void*>(out), reinterpret_cast<void*>(workspace),
+                      SequenceLayout::padded(batch, seq, reinterpret_cast<const int32_t*>(mask)),
+                      heads, head_dim);
       },
       py::arg("runner"), py::arg("kind"), py::arg("dtype"), py::arg("qkv"), py::arg("bias"),
       py::arg("mask"), py::arg("out"), py::arg("workspace"), py::arg("batch"), py::arg("seq"),

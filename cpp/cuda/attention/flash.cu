@@ -38,6 +38,11 @@
 // range is found on the device from the mask), so left or right padding costs no work; masked keys
 // inside the range get -inf. Keys past S are zero-filled (finite V rows, so 0 · V stays 0).
 //
+// Packed batches (cu_seqlens, FlashAttention's varlen): sequence b is rows cu[b]..cu[b+1]-1, every
+// one a token; blocks past a sequence's end return at once, so the grid sized for the longest
+// sequence costs the short ones nothing. flash_common.cuh's SequenceRows is the only code that
+// tells the two layouts apart.
+//
 // Tile choice (Br query rows x Bc keys per step; 4 warps; measured on an H100 at BERT shapes):
 //   - Each warp owns one or two 16-row mma tiles. With two (Br = 128, "wide"), every K/V
 //     fragment read from shared memory feeds two mma instead of one, which cuts shared-memory
@@ -146,65 +151,29 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int q0 = blockIdx.x * Br;
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
-  const int S = p.seq;
-  const int H = p.heads * D;
+  const SequenceRows<T, D> seq(p, blockIdx.z, blockIdx.y);
+  if (q0 >= seq.len) return;  // past this sequence's end (packed batches); uniform per block
   const float scale_log2 = p.scale_log2;
-  // Row s of this (batch, head): Q at qkv + s*3H, K at + H, V at + 2H.
-  const T* qkv = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * S * (3 * H) + head * D;
-  const T* bias = static_cast<const T*>(p.bias) + head * D;
-  const int32_t* mask = p.mask + static_cast<int64_t>(b) * S;
 
-  // ---- the key range [lo, hi] holding every unmasked key of this sequence --------------------
-  int lo, hi;
-  unmasked_key_range<kThreads>(mask, S, &sRange[0][0], lo, hi);
-  const int t_begin = lo / Bc;
-  const int t_end = hi < 0 ? t_begin : hi / Bc + 1;  // no unmasked key: no tiles, zero output
+  int t_begin, t_end;
+  seq.template key_tiles<kThreads, Bc>(&sRange[0][0], t_begin, t_end);
 
   // ---- loads ---------------------------------------------------------------------------------
-  // Offsets inside one sequence fit in 32 bits (S * 3H elements); the base pointers carry the
-  // 64-bit batch offset. Rows past S are zero-filled from a clamped (valid) address.
-  static_assert(kThreads % kChunks == 0, "a thread copies the same column chunk of every row");
-  constexpr int kRowStep = kThreads / kChunks;
-  const int ld = 3 * H;
-  const int my_row = tid / kChunks;
-  const int my_col = (tid % kChunks) * 8;
-  auto load_q = [&]() {
-#pragma unroll
-    for (int row = my_row; row < Br; row += kRowStep) {
-      const int s = q0 + row;
-      cp_async_16(sQ + row * kStride + my_col, qkv + (min(s, S - 1) * ld + my_col), s < S);
-    }
-  };
-  // Returns whether this thread wrote a masked key (padding or past S) into the key bias.
+  auto q_at = [&](int row, int chunk) { return sQ + row * kStride + chunk * 8; };
+  // Loads key tile `tile` into buffer `buf`; returns whether this thread wrote a masked key.
   auto load_kv = [&](int tile, int buf) {
-    const int k0 = tile * Bc;
     T* dk = sK + buf * Tile::kKVElems;
     T* dv = sV + buf * Tile::kKVElems;
-#pragma unroll
-    for (int row = my_row; row < Bc; row += kRowStep) {
-      const int s = k0 + row;
-      const int off = min(s, S - 1) * ld + my_col;
-      cp_async_16(dk + row * kStride + my_col, qkv + (off + H), s < S);
-      cp_async_16(dv + row * kStride + my_col, qkv + (off + 2 * H), s < S);
-    }
-    bool masked = false;
-#pragma unroll
-    for (int i = tid; i < Bc; i += kThreads) {
-      const int s = k0 + i;
-      const bool keep = s < S && mask[s] != 0;
-      sKeyBias[buf * Bc + i] = keep ? 0.0f : kNegInf;
-      masked |= !keep;
-    }
-    return masked;
+    return seq.template load_kv<Bc, kThreads>(
+        tile * Bc, [&](int row, int chunk) { return dk + row * kStride + chunk * 8; },
+        [&](int row, int chunk) { return dv + row * kStride + chunk * 8; }, sKeyBias + buf * Bc);
   };
 
   // Groups in flight: Q, then one per key tile; kStages - 1 key tiles are loaded ahead. Every
   // stage commits a group, empty or not, so the wait counts stay uniform.
   // bit `buf`: this thread's key-bias entries of that buffer hold a masked key.
   int masked_bits = 0;
-  load_q();
+  seq.template load_q<Br, kThreads>(q0, q_at);
   cp_async_commit();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -220,14 +189,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   };
   auto next_buf = [](int buf) { return buf + 1 == kStages ? 0 : buf + 1; };
 
-  // Q + bias, in fp32, rounded once; each thread fixes the chunks it copied itself, which
-  // cp.async.wait_group makes visible to it.
+  // Q + bias, by the thread that copied each chunk.
   cp_async_wait<kStages - 1>();
-  const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + my_col));
-#pragma unroll
-  for (int row = my_row; row < Br; row += kRowStep) {
-    add_bias_chunk<T>(reinterpret_cast<uint4*>(sQ + row * kStride + my_col), bq);
-  }
+  seq.template add_q_bias<Br, kThreads>(q_at);
   __syncthreads();
 
   // This warp's rows: warp_row0 + 16m + {g, g + 8} for m-tile m, g = lane / 4.
@@ -356,7 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   __syncwarp();
   T* so = sQ + warp_row0 * kStride;
   const int g = lane / 4;
-  const T* bias_v = bias + 2 * H;
+  const T* bias_v = seq.bias + 2 * seq.H;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
     float inv_sum[2], has_keys[2];
@@ -376,16 +340,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
   }
   __syncwarp();
-  T* out = static_cast<T*>(p.out) + head * D;
-#pragma unroll
-  for (int i = lane; i < Tile::kWarpRows * kChunks; i += 32) {
-    const int row = i / kChunks, ch = i % kChunks;
-    const int s = q0 + warp_row0 + row;
-    if (s < S) {
-      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(b) * S + s) * H + ch * 8) =
-          *reinterpret_cast<const uint4*>(so + row * kStride + ch * 8);
-    }
-  }
+  seq.template store_rows<Tile::kWarpRows>(
+      q0 + warp_row0, [&](int row, int chunk) { return so + row * kStride + chunk * 8; }, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -407,18 +363,9 @@ void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stre
   constexpr size_t smem = Tile::smem_bytes(sizeof(T));
   auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
                                        C::kStages, C::kQRegs>;
-  if constexpr (smem > 48 * 1024) {
-    // The opt-in above 48 KB is per device; remember which devices already have it.
-    static std::atomic<uint64_t> raised_on{0};
-    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-    if (bit == 0 || !(raised_on.load(std::memory_order_acquire) & bit)) {
-      FTBERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem)));
-      raised_on.fetch_or(bit, std::memory_order_release);
-    }
-  }
-  const dim3 grid((p.seq + C::Br - 1) / C::Br, p.heads, batch);
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+  static std::atomic<uint64_t> raised_on{0};
+  allow_shared_memory(kernel, smem, device, raised_on);
+  kernel<<<flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream>>>(p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
 
@@ -516,11 +463,12 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim) {
   return "";
 }
 
-void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, const int32_t* mask,
-                            void* out, int batch, int seq, int heads, int head_dim, float scale,
+void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
+                            const SequenceLayout& layout, int heads, int head_dim, float scale,
                             cudaStream_t stream) {
   const std::string why = flash_attention_unsupported_reason(dt, head_dim);
   FTBERT_CHECK(why.empty(), why);
+  const int batch = layout.batch, seq = layout.max_seq;
   FTBERT_CHECK(batch >= 0 && seq >= 0 && heads > 0,
                "flash attention: bad shape batch=" << batch << " seq=" << seq
                                                    << " heads=" << heads);
@@ -531,8 +479,9 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, con
   // The running max is kept in raw score units, which orders scores correctly only for scale > 0.
   FTBERT_CHECK(scale > 0.0f && std::isfinite(scale),
                "flash attention: scale must be positive and finite, got " << scale);
-  if (batch == 0 || seq == 0) return;
-  FTBERT_CHECK(qkv && qkv_bias && mask && out, "flash attention: null pointer argument");
+  if (batch == 0 || seq == 0 || layout.rows == 0) return;
+  FTBERT_CHECK(qkv && qkv_bias && out && (layout.packed() || layout.mask),
+               "flash attention: null pointer argument");
   // 16-byte vector copies of rows (row strides are multiples of 16 bytes since d % 8 == 0).
   const auto aligned16 = [](const void* ptr) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
@@ -543,7 +492,8 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, con
   FlashParams p;
   p.qkv = qkv;
   p.bias = qkv_bias;
-  p.mask = mask;
+  p.mask = layout.packed() ? nullptr : layout.mask;
+  p.cu_seqlens = layout.cu_seqlens;
   p.out = out;
   p.seq = seq;
   p.heads = heads;

@@ -7,20 +7,21 @@
 #include <string>
 
 #include "ftbert/dtype.h"
+#include "ftbert/sequences.h"
 
 namespace ftbert::cuda {
 
 // "" when the fused kernel runs for this dtype/head dim, else why not (names the property).
 std::string flash_attention_unsupported_reason(DType dt, int head_dim);
 
-// out[b, s, h*d + :] = softmax(scale * q·kᵀ over keys with mask==1) · v, with q/k/v read from
-// the QKV GEMM output plus bias. Fully masked rows give zeros.
+// out[row, h*d + :] = softmax(scale * q·kᵀ over the sequence's keys) · v, with q/k/v read from
+// the QKV GEMM output plus bias: padded batches attend over keys with mask == 1 (fully masked rows
+// give zeros), packed ones over their own rows.
 void invoke_flash_attention(DType dt,
-                            const void* qkv,       // [B, S, 3H] (Q|K|V, bias not added)
+                            const void* qkv,       // [rows, 3H] (Q|K|V, bias not added)
                             const void* qkv_bias,  // [3H]
-                            const int32_t* mask,   // [B, S]
-                            void* out,             // [B, S, H]
-                            int batch, int seq, int heads, int head_dim, float scale,
+                            void* out,             // [rows, H]
+                            const SequenceLayout& layout, int heads, int head_dim, float scale,
                             cudaStream_t stream);
 
 }  // namespace ftbert::cuda

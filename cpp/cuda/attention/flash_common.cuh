@@ -4,23 +4,34 @@
 // and columns 8j + 2c, 8j + 2c + 1 (c = lane % 4) of each 8-column block j, as
 //   x[j][0], x[j][1]: row g      x[j][2], x[j][3]: row g + 8
 // which is both the mma.sync m16n8 accumulator layout and, per warp, the wgmma m64nN one.
+//
+// Also shared: the skeleton around the matrix products. SequenceRows is where a block's rows are
+// (padded or packed batches: the only place that knows the difference), and its loaders and
+// stores move 16-byte chunks between those rows and a kernel's shared-memory tiles, whatever
+// their layout (the kernel passes the address of a row's chunk). The launch helpers size the grid
+// and opt in to large shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+
+#include "cuda/cuda_check.h"
 
 namespace ftbert::cuda::flash_detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct FlashParams {
-  const void* qkv;      // [B, S, 3H]
-  const void* bias;     // [3H]
-  const int32_t* mask;  // [B, S]
-  void* out;            // [B, S, H]
-  int seq;
+  const void* qkv;                      // [rows, 3H]: B·S padded, T packed
+  const void* bias;                     // [3H]
+  const int32_t* mask = nullptr;        // [B, S], padded batches
+  const int32_t* cu_seqlens = nullptr;  // [B + 1], packed batches (then mask is not read)
+  void* out;                            // [rows, H]
+  int seq;                              // S: the padded length; packed, the longest sequence
   int heads;
   float scale_log2;  // scale * log2(e)
 };
@@ -217,6 +228,133 @@ __device__ __forceinline__ void finish_rows(const float (&row_sum)[2], float (&i
     inv_sum[r] = l > 0.0f ? 1.0f / l : 0.0f;
     has_keys[r] = l > 0.0f ? 1.0f : 0.0f;
   }
+}
+
+// The rows of sequence b for one head, as a block of either kernel sees them: a padded batch's
+// rows b·S + s with the mask's keys, or a packed batch's rows cu_seqlens[b] + s, all of them
+// tokens. Offsets inside a sequence fit in 32 bits; the base pointers carry the 64-bit offset.
+template <typename T, int D>
+struct SequenceRows {
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per head row
+  const T* qkv;          // this head's Q in the sequence's row 0; K at + H, V at + 2H
+  const T* bias;         // this head's Q bias; V's at + 2H
+  T* out;                // this head's output columns in row 0
+  const int32_t* mask;   // [len] key mask; null when packed (every row is a token)
+  int len;               // rows of the sequence
+  int H;
+
+  __device__ __forceinline__ SequenceRows(const FlashParams& p, int b, int head) {
+    H = p.heads * D;
+    int64_t row0;
+    if (p.cu_seqlens != nullptr) {
+      row0 = p.cu_seqlens[b];
+      len = p.cu_seqlens[b + 1] - p.cu_seqlens[b];
+      mask = nullptr;
+    } else {
+      row0 = static_cast<int64_t>(b) * p.seq;
+      len = p.seq;
+      mask = p.mask + row0;
+    }
+    qkv = static_cast<const T*>(p.qkv) + row0 * (3 * H) + head * D;
+    bias = static_cast<const T*>(p.bias) + head * D;
+    out = static_cast<T*>(p.out) + row0 * H + head * D;
+  }
+
+  __device__ __forceinline__ bool key_kept(int s) const {
+    return s < len && (mask == nullptr || mask[s] != 0);
+  }
+
+  // The key tiles to visit, [t_begin, t_end) of Bc keys: those between the first and last kept
+  // key, so left or right padding costs no work (none when no key is kept: zero output). Padded
+  // batches find the range with the whole block (`scratch`: 2 ints per warp).
+  template <int kThreads, int Bc>
+  __device__ __forceinline__ void key_tiles(int* scratch, int& t_begin, int& t_end) const {
+    int lo = 0, hi = len - 1;
+    if (mask != nullptr) unmasked_key_range<kThreads>(mask, len, scratch, lo, hi);
+    t_begin = lo / Bc;
+    t_end = hi < 0 ? t_begin : hi / Bc + 1;
+  }
+
+  // Copies Q rows q0..q0+Br-1 into shared memory (`at(row, chunk)`: a chunk's address), rows past
+  // the sequence zero-filled from a clamped (valid) address.
+  template <int Br, int kThreads, typename At>
+  __device__ __forceinline__ void load_q(int q0, At at) const {
+    static_assert(kThreads % kChunks == 0, "a thread copies the same chunk of every row");
+    const int chunk = threadIdx.x % kChunks;
+#pragma unroll
+    for (int row = threadIdx.x / kChunks; row < Br; row += kThreads / kChunks) {
+      const int s = q0 + row;
+      cp_async_16(at(row, chunk), qkv + (min(s, len - 1) * (3 * H) + chunk * 8), s < len);
+    }
+  }
+  // Adds the Q bias to the chunks this thread copied with load_q (in fp32, rounded once, as the
+  // unfused path's bias kernel does); cp.async.wait_group has made them visible to it.
+  template <int Br, int kThreads, typename At>
+  __device__ __forceinline__ void add_q_bias(At at) const {
+    const int chunk = threadIdx.x % kChunks;
+    const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + chunk * 8));
+#pragma unroll
+    for (int row = threadIdx.x / kChunks; row < Br; row += kThreads / kChunks) {
+      add_bias_chunk<T>(reinterpret_cast<uint4*>(at(row, chunk)), bq);
+    }
+  }
+  // Copies the K and V rows of key tile k0..k0+Bc-1 (`k_at`, `v_at`) and writes its key bias (0
+  // kept, -inf masked or past the sequence). Returns whether this thread wrote a masked key.
+  template <int Bc, int kThreads, typename AtK, typename AtV>
+  __device__ __forceinline__ bool load_kv(int k0, AtK k_at, AtV v_at, float* key_bias) const {
+    constexpr float kNegInf = -__builtin_huge_valf();
+    const int chunk = threadIdx.x % kChunks;
+#pragma unroll
+    for (int row = threadIdx.x / kChunks; row < Bc; row += kThreads / kChunks) {
+      const int s = k0 + row;
+      const int off = min(s, len - 1) * (3 * H) + chunk * 8;
+      cp_async_16(k_at(row, chunk), qkv + (off + H), s < len);
+      cp_async_16(v_at(row, chunk), qkv + (off + 2 * H), s < len);
+    }
+    bool masked = false;
+#pragma unroll
+    for (int i = threadIdx.x; i < Bc; i += kThreads) {
+      const bool keep = key_kept(k0 + i);
+      key_bias[i] = keep ? 0.0f : kNegInf;
+      masked |= !keep;
+    }
+    return masked;
+  }
+  // Stores rows r0..r0+kRows-1 of a warp's staged output (`at(row, chunk)`) with 16-byte stores,
+  // skipping rows past the sequence.
+  template <int kRows, typename At>
+  __device__ __forceinline__ void store_rows(int r0, At at, int lane) const {
+#pragma unroll
+    for (int i = lane; i < kRows * kChunks; i += 32) {
+      const int row = i / kChunks, chunk = i % kChunks;
+      const int s = r0 + row;
+      if (s < len) {
+        *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(s) * H + chunk * 8)) =
+            *reinterpret_cast<const uint4*>(at(row, chunk));
+      }
+    }
+  }
+};
+
+// ---- launch helpers (host) -----------------------------------------------------------------
+
+// One block per Br query rows of the longest sequence, per head and sequence; blocks past their
+// own sequence's end return at once.
+inline dim3 flash_grid(const FlashParams& p, int batch, int Br) {
+  return dim3((p.seq + Br - 1) / Br, p.heads, batch);
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory, past the 48 KiB default. The opt-in is per
+// device; `raised_on` (one per kernel) remembers the devices that have it.
+template <typename Kernel>
+void allow_shared_memory(Kernel kernel, size_t bytes, int device,
+                         std::atomic<uint64_t>& raised_on) {
+  if (bytes <= 48 * 1024) return;
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit != 0 && (raised_on.load(std::memory_order_acquire) & bit)) return;
+  FTBERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+  raised_on.fetch_or(bit, std::memory_order_release);
 }
 
 }  // namespace ftbert::cuda::flash_detail

@@ -219,64 +219,31 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVBytes);  // [kStages][Bc]
   int* sRange = reinterpret_cast<int*>(sKeyBias + kStages * Bc);
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const int wg = warp / 4;
   const int q0 = blockIdx.x * Br;
-  const int head = blockIdx.y;
-  const int b = blockIdx.z;
-  const int S = p.seq;
-  const int H = p.heads * D;
+  const SequenceRows<T, D> seq(p, blockIdx.z, blockIdx.y);
+  if (q0 >= seq.len) return;  // past this sequence's end (packed batches); uniform per block
   const float scale_log2 = p.scale_log2;
-  const T* qkv = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * S * (3 * H) + head * D;
-  const T* bias = static_cast<const T*>(p.bias) + head * D;
-  const int32_t* mask = p.mask + static_cast<int64_t>(b) * S;
 
-  int lo, hi;
-  unmasked_key_range<kThreads>(mask, S, sRange, lo, hi);
-  const int t_begin = lo / Bc;
-  const int t_end = hi < 0 ? t_begin : hi / Bc + 1;  // no unmasked key: no tiles, zero output
+  int t_begin, t_end;
+  seq.template key_tiles<kThreads, Bc>(sRange, t_begin, t_end);
 
-  // ---- loads: 8 chunks of 16 bytes per row; a thread copies the same chunk of every row it
-  // visits. Rows past S are zero-filled from a clamped (valid) address.
-  constexpr int kRowStep = kThreads / 8;
-  const int ld = 3 * H;
-  const int my_row = tid / 8;
-  const int my_chunk = tid % 8;
-  auto load_q = [&]() {
-#pragma unroll
-    for (int row = my_row; row < Br; row += kRowStep) {
-      const int s = q0 + row;
-      cp_async_16(sQ + sw128(row, my_chunk), qkv + (min(s, S - 1) * ld + my_chunk * 8), s < S);
-    }
-  };
+  // ---- loads: 8 chunks of 16 bytes per row, into the swizzled tiles.
+  auto q_at = [&](int row, int chunk) { return sQ + sw128(row, chunk); };
   auto load_kv = [&](int tile, int buf) {  // returns whether this thread saw a masked key
-    const int k0 = tile * Bc;
     unsigned char* dk = sK + buf * Tile::kKVBytes;
     unsigned char* dv = sV + buf * Tile::kKVBytes;
-#pragma unroll
-    for (int row = my_row; row < Bc; row += kRowStep) {
-      const int s = k0 + row;
-      const int off = min(s, S - 1) * ld + my_chunk * 8;
-      cp_async_16(dk + sw128(row, my_chunk), qkv + (off + H), s < S);
-      cp_async_16(dv + sw128(row, my_chunk), qkv + (off + 2 * H), s < S);
-    }
-    bool masked = false;
-#pragma unroll
-    for (int i = tid; i < Bc; i += kThreads) {
-      const int s = k0 + i;
-      const bool keep = s < S && mask[s] != 0;
-      sKeyBias[buf * Bc + i] = keep ? 0.0f : kNegInf;
-      masked |= !keep;
-    }
-    return masked;
+    return seq.template load_kv<Bc, kThreads>(
+        tile * Bc, [&](int row, int chunk) { return dk + sw128(row, chunk); },
+        [&](int row, int chunk) { return dv + sw128(row, chunk); }, sKeyBias + buf * Bc);
   };
 
   // Groups: Q, then one per key tile, kStages - 1 tiles ahead; every stage commits a group,
   // empty or not, so the wait counts stay uniform.
   int masked_bits = 0;  // bit `buf`: this thread's key-bias entries of that buffer hold a masked key
-  load_q();
+  seq.template load_q<Br, kThreads>(q0, q_at);
   cp_async_commit();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -284,15 +251,9 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     cp_async_commit();
   }
 
-  // Q + bias in fp32, rounded once, by the thread that copied each chunk.
+  // Q + bias, by the thread that copied each chunk.
   cp_async_wait<kStages - 1>();
-  {
-    const uint4 bq = __ldg(reinterpret_cast<const uint4*>(bias + my_chunk * 8));
-#pragma unroll
-    for (int row = my_row; row < Br; row += kRowStep) {
-      add_bias_chunk<T>(reinterpret_cast<uint4*>(sQ + sw128(row, my_chunk)), bq);
-    }
-  }
+  seq.template add_q_bias<Br, kThreads>(q_at);
 
   float o[D / 8][4];
   float row_max[2] = {kNegInf, kNegInf};
@@ -370,7 +331,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   const int warp_row0 = wg * 64 + (warp % 4) * 16;
   unsigned char* so = sQ + warp_row0 * 128;
   const int g = lane / 4;
-  const T* bias_v = bias + 2 * H;
+  const T* bias_v = seq.bias + 2 * seq.H;
   float inv_sum[2], has_keys[2];
   finish_rows(row_sum, inv_sum, has_keys);
 #pragma unroll
@@ -385,16 +346,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
                      fmaf(o[n][3], inv_sum[1], bv.y * has_keys[1]));
   }
   __syncwarp();
-  T* out = static_cast<T*>(p.out) + head * D;
-#pragma unroll
-  for (int i = lane; i < 16 * 8; i += 32) {
-    const int row = i / 8, ch = i % 8;
-    const int s = q0 + warp_row0 + row;
-    if (s < S) {
-      *reinterpret_cast<uint4*>(out + (static_cast<int64_t>(b) * S + s) * H + ch * 8) =
-          *reinterpret_cast<const uint4*>(so + sw128(row, ch));
-    }
-  }
+  seq.template store_rows<16>(q0 + warp_row0,
+                              [&](int row, int chunk) { return so + sw128(row, chunk); }, lane);
 }
 
 template <typename T, int kWarpgroups, int Bc, int kMinBlocks>
@@ -402,15 +355,9 @@ void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t strea
   using Tile = Sm90Tile<kWarpgroups, Bc>;
   constexpr size_t smem = Tile::kSmemBytes;
   auto kernel = flash_attention_sm90_kernel<T, kWarpgroups, Bc, kMinBlocks>;
-  static std::atomic<uint64_t> raised_on{0};  // the opt-in above 48 KB is per device
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || !(raised_on.load(std::memory_order_acquire) & bit)) {
-    FTBERT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-    raised_on.fetch_or(bit, std::memory_order_release);
-  }
-  const dim3 grid((p.seq + Tile::Br - 1) / Tile::Br, p.heads, batch);
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(p);
+  static std::atomic<uint64_t> raised_on{0};
+  allow_shared_memory(kernel, smem, device, raised_on);
+  kernel<<<flash_grid(p, batch, Tile::Br), Tile::kThreads, smem, stream>>>(p);
   FTBERT_LAUNCH_CHECK("flash_attention_sm90_kernel", stream);
 }
 

@@ -4,7 +4,7 @@
 // the shape in its comment. Arithmetic is fp32 whatever T is; results are rounded to T once.
 //
 // Files: layout.cu (QKV split / head merge), softmax.cu, layernorm.cu (residual LN, embeddings),
-// activation.cu. The CPU backend's op of the same name (cpp/cpu/) is the reference for each.
+// activation.cu, sequences.cu (packing and the row moves around it). The CPU backend's op of the same name (cpp/cpu/) is the reference for each.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,24 +14,50 @@
 #include <cstdint>
 
 #include "ftbert/config.h"
+#include "ftbert/sequences.h"
 
 namespace ftbert::cuda {
 
-// q/k/v[b, h, s, :] = qkv[b, s, w·H + h·d + :] + bias[w·H + h·d + :] for w = 0, 1, 2 (H = heads·d).
+// q/k/v[b, h, s, :] = qkv[row, w·H + h·d + :] + bias[w·H + h·d + :] for w = 0, 1, 2 (H = heads·d),
+// where row is the layout's row of (b, s); packed, padding positions are zeros.
 template <typename T>
-void invoke_add_qkv_bias_transpose(const T* qkv,   // [B, S, 3H]
+void invoke_add_qkv_bias_transpose(const T* qkv,   // [rows, 3H]
                                    const T* bias,  // [3H]
                                    T* q,           // [B, heads, S, d]
                                    T* k,           // [B, heads, S, d]
                                    T* v,           // [B, heads, S, d]
-                                   int batch, int seq, int heads, int head_dim,
+                                   const SequenceLayout& layout, int heads, int head_dim,
                                    cudaStream_t stream);
 
-// out[b, s, h·d + :] = in[b, h, s, :].
+// out[row, h·d + :] = in[b, h, s, :] for the layout's rows (packed: rows < T only).
 template <typename T>
 void invoke_transpose_heads(const T* in,  // [B, heads, S, d]
-                            T* out,       // [B, S, H]
-                            int batch, int seq, int heads, int head_dim, cudaStream_t stream);
+                            T* out,       // [rows, H]
+                            const SequenceLayout& layout, int heads, int head_dim,
+                            cudaStream_t stream);
+
+// ---- sequences.cu: the sequence layout ---------------------------------------------------------
+// cu_seqlens and token_index (-1 from T to capacity) of a mask, in one block.
+void invoke_pack_sequences(const int32_t* mask,  // [B, S]
+                           int batch, int seq,
+                           int32_t* cu_seqlens,   // [B + 1]
+                           int32_t* token_index,  // [capacity]
+                           int64_t capacity, cudaStream_t stream);
+// out[b] = x[the layout's first row of sequence b] (zeros for an empty packed sequence).
+template <typename T>
+void invoke_first_tokens(const T* x,  // [rows, H]
+                         const SequenceLayout& layout,
+                         T* out,  // [B, H]
+                         int hidden, cudaStream_t stream);
+// out[token_index[r]] = in[r] for r < T, every other row of out zeroed.
+void invoke_unpack_rows(const void* in,  // [rows, row_bytes]
+                        const SequenceLayout& layout,
+                        void* out,  // [B·S, row_bytes]
+                        size_t row_bytes, cudaStream_t stream);
+// Rows T..layout.rows-1 of x = 0, T = cu_seqlens[B] read on the device.
+void invoke_clear_rows_past_tokens(void* x,  // [rows, row_bytes]
+                                   const SequenceLayout& layout, size_t row_bytes,
+                                   cudaStream_t stream);
 
 // In place, per row: scores = softmax(scale · scores) over keys with mask != 0. A row with every
 // key masked becomes zeros. seq <= kSoftmaxWarpMaxSeq: one warp per row, the row in registers;
@@ -56,8 +82,9 @@ void invoke_add_bias_residual_layernorm(T* x,               // [M, H]
                                         int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
                                         cudaStream_t stream);
 
-// out[b, s] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta. Ids and types
-// are clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;
+// out[row] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta for the token at
+// the row's padded position (packed: token_index[row]; -1 gives a zero row). Ids and types are
+// clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;
 // token_type_ids may be null (all type 0).
 template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids,       // [B, S]
@@ -67,8 +94,9 @@ void invoke_embed_layernorm(const int32_t* input_ids,       // [B, S]
                             const T* token_type,            // [T, H]
                             const T* gamma,                 // [H]
                             const T* beta,                  // [H]
-                            T* out,                         // [B, S, H]
-                            int batch, int seq, int hidden, int vocab, int type_vocab, float eps,
+                            T* out,                         // [rows, H]
+                            const SequenceLayout& layout, int hidden, int vocab, int type_vocab,
+                            float eps,
                             int position_pad_id,  // < 0: position s; else Backend::embed_layernorm's
                             cudaStream_t stream);
 

@@ -115,13 +115,19 @@ __global__ void __launch_bounds__(kMaxThreads)
                            const int32_t* __restrict__ token_type_ids, const T* __restrict__ word,
                            const T* __restrict__ position, const T* __restrict__ token_type,
                            const T* __restrict__ gamma, const T* __restrict__ beta,
-                           T* __restrict__ out, int seq, int hidden, int vocab, int type_vocab,
-                           float eps, int position_pad_id) {
+                           T* __restrict__ out, SequenceLayout layout, int hidden, int vocab,
+                           int type_vocab, float eps, int position_pad_id) {
   extern __shared__ float4 smem_row[];
   __shared__ float scratch[32];
   float* row = reinterpret_cast<float*>(smem_row);
-  const int token = blockIdx.x;
-  int s = token % seq;
+  T* out_row = out + static_cast<int64_t>(blockIdx.x) * hidden;
+  // The token at this row's padded position (packed: token_index; -1 past the tokens: zeros).
+  const int token = layout.packed() ? layout.token_index[blockIdx.x] : blockIdx.x;
+  if (token < 0) {
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) out_row[c] = from_float<T>(0.0f);
+    return;
+  }
+  int s = token % layout.max_seq;
   if (position_pad_id >= 0) {
     // The RoBERTa family's position: the non-pad ids up to this token, counted by the block.
     const int32_t* row_ids = input_ids + (token - s);
@@ -150,8 +156,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     store_row<VEC>(row + c * VEC, v);
   }
-  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, out + static_cast<int64_t>(token) * hidden,
-                        eps, scratch);
+  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, out_row, eps, scratch);
 }
 
 // Dynamic shared memory for one row; above the 48 KiB default the kernel must opt in, up to what
@@ -199,10 +204,10 @@ void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, 
 template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_ids, const T* word,
                             const T* position, const T* token_type, const T* gamma, const T* beta,
-                            T* out, int batch, int seq, int hidden, int vocab, int type_vocab,
-                            float eps, int position_pad_id, cudaStream_t stream) {
-  const int tokens = batch * seq;
-  if (tokens == 0 || hidden == 0) return;
+                            T* out, const SequenceLayout& layout, int hidden, int vocab,
+                            int type_vocab, float eps, int position_pad_id, cudaStream_t stream) {
+  const int rows = layout.rows;
+  if (rows == 0 || hidden == 0) return;
   FTBERT_CHECK(vocab > 0 && type_vocab > 0,
                "embed_layernorm: vocab " << vocab << " and type_vocab " << type_vocab
                                          << " must be positive");
@@ -211,8 +216,8 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
     constexpr int VEC = decltype(vec_c)::value;
     auto kernel = embed_layernorm_kernel<T, VEC>;
     const size_t smem = row_smem_bytes(kernel, hidden);
-    kernel<<<tokens, row_threads(hidden / VEC), smem, stream>>>(
-        input_ids, token_type_ids, word, position, token_type, gamma, beta, out, seq, hidden,
+    kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(
+        input_ids, token_type_ids, word, position, token_type, gamma, beta, out, layout, hidden,
         vocab, type_vocab, eps, position_pad_id);
   });
   FTBERT_LAUNCH_CHECK("embed_layernorm_kernel", stream);
@@ -222,8 +227,9 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
   template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
                                                       int, int, float, int32_t*, cudaStream_t);   \
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
-                                          const T*, const T*, const T*, T*, int, int, int, int,   \
-                                          int, float, int, cudaStream_t);
+                                          const T*, const T*, const T*, T*,                       \
+                                          const SequenceLayout&, int, int, int, float, int,       \
+                                          cudaStream_t);
 FTBERT_INSTANTIATE_LAYERNORM(float)
 FTBERT_INSTANTIATE_LAYERNORM(__half)
 FTBERT_INSTANTIATE_LAYERNORM(__nv_bfloat16)

@@ -1,8 +1,10 @@
 // The layout changes around unfused attention:
-//   add_qkv_bias_transpose: qkv [B, S, 3H] + bias -> q, k, v [B, heads, S, d] (split heads)
-//   transpose_heads:        ctx [B, heads, S, d] -> [B, S, H]                  (merge heads)
-// One token per block row (threadIdx.y), threads striding over the token's vectors; a vector never
-// crosses a head because its width divides head_dim. Pure bandwidth: one read and one write.
+//   add_qkv_bias_transpose: qkv [rows, 3H] + bias -> q, k, v [B, heads, S, d] (split heads)
+//   transpose_heads:        ctx [B, heads, S, d] -> [rows, H]                  (merge heads)
+// One layout row per block row (threadIdx.y), threads striding over the row's vectors; a vector
+// never crosses a head because its width divides head_dim. Pure bandwidth: one read and one write.
+// Packed rows come from / go to their padded positions (token_index), so the heads layout and the
+// mask are a padded batch's; its padding positions are zeroed first.
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
@@ -16,13 +18,16 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     add_qkv_bias_transpose_kernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                                   T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
-                                  int tokens, int seq, int heads, int head_dim) {
-  const int token = blockIdx.x * blockDim.y + threadIdx.y;
-  if (token >= tokens) return;
+                                  SequenceLayout layout, int heads, int head_dim) {
+  const int row = blockIdx.x * blockDim.y + threadIdx.y;
+  if (row >= layout.rows) return;
+  const int token = layout.packed() ? layout.token_index[row] : row;  // b·S + s
+  if (token < 0) return;  // past the packed tokens
+  const int seq = layout.max_seq;
   const int hidden = heads * head_dim;
   const int b = token / seq;
   const int s = token - b * seq;
-  const T* src = qkv + static_cast<int64_t>(token) * 3 * hidden;
+  const T* src = qkv + static_cast<int64_t>(row) * 3 * hidden;
   for (int c = threadIdx.x; c < 3 * hidden / VEC; c += blockDim.x) {
     const int col = c * VEC;
     const int which = col / hidden;  // 0 = Q, 1 = K, 2 = V
@@ -41,14 +46,17 @@ __global__ void __launch_bounds__(256)
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
-    transpose_heads_kernel(const T* __restrict__ in, T* __restrict__ out, int tokens, int seq,
+    transpose_heads_kernel(const T* __restrict__ in, T* __restrict__ out, SequenceLayout layout,
                            int heads, int head_dim) {
-  const int token = blockIdx.x * blockDim.y + threadIdx.y;
-  if (token >= tokens) return;
+  const int row = blockIdx.x * blockDim.y + threadIdx.y;
+  if (row >= layout.rows) return;
+  const int token = layout.packed() ? layout.token_index[row] : row;  // b·S + s
+  if (token < 0) return;  // past the packed tokens
+  const int seq = layout.max_seq;
   const int hidden = heads * head_dim;
   const int b = token / seq;
   const int s = token - b * seq;
-  T* dst = out + static_cast<int64_t>(token) * hidden;
+  T* dst = out + static_cast<int64_t>(row) * hidden;
   for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
     const int col = c * VEC;
     const int h = col / head_dim;
@@ -63,39 +71,46 @@ __global__ void __launch_bounds__(256)
 // launchers
 
 template <typename T>
-void invoke_add_qkv_bias_transpose(const T* qkv, const T* bias, T* q, T* k, T* v, int batch,
-                                   int seq, int heads, int head_dim, cudaStream_t stream) {
-  const int tokens = batch * seq;
-  if (tokens == 0 || heads * head_dim == 0) return;
+void invoke_add_qkv_bias_transpose(const T* qkv, const T* bias, T* q, T* k, T* v,
+                                   const SequenceLayout& layout, int heads, int head_dim,
+                                   cudaStream_t stream) {
+  const int rows = layout.rows;
+  if (rows == 0 || heads * head_dim == 0) return;
+  if (layout.packed()) {
+    // Padding positions: zeros (V there meets a zero weight, which must not meet a NaN).
+    const size_t bytes = static_cast<size_t>(layout.batch) * layout.max_seq * heads * head_dim * sizeof(T);
+    for (T* x : {q, k, v}) FTBERT_CUDA_CHECK(cudaMemsetAsync(x, 0, bytes, stream));
+  }
   const int vec = pick_vec<T>(head_dim, {qkv, bias, q, k, v});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(3 * heads * head_dim / VEC);
-    add_qkv_bias_transpose_kernel<T, VEC><<<ceil_div(tokens, block.y), block, 0, stream>>>(
-        qkv, bias, q, k, v, tokens, seq, heads, head_dim);
+    add_qkv_bias_transpose_kernel<T, VEC><<<ceil_div(rows, block.y), block, 0, stream>>>(
+        qkv, bias, q, k, v, layout, heads, head_dim);
   });
   FTBERT_LAUNCH_CHECK("add_qkv_bias_transpose_kernel", stream);
 }
 
 template <typename T>
-void invoke_transpose_heads(const T* in, T* out, int batch, int seq, int heads, int head_dim,
-                            cudaStream_t stream) {
-  const int tokens = batch * seq;
-  if (tokens == 0 || heads * head_dim == 0) return;
+void invoke_transpose_heads(const T* in, T* out, const SequenceLayout& layout, int heads,
+                            int head_dim, cudaStream_t stream) {
+  const int rows = layout.rows;
+  if (rows == 0 || heads * head_dim == 0) return;
   const int vec = pick_vec<T>(head_dim, {in, out});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(heads * head_dim / VEC);
-    transpose_heads_kernel<T, VEC><<<ceil_div(tokens, block.y), block, 0, stream>>>(
-        in, out, tokens, seq, heads, head_dim);
+    transpose_heads_kernel<T, VEC><<<ceil_div(rows, block.y), block, 0, stream>>>(
+        in, out, layout, heads, head_dim);
   });
   FTBERT_LAUNCH_CHECK("transpose_heads_kernel", stream);
 }
 
 #define FTBERT_INSTANTIATE_LAYOUT(T)                                                          \
-  template void invoke_add_qkv_bias_transpose<T>(const T*, const T*, T*, T*, T*, int, int, int, \
-                                                 int, cudaStream_t);                            \
-  template void invoke_transpose_heads<T>(const T*, T*, int, int, int, int, cudaStream_t);
+  template void invoke_add_qkv_bias_transpose<T>(const T*, const T*, T*, T*, T*,                 \
+                                                 const SequenceLayout&, int, int, cudaStream_t); \
+  template void invoke_transpose_heads<T>(const T*, T*, const SequenceLayout&, int, int,         \
+                                          cudaStream_t);
 FTBERT_INSTANTIATE_LAYOUT(float)
 FTBERT_INSTANTIATE_LAYOUT(__half)
 FTBERT_INSTANTIATE_LAYOUT(__nv_bfloat16)

@@ -26,13 +26,14 @@ AttentionKind select_attention(AttentionMode mode, const Backend& backend, DType
 size_t attention_workspace_bytes(AttentionKind kind, DType dt, int batch, int seq, int heads,
                                  int head_dim);
 
-// out = MultiHeadAttention(qkv + bias) with the key mask; scale = 1/sqrt(head_dim).
+// out = MultiHeadAttention(qkv + bias) with the layout's key mask; scale = 1/sqrt(head_dim).
+// Packed, the unfused path puts the tokens back at their padded positions around attention
+// ([B, heads, S, d]) and packs the result again; the fused kernel reads the packed rows directly.
 void run_attention(Backend& backend, AttentionKind kind, DType dt,
-                   const void* qkv,       // [B, S, 3H], bias not yet added
+                   const void* qkv,       // [rows, 3H], bias not yet added
                    const void* qkv_bias,  // [3H]
-                   const int32_t* mask,   // [B, S]
-                   void* out,             // [B, S, H]
+                   void* out,             // [rows, H]
                    void* workspace,       // attention_workspace_bytes(...)
-                   int batch, int seq, int heads, int head_dim);
+                   const SequenceLayout& layout, int heads, int head_dim);
 
 }  // namespace ftbert

@@ -19,6 +19,7 @@
 
 #include "ftbert/config.h"
 #include "ftbert/dtype.h"
+#include "ftbert/sequences.h"
 
 namespace ftbert {
 
@@ -94,11 +95,42 @@ class Backend {
                             void* c, int ldc, int64_t stride_c, int batch,
                             float alpha = 1.0f, float beta = 0.0f) = 0;
 
+  // ---- sequence layout (sequences.h) --------------------------------------------------------
+  // Packs the attended positions of `mask`: cu_seqlens [B + 1] and token_index [capacity] (-1 from
+  // T on), in stream order; T = cu_seqlens[B] stays on the device. The base implementation runs
+  // pack_sequences_host, for backends whose memory is the host's.
+  virtual void pack_sequences(const int32_t* mask,   // [B, S]
+                              int batch, int seq,
+                              int32_t* cu_seqlens,   // [B + 1]
+                              int32_t* token_index,  // [capacity]
+                              int64_t capacity);
+
+  // out[b] = x[the first token of sequence b]: row b·S padded, row cu[b] packed (zeros for an
+  // empty sequence).
+  virtual void first_tokens(DType dt,
+                            const void* x,  // [rows, H]
+                            const SequenceLayout& layout,
+                            void* out,      // [B, H]
+                            int hidden) = 0;
+
+  // Packed rows back to the padded layout: out[token_index[r]] = in[r], padding rows zeroed.
+  virtual void unpack_rows(const void* in,  // [rows, row_bytes] packed
+                           const SequenceLayout& layout,
+                           void* out,       // [B·S, row_bytes]
+                           size_t row_bytes) = 0;
+
+  // Zeroes rows T..layout.rows-1 of x (T = cu_seqlens[B], read on the device): the rows a
+  // recording for a token-count bucket computes past the real tokens.
+  virtual void clear_rows_past_tokens(void* x,  // [rows, row_bytes]
+                                      const SequenceLayout& layout, size_t row_bytes) = 0;
+
   // ---- fused element-wise / reduction ops ----------------------------------------------------
-  // out = LayerNorm(word[ids] + position[pos] + token_type[types]) with gamma/beta. The position
-  // of token s is s when position_pad_id < 0 (BERT); else, as the RoBERTa family counts them,
-  // pad + (non-pad ids among tokens 0..s) for a non-pad token and pad for a pad token, where
-  // pad = position_pad_id (so P >= S + pad + 1).
+  // out = LayerNorm(word[ids] + position[pos] + token_type[types]) with gamma/beta, one row per
+  // layout row: row r is the token at padded position r (padded) or token_index[r] (packed; a row
+  // with index -1 is zeros). The position of the token at padded position b·S + s is s when
+  // position_pad_id < 0 (BERT); else, as the RoBERTa family counts them, pad + (non-pad ids among
+  // tokens 0..s of its padded row) for a non-pad token and pad for a pad token, where
+  // pad = position_pad_id (so P >= S + pad + 1). Packing therefore never changes a position.
   virtual void embed_layernorm(DType dt,
                                const int32_t* input_ids,       // [B, S]
                                const int32_t* token_type_ids,  // [B, S]
@@ -107,31 +139,34 @@ class Backend {
                                const void* token_type,         // [T, H]
                                const void* gamma,              // [H]
                                const void* beta,               // [H]
-                               void* out,                      // [B, S, H]
-                               int batch, int seq, int hidden, int vocab, int type_vocab,
-                               float eps, int position_pad_id = -1) = 0;
+                               void* out,                      // [rows, H]
+                               const SequenceLayout& layout, int hidden, int vocab,
+                               int type_vocab, float eps, int position_pad_id = -1) = 0;
 
-  // Adds the Q|K|V bias and splits heads: q/k/v[b, h, s, :] = qkv[b, s, {0,1,2}·H + h·d + :] + bias.
+  // Adds the Q|K|V bias and splits heads: q/k/v[b, h, s, :] = qkv[row of (b, s), {0,1,2}·H + h·d
+  // + :] + bias. Packed, each row lands at its padded position (token_index) and padding is zeros,
+  // so the mask applies to the scores as for a padded batch.
   virtual void add_qkv_bias_transpose(DType dt,
-                                      const void* qkv,   // [B, S, 3H]
+                                      const void* qkv,   // [rows, 3H]
                                       const void* bias,  // [3H]
                                       void* q,           // [B, heads, S, d]
                                       void* k,           // [B, heads, S, d]
                                       void* v,           // [B, heads, S, d]
-                                      int batch, int seq, int heads, int head_dim) = 0;
+                                      const SequenceLayout& layout, int heads, int head_dim) = 0;
 
-  // In place: scores = softmax(scale * scores) over the last axis, keys with mask == 0 excluded.
+  // In place: scores = softmax(scale * scores) over the last axis, keys with mask == 0 excluded
+  // (packed batches too: add_qkv_bias_transpose puts their tokens back at their positions).
   // A row whose keys are all masked becomes all zeros (finite, never NaN).
   virtual void masked_softmax(DType dt,
-                              void* scores,            // [B, heads, S, S]
-                              const int32_t* mask,     // [B, S], 1 = attend, 0 = padding
-                              int batch, int heads, int seq, float scale) = 0;
+                              void* scores,  // [B, heads, S, S]
+                              const SequenceLayout& layout, int heads, float scale) = 0;
 
-  // Merges heads back: out[b, s, h·d + :] = in[b, h, s, :].
+  // Merges heads back: out[row of (b, s), h·d + :] = in[b, h, s, :] (packed: the T token rows,
+  // from their padded positions; padding and rows past T are not written).
   virtual void transpose_heads(DType dt,
                                const void* in,  // [B, heads, S, d]
-                               void* out,       // [B, S, H]
-                               int batch, int seq, int heads, int head_dim) = 0;
+                               void* out,       // [rows, H]
+                               const SequenceLayout& layout, int heads, int head_dim) = 0;
 
   // In place: x = LayerNorm(x + bias + residual) with gamma/beta (post-LN residual block).
   // When `nonfinite` is given, an output NaN or Inf (as stored in dt) sets it to 1; it is never
@@ -162,27 +197,36 @@ class Backend {
                                                    int head_dim) const;
 
   // One fused kernel: out = softmax(scale · Q Kᵀ, key mask) V, reading Q, K, V (+ bias) straight
-  // from the QKV GEMM output and writing the merged-heads layout the next GEMM reads.
+  // from the QKV GEMM output and writing the merged-heads layout the next GEMM reads. Packed, each
+  // sequence attends over its own rows only and no padding is read or written.
   virtual void flash_attention(DType dt,
-                               const void* qkv,       // [B, S, 3H], bias not yet added
+                               const void* qkv,       // [rows, 3H], bias not yet added
                                const void* qkv_bias,  // [3H]
-                               const int32_t* mask,   // [B, S]
-                               void* out,             // [B, S, H]
-                               int batch, int seq, int heads, int head_dim, float scale);
+                               void* out,             // [rows, H]
+                               const SequenceLayout& layout, int heads, int head_dim, float scale);
 
   // ---- composed ops --------------------------------------------------------------------------
-  // out = act(hidden[:, 0] · W + b): a dense layer on each sequence's first token (the pooler:
-  // tanh; a classification head's dense). The GEMM reads the first-token rows in place (row
-  // stride S·H), so no gather is needed.
+  // out = act(x_b · W + b) for each sequence's first token x_b: the pooler (tanh) or a
+  // classification head's dense. Padded, the GEMM reads the first-token rows in place (row stride
+  // S·H); packed, they are gathered into `scratch` first.
   void first_token_dense(DType dt,
-                         const void* hidden,  // [B, S, H]
+                         const void* hidden,  // [rows, H]
+                         const SequenceLayout& layout,
                          const void* weight,  // [H, N] (in, out)
                          const void* bias,    // [N]
                          void* out,           // [B, N]
-                         int batch, int seq, int hidden_size, int out_size, Activation act) {
-    gemm(dt, false, false, batch, out_size, hidden_size, hidden, seq * hidden_size, weight,
-         out_size, out, out_size);
-    add_bias_activation(dt, out, bias, batch, out_size, act);
+                         void* scratch,       // [B, H], packed only
+                         int hidden_size, int out_size, Activation act) {
+    const int B = layout.batch;
+    const void* x = hidden;
+    int ldx = layout.max_seq * hidden_size;
+    if (layout.packed()) {
+      first_tokens(dt, hidden, layout, scratch, hidden_size);
+      x = scratch;
+      ldx = hidden_size;
+    }
+    gemm(dt, false, false, B, out_size, hidden_size, x, ldx, weight, out_size, out, out_size);
+    add_bias_activation(dt, out, bias, B, out_size, act);
   }
 };
 

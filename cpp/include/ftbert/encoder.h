@@ -44,6 +44,19 @@ class Encoder {
   Backend& backend() { return *backend_; }
   const Backend& backend() const { return *backend_; }
 
+  // Padding-free execution (sequences.h): kOn packs every batch, kOff never, kAuto by
+  // padding_free_for's rule.
+  enum class PaddingFree : int { kAuto = 0, kOff = 1, kOn = 2 };
+  void set_padding_free(PaddingFree mode) { padding_free_ = mode; }
+  PaddingFree padding_free() const { return padding_free_; }
+  // Whether a batch of `tokens` attended tokens in [batch, seq] runs packed (tokens < 0: not known
+  // on the host, as for device inputs, where auto stays padded rather than wait for a count).
+  // `first_token_differs`: a first-token output (pooler, sequence head) is asked for and some
+  // sequence's position 0 is padding (left padding, an empty row): padded, the first token is that
+  // padding position, as in transformers; packed, it is the sequence's first real token. Auto then
+  // stays padded, so that it never changes a result.
+  bool padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs = false) const;
+
   void set_attention(AttentionMode mode);
   AttentionMode attention_mode() const { return attention_mode_; }
   // The kernel the selector picks for this batch shape.
@@ -97,6 +110,7 @@ class Encoder {
   std::unique_ptr<Backend> backend_;  // holds the weights and runs slot 0; destroyed last
   std::unique_ptr<Model> model_;
   std::atomic<AttentionMode> attention_mode_{AttentionMode::kAuto};
+  std::atomic<PaddingFree> padding_free_{PaddingFree::kAuto};
   std::atomic<bool> graphs_{true};
   std::atomic<bool> allow_tf32_{false};
   std::atomic<int> concurrency_{1};

@@ -12,22 +12,24 @@
 
 #include "ftbert/backend.h"
 #include "ftbert/config.h"
+#include "ftbert/sequences.h"
 #include "ftbert/weights.h"
 
 namespace ftbert {
 
 // The activation buffers of one forward, in the compute dtype unless noted; sized by the caller
-// for at least [B, S] tokens and B sequences.
+// for at least the layout's rows (M: B·S padded, T packed) and B sequences.
 struct Activations {
-  void* hidden = nullptr;             // [B, S, H]  input of a layer and its output
-  void* embedded = nullptr;           // [B, S, E]  the embeddings before a projection (else null)
-  void* hidden2 = nullptr;            // [B, S, H]  after attention
-  void* qkv = nullptr;                // [B, S, 3H]
-  void* ctx = nullptr;                // [B, S, H]
-  void* inter = nullptr;              // [B, S, I]
+  void* hidden = nullptr;             // [M, H]  input of a layer and its output
+  void* embedded = nullptr;           // [M, E]  the embeddings before a projection (else null)
+  void* hidden2 = nullptr;            // [M, H]  after attention
+  void* qkv = nullptr;                // [M, 3H]
+  void* ctx = nullptr;                // [M, H]
+  void* inter = nullptr;              // [M, I]
+  void* first_tokens = nullptr;       // [B, H]  packed only: the first tokens, gathered
   void* pooled = nullptr;             // [B, H]
   void* head_hidden = nullptr;        // [B, H]  a sequence head's own dense (else null)
-  void* logits = nullptr;             // [B, N] or [B, S, N] (else null)
+  void* logits = nullptr;             // [B, N] or [M, N] (else null)
   void* attention_scratch = nullptr;  // attention_workspace_bytes(...)
   int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
 };
@@ -51,20 +53,19 @@ class Model {
   };
 
   // Enqueues embeddings, layers, and the pooler and head as `outputs` asks, on `be`, from device
-  // ids, mask and token types into act.hidden (and act.pooled, act.logits).
+  // ids and token types into act.hidden (and act.pooled, act.logits), one row per layout row.
   void forward(Backend& be, const Activations& act,
                const int32_t* ids,    // [B, S]
-               const int32_t* mask,   // [B, S] 1/0
                const int32_t* types,  // [B, S]
-               int batch, int seq, AttentionKind attention, Outputs outputs) const;
+               const SequenceLayout& layout, AttentionKind attention, Outputs outputs) const;
 
  private:
   // One post-LN layer; reads and leaves the layer's input/output in act.hidden.
   // `nonfinite`: given to the layer's last LayerNorm (the last layer's is the model's output).
-  void layer(Backend& be, const Activations& act, const LayerWeights& w, const int32_t* mask,
-             int batch, int seq, AttentionKind attention, int32_t* nonfinite) const;
+  void layer(Backend& be, const Activations& act, const LayerWeights& w,
+             const SequenceLayout& layout, AttentionKind attention, int32_t* nonfinite) const;
   // The task head: act.hidden (and act.pooled for a head on the pooler) -> act.logits.
-  void head(Backend& be, const Activations& act, int batch, int seq) const;
+  void head(Backend& be, const Activations& act, const SequenceLayout& layout) const;
 
   ModelConfig config_;
   DType dtype_;

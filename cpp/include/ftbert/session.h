@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "ftbert/backend.h"
 #include "ftbert/model.h"
@@ -36,6 +37,15 @@ struct ForwardArgs {
   std::optional<uintptr_t> stream;
   // Device outputs: wait for the forward to finish, so that ForwardResult::nonfinite is known.
   bool wait_for_finite_check = false;
+  // Padding-free (sequences.h): only the attended tokens are computed; the outputs are the same
+  // at every attended position and zeros at padding. The Encoder decides it.
+  bool packed = false;
+  // The attended tokens, when the caller knows them (host inputs: counted from the mask; packed
+  // callers: their length); -1: counted on the device and read back once, which waits for the
+  // inputs to be ready.
+  int64_t tokens = -1;
+  // Outputs left packed: last_hidden_state [T, H], token logits [T, N] (needs packed and tokens).
+  bool packed_outputs = false;
 };
 
 // What a forward reports besides its outputs.
@@ -74,11 +84,13 @@ class Session {
   // What a recording is specific to, besides the buffers.
   struct ShapeKey {
     int batch, seq;
+    int rows;  // B·S padded; the token-count bucket packed
+    bool packed;
     AttentionKind attention;
     Model::Outputs outputs;
     bool operator<(const ShapeKey& o) const {
-      return std::tie(batch, seq, attention, outputs) <
-             std::tie(o.batch, o.seq, o.attention, o.outputs);
+      return std::tie(batch, seq, rows, packed, attention, outputs) <
+             std::tie(o.batch, o.seq, o.rows, o.packed, o.attention, o.outputs);
     }
   };
   struct Recording {
@@ -89,6 +101,13 @@ class Session {
   // forward; null when the forward should run op by op.
   const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue);
   void ensure_workspace(int batch, int seq, size_t attention_bytes);
+  // Packs the inputs' sequences into cu_seqlens_ / token_index_ (on the host for host inputs, on
+  // the device otherwise) and returns T, reading it back from the device when not given.
+  int64_t pack(const ForwardArgs& args);
+  // Copies the outputs to the caller, scattering packed rows back to the padded layout unless the
+  // caller asked for them packed.
+  void copy_outputs(const ForwardArgs& args, const SequenceLayout& layout, int64_t tokens,
+                    Model::Outputs outputs);
   Activations activations() const;
   // Reads and clears the non-finite flag.
   bool take_nonfinite();
@@ -112,6 +131,10 @@ class Session {
   int64_t capacity_tokens_ = 0;
   int capacity_batch_ = 0;
   DeviceBuffer ids_, mask_, types_;   // [B, S] int32
+  DeviceBuffer cu_seqlens_;           // [B + 1] int32, packed forwards
+  DeviceBuffer token_index_;          // [B, S] int32, packed forwards
+  DeviceBuffer first_tokens_;         // [B, H], packed forwards with a pooler or sequence head
+  std::vector<int32_t> host_cu_seqlens_, host_token_index_;  // host inputs' packing
   DeviceBuffer hidden_, hidden2_;     // [B, S, H]
   DeviceBuffer embedded_;             // [B, S, E], only with a projection
   DeviceBuffer qkv_;                  // [B, S, 3H]

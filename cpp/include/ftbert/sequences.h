@@ -1,0 +1,63 @@
+// How a batch's tokens lie in the activations, as the sequence-aware ops see it:
+//   padded: every position of [B, S] is a row (B·S rows); the mask says which keys attend.
+//   packed: only the attended tokens are rows, sequence after sequence ([T] rows, T = Σ lengths),
+//           as FasterTransformer's EFF-FT and ByteTransformer run them; cu_seqlens are the prefix
+//           sums of the lengths and token_index maps each row back to its padded position.
+// Every per-token op (GEMMs, LayerNorm, activations) runs on `rows` rows either way; only the
+// embeddings, attention, the first-token gather and the output scatter read the layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// The layout is read on the device too (kernels take it by value).
+#ifdef __CUDACC__
+#define FTBERT_HOST_DEVICE __host__ __device__
+#else
+#define FTBERT_HOST_DEVICE
+#endif
+
+namespace ftbert {
+
+struct SequenceLayout {
+  int batch = 0;    // B
+  int max_seq = 0;  // S: the padded length (packed: the longest a sequence may be)
+  // Rows of the per-token ops: B·S padded; packed, T, or a bound T <= rows <= B·S that a
+  // recording was made for (rows past T then hold zeros, see `bounded`).
+  int rows = 0;
+  const int32_t* mask = nullptr;         // [B, S] 1 = token, 0 = padding (the caller's layout)
+  const int32_t* cu_seqlens = nullptr;   // [B + 1] packed only: sequence b is rows cu[b]..cu[b+1]-1
+  const int32_t* token_index = nullptr;  // [rows] packed only: b·S + s of each row; -1 past T
+  // Packed with rows possibly above T (a recording for a token-count bucket): T is known on the
+  // device only, and rows past it must be kept finite (Model::forward zeroes what attention
+  // leaves unwritten there).
+  bool bounded = false;
+
+  FTBERT_HOST_DEVICE bool packed() const { return cu_seqlens != nullptr; }
+  static SequenceLayout padded(int batch, int seq, const int32_t* mask) {
+    SequenceLayout l;
+    l.batch = batch;
+    l.max_seq = seq;
+    l.rows = batch * seq;
+    l.mask = mask;
+    return l;
+  }
+};
+
+// The host side of packing, the reference for Backend::pack_sequences: from the mask [B, S],
+// cu_seqlens [B + 1] and token_index [capacity] (attended positions in order; -1 from T on).
+// Returns T. A sequence keeps its tokens' order, wherever its padding is (left, right, inside).
+int64_t pack_sequences_host(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
+                            int32_t* token_index, int64_t capacity);
+
+// Scatters packed rows back to the padded layout, in place: `data` holds T rows of `row_bytes`
+// at its start and receives [B·S] rows, padding zeroed. Host memory.
+void unpack_rows_host_in_place(void* data, const int32_t* token_index, int64_t tokens,
+                               int64_t padded_rows, size_t row_bytes);
+
+// The token-count bucket a packed recording is made for: T rounded up to a step of 1/16 of B·S
+// (at least 64 rows), at most B·S; so a (B, S) shape has at most 16 packed recordings and a
+// replay computes at most 1/16 of B·S rows more than it needs.
+int64_t packed_rows_bucket(int64_t tokens, int batch, int seq);
+
+}  // namespace ftbert

@@ -185,15 +185,17 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   outputs.logits = c.head.kind != HeadKind::kNone && a.logits != nullptr;
   const Activations act = activations();
 
-  // The layout: padded, or packed over T rows (a recording: over T's bucket, rows past T zeros).
+  // The layout: padded, or packed over T rows (or T's bucket, rows past T zeros).
   SequenceLayout layout = SequenceLayout::padded(B, S, mask_.as<int32_t>());
   int64_t tokens = static_cast<int64_t>(B) * S;
   if (a.packed) {
     tokens = pack(a);
     layout.cu_seqlens = cu_seqlens_.as<int32_t>();
     layout.token_index = token_index_.as<int32_t>();
-    layout.bounded = graphs;
-    layout.rows = static_cast<int>(graphs ? packed_rows_bucket(tokens, B, S) : tokens);
+    // Where forwards may be recorded, rows are always the bucket's, graphs on or off: the GEMMs
+    // then have the same sizes (so the same algorithms and the same results) either way.
+    layout.bounded = backend_->records();
+    layout.rows = static_cast<int>(layout.bounded ? packed_rows_bucket(tokens, B, S) : tokens);
   }
 
   // A recording reads the inputs from the session's buffers; op by op, device inputs are read

@@ -219,6 +219,8 @@ class CudaGraph final : public RecordedOps {
 };
 }  // namespace
 
+bool CudaBackend::records() const { return !sync_debug_enabled(); }
+
 std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& enqueue) {
   if (sync_debug_enabled()) return nullptr;  // a stream cannot be synchronized while captured
   DeviceScope scope(device_);

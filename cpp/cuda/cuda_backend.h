@@ -46,6 +46,7 @@ class CudaBackend : public Backend {
   // Captured on a private stream (capture cannot run on the legacy default stream, torch's
   // default), replayed on the current one.
   std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) override;
+  bool records() const override;
   void replay(const RecordedOps& ops) override;
 
   // ---- GEMMs ----------------------------------------------------------------------------------

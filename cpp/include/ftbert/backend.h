@@ -78,6 +78,8 @@ class Backend {
     (void)enqueue;
     return nullptr;
   }
+  // Whether record() records (the CPU: never), so that callers may shape work for replays.
+  virtual bool records() const { return false; }
   // Runs a recording of this backend's, in order with the ops around it.
   virtual void replay(const RecordedOps& ops);
 

@@ -73,7 +73,8 @@ class Encoder {
   size_t workspace_bytes() const;
 
   // Replaying repeated shapes (CUDA graphs). When on (the default), the second forward of a
-  // shape (batch, seq, attention kernel, pooler or not) in a session records the model's ops
+  // shape (batch, seq, packed or not and its token-count bucket, attention kernel, outputs) in a
+  // session records the model's ops
   // with Backend::record, and it and later forwards of that shape replay them as one launch:
   // the 8 (flash) to 12 (unfused) launches per layer cost one. Inputs are then copied into the
   // session's own buffers first. At most Session::kMaxRecordings shapes are kept per session

@@ -42,15 +42,20 @@ def forward() -> None:
         for head, path in dirs.items():
             for dtype in ("float32", "float16", "bfloat16"):
                 for attention in ("unfused", "auto"):
-                    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, attention=attention)
-                    out = enc(ids, mask)
-                    assert np.isfinite(out.last_hidden_state).all() and np.isfinite(out.logits).all()
-                    for _ in range(2):  # recorded as a CUDA graph, then replayed
-                        again = enc(ids, mask)
-                        np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
-                        np.testing.assert_array_equal(again.logits, out.logits)
-                    assert enc.recorded_shapes == 1
-                    print(head, dtype, attention, enc.attention_for(3, 77), "ok")
+                    for packed in (False, True):  # padding-free: host packing, bucketed recordings
+                        enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype,
+                                                             attention=attention, padding_free=packed)
+                        out = enc(ids, mask)
+                        assert np.isfinite(out.last_hidden_state).all() and np.isfinite(out.logits).all()
+                        for _ in range(2):  # recorded as a CUDA graph, then replayed
+                            again = enc(ids, mask)
+                            np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
+                            np.testing.assert_array_equal(again.logits, out.logits)
+                        assert enc.recorded_shapes == 1
+                        if packed:  # device inputs: packed on the device, the count read back
+                            dev = enc(torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda())
+                            assert torch.isfinite(dev.last_hidden_state).all()
+                        print(head, dtype, attention, enc.attention_for(3, 77), "packed" if packed else "padded", "ok")
 
 
 def threads(cases_n: int = 24) -> None:
@@ -67,27 +72,28 @@ def threads(cases_n: int = 24) -> None:
             mask = np.ones((b, s), np.int64)
             mask[-1, rng.integers(1, s + 1):] = 0
             cases.append((torch.from_numpy(rng.integers(0, 97, (b, s))).cuda(), torch.from_numpy(mask).cuda()))
-        for attention in ("unfused", "flash"):
-            for concurrency in (1, 2):
-                enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype="float16", attention=attention,
-                                                     concurrency=concurrency)
-                want = [enc(ids, mask).last_hidden_state.cpu() for ids, mask in cases]
-                streams = [torch.cuda.Stream() for _ in range(4)]
+        # Half the runs padding-free (device inputs: packed on each caller's stream, T read back).
+        for attention, concurrency, packed in (("unfused", 1, False), ("unfused", 2, True),
+                                               ("flash", 1, True), ("flash", 2, False)):
+            enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype="float16", attention=attention,
+                                                 concurrency=concurrency, padding_free=packed)
+            want = [enc(ids, mask).last_hidden_state.cpu() for ids, mask in cases]
+            streams = [torch.cuda.Stream() for _ in range(4)]
 
-                def run(i):
-                    s = streams[i % 4]
-                    with torch.cuda.stream(s):
-                        ids, mask = cases[i]
-                        ids, mask = ids.clone(), mask.clone()  # made on this stream
-                        out = enc(ids, mask).last_hidden_state
-                        got = out.cpu()  # waits for this stream only
-                    return got
+            def run(i):
+                s = streams[i % 4]
+                with torch.cuda.stream(s):
+                    ids, mask = cases[i]
+                    ids, mask = ids.clone(), mask.clone()  # made on this stream
+                    out = enc(ids, mask).last_hidden_state
+                    got = out.cpu()  # waits for this stream only
+                return got
 
-                with ThreadPoolExecutor(4) as ex:
-                    got = list(ex.map(run, range(len(cases))))
-                bad = sum(not torch.equal(a, b) for a, b in zip(want, got))
-                assert bad == 0, f"{bad} of {len(cases)} outputs differ ({attention}, concurrency {concurrency})"
-                print("threads", attention, concurrency, "ok")
+            with ThreadPoolExecutor(4) as ex:
+                got = list(ex.map(run, range(len(cases))))
+            bad = sum(not torch.equal(a, b) for a, b in zip(want, got))
+            assert bad == 0, f"{bad} of {len(cases)} outputs differ ({attention}, concurrency {concurrency})"
+            print("threads", attention, concurrency, "packed" if packed else "padded", "ok")
 
 
 def ops() -> None:
@@ -117,7 +123,23 @@ def ops() -> None:
                     bias = rng.standard_normal(6 * d).astype(np.float32)
                     out = r.flash_attention(dtype, qkv, bias, mask, 2, d**-0.5)
                     assert np.isfinite(out).all() and not out[2].any()
+                    # Packed (cu_seqlens): an empty sequence, a short one, a long one.
+                    packed = r.flash_attention(dtype, qkv, bias, mask, 2, d**-0.5, packed=True)
+                    assert packed.shape == (int(mask.sum()), 2 * d) and np.isfinite(packed).all()
             os.environ.pop("FTBERT_FLASH_PORTABLE")
+            # The row moves around packed forwards, and the unfused path's packed ops.
+            x = rng.standard_normal((3, 197, 96)).astype(np.float32)
+            assert r.transpose_heads(dtype, x.reshape(3, 197, 2, 48).transpose(0, 2, 1, 3).copy(), mask=mask).shape == (int(mask.sum()), 96)
+            qkv = rng.standard_normal((3, 197, 288)).astype(np.float32)
+            q, k, v = r.add_qkv_bias_transpose(dtype, qkv, np.zeros(288, np.float32), 2, mask=mask)
+            assert not v[2].any()
+            rows = r.unpack_rows(dtype, x.reshape(-1, 96)[: int(mask.sum())], mask)
+            assert not rows[2].any()
+            assert not r.clear_rows_past_tokens(dtype, x.reshape(-1, 96)[: int(mask.sum()) + 5], mask)[-5:].any()
+            w = rng.standard_normal((96, 5)).astype(np.float32)
+            assert np.isfinite(r.first_token_dense(dtype, x, w, np.zeros(5, np.float32), "tanh", mask=mask)).all()
+            cu, index = r.pack_sequences(mask)
+            assert cu[-1] == mask.sum() and (index[cu[-1]:] == -1).all()
         print(dtype, "ok")
 
 

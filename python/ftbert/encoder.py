@@ -393,10 +393,9 @@ class Encoder:
                     raise ValueError(f"token_type_ids is on {token_type_ids.device} but input_ids is on "
                                      f"{input_ids.device}")
         else:
-            input_ids = as_int_array("input_ids", np.asarray(input_ids)[None, :] if not isinstance(
-                input_ids, np.ndarray) or input_ids.ndim == 1 else input_ids)[0]
+            input_ids = _packed_host_ids("input_ids", input_ids)
             if token_type_ids is not None:
-                token_type_ids = as_int_array("token_type_ids", np.asarray(token_type_ids).reshape(1, -1))[0]
+                token_type_ids = _packed_host_ids("token_type_ids", token_type_ids)
         if input_ids.ndim != 1:
             raise ValueError(f"input_ids must be 1-D [tokens] for forward_packed, got shape {tuple(input_ids.shape)}")
         T = int(input_ids.shape[0])
@@ -520,16 +519,24 @@ class Encoder:
         texts: str | Sequence[str],
         pooling: str | None = None,
         normalize: bool = True,
-        batch_size: int = 32,
+        batch_size: int = 256,
+        max_batch_tokens: int = 16384,
     ) -> np.ndarray:
-        """Embeds texts: tokenize, pad, truncate at `max_seq_length`, run, pool. Returns float32 [N, H].
+        """Embeds texts (a list of str, or one str). Returns float32 numpy [N, H], row i for texts[i].
 
-        pooling: "mean" (over valid tokens), "cls" (first token) or "pooler" (the pooler output);
-        default: what the checkpoint's sentence-transformers config says, else "mean".
+        The texts are tokenized without padding and truncated at `max_seq_length`, ordered longest
+        first, and cut into batches of at most `max_batch_tokens` tokens and at most `batch_size`
+        sequences (a text longer than `max_batch_tokens` runs alone). Each batch runs packed, as
+        `forward_packed` does: only the real tokens are computed. A background thread tokenizes the
+        next batches while a forward runs; it has ended when `encode` returns or raises.
+        pooling: "mean" (over each text's tokens), "cls" (its first token) or "pooler" (the pooler
+        output); default: what the checkpoint's sentence-transformers config says, else "mean".
+        normalize: scale each row to unit L2 norm. Any number of threads may call it at once.
         """
         from .text import encode_texts
 
-        return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size)
+        return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
+                            max_batch_tokens=max_batch_tokens)
 
     def predict(self, pairs, batch_size: int = 32, activation="auto"):
         """Scores text pairs with the sequence-classification head, as sentence-transformers'
@@ -570,6 +577,21 @@ def _check_padding_free(mode):
     if mode != "auto":
         raise ValueError(f"padding_free must be 'auto', True or False, got {mode!r}")
     return mode
+
+
+def _packed_host_ids(name: str, value) -> np.ndarray:
+    """A 1-D numpy array or flat list of ids -> int32 [T], checked as as_int_array checks rows."""
+    if isinstance(value, (list, tuple)):
+        if any(isinstance(v, (list, tuple, np.ndarray)) for v in value):
+            raise ValueError(f"{name} must be 1-D [tokens] for forward_packed, got a nested list")
+        value = [list(value)]
+    elif isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise ValueError(f"{name} must be 1-D [tokens] for forward_packed, got shape {value.shape}")
+        value = value[None, :]
+    else:
+        raise TypeError(f"{name} must be a numpy array, a list or a torch tensor, got {type(value).__name__}")
+    return as_int_array(name, value)[0]
 
 
 def _host_offsets(cu_seqlens) -> np.ndarray:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ftbert
+import ftbert.text
 from ftbert.text import tokenizer_lock
 from tests._models import make_bert
 from tests._util import run_in_threads, ragged_mask
@@ -227,7 +228,10 @@ class ProbeTokenizer:
         return getattr(self._tok, name)
 
 
-def test_encode_never_runs_two_tokenizer_calls_at_once(model_dir, rng):
+def test_encode_never_runs_two_tokenizer_calls_at_once(model_dir, rng, monkeypatch):
+    # Two texts per tokenizer call: 6 calls per encode, each made on that encode's background
+    # thread, while the other callers' threads and their own background threads tokenize too.
+    monkeypatch.setattr(ftbert.text, "TOKENIZE_CHUNK", 2)
     enc = load(model_dir)
     texts = [random_texts(rng, 12) for _ in range(4)]
     ref = [enc.encode(t, batch_size=2) for t in texts]
@@ -245,11 +249,11 @@ def test_tokenizing_goes_on_while_another_thread_is_in_its_forward(model_dir, rn
     in_forward, release = threading.Event(), threading.Event()
 
     class HeldOnce(ftbert.Encoder):
-        def __call__(self, *args, **kwargs):
+        def forward_packed(self, *args, **kwargs):  # encode's forwards
             if not in_forward.is_set():
                 in_forward.set()
                 assert release.wait(TIMEOUT), "never released"
-            return super().__call__(*args, **kwargs)
+            return super().forward_packed(*args, **kwargs)
 
     texts_a, texts_b = random_texts(rng, 5), random_texts(rng, 5)
     plain = load(model_dir)

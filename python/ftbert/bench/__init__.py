@@ -5,11 +5,14 @@
     ftbert bench --preset serving                  # ftbert/bench/presets/serving.json
     ftbert bench --model bert-base --breakdown --dtype float16 --batch 32 --seq 128
     ftbert bench --rerank                          # cross-encoder pairs/s: random BERT-base, batch 32
+    ftbert bench --varlen                          # ragged batches: padded vs padding-free, encode()
 
 Modules: args (options, presets), models (checkpoint, ftbert and the transformers peers), timing,
 sweep (the grid loop, errors per configuration), report (table, JSON, CSV, PNG), breakdown (per-op
 profile of one configuration), rerank (cross-encoder pairs/s next to transformers and
-sentence-transformers). The results' layout is described in benchmarks/README.md.
+sentence-transformers), varlen (ragged batches padded, padding-free and full, and Encoder.encode of
+mixed-length texts next to sentence-transformers). The results' layout is described in
+benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def _environment(opts: Options) -> dict:
         "transformers": transformers.__version__, "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
     }
-    if opts.rerank:
+    if opts.rerank or (opts.varlen and "encode" in opts.parts):
         try:
             import sentence_transformers
 
@@ -97,6 +100,8 @@ def _run(argv: list[str]) -> int:
     with contextlib.ExitStack() as stack:
         if opts.rerank:
             return _rerank(opts, stack, console)
+        if opts.varlen:
+            return _varlen(opts, stack, console)
         label, path = resolve_model(opts.model, stack)
         model = load_model(label, path)
         opts.out.mkdir(parents=True, exist_ok=True)
@@ -136,8 +141,8 @@ def _sweep(opts, model, meta, stem, console) -> int:
     write_csv(files["csv"], rows)
     png = opts.out / f"{stem}.png"
     title = f"{model.label} ({model.n_params / 1e6:.1f}M params), median latency"
-    if opts.varlen:
-        title += f", lengths uniform in [{opts.varlen}, seq]"
+    if opts.min_len:
+        title += f", lengths uniform in [{opts.min_len}, seq]"
     if plot_png(png, rows, title):
         files["png"] = png
     print_table(console, rows)
@@ -211,6 +216,90 @@ def _rerank(opts, stack, console) -> int:
     if failed:
         console.print(f"{failed} row(s) failed: status 'failed' and the error in the results")
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
+    if mismatch is not None:
+        print(f"ftbert bench: error: {mismatch}", file=sys.stderr)
+        return 1
+    if run.interrupted:
+        print("ftbert bench: interrupted; the files hold the rows done so far", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _varlen(opts, stack, console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers.utils import logging as hf_logging
+
+    from .models import load_model, resolve_model
+    from .report import write_csv, write_json
+    from .varlen import (FIELDS, Mismatch, Varlen, load_tokenizer, plot_png, print_tables,
+                         resolve_encode_model)
+
+    # Settle the encode part's checkpoint before building anything: a bad path is exit 2 at once.
+    encode_src = resolve_encode_model(opts) if "encode" in opts.parts else (None, None, None)
+    if encode_src[1] is not None:
+        load_tokenizer(encode_src[1])
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=opts.quiet, transient=True,
+    )
+    # transformers' own bars (loading and writing weights) would cut into ours.
+    hf_logging.disable_progress_bar()
+    stack.callback(hf_logging.enable_progress_bar)
+    model, mismatch = None, None
+    with progress:
+        if "model" in opts.parts:
+            what = "building a random BERT-base" if opts.model == "bert-base" else "loading"
+            task = progress.add_task(what, total=None)
+            model = load_model(*resolve_model(opts.model, stack))
+            progress.remove_task(task)
+        run = Varlen(opts, model, encode_src, progress)
+        try:
+            rows = run.run()
+        except Mismatch as e:
+            rows, mismatch = run.rows, e
+    opts.out.mkdir(parents=True, exist_ok=True)
+    label = model.label if model is not None else (encode_src[0] or "encode")
+    stem = _stem(opts, "varlen-" + re.sub(r".*/", "", label.rstrip("/")))
+    meta = {
+        "ftbert_bench_version": 1,
+        "mode": "varlen",
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "description": opts.description,
+        "options": opts.as_dict(),
+        "model": model.describe() if model is not None else None,
+        "environment": _environment(opts),
+        "cases": run.cases,
+        "encode": run.encode or None,
+        "checks": run.checks,
+        "targets": run.targets,
+        "notes": opts.notes,
+        "interrupted": run.interrupted,
+    }
+    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
+    write_json(files["json"], meta, rows, FIELDS)
+    write_csv(files["csv"], rows, FIELDS)
+    png = opts.out / f"{stem}.png"
+    title = (f"{label}: ragged batches (median ms)" if model is not None else "")
+    if encode_src[1] is not None and "encode" in opts.parts:
+        title += ("; " if title else "") + f"{encode_src[0]}: Encoder.encode vs sentence-transformers"
+    if plot_png(png, rows, title):
+        files["png"] = png
+    if model is not None:
+        console.print(f"model {model.label}: {model.n_params / 1e6:.1f}M parameters, "
+                      f"{model.config['num_hidden_layers']} layers, hidden {model.config['hidden_size']}")
+    if run.encode:
+        e = run.encode
+        t = e["tokens"]
+        console.print(f"encode {e['model']}: {e['sentences']} sentences, {t['total']:,} tokens (median "
+                      f"{t['median']:.0f}, p90 {t['p90']:.0f}, p99 {t['p99']:.0f}, max {t['max']}; "
+                      f"limit {e['max_length']})")
+    console.print("wrote " + ", ".join(str(p) for p in files.values()))
+    print_tables(console, rows, run.checks, run.targets)
+    for note in opts.notes:
+        console.print(f"note: {note}", soft_wrap=True)
+    failed = sum(r["status"] == "failed" for r in rows)
+    if failed:
+        console.print(f"{failed} row(s) failed: status 'failed' and the error in the results")
     if mismatch is not None:
         print(f"ftbert bench: error: {mismatch}", file=sys.stderr)
         return 1

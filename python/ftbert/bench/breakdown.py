@@ -129,7 +129,7 @@ def run_breakdown(opts: Options, model: Model) -> dict:
     """Profiles ftbert at the first device/dtype/batch/seq/attention of the options."""
     device = next(d for d in opts.devices if d.startswith("cuda"))
     dtype, batch, seq, attention = opts.dtypes[0], opts.batches[0], opts.seqs[0], opts.attentions[0]
-    inputs = make_inputs(model.config, batch, seq, opts.varlen, opts.seed)
+    inputs = make_inputs(model.config, batch, seq, opts.min_len, opts.seed)
     with on_device_stream(device), torch.inference_mode():
         if opts.allow_tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -150,7 +150,7 @@ def run_breakdown(opts: Options, model: Model) -> dict:
     gap = timing["median_ms"] - result["kernel_ms_per_forward"]
     result.update({
         "config": {"device": device, "dtype": dtype, "batch": batch, "seq": seq,
-                   "attention": attention, "kernel": kernel_name, "varlen_min": opts.varlen,
+                   "attention": attention, "kernel": kernel_name, "varlen_min": opts.min_len,
                    "tokens": int(inputs["attention_mask"].sum())},
         "forward_ms": timing,
         "forwards_profiled": forwards,

@@ -148,7 +148,7 @@ class Sweep:
         _free(device)
 
     def _run_shape(self, device: str, batch: int, seq: int) -> None:
-        cpu_inputs = make_inputs(self.model.config, batch, seq, self.opts.varlen, self.opts.seed)
+        cpu_inputs = make_inputs(self.model.config, batch, seq, self.opts.min_len, self.opts.seed)
         # transformers gets int64 (what its tokenizers return); ftbert gets int32, the engine's
         # input type, so no cast is timed on the zero-copy GPU path.
         hf_in = {k: v.to(device) for k, v in cpu_inputs.items()}
@@ -170,7 +170,7 @@ class Sweep:
                     self.progress.update(self.task, description=what)
                 row = {
                     "device": device, "dtype": dtype, "batch": batch, "seq": seq,
-                    "varlen_min": self.opts.varlen, "tokens": tokens, "engine": engine,
+                    "varlen_min": self.opts.min_len, "tokens": tokens, "engine": engine,
                 }
                 row.update(self._run_engine(engine, device, dtype, batch, seq, ft_in, hf_in))
                 if row["status"] == "ok":

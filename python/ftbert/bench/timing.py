@@ -42,6 +42,46 @@ def time_forward(fn: Callable[[], object], device: str, warmup: int, iters: int)
     return samples
 
 
+def time_interleaved(fns: dict[str, Callable[[], object]], device: str, warmup: int, iters: int,
+                     rounds: int = 5, on_error: Callable[[str, Exception], None] | None = None
+                     ) -> dict[str, list[float]]:
+    """`iters` samples of each of `fns` (time_forward's), taken in `rounds` rounds that visit every
+    function in turn, the order rotated each round, after `warmup` untimed calls of each.
+
+    Drift over the run (clocks, temperature, other tenants) then falls on every function alike
+    instead of on whichever ran last. A function that raises is reported to `on_error` (re-raised
+    without one) and left out of the later rounds; its samples so far are dropped.
+    """
+    live = dict(fns)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+
+    def call(name: str, n_warmup: int, n: int) -> None:
+        try:
+            samples[name] += time_forward(live[name], device, n_warmup, n)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            if on_error is None:
+                raise
+            del live[name]
+            samples.pop(name)
+            on_error(name, e)
+
+    for name in list(live):
+        if warmup:
+            call(name, warmup, 0)
+    rounds = max(1, min(rounds, iters))
+    sizes = [iters // rounds + (i < iters % rounds) for i in range(rounds)]
+    for r, n in enumerate(sizes):
+        names = list(live)
+        if not names:
+            break
+        first = r % len(names)
+        for name in names[first:] + names[:first]:
+            call(name, 0, n)
+    return samples
+
+
 def summarize(samples_ms: list[float]) -> dict:
     """median / p90 / p99 / mean / min / max of the samples, in ms."""
     a = np.asarray(samples_ms, dtype=np.float64)

@@ -75,12 +75,13 @@ void invoke_add_qkv_bias_transpose(const T* qkv, const T* bias, T* q, T* k, T* v
                                    const SequenceLayout& layout, int heads, int head_dim,
                                    cudaStream_t stream) {
   const int rows = layout.rows;
-  if (rows == 0 || heads * head_dim == 0) return;
   if (layout.packed()) {
-    // Padding positions: zeros (V there meets a zero weight, which must not meet a NaN).
+    // Padding positions: zeros (V there meets a zero weight, which must not meet a NaN); all of
+    // them when there is no token at all.
     const size_t bytes = static_cast<size_t>(layout.batch) * layout.max_seq * heads * head_dim * sizeof(T);
     for (T* x : {q, k, v}) FTBERT_CUDA_CHECK(cudaMemsetAsync(x, 0, bytes, stream));
   }
+  if (rows == 0 || heads * head_dim == 0) return;
   const int vec = pick_vec<T>(head_dim, {qkv, bias, q, k, v});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;

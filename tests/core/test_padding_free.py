@@ -394,7 +394,8 @@ def test_auto_under_left_padding_stays_padded_only_for_first_token_outputs(zoo, 
     m = zoo(family, kind)
     batch, seq = 4, 16
     ids, mask, types = make_batch(rng, m, batch, seq, "left")
-    mask[0, 0] = 0  # at least one sequence starts with padding
+    mask[:, :3] = 0  # every sequence starts with padding, and at least 12 of 64 positions are
+    mask[0, 3] = 0  # padding: the count alone would pack
     ids[mask == 0] = m.pad
     auto = m.encoder("auto")
     assert auto.padding_free == "auto"
@@ -448,6 +449,7 @@ def test_auto_with_a_fully_masked_row(zoo, rng, family, kind):
 def test_auto_packs_cpu_tensors_like_numpy(zoo, rng):
     m = zoo("bert", "token")
     ids, mask, types = make_batch(rng, m, 5, 14, "right")
+    mask[:, -2:] = 0  # at least 10 of 70 positions are padding: auto packs
     auto = m.encoder("auto")
     from_numpy = auto(ids, mask, types)
     out = auto(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types))

@@ -257,12 +257,12 @@ def _embed(enc: "Encoder", batch: _Batch, pooling: str, normalize: bool, gpu) ->
     """One packed batch's embeddings, float32 [B, H]."""
     import torch
 
-    arrays = (batch.input_ids, batch.token_type_ids, batch.cu_seqlens)
     if gpu is None:  # numpy in, numpy out: the host path
         ids, types, offsets = batch.input_ids, batch.token_type_ids, torch.from_numpy(batch.cu_seqlens)
     else:  # copies queued on the caller's stream from pinned memory: the host does not wait for them
         ids, types, offsets = (
-            None if a is None else torch.from_numpy(a).pin_memory().to(gpu, non_blocking=True) for a in arrays
+            None if a is None else torch.from_numpy(a).pin_memory().to(gpu, non_blocking=True)
+            for a in (batch.input_ids, batch.token_type_ids, batch.cu_seqlens)
         )
     res = enc.forward_packed(ids, batch.cu_seqlens, types)
     if pooling == "pooler":

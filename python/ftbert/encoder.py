@@ -525,10 +525,12 @@ class Encoder:
         """Embeds texts (a list of str, or one str). Returns float32 numpy [N, H], row i for texts[i].
 
         The texts are tokenized without padding and truncated at `max_seq_length`, ordered longest
-        first, and cut into batches of at most `max_batch_tokens` tokens and at most `batch_size`
-        sequences (a text longer than `max_batch_tokens` runs alone). Each batch runs packed, as
-        `forward_packed` does: only the real tokens are computed. A background thread tokenizes the
-        next batches while a forward runs; it has ended when `encode` returns or raises.
+        first, and cut into batches of at most `batch_size` sequences and `max_batch_tokens` tokens,
+        counted as sequences x the longest one (what the engine's workspace for the batch holds;
+        the real token count is at most that). A text longer than `max_batch_tokens` runs alone.
+        Each batch runs packed, as `forward_packed` does: only the real tokens are computed. A
+        background thread tokenizes the next batches while a forward runs; it has ended when
+        `encode` returns or raises.
         pooling: "mean" (over each text's tokens), "cls" (its first token) or "pooler" (the pooler
         output); default: what the checkpoint's sentence-transformers config says, else "mean".
         normalize: scale each row to unit L2 norm. Any number of threads may call it at once.

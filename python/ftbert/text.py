@@ -6,8 +6,9 @@ One call runs a small pipeline:
    call. This runs on a background thread of the call's own, at most PREFETCH batches ahead of the
    forwards; the engine releases the GIL, so the next batches are tokenized while a forward runs.
 2. Order the texts longest first (see TOKENIZE_CHUNK for how) and cut them, in that order, into
-   batches of at most `max_batch_tokens` tokens and at most `batch_size` sequences. A text longer
-   than the budget makes a batch of its own.
+   batches of at most `batch_size` sequences whose sequences x longest (the engine's workspace
+   for the batch; their token count is at most that) stays within `max_batch_tokens`. A text
+   longer than the budget makes a batch of its own.
 3. Run each batch packed (`Encoder.forward_packed`: the ids concatenated, `cu_seqlens` offsets), so
    only the real tokens are computed; no padded batch is ever built. On the GPU the packed ids go
    from pinned host memory to the GPU on torch's current stream, and the outputs stay there.
@@ -54,10 +55,10 @@ if TYPE_CHECKING:
 
 POOLINGS = ("mean", "cls", "pooler")
 
-# The batch limits. 16384 tokens is what the padded batches of the earlier default (32 sequences,
-# padded up to 512) could reach, so the workspace stays within what it was. The sequence cap
-# matters for short texts only (16384 tokens of 10-token sentences would be 1638 of them): it
-# bounds the per-sequence outputs and the [sequences, longest] index the packed forward builds.
+# The batch limits (see _cut). 16384 tokens is what the padded batches of the earlier default (32
+# sequences, padded up to 512) could reach, so the workspace stays within what it was. The
+# sequence cap matters for short texts only (16384 tokens of 10-token sentences would be 1638 of
+# them); on the CPU, caps of 64, 256 and 1024 ran within noise of each other.
 DEFAULT_MAX_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SIZE = 256
 
@@ -67,10 +68,12 @@ DEFAULT_BATCH_SIZE = 256
 # that order, and each chunk sorted by its exact token counts. So the order is close to the global
 # token order (characters track tokens closely; only neighbours across a chunk boundary can be
 # out of order), the first batch is the largest (the workspace grows once), and each batch holds
-# sequences of near-equal length (its [sequences, longest] index stays near its token count).
-# Measured on a 2-core CPU, all-MiniLM-L6-v2, 2,000 mixed-length sentences: see the report that
-# introduced this pipeline; a tokenizer call costs about 0.35 ms per text here, far less than
-# the forward, and 2048 texts keep the calls few without delaying the first forward much.
+# sequences of similar length. Measured on a 2-core CPU (all-MiniLM-L6-v2, 2,000 mixed-length
+# sentences, 9 batches): tokenizing takes about 0.2 s of a 24 s encode, so chunks of 256, of 2048
+# and one call with a global token sort all ran within noise; the first forward started 82 ms
+# (256), 211 ms (2048) and 232 ms (all) after the call. On a GPU the forwards are far shorter and
+# tokenizing is most of the time, which the background thread overlaps with them; 2048 texts per
+# call keep the Rust tokenizer's batch parallelism busy at a cost of a few hundred ms of latency.
 TOKENIZE_CHUNK = 2048
 
 # Batches the background thread prepares ahead of the forwards.
@@ -177,16 +180,22 @@ def _tokenize(tok, lock, texts, order, max_length) -> Iterator[tuple]:
 
 
 def _cut(sequences: Iterable[tuple], max_tokens: int, max_sequences: int) -> Iterator[list]:
-    """The sequences, in their order, grouped into batches of at most `max_tokens` tokens and
-    `max_sequences` sequences; a sequence longer than `max_tokens` is a batch of its own."""
-    batch, tokens = [], 0
+    """The sequences, in their order, grouped into batches of at most `max_sequences` sequences
+    whose sequences x longest stays within `max_tokens` (so their token count does too); a sequence
+    longer than `max_tokens` is a batch of its own.
+
+    The engine sizes a packed forward's workspace by sequences x longest, not by the token count:
+    bounding that keeps it within the budget where a batch's lengths drop sharply (a few long
+    texts, then many short ones). Longest first, the two counts are close otherwise (2,000
+    mixed-length sentences: 10 batches under this rule, 9 with the token count alone)."""
+    batch, longest = [], 0
     for seq in sequences:
         n = len(seq[1])
-        if batch and (tokens + n > max_tokens or len(batch) == max_sequences):
+        if batch and ((len(batch) + 1) * max(longest, n) > max_tokens or len(batch) == max_sequences):
             yield batch
-            batch, tokens = [], 0
+            batch, longest = [], 0
         batch.append(seq)
-        tokens += n
+        longest = max(longest, n)
     if batch:
         yield batch
 

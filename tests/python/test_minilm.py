@@ -164,6 +164,8 @@ def test_batches_keep_the_token_budget_and_the_sequence_cap(enc, rng, monkeypatc
         assert cu[0] == 0 and cu[-1] == len(ids) and (lengths > 0).all()
         assert len(lengths) <= batch_size, f"{len(lengths)} sequences in a batch, cap {batch_size}"
         assert len(ids) <= max_batch_tokens or len(lengths) == 1, f"{len(ids)} tokens, budget {max_batch_tokens}"
+        footprint = len(lengths) * lengths.max()  # what the engine's workspace holds
+        assert footprint <= max_batch_tokens or len(lengths) == 1, f"{footprint} > {max_batch_tokens}"
         assert (np.diff(lengths) <= 0).all(), "not longest first"
         seen += [tuple(ids[a:b]) for a, b in zip(cu[:-1], cu[1:])]
     # Every text ran once, as the tokenizer gives it, unpadded.
@@ -171,6 +173,24 @@ def test_batches_keep_the_token_budget_and_the_sequence_cap(enc, rng, monkeypatc
     if max_batch_tokens < 256:  # the truncated texts (256 tokens) each ran alone
         assert sum(1 for ids, cu in batches if len(ids) == 256 and len(cu) == 2) == \
             sum(1 for t in tokenized if len(t) == 256)
+
+
+def test_a_sharp_drop_in_length_starts_a_new_batch(enc, monkeypatch):
+    # Three 256-token texts, then short ones: by the token count alone the short ones would join
+    # the long ones' batches; sequences x longest keeps each batch within the budget.
+    texts = [SENTENCES[10]] * 3 + ["A man is eating food."] * 40
+    shapes = []
+    forward = enc.forward_packed
+
+    def recording(input_ids, cu_seqlens, token_type_ids=None):
+        shapes.append((len(cu_seqlens) - 1, int(np.diff(cu_seqlens).max()), len(input_ids)))
+        return forward(input_ids, cu_seqlens, token_type_ids)
+
+    monkeypatch.setattr(enc, "forward_packed", recording)
+    got = enc.encode(texts, max_batch_tokens=600)
+    assert shapes == [(2, 256, 512), (2, 256, 264), (39, 8, 312)]  # by tokens alone: (41, 256, 576)
+    np.testing.assert_allclose(got[:3], np.repeat(got[:1], 3, axis=0), atol=1e-5)
+    np.testing.assert_allclose(got[3:], np.repeat(got[3:4], 40, axis=0), atol=1e-5)
 
 
 def test_chunked_tokenization_gives_the_same_embeddings(enc, rng, monkeypatch):

@@ -31,3 +31,11 @@ def run_in_threads(n, work, timeout):
     with ThreadPoolExecutor(n) as ex:
         futures = [ex.submit(run, t) for t in range(n)]
         return [f.result(timeout=timeout) for f in futures]
+
+
+# LayerNorm in float64: the reference of the CPU ops tests.
+def layernorm64(x, gamma, beta, eps):
+    x = x.astype(np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta

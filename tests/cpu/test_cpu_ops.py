@@ -6,19 +6,12 @@ import numpy as np
 import pytest
 
 from ftbert import _ops
-from tests._util import ragged_mask
+from tests._util import layernorm64, ragged_mask
 
 
 @pytest.fixture(scope="module")
 def cpu():
     return _ops.OpRunner("cpu")
-
-
-def layernorm64(x, gamma, beta, eps):
-    x = x.astype(np.float64)
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * gamma + beta
 
 
 def assert_close(out, ref, tol):

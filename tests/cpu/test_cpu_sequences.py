@@ -15,6 +15,7 @@ import pytest
 
 from ftbert import _ops
 from tests._packing import SEQUENCE_MASK_STYLES, compacted, first_positions, pack_reference, sequence_mask
+from tests._util import layernorm64
 
 MASK_STYLES = SEQUENCE_MASK_STYLES
 
@@ -22,13 +23,6 @@ MASK_STYLES = SEQUENCE_MASK_STYLES
 @pytest.fixture(scope="module")
 def cpu():
     return _ops.OpRunner("cpu")
-
-
-def layernorm64(x, gamma, beta, eps):
-    x = x.astype(np.float64)
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * gamma + beta
 
 
 # ---- packing ----------------------------------------------------------------------------------

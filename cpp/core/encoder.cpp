@@ -198,8 +198,12 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
   const bool first_token_output =
       (args.pooler_output != nullptr && config().has_pooler) ||
       (args.logits != nullptr && head.kind == HeadKind::kSequence);
+  // Device inputs stay padded under auto even when their caller counted them (a count read back
+  // with a value check serves padding_free=True only), so auto's results for device inputs never
+  // depend on whether anyone counted.
+  const int64_t counted = args.inputs_on_device ? -1 : args.tokens;
   args.packed = args.packed_outputs ||
-                padding_free_for(args.batch, args.seq, args.tokens,
+                padding_free_for(args.batch, args.seq, counted,
                                  first_token_output && !first_positions_attended);
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);

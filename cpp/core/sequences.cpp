@@ -45,7 +45,7 @@ void unpack_rows_host_in_place(void* data, const int32_t* token_index, int64_t t
 
 int64_t packed_rows_bucket(int64_t tokens, int batch, int seq) {
   const int64_t padded = static_cast<int64_t>(batch) * seq;
-  const int64_t step = std::max<int64_t>(64, (padded / 16 + 63) / 64 * 64);
+  const int64_t step = std::max<int64_t>(64, (padded / 64 + 63) / 64 * 64);
   return std::min(padded, std::max<int64_t>(1, (tokens + step - 1) / step) * step);
 }
 

@@ -198,11 +198,12 @@ class Encoder:
         the outputs are the same at every attended position, zeros at padding.
 
         "auto" (the default) packs a batch when at least 10% of its positions are padding and its
-        mask is on the host (numpy arrays, CPU tensors); it stays padded for CUDA tensors (counting
-        their tokens would wait for the GPU) and where packing would change a first-token output
-        (a pooler or sequence head, with a sequence whose position 0 is padding: padded, that
-        position is the first token, as in transformers; packed, the first real token is).
-        True packs every batch (CUDA tensors: their token count is read back once), False none.
+        mask is on the host (numpy arrays, CPU tensors); it stays padded for CUDA tensors (their
+        count is known only once the GPU has run what writes them) and where packing would change a
+        first-token output (a pooler or sequence head, with a sequence whose position 0 is padding:
+        padded, that position is the first token, as in transformers; packed, the first real token
+        is). True packs every batch (CUDA tensors: counted in the same read back as their value
+        check), False none.
         """
         return self._native.padding_free
 
@@ -346,7 +347,7 @@ class Encoder:
         B, S = ids.shape
         if B == 0 or S == 0:
             raise ValueError(f"empty input: input_ids has shape {tuple(ids.shape)}")
-        self._check_device_values(ids, mask, types)
+        tokens = self._check_device_values(ids, mask, types)
         ids32, mask32, types32 = (device_int32(t) for t in (ids, mask, types))
         tdtype = getattr(torch, self.dtype)
         hidden = torch.empty((B, S, self.hidden_size), dtype=tdtype, device=ids.device)
@@ -364,6 +365,7 @@ class Encoder:
             ids32.data_ptr(), mask32.data_ptr(), types32.data_ptr(), B, S,
             hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
             0 if logits is None else logits.data_ptr(), stream, self._nonfinite == "raise",
+            tokens=-1 if tokens is None else tokens,
         )
         self._report_nonfinite(nonfinite, earlier)
         # The int32 copies were made on this same stream, so torch's allocator cannot hand their
@@ -483,8 +485,10 @@ class Encoder:
             raise NonFiniteError(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    def _check_device_values(self, ids, mask, types) -> None:
-        check_values(self.config, ids, mask, types)
+    def _check_device_values(self, ids, mask, types) -> int:
+        """The value check of CUDA tensors; returns the attended tokens (read back with it, so
+        padding_free=True packs them without a second wait)."""
+        return check_values(self.config, ids, mask, types)
 
     # ---- text ------------------------------------------------------------------------------
     @property

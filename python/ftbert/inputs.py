@@ -204,29 +204,33 @@ def _comparable(t):
     return t
 
 
-def check_values(config: dict, ids, mask, types) -> None:
+def check_values(config: dict, ids, mask, types) -> int:
     """The value rules (and the usable length), their one home for both paths: input_ids within
-    vocab_size, token_type_ids within type_vocab_size, attention_mask 0 or 1.
+    vocab_size, token_type_ids within type_vocab_size, attention_mask 0 or 1. Returns the attended
+    tokens (the mask's non-zeros).
 
     numpy arrays (host inputs, int32 from as_int_array) are checked with numpy; torch tensors that
     stay on their device (CUDA tensors given to a CUDA encoder) with a few reductions and one small
-    read back (a sync). The engine does not check values again: its kernels clamp ids, so a bad one
-    that reached them could never read outside the tables.
+    read back (a sync), which brings the token count along: packing them then needs no second one.
+    The engine does not check values again: its kernels clamp ids, so a bad one that reached them
+    could never read outside the tables.
     """
     check_seq_length(config, ids.shape[1])
     if isinstance(ids, np.ndarray):
         mask_bad = (mask != 0) & (mask != 1)
         ids_lo, ids_hi, types_lo, types_hi = (int(v) for v in (ids.min(), ids.max(), types.min(), types.max()))
+        tokens = int(np.count_nonzero(mask))
         mask_any = [bool(mask_bad.any())]
         unsigned = False, False, False
     else:
         torch = _torch()
         ids_c, types_c, mask_c = _comparable(ids), _comparable(types), _comparable(mask)
-        stats = [*torch.aminmax(ids_c), *torch.aminmax(types_c)]  # torch.stack promotes: all are signed ints
+        # torch.stack promotes: all are signed ints here.
+        stats = [*torch.aminmax(ids_c), *torch.aminmax(types_c), torch.count_nonzero(mask_c)]
         mask_bad = None if mask.dtype == torch.bool else (mask_c != 0) & (mask_c != 1)
         if mask_bad is not None:
             stats.append(mask_bad.any())
-        ids_lo, ids_hi, types_lo, types_hi, *mask_any = torch.stack(stats).tolist()
+        ids_lo, ids_hi, types_lo, types_hi, tokens, *mask_any = torch.stack(stats).tolist()
         # uint64 values past 2**63 read as negative in _comparable: named as they are.
         unsigned = tuple(t.dtype == torch.uint64 for t in (ids, types, mask))
         mask = mask_c
@@ -242,6 +246,7 @@ def check_values(config: dict, ids, mask, types) -> None:
         if unsigned[2] and value < 0:
             value += 2**64
         raise ValueError(_mask_message(value))
+    return int(tokens)
 
 
 def device_int32(t):

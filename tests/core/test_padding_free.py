@@ -460,6 +460,26 @@ def test_auto_packs_cpu_tensors_like_numpy(zoo, rng):
     assert ran_packed(from_numpy, mask)
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch", "torch-bool", "torch-int64"])
+@pytest.mark.parametrize("padding", ["right", "left", "inner", "none"])
+def test_value_check_counts_the_mask(zoo, rng, kind, padding):
+    # padding_free=True packs CUDA tensors by this count (read back with the value check): it must
+    # be the mask's attended tokens whatever the mask's dtype.
+    from ftbert.inputs import check_values
+
+    m = zoo("bert", "model")
+    ids, mask, types = make_batch(rng, m, 5, 13, padding)
+    if padding != "none":
+        mask[3] = 0  # and an empty row
+    types = np.zeros_like(ids) if types is None else types
+    args = (ids.astype(np.int32), mask, types.astype(np.int32))
+    if kind != "numpy":
+        args = tuple(torch.from_numpy(a) for a in args)
+        mask_t = {"torch": args[1], "torch-bool": args[1].bool(), "torch-int64": args[1].long()}[kind]
+        args = (args[0], mask_t, args[2])
+    assert check_values(m.encoder("auto").config, *args) == int(mask.sum())
+
+
 @pytest.mark.parametrize("batch,seq,tokens,want", [
     (2, 10, 18, True),    # 10% padding: packs
     (2, 10, 19, False),   # 5%
@@ -469,7 +489,7 @@ def test_auto_packs_cpu_tensors_like_numpy(zoo, rng):
     (8, 512, 8, True),
     (1, 1, 1, False),
     (3, 7, 0, True),      # nothing but padding
-    (4, 25, -1, False),   # count unknown (device inputs): never waits for it
+    (4, 25, -1, False),   # count unknown (device inputs nobody counted): never waits for it
 ])
 def test_padding_free_for_rule(zoo, batch, seq, tokens, want):
     m = zoo("bert", "model")

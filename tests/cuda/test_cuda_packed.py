@@ -535,7 +535,7 @@ def test_host_inputs_packed_match_padded(bert, rng, dtype, attention, graphs):
 @pytest.mark.parametrize("attention", ["unfused", "flash"])
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "no-graphs"])
 def test_cuda_tensors_with_padding_free_true_match_padded(bert, rng, dtype, attention, graphs):
-    # CUDA tensors: the sequences are packed on the device and T read back once.
+    # CUDA tensors: the sequences are packed on the device, T counted in the value check's read back.
     path, hf = bert
     on = encoder(path, dtype, True, graphs, attention)
     off = encoder(path, dtype, False, False, attention)
@@ -552,7 +552,7 @@ def test_cuda_tensors_with_padding_free_true_match_padded(bert, rng, dtype, atte
             assert_pooler_reads_first_tokens(out, hf, mask, dtype)
             outs.append(out)
         same_outputs(outs[0], outs[2])
-        # auto never packs CUDA tensors (counting their tokens would wait for the GPU).
+        # auto never packs CUDA tensors (their count exists only once the GPU has written them).
         padded = auto(*(torch.from_numpy(a).cuda() for a in (ids, mask, types)))
         assert (padded.last_hidden_state[torch.from_numpy(mask).cuda() == 0] != 0).any()
         same_outputs(padded, want)

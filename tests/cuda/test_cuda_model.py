@@ -1,13 +1,12 @@
 """The whole model on the GPU against transformers.BertModel (GPU only; skipped without one)."""
 
-import os
 
 import numpy as np
 import pytest
 import torch
 
 import ftbert
-from tests._models import make_bert
+from tests._models import make_bert, minilm_path
 from tests._util import ragged_mask
 
 pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
@@ -204,16 +203,6 @@ def test_bad_device_inputs_raise(hf_dir):
         assert torch.equal(enc(ok, good_mask).last_hidden_state, ref)
 
 
-def _minilm_path():
-    env = os.environ.get("FTBERT_TEST_MINILM")
-    if env:
-        return env
-    try:
-        return str(ftbert.default_model_path())
-    except ImportError:
-        pytest.skip("all-MiniLM-L6-v2 not available (set FTBERT_TEST_MINILM)")
-
-
 SENTENCES = [
     "A man is eating food.",
     "A man is eating a piece of bread.",
@@ -228,7 +217,7 @@ SENTENCES = [
 @pytest.mark.parametrize("attention", ["unfused", "flash"])
 def test_minilm_matches_sentence_transformers(dtype, attention):
     st = pytest.importorskip("sentence_transformers")
-    path = _minilm_path()
+    path = minilm_path()
     ref = st.SentenceTransformer(path, device="cpu").encode(SENTENCES, normalize_embeddings=True)
     enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype)
     if dtype == "float32" and attention == "flash":
@@ -242,7 +231,7 @@ def test_minilm_matches_sentence_transformers(dtype, attention):
 def test_minilm_encode_replays_graphs_across_batches():
     # encode runs packed batches; a repeated call makes the same batches, so its forwards replay
     # the CUDA graphs the first call's shapes recorded; the embeddings equal those computed op by op.
-    path = _minilm_path()
+    path = minilm_path()
     enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
     plain = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16", cuda_graphs=False)
     texts = [SENTENCES[i % 5] + " and more" * (i % 4) for i in range(48)]
@@ -257,7 +246,7 @@ def test_minilm_encode_replays_graphs_across_batches():
 def test_minilm_packed_encode_on_the_gpu_matches_the_cpu(pooling):
     # Packed batches on the GPU (ids copied from pinned memory, pooling on the packed output):
     # the CPU backend's embeddings, in input order, with batches cut by a small token budget.
-    path = _minilm_path()
+    path = minilm_path()
     texts = [SENTENCES[i % len(SENTENCES)] + " and more" * (i % 7) for i in range(40)][::-1]
     cpu = ftbert.Encoder.from_pretrained(path).encode(texts, pooling=pooling, max_batch_tokens=64)
     enc = ftbert.Encoder.from_pretrained(path, device="cuda")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ftbert
+from tests._models import minilm_path
 
 SENTENCES = [
     "A man is eating food.",
@@ -26,7 +27,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def model_path():
-    return str(ftbert.default_model_path())
+    return minilm_path()
 
 
 @pytest.fixture(scope="module")

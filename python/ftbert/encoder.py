@@ -396,6 +396,9 @@ class Encoder:
                                      f"{input_ids.device}")
         else:
             input_ids = _packed_host_ids("input_ids", input_ids)
+            if isinstance(token_type_ids, torch.Tensor):
+                raise TypeError("token_type_ids is a torch tensor but input_ids is not: pass both as "
+                                "torch tensors, or both as numpy arrays or lists")
             if token_type_ids is not None:
                 token_type_ids = _packed_host_ids("token_type_ids", token_type_ids)
         if input_ids.ndim != 1:

@@ -731,6 +731,10 @@ def test_forward_packed_error_input_ids_and_token_types(small, rng):
         (dict(token_type_ids=np.zeros(10, np.float32)), TypeError, "token_type_ids must hold integers"),
         (dict(input_ids=torch.from_numpy(ids), token_type_ids=np.zeros(10, np.int64)), TypeError,
          "token_type_ids must be a torch tensor like input_ids"),
+        (dict(token_type_ids=torch.zeros(10, dtype=torch.long)), TypeError,
+         "token_type_ids is a torch tensor but input_ids is not"),
+        (dict(input_ids=ids.tolist(), token_type_ids=torch.zeros(10, dtype=torch.long)), TypeError,
+         "token_type_ids is a torch tensor but input_ids is not"),
     ]
     for kwargs, exc, match in cases:
         args = dict(input_ids=ids, cu_seqlens=cu, token_type_ids=None)

@@ -30,7 +30,7 @@ import torch
 
 from .args import BenchError, Options
 from .models import BERT_BASE, TORCH_DTYPES
-from .sweep import CPU_DTYPE_NOTE, _free, _one_line, failed_row, on_device_stream
+from .sweep import CPU_DTYPE_NOTE, ProgressRun, _free, _one_line, failed_row, on_device_stream
 from .timing import summarize, time_forward
 
 STAGES = ("end-to-end", "model")
@@ -366,16 +366,10 @@ def describe(ck: Checkpoint, n_params: int | None, seed: int) -> dict:
     }
 
 
-class Rerank:
+class Rerank(ProgressRun):
     def __init__(self, opts: Options, ck: Checkpoint, progress=None):
-        self.opts = opts
+        super().__init__(opts, progress)
         self.ck = ck
-        self.progress = progress
-        self.task = None
-        self.rows: list[dict] = []
-        self.checks: list[dict] = []
-        self.notes = opts.notes
-        self.interrupted = False
         self.n_params: int | None = None
         n = max(opts.pairs_for(d) for d in opts.devices)
         self.pairs = make_pairs(ck.tokenizer, n, opts.query_len, opts.doc_len, opts.seed)
@@ -389,27 +383,12 @@ class Rerank:
         tok = self.ck.tokenizer
         return len(tok("a", "a")["input_ids"]) - 2 * len(tok("a", add_special_tokens=False)["input_ids"])
 
-    def _note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
-
     def total(self) -> int:
         o = self.opts
         return len(o.devices) * len(o.dtypes) * (1 + len(o.batches) * len(o.engines) * len(STAGES))
 
-    def _describe(self, what: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, description=what)
-
-    def _advance(self) -> None:
-        if self.progress is not None:
-            self.progress.advance(self.task)
-
     def run(self) -> list[dict]:
-        if self.progress is not None:
-            self.task = self.progress.add_task("rerank", total=self.total())
-        if self.opts.allow_tf32:
-            torch.backends.cuda.matmul.allow_tf32 = True
+        self._start("rerank")
         try:
             with torch.inference_mode():
                 for device in self.opts.devices:

@@ -42,6 +42,41 @@ def make_inputs(config: dict, batch: int, seq: int, varlen_min: int | None, seed
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
 
 
+class ProgressRun:
+    """What the multi-part modes (--rerank, --varlen) share: notes said once, a progress task that
+    counts their steps (`total()`), and the TF32 setting applied before the first step."""
+
+    def __init__(self, opts: Options, progress=None):
+        self.opts = opts
+        self.progress = progress
+        self.task = None
+        self.rows: list[dict] = []
+        self.checks: list[dict] = []
+        self.notes = opts.notes
+        self.interrupted = False
+
+    def total(self) -> int:
+        raise NotImplementedError
+
+    def _start(self, name: str) -> None:
+        if self.progress is not None:
+            self.task = self.progress.add_task(name, total=self.total())
+        if self.opts.allow_tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def _describe(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=what)
+
+    def _advance(self) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task)
+
+
 @contextlib.contextmanager
 def on_device_stream(device: str):
     """GPU: makes `device` current and runs everything (inputs, engines, events) on one dedicated

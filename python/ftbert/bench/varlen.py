@@ -37,7 +37,7 @@ import torch
 
 from .args import ST_DEFAULT_BATCH, BenchError, Case, Options, parse_case
 from .models import HF_IMPL, TORCH_DTYPES, Model, Peers, make_ftbert
-from .sweep import CPU_DTYPE_NOTE, _free, _one_line, failed_row, no_tf32, on_device_stream
+from .sweep import CPU_DTYPE_NOTE, ProgressRun, _free, _one_line, failed_row, no_tf32, on_device_stream
 from .timing import summarize, time_interleaved
 
 # CSV columns, in order; a row holds those of its part (model or encode).
@@ -186,47 +186,26 @@ def encode_defaults(enc) -> dict:
 
 
 # ---- the run ---------------------------------------------------------------------------------
-class Varlen:
+class Varlen(ProgressRun):
     def __init__(self, opts: Options, model: Model | None, encode_src: tuple, progress=None):
-        self.opts = opts
+        super().__init__(opts, progress)
         self.model = model
         self.peers = Peers(model) if model is not None else None
         self.encode_label, self.encode_path, self.encode_missing = encode_src
-        self.progress = progress
-        self.task = None
-        self.rows: list[dict] = []
-        self.checks: list[dict] = []
         self.targets: list[dict] = []
         self.cases: list[dict] = []  # what each case's batch holds, per device
         self.encode: dict = {}  # the encode part's texts and settings
-        self.notes = opts.notes
-        self.interrupted = False
         self._tok = None
         self._texts: dict[int, list[str]] = {}
-
-    def _note(self, text: str) -> None:
-        if text not in self.notes:
-            self.notes.append(text)
 
     def total(self) -> int:
         o = self.opts
         per = (sum(len(o.cases_for(d)) for d in o.devices) if "model" in o.parts else 0)
         return len(o.dtypes) * (per + (len(o.devices) if "encode" in o.parts else 0))
 
-    def _describe(self, what: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, description=what)
-
-    def _advance(self) -> None:
-        if self.progress is not None:
-            self.progress.advance(self.task)
-
     def run(self) -> list[dict]:
         """The rows; raises Mismatch (rows so far in self.rows) when a check fails."""
-        if self.progress is not None:
-            self.task = self.progress.add_task("varlen", total=self.total())
-        if self.opts.allow_tf32:
-            torch.backends.cuda.matmul.allow_tf32 = True
+        self._start("varlen")
         try:
             with torch.inference_mode():
                 for device in self.opts.devices:

@@ -22,7 +22,8 @@ import ftbert  # noqa: E402
 from ftbert.serving import ServeSettings  # noqa: E402
 from ftbert.serving.ray import DEPLOYMENT_NAME, build_app  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Ray's own modules warn about pydantic deprecations on import.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def _free_port() -> int:

@@ -29,20 +29,6 @@ from .settings import ServeSettings
 DEPLOYMENT_NAME = "ftbert"
 
 
-class FtbertReplica:
-    """One replica: builds the app of its settings when Ray starts it (the app's lifespan then
-    loads the encoder and starts the batcher; Ray runs the lifespan's shutdown when the replica
-    stops)."""
-
-    def __init__(self, settings: dict):
-        self.settings = ServeSettings(**settings)
-
-    def __serve_build_asgi_app__(self):
-        from .app import create_app
-
-        return create_app(self.settings)
-
-
 def build_app(
     settings: ServeSettings,
     replicas: int = 1,
@@ -74,8 +60,18 @@ def build_app(
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         options["num_replicas"] = replicas
-    deployment = serve.deployment(**options)(serve.ingress()(FtbertReplica))
-    return deployment.bind(replica_settings.as_dict())
+    fields = replica_settings.as_dict()
+
+    def build_replica_app():
+        # Runs in each replica when Ray starts it. The app's lifespan then loads the encoder and
+        # starts the batcher; Ray runs the lifespan's shutdown when the replica stops.
+        from ftbert.serving.app import create_app
+        from ftbert.serving.settings import ServeSettings
+
+        return create_app(ServeSettings(**fields))
+
+    deployment = serve.deployment(**options)(serve.ingress(build_replica_app)())
+    return deployment.bind()
 
 
 def run_ray(settings: ServeSettings, args) -> int:

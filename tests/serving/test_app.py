@@ -210,9 +210,12 @@ def test_health_info_metrics(embed_server, embedder):
                  "ftbert_tokens_total", "ftbert_tokens_per_second", "ftbert_request_duration_seconds_bucket",
                  "ftbert_forward_duration_seconds_bucket", "ftbert_queue_wait_seconds_bucket"):
         assert name in text, name
-    line = next(l for l in text.splitlines()
-                if l.startswith('ftbert_requests_total{route="/v1/embeddings",status="200"}'))
-    assert float(line.split()[-1]) >= 1
+    def value(prefix):
+        return float(next(l for l in text.splitlines() if l.startswith(prefix)).split()[-1])
+
+    assert value('ftbert_requests_total{route="/v1/embeddings",status="200"}') >= 1
+    assert value("ftbert_request_inputs_count") >= 1 and value("ftbert_request_inputs_sum") >= 2
+    assert value("ftbert_tokens_total") >= value("ftbert_batch_tokens_sum") > 0
 
 
 # ---- errors ------------------------------------------------------------------------------------

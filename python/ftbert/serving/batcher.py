@@ -102,7 +102,6 @@ class Job:
         self.kind, self.how, self.inputs = kind, how, list(inputs)
         self.tokens = 0
         self.cancelled = False
-        self.submitted = time.perf_counter()
         self._out: np.ndarray | None = None
         self._remaining = len(self.inputs)
         self._settled = False

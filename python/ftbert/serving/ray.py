@@ -90,6 +90,10 @@ def run_ray(settings: ServeSettings, args) -> int:
         autoscaling = {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": args.target_ongoing_requests}
     app = build_app(settings, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                     cpus_per_replica=args.cpus_per_replica, autoscaling=autoscaling)
+    # Handlers first: a signal while Ray starts still stops it, once serve.run has returned.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     ray.init(address=args.ray_address)
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
@@ -97,9 +101,6 @@ def run_ray(settings: ServeSettings, args) -> int:
         print(f"ftbert serve: serving through Ray Serve on http://{args.host}:{args.port} "
               f"({'autoscaling ' + str(autoscaling) if autoscaling else f'{args.replicas} replica(s)'})",
               file=sys.stderr, flush=True)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
         stop.wait()
     finally:
         serve.shutdown()

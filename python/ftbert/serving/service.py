@@ -25,7 +25,12 @@ class Service:
         enc = encoders[0]
         self.config = enc.config
         self.path = enc.path
-        self.model_name = settings.model_name or (Path(enc.path).name if enc.path else "ftbert")
+        if settings.model_name:
+            self.model_name = settings.model_name
+        elif settings.model is None:  # the bundled checkpoint's directory is just "model"
+            self.model_name = "all-MiniLM-L6-v2"
+        else:
+            self.model_name = Path(enc.path).name if enc.path else "ftbert"
         self.started = time.time()
 
     @classmethod

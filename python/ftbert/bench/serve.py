@@ -11,8 +11,8 @@ text: "short" ~16 tokens or "long" ~256 tokens (texts of words from a fixed list
 different text; the token counts are the model tokenizer's, with its special tokens). For each
 (length, concurrency) the clients -- `--client-procs` processes of asyncio + httpx, `concurrency`
 connections in all, each sending its next request when the last is answered -- warm up, then run
-for `--duration` seconds; requests/s is answered requests over that time, latencies are each
-request's as the client sees it. Before timing, both servers' embeddings of the same texts are
+for `--duration` seconds; requests/s is the requests answered within that time, latencies are
+theirs as the client sees them (sent to answered). Before timing, both servers' embeddings of the same texts are
 compared (cosine), so the two do the same work.
 
 Writes OUT/NAME.json (options, environment, both servers' /info, every row), OUT/NAME.png
@@ -129,7 +129,9 @@ async def _load(url: str, texts: list[str], connections: int, warmup_s: float, d
                 except httpx.HTTPError:
                     ok = False
                 t1 = time.perf_counter()
-                if t0 >= t_measure and t1 <= t_end:
+                # Counted by when it was answered: requests/s is answers within the window
+                # (latencies longer than the warm-up would otherwise leave nothing to count).
+                if t_measure <= t1 <= t_end:
                     if ok:
                         latencies.append(t1 - t0)
                     else:
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         base = peer.get((r["length"], r["concurrency"]))
         r["vs_peer"] = r["req_per_s"] / base if base else None
 
-    t = Table(title=f"{Path(model).name}  {args.devices or args.device}  {args.dtype}: one text per request",
+    label = infos.get("ftbert", {}).get("model") or Path(model).name
+    t = Table(title=f"{label}  {args.devices or args.device}  {args.dtype}: one text per request",
               title_justify="left", header_style="bold")
     for col in ("length", "tokens", "concurrency", "engine", "req/s", "p50 ms", "p99 ms", "errors", "× peer"):
         t.add_column(col, justify="left" if col in ("length", "engine") else "right")
@@ -301,6 +304,7 @@ def _plot(path: Path, rows: list[dict], lengths: dict, engines: list[str], title
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.6), squeeze=False, layout="constrained")
     for ax, name in zip(axes[0], lengths):
@@ -312,7 +316,11 @@ def _plot(path: Path, rows: list[dict], lengths: dict, engines: list[str], title
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel("requests/s")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        levels = sorted({r["concurrency"] for r in rows if r["length"] == name})
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)

@@ -316,3 +316,22 @@ def test_full_queue_is_429_with_retry_after(embedder):
         assert r.headers["retry-after"] == "7"
         t.join(30)
         assert first["r"].status_code == 200  # the queued request is answered
+
+
+def test_shutting_down_is_503(embedder):
+    import asyncio
+
+    from ftbert.serving.service import Service
+
+    svc = Service.load(ServeSettings(model=str(embedder)))
+    svc.close()  # as at shutdown: the batcher takes no new jobs
+    app = create_app(service=svc)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+            return await c.post("/v1/embeddings", json={"input": "a"}), await c.get("/health")
+
+    r, health = asyncio.run(main())
+    assert_error(r, 503, None, "shutting down")
+    assert r.headers["retry-after"] == str(ServeSettings().retry_after_s)
+    assert_error(health, 503, None, "shutting down")

@@ -46,8 +46,10 @@ def _batcher(path, n_encoders=1, **kw):
     return b, encs
 
 
-async def _gather(batcher, jobs):
-    return await asyncio.gather(*(batcher.submit(j) for j in jobs), return_exceptions=True)
+async def _gather(batcher, jobs, timeout=120):
+    # A bounded wait: a batcher thread that died would otherwise leave the test hanging.
+    futures = [batcher.submit(j) for j in jobs]
+    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout)
 
 
 def test_concurrent_jobs_each_get_their_own_rows_within_the_budget(embedder, rng):
@@ -202,3 +204,31 @@ def test_too_long_input_fails_its_job_when_not_truncating(embedder):
         b.close()
     assert isinstance(results[0], InputTooLong) and results[0].index == 1 and results[0].limit == 10
     assert results[1].values.shape == (1, 32)
+
+
+def test_tokenizer_errors_fail_their_round_and_the_thread_goes_on(embedder):
+    b, _ = _batcher(embedder)
+    b.start()
+    real_tok, real_check = b._tok, b._check_lengths
+
+    def tok(texts, *args, **kwargs):
+        if "boom" in texts:
+            raise RuntimeError("tokenizer failed on purpose")
+        return real_tok(texts, *args, **kwargs)
+
+    def check(how, seqs):
+        if len(seqs) == 3:
+            raise RuntimeError("length check failed on purpose")
+        return real_check(how, seqs)
+
+    b._tok, b._check_lengths = tok, check
+    try:
+        first = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["boom"])]))
+        second = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["a", "b", "c"])]))
+        third = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["fine"])]))
+    finally:
+        b.close()
+    assert isinstance(first[0], RuntimeError) and "tokenizer failed" in str(first[0])
+    assert isinstance(second[0], RuntimeError) and "length check failed" in str(second[0])
+    assert third[0].values.shape == (1, 32)
+    assert b.queue_depth == 0 and b.accepted == b.finished == 3

@@ -231,7 +231,13 @@ class Batcher:
                     jobs.append(job)
             if jobs:
                 t0 = time.perf_counter()
-                seqs = self._tokenize(jobs)
+                try:
+                    seqs = self._tokenize(jobs)
+                except Exception as e:  # never leave the thread: later jobs would wait forever
+                    for job in jobs:
+                        if not job._settled:
+                            self._fail_unqueued(job, e)
+                    continue
                 if self.metrics is not None:
                     self.metrics.on_tokenize(time.perf_counter() - t0, sum(len(j) for j in jobs))
                 with self._cond:

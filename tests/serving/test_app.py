@@ -142,6 +142,24 @@ def test_long_inputs_are_truncated_by_default(embed_server, embed_enc):
     np.testing.assert_allclose(r.json()["data"][0]["embedding"], embed_enc.encode([text])[0], rtol=0, atol=TOL)
 
 
+def test_openai_client_lists_the_model(embed_server):
+    import openai
+
+    client = openai.OpenAI(base_url=embed_server.url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_two_devices_share_the_queue(embedder, embed_enc, rng):
+    # Two encoders (both on the CPU here; cuda:0,cuda:1 on a GPU machine), one forward thread each.
+    with _server(embedder, devices="cpu,cpu") as s:
+        assert httpx.get(s.url + "/info").json()["devices"] == ["cpu", "cpu"]
+        texts = [random_texts(rng, int(rng.integers(1, 5))) for _ in range(12)]
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for t in texts:
+                got = np.array([d["embedding"] for d in c.post("/v1/embeddings", json={"input": t}).json()["data"]])
+                np.testing.assert_allclose(got, embed_enc.encode(t), rtol=0, atol=TOL)
+
+
 # ---- /rerank and /classify ---------------------------------------------------------------------
 def test_rerank_equals_predict_and_rank(rerank_server, reranker, rng):
     enc = ftbert.Encoder.from_pretrained(reranker)

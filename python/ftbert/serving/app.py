@@ -5,7 +5,7 @@ request into a batcher job (`Service.run`) and formats the rows that come back.
                          encoding_format ("float" | "base64"), dimensions (truncate, renormalize)
     POST /rerank         query + texts against a one-label cross-encoder: scores, best first
     POST /classify       texts or (text, text) pairs through the sequence-classification head
-    GET  /health, /info, /metrics
+    GET  /v1/models (OpenAI's model list: the one model), /health, /info, /metrics
 
 Every error a client can cause answers JSON in OpenAI's shape,
 `{"error": {"message": ..., "type": ..., "param": ...}}`, with its status: 400 (the model has no
@@ -33,7 +33,7 @@ from .batcher import EMBED, IDS, PAIR, SCORE, TEXT, InputTooLong, Job, NoTokens,
 from .service import Service
 from .settings import ServeSettings
 
-ROUTES = ("/v1/embeddings", "/rerank", "/classify", "/health", "/info", "/metrics")
+ROUTES = ("/v1/embeddings", "/v1/models", "/rerank", "/classify", "/health", "/info", "/metrics")
 
 
 class ApiError(Exception):
@@ -274,6 +274,12 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
                          "scores": [{"label": lab, "score": s} for lab, s in zip(labels, row)]})
         return JSONResponse({"object": "list", "model": svc.model_name, "data": data,
                              "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+    @app.get("/v1/models")
+    async def models(request: Request):  # what OpenAI clients list before they pick a model
+        svc = _service(request)
+        return {"object": "list", "data": [{"id": svc.model_name, "object": "model", "created": int(svc.started),
+                                            "owned_by": "ftbert"}]}
 
     @app.get("/health")
     async def health(request: Request):

@@ -55,3 +55,10 @@ def test_bad_settings_are_usage_errors(argv, words, capsys):
 def test_top_level_help_names_serve_and_bench_serve():
     r = subprocess.run([sys.executable, "-m", "ftbert", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "serve" in r.stdout and "bench-serve" in r.stdout
+
+
+def test_bad_model_path_is_one_line(tmp_path, capsys):
+    pytest.importorskip("fastapi")
+    assert main(["serve", str(tmp_path / "missing"), "--port", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "ftbert serve: error: model path" in err and "does not exist" in err and "Traceback" not in err

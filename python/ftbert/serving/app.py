@@ -150,16 +150,18 @@ class ClassifyRequest(_Request):
 
 
 # ---- the app -----------------------------------------------------------------------------------
-def create_app(settings: ServeSettings | None = None, service: Service | None = None) -> FastAPI:
-    """The ASGI app. With `service` (started already) the app serves it and leaves it running at
-    shutdown; without, it loads one from `settings` at startup and closes it at shutdown, after
-    uvicorn has finished the requests in flight: every accepted request is answered."""
+def create_app(settings: ServeSettings | None = None, service: Service | None = None,
+               close_service: bool = False) -> FastAPI:
+    """The ASGI app. Without `service`, it loads one from `settings` at startup and closes it at
+    shutdown, after uvicorn has finished the requests in flight: every accepted request is
+    answered. With `service` (started already) it serves that one, and closes it at shutdown only
+    when `close_service` is true."""
     if service is None and settings is None:
         settings = ServeSettings()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        own = service is None
+        own = service is None or close_service
         svc = service if service is not None else await run_in_threadpool(Service.load, settings)
         app.state.service = svc
         try:

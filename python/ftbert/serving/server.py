@@ -80,8 +80,16 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, lo
     import uvicorn
 
     from .app import create_app
+    from .service import Service
 
-    app = create_app(settings)
+    # The model loads before the server starts, so a bad path or option is one line, not a
+    # traceback from the app's startup.
+    try:
+        service = Service.load(settings)
+    except (ValueError, RuntimeError, FileNotFoundError, TypeError) as e:
+        print(f"ftbert serve: error: {e}", file=sys.stderr)
+        return 1
+    app = create_app(service=service, close_service=True)
     started = []
 
     def report(svc) -> None:
@@ -97,8 +105,8 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, lo
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=None)
     uvicorn.Server(config).run()
-    if not started:
-        print("ftbert serve: the server did not start (see the error above)", file=sys.stderr)
+    if not started:  # uvicorn could not start (the port in use, say): it has said why
+        service.close()
         return 1
     return 0
 

@@ -39,7 +39,8 @@ class Service:
         import ftbert
 
         model = settings.model or str(ftbert.default_model_path())
-        encoders = [ftbert.Encoder.from_pretrained(model, device=d, dtype=settings.dtype, attention=settings.attention)
+        encoders = [ftbert.Encoder.from_pretrained(model, device=d, dtype=settings.dtype, attention=settings.attention,
+                                                   cuda_graphs=settings.cuda_graphs)
                     for d in settings.devices]
         service = cls(settings, encoders)
         service.batcher.start()
@@ -79,6 +80,8 @@ class Service:
             "max_input_length": self.batcher.limits.get("text"),
             "truncate": s.truncate,
             "pooling": self.batcher.pooling,
+            "attention": enc.attention,
+            "cuda_graphs": enc.cuda_graphs,
             "head": enc.head,
             "labels": enc.labels,
             "routes": self.routes(),

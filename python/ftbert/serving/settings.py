@@ -19,6 +19,10 @@ class ServeSettings:
     attention: str = "auto"
     # Embedding pooling ("mean", "cls", "pooler"); None: what the checkpoint declares, else mean.
     pooling: str | None = None
+    # Encoder.cuda_graphs. The batcher's batches vary in shape (sequences, longest, tokens), and a
+    # shape is recorded at its second forward, up to 32 kept: whether replaying beats the recording
+    # churn depends on the traffic, hence the switch.
+    cuda_graphs: bool = True
 
     # ---- dynamic batching
     # A forward holds at most this many tokens, counted as sequences x the longest one (what the

@@ -6,6 +6,7 @@ Ray's HTTP proxy. Needs the `ray` extra (`pip install 'ftbert[ray]'`).
     from ftbert.serving.ray import build_app
 
     app = build_app(ServeSettings(model="path/to/checkpoint", dtype="float16"), replicas=4, gpus_per_replica=1)
+    # or autoscaling={"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32}
     serve.run(app, name="ftbert", route_prefix="/")
 
 or from the command line: `ftbert serve MODEL --ray --replicas 4 --gpus-per-replica 1`.
@@ -29,7 +30,13 @@ from .settings import ServeSettings
 DEPLOYMENT_NAME = "ftbert"
 
 
-def build_app(
+def replica_settings(settings: ServeSettings, gpus_per_replica: float) -> ServeSettings:
+    """A replica's settings: one device, "cuda" (the GPU Ray hands the replica is device 0 of its
+    own CUDA_VISIBLE_DEVICES) when it has a GPU share, else "cpu"."""
+    return dataclasses.replace(settings, devices=("cuda",) if gpus_per_replica > 0 else ("cpu",))
+
+
+def deployment(
     settings: ServeSettings,
     replicas: int = 1,
     gpus_per_replica: float = 0.0,
@@ -37,18 +44,17 @@ def build_app(
     autoscaling: dict | None = None,
     max_ongoing_requests: int = 512,
 ):
-    """A Ray Serve application (bind it with `serve.run`) serving `settings`' model.
+    """The Ray Serve deployment (unbound) serving `settings`' model; `build_app` binds it.
 
     replicas: a fixed count, unless `autoscaling` is given (Ray's autoscaling_config:
     {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32, ...}).
-    gpus_per_replica: 0 runs the replicas on the CPU; a fraction shares a GPU between replicas."""
+    gpus_per_replica: 0 runs the replicas on the CPU; a fraction shares a GPU between replicas.
+    max_ongoing_requests: requests a replica holds at once (Ray's default, 5, would leave its
+    batcher little to batch)."""
     from ray import serve
 
     if gpus_per_replica < 0 or cpus_per_replica < 0:
         raise ValueError("gpus_per_replica and cpus_per_replica must be >= 0")
-    # Ray hands each replica its GPU(s) as device 0 of its own CUDA_VISIBLE_DEVICES.
-    device = "cuda" if gpus_per_replica > 0 else "cpu"
-    replica_settings = dataclasses.replace(settings, devices=(device,))
     options = {
         "name": DEPLOYMENT_NAME,
         "ray_actor_options": {"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
@@ -60,7 +66,7 @@ def build_app(
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, got {replicas}")
         options["num_replicas"] = replicas
-    fields = replica_settings.as_dict()
+    fields = replica_settings(settings, gpus_per_replica).as_dict()
 
     def build_replica_app():
         # Runs in each replica when Ray starts it. The app's lifespan then loads the encoder and
@@ -70,8 +76,26 @@ def build_app(
 
         return create_app(ServeSettings(**fields))
 
-    deployment = serve.deployment(**options)(serve.ingress(build_replica_app)())
-    return deployment.bind()
+    return serve.deployment(**options)(serve.ingress(build_replica_app)())
+
+
+def build_app(settings: ServeSettings, **kwargs):
+    """A Ray Serve application serving `settings`' model, for `serve.run(app, route_prefix="/")`;
+    keyword arguments as `deployment` takes them (replicas, gpus_per_replica, cpus_per_replica,
+    autoscaling, max_ongoing_requests)."""
+    return deployment(settings, **kwargs).bind()
+
+
+def autoscaling_from_args(args) -> dict | None:
+    """Ray's autoscaling_config from --min-replicas / --max-replicas / --target-ongoing-requests,
+    or None (a fixed --replicas) when neither bound is given."""
+    if args.min_replicas is None and args.max_replicas is None:
+        return None
+    lo = args.min_replicas if args.min_replicas is not None else 1
+    hi = args.max_replicas if args.max_replicas is not None else max(lo, args.replicas)
+    if hi < lo:
+        raise ValueError(f"--max-replicas ({hi}) is below --min-replicas ({lo})")
+    return {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": args.target_ongoing_requests}
 
 
 def run_ray(settings: ServeSettings, args) -> int:
@@ -83,11 +107,11 @@ def run_ray(settings: ServeSettings, args) -> int:
     except ImportError:
         print("ftbert serve: --ray needs the 'ray' extra: pip install 'ftbert[ray]'", file=sys.stderr)
         return 2
-    autoscaling = None
-    if args.min_replicas is not None or args.max_replicas is not None:
-        lo = args.min_replicas if args.min_replicas is not None else 1
-        hi = args.max_replicas if args.max_replicas is not None else max(lo, args.replicas)
-        autoscaling = {"min_replicas": lo, "max_replicas": hi, "target_ongoing_requests": args.target_ongoing_requests}
+    try:
+        autoscaling = autoscaling_from_args(args)
+    except ValueError as e:
+        print(f"ftbert serve: error: {e}", file=sys.stderr)
+        return 2
     app = build_app(settings, replicas=args.replicas, gpus_per_replica=args.gpus_per_replica,
                     cpus_per_replica=args.cpus_per_replica, autoscaling=autoscaling)
     # Handlers first: a signal while Ray starts still stops it, once serve.run has returned.

@@ -5,7 +5,6 @@ every error a client can cause answers its status with an OpenAI-style JSON erro
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import time
 

@@ -1,4 +1,4 @@
-"""The `ftbert` command: convert, run, bench."""
+"""The `ftbert` command: convert, run, bench, serve, bench-serve."""
 
 from __future__ import annotations
 
@@ -58,19 +58,34 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _serve(argv: list[str]) -> int:
+    from .serving.server import main as serve_main
+
+    return serve_main(argv)
+
+
+def _bench_serve(argv: list[str]) -> int:
+    from .bench.serve import main as bench_serve_main
+
+    return bench_serve_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # convert and bench own their argument parsing.
-    if argv and argv[0] == "convert":
-        return _convert(argv[1:])
-    if argv and argv[0] == "bench":
-        return _bench(argv[1:])
+    # convert, bench, serve and bench-serve own their argument parsing.
+    own = {"convert": _convert, "bench": _bench, "serve": _serve, "bench-serve": _bench_serve}
+    if argv and argv[0] in own:
+        return own[argv[0]](argv[1:])
 
     parser = argparse.ArgumentParser(prog="ftbert", description="FasterTransformer-style BERT encoder engine")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("convert", help="convert a HuggingFace checkpoint: ftbert convert SRC DST [--dtype ...]")
     sub.add_parser("bench", help="latency (and, with --rerank, cross-encoder pairs/s) benchmark next to "
                    "transformers: ftbert bench --help")
+    sub.add_parser("serve", help="HTTP server (OpenAI-compatible embeddings, rerank, classify) with dynamic "
+                   "batching: ftbert serve --help")
+    sub.add_parser("bench-serve", help="requests/s and latency of `ftbert serve` next to a FastAPI + "
+                   "sentence-transformers server: ftbert bench-serve --help")
     run = sub.add_parser("run", help="embed texts and print norms, first values and timing")
     run.add_argument("model", nargs="?", help="HF or converted checkpoint dir (default: bundled all-MiniLM-L6-v2)")
     run.add_argument("text", nargs="*", help="texts to embed (default: a few built-in sentences)")

@@ -274,10 +274,22 @@ def _embed(enc: "Encoder", batch: _Batch, pooling: str, normalize: bool, gpu) ->
             for a in (batch.input_ids, batch.token_type_ids, batch.cu_seqlens)
         )
     res = enc.forward_packed(ids, batch.cu_seqlens, types)
+    emb = pool_packed(res.last_hidden_state, res.pooler_output, offsets, pooling, normalize)
+    return emb.cpu().numpy()
+
+
+def pool_packed(hidden, pooler_output, offsets, pooling: str, normalize: bool):
+    """Sequence embeddings from a packed forward's outputs (what `encode` returns per batch, also
+    used by the server's batcher): float32 torch [B, H] on the outputs' device.
+
+    hidden: last_hidden_state [T, H]; pooler_output: [B, H] or None; offsets: cu_seqlens [B + 1]
+    as a torch int64 tensor on the outputs' device. pooling: "mean", "cls" or "pooler"."""
+    import torch
+
     if pooling == "pooler":
-        emb = torch.as_tensor(res.pooler_output).float()
+        emb = torch.as_tensor(pooler_output).float()
     else:
-        hidden = torch.as_tensor(res.last_hidden_state).float()  # [T, H]
+        hidden = torch.as_tensor(hidden).float()  # [T, H]
         if pooling == "cls":
             emb = hidden[offsets[:-1]]
         else:
@@ -287,7 +299,7 @@ def _embed(enc: "Encoder", batch: _Batch, pooling: str, normalize: bool, gpu) ->
             emb = sums / offsets.diff().unsqueeze(1).to(sums.dtype)
     if normalize:
         emb = torch.nn.functional.normalize(emb, p=2, dim=1)
-    return emb.cpu().numpy()
+    return emb
 
 
 # ---- padded batches on the GPU (Encoder.predict and the rerank benchmark) ----------------------

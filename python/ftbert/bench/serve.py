@@ -1,0 +1,328 @@
+"""`ftbert bench-serve`: requests/s and latency of `ftbert serve` next to a plain FastAPI +
+sentence-transformers server (`ftbert.bench.serve_peer`) doing the same work.
+
+    ftbert bench-serve                                   # bundled all-MiniLM-L6-v2, CPU, small run
+    ftbert bench-serve --device cuda --dtype float16 --concurrency 1,16,64 --duration 20
+    ftbert bench-serve --device cuda --devices cuda:0,cuda:1 ...   # ftbert on two GPUs
+
+Both servers run in subprocesses on the loopback address, each started, checked and measured
+alone (one at a time, so they never compete for the device or the cores). A request embeds one
+text: "short" ~16 tokens or "long" ~256 tokens (texts of words from a fixed list, each request a
+different text; the token counts are the model tokenizer's, with its special tokens). For each
+(length, concurrency) the clients -- `--client-procs` processes of asyncio + httpx, `concurrency`
+connections in all, each sending its next request when the last is answered -- warm up, then run
+for `--duration` seconds; requests/s is the requests answered within that time, latencies are
+theirs as the client sees them (sent to answered). Before timing, both servers' embeddings of the same texts are
+compared (cosine), so the two do the same work.
+
+Writes OUT/NAME.json (options, environment, both servers' /info, every row), OUT/NAME.png
+(requests/s against concurrency) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while people watch from the river bank and talk about "
+    "their work in the city where old buildings stand next to new towers of glass and steel many years "
+    "after the war the market opened again with fresh bread fish fruit and flowers every morning before "
+    "sunrise children walk to school through narrow streets full of music light and the smell of coffee"
+).split()
+LENGTHS = {"short": 16, "long": 256}
+
+
+def _texts(tok, target: int, n: int, seed: int) -> list[str]:
+    """n different texts of about `target` tokens each (with the tokenizer's special tokens)."""
+    import random
+
+    r = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = []
+        while True:
+            words.append(r.choice(WORDS))
+            if len(tok(" ".join(words))["input_ids"]) >= target:
+                break
+        out.append(" ".join(words))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """A server subprocess; waits for /health, stops with SIGTERM."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log: Path):
+        self.name, self.argv, self.port = name, argv, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log
+
+    def __enter__(self):
+        import httpx
+
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} server did not start in 600 s; see {self.log_path}")
+            time.sleep(0.2)
+        self.info = httpx.get(self.url + "/info", timeout=30).json()
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# ---- the load generator ------------------------------------------------------------------------
+async def _load(url: str, texts: list[str], connections: int, warmup_s: float, duration_s: float, offset: int):
+    import httpx
+
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+    latencies: list[float] = []
+    errors = [0]
+
+    async def conn(c: int):
+        async with httpx.AsyncClient(base_url=url, timeout=300,
+                                     limits=httpx.Limits(max_connections=1)) as client:
+            k = offset + c
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= t_end:
+                    return
+                body = {"input": texts[k % len(texts)], "model": "bench", "encoding_format": "float"}
+                k += connections
+                try:
+                    r = await client.post("/v1/embeddings", json=body)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                t1 = time.perf_counter()
+                # Counted by when it was answered: requests/s is answers within the window
+                # (latencies longer than the warm-up would otherwise leave nothing to count).
+                if t_measure <= t1 <= t_end:
+                    if ok:
+                        latencies.append(t1 - t0)
+                    else:
+                        errors[0] += 1
+
+    await asyncio.gather(*(conn(c) for c in range(connections)))
+    return latencies, errors[0]
+
+
+def _client_proc(args):
+    url, texts, connections, warmup_s, duration_s, offset = args
+    return asyncio.run(_load(url, texts, connections, warmup_s, duration_s, offset))
+
+
+def measure(url: str, texts: list[str], concurrency: int, procs: int, warmup_s: float, duration_s: float) -> dict:
+    procs = max(1, min(procs, concurrency))
+    shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    jobs = [(url, texts, n, warmup_s, duration_s, sum(shares[:i]) * 7919) for i, n in enumerate(shares)]
+    if procs == 1:
+        results = [_client_proc(jobs[0])]
+    else:
+        with mp.get_context("spawn").Pool(procs) as pool:
+            results = pool.map(_client_proc, jobs)
+    lat = sorted(x for r in results for x in r[0])
+    errors = sum(r[1] for r in results)
+    if not lat:
+        return {"requests": 0, "errors": errors, "req_per_s": 0.0}
+    return {
+        "requests": len(lat), "errors": errors, "req_per_s": len(lat) / duration_s,
+        "p50_ms": _pct(lat, 50) * 1e3, "p99_ms": _pct(lat, 99) * 1e3, "mean_ms": sum(lat) / len(lat) * 1e3,
+    }
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    k = (len(sorted_values) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _embeddings(url: str, texts: list[str]):
+    import httpx
+    import numpy as np
+
+    r = httpx.post(url + "/v1/embeddings", json={"input": texts, "encoding_format": "float"}, timeout=300)
+    r.raise_for_status()
+    return np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float64)
+
+
+# ---- the run -----------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ftbert bench-serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="checkpoint dir (default: bundled all-MiniLM-L6-v2)")
+    p.add_argument("--device", default="cpu", help="the peer's device, and ftbert's unless --devices")
+    p.add_argument("--devices", help="ftbert's devices, comma-separated (e.g. cuda:0,cuda:1)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default %(default)s)")
+    p.add_argument("--lengths", default="short,long", help="short (~16 tokens), long (~256), or N tokens")
+    p.add_argument("--engines", default="ftbert,sentence-transformers")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds measured per row (default %(default)s)")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring (default %(default)s)")
+    p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                   help="client processes sharing the connections (default %(default)s)")
+    p.add_argument("--texts", type=int, default=512, help="distinct texts per length (default %(default)s)")
+    p.add_argument("--serve-args", default="", help="extra arguments for `ftbert serve` (quoted)")
+    p.add_argument("--out", default="benchmarks/results", help="output directory (default %(default)s)")
+    p.add_argument("--name", help="file stem (default serve-<model>-<device>-<time>)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import shlex
+
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    import ftbert
+
+    args = _parser().parse_args(argv)
+    from ftbert.serving import missing_serve_extra
+
+    if missing_serve_extra():
+        print(f"ftbert bench-serve: {missing_serve_extra()}", file=sys.stderr)
+        return 2
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    unknown = set(engines) - {"ftbert", "sentence-transformers"}
+    if unknown:
+        print(f"ftbert bench-serve: unknown engine(s) {sorted(unknown)}", file=sys.stderr)
+        return 2
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    lengths = {}
+    for name in args.lengths.split(","):
+        name = name.strip()
+        lengths[name] = LENGTHS[name] if name in LENGTHS else int(name)
+    model = args.model or str(ftbert.default_model_path())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or (f"serve-{Path(model).name}-{(args.devices or args.device).replace(':', '')}-"
+                         f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    pools = {name: _texts(tok, n, args.texts, seed=i) for i, (name, n) in enumerate(lengths.items())}
+    token_counts = {name: float(np.mean([len(tok(t)["input_ids"]) for t in pool])) for name, pool in pools.items()}
+
+    commands = {
+        "ftbert": [sys.executable, "-m", "ftbert", "serve", model, "--devices", args.devices or args.device,
+                   "--dtype", args.dtype, "--log-level", "warning", *shlex.split(args.serve_args)],
+        "sentence-transformers": [sys.executable, "-m", "ftbert.bench.serve_peer", model, "--device", args.device,
+                                  "--dtype", args.dtype],
+    }
+    rows, infos, check_texts, reference = [], {}, pools[next(iter(pools))][:8], None
+    checks = {}
+    for engine in engines:
+        port = _free_port()
+        with _Server(engine, commands[engine] + ["--port", str(port)], port, out / f"{stem}-{engine}.log") as srv:
+            infos[engine] = srv.info
+            emb = _embeddings(srv.url, check_texts)
+            if reference is None:
+                reference = emb
+            else:
+                cos = (emb * reference).sum(1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(reference, axis=1))
+                checks[engine] = float(cos.min())
+            for name, pool in pools.items():
+                for c in concurrency:
+                    res = measure(srv.url, pool, c, args.client_procs, args.warmup, args.duration)
+                    row = {"engine": engine, "length": name, "tokens": token_counts[name], "concurrency": c, **res}
+                    rows.append(row)
+                    console.print(f"  {engine:<22} {name:<6} c={c:<3} {res['req_per_s']:9.1f} req/s  "
+                                  f"p50 {res.get('p50_ms', float('nan')):8.2f} ms  "
+                                  f"p99 {res.get('p99_ms', float('nan')):8.2f} ms  errors {res['errors']}")
+
+    peer = {(r["length"], r["concurrency"]): r["req_per_s"] for r in rows if r["engine"] == "sentence-transformers"}
+    for r in rows:
+        base = peer.get((r["length"], r["concurrency"]))
+        r["vs_peer"] = r["req_per_s"] / base if base else None
+
+    label = infos.get("ftbert", {}).get("model") or Path(model).name
+    t = Table(title=f"{label}  {args.devices or args.device}  {args.dtype}: one text per request",
+              title_justify="left", header_style="bold")
+    for col in ("length", "tokens", "concurrency", "engine", "req/s", "p50 ms", "p99 ms", "errors", "× peer"):
+        t.add_column(col, justify="left" if col in ("length", "engine") else "right")
+    for r in sorted(rows, key=lambda r: (list(lengths).index(r["length"]), r["concurrency"], engines.index(r["engine"]))):
+        t.add_row(r["length"], f"{r['tokens']:.0f}", str(r["concurrency"]), r["engine"], f"{r['req_per_s']:,.1f}",
+                  f"{r.get('p50_ms', float('nan')):.2f}", f"{r.get('p99_ms', float('nan')):.2f}", str(r["errors"]),
+                  "-" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}×")
+    console.print(t)
+    if checks:
+        console.print("embedding cosine against ftbert's (min over the check texts): " +
+                      ", ".join(f"{k} {v:.6f}" for k, v in checks.items()))
+
+    meta = {
+        "ftbert_bench_serve_version": 1,
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "options": vars(args), "model": model, "servers": infos, "check_cosine_min": checks,
+        "environment": {"ftbert": ftbert.__version__, "python": platform.python_version(),
+                        "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "results": rows,
+    }
+    (out / f"{stem}.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    _plot(out / f"{stem}.png", rows, lengths, engines, t.title)
+    console.print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return 0
+
+
+def _plot(path: Path, rows: list[dict], lengths: dict, engines: list[str], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.5 * len(lengths), 3.6), squeeze=False, layout="constrained")
+    for ax, name in zip(axes[0], lengths):
+        for e in engines:
+            pts = sorted((r["concurrency"], r["req_per_s"]) for r in rows if r["engine"] == e and r["length"] == name)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=e)
+        ax.set_title(f"{name} (~{lengths[name]} tokens)", fontsize=9)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("requests/s")
+        ax.set_xscale("log", base=2)
+        levels = sorted({r["concurrency"] for r in rows if r["length"] == name})
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

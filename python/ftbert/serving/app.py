@@ -1,0 +1,440 @@
+"""The ASGI app: routes, request schemas, errors. It holds no engine logic: every route turns its
+request into a batcher job (`Service.run`) and formats the rows that come back.
+
+    POST /v1/embeddings  OpenAI-compatible: input (a string, strings, token ids, lists of token ids),
+                         encoding_format ("float" | "base64"), dimensions (truncate, renormalize)
+    POST /rerank         query + texts against a one-label cross-encoder: scores, best first
+    POST /classify       texts or (text, text) pairs through the sequence-classification head
+    GET  /v1/models (OpenAI's model list: the one model), /health, /info, /metrics
+
+Every error a client can cause answers JSON in OpenAI's shape,
+`{"error": {"message": ..., "type": ..., "param": ...}}`, with its status: 400 (the model has no
+such head), 404/405 (no such route or method), 413 (too many inputs, an input too long when the
+server does not truncate, a body too large), 422 (malformed JSON, a wrong type or value; `param`
+names the field), 429 (queue full, with Retry-After), 503 (shutting down).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import time
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .batcher import EMBED, IDS, PAIR, SCORE, TEXT, InputTooLong, Job, NoTokens, QueueFull, ShuttingDown
+from .service import Service
+from .settings import ServeSettings
+
+ROUTES = ("/v1/embeddings", "/v1/models", "/rerank", "/classify", "/health", "/info", "/metrics")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.headers = status, message, type, param, headers
+
+
+def _error_response(status: int, message: str, type: str, param: str | None = None, headers=None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+# ---- request schemas ---------------------------------------------------------------------------
+class _Request(BaseModel):
+    # Fields a client may add that this server does not use (OpenAI's `user`, say) are ignored.
+    model_config = ConfigDict(extra="ignore")
+
+
+def _describe(x) -> str:
+    return "null" if x is None else type(x).__name__
+
+
+def _parse_embedding_input(value) -> tuple[str, list, bool]:
+    """OpenAI's accepted shapes -> (TEXT, [str]) or (IDS, [[int]]), and whether the client sent a
+    list of inputs (error messages index them as the client wrote them)."""
+    if isinstance(value, str):
+        return TEXT, [value], False
+    if not isinstance(value, list):
+        raise ValueError(f"must be a string, a list of strings, a list of token ids or a list of token-id lists; "
+                         f"got {_describe(value)}")
+    if not value:
+        raise ValueError("is empty: give at least one input")
+    first = value[0]
+    if isinstance(first, str):
+        for i, v in enumerate(value):
+            if not isinstance(v, str):
+                raise ValueError(f"[{i}] is {_describe(v)}; a list of strings must hold strings only")
+        return TEXT, value, True
+    if _is_int(first):
+        _check_ids(value, "")
+        return IDS, [value], False
+    if isinstance(first, list):
+        for i, v in enumerate(value):
+            if not isinstance(v, list):
+                raise ValueError(f"[{i}] is {_describe(v)}; a list of token-id lists must hold lists only")
+            _check_ids(v, f"[{i}]")
+        return IDS, value, True
+    raise ValueError(f"[0] is {_describe(first)}; expected a string, a token id or a list of token ids")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_ids(ids: list, where: str) -> None:
+    if not ids:
+        raise ValueError(f"{where} is an empty token list")
+    for j, t in enumerate(ids):
+        if not _is_int(t):
+            raise ValueError(f"{where}[{j}] is {_describe(t)}; token ids are integers")
+
+
+class EmbeddingRequest(_Request):
+    input: Any
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(default=None, ge=1)
+    user: StrictStr | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input(cls, v):
+        return _parse_embedding_input(v)
+
+
+class RerankRequest(_Request):
+    query: StrictStr
+    texts: list[StrictStr] = Field(min_length=1)
+    top_n: StrictInt | None = Field(default=None, ge=1)
+    return_text: StrictBool = False
+    raw_scores: StrictBool = False
+
+
+def _parse_classify_input(value) -> tuple[str, list]:
+    if isinstance(value, str):
+        return TEXT, [value]
+    if not isinstance(value, list):
+        raise ValueError(f"must be a string, a list of strings or a list of [text, text] pairs; got {_describe(value)}")
+    if not value:
+        raise ValueError("is empty: give at least one input")
+    if isinstance(value[0], str):
+        for i, v in enumerate(value):
+            if not isinstance(v, str):
+                raise ValueError(f"[{i}] is {_describe(v)}; a list of strings must hold strings only")
+        return TEXT, value
+    pairs = []
+    for i, v in enumerate(value):
+        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(t, str) for t in v)):
+            raise ValueError(f"[{i}] is not a [text, text] pair of two strings")
+        pairs.append((v[0], v[1]))
+    return PAIR, pairs
+
+
+class ClassifyRequest(_Request):
+    input: Any
+    raw_scores: StrictBool = False
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input(cls, v):
+        return _parse_classify_input(v)
+
+
+# ---- the app -----------------------------------------------------------------------------------
+def create_app(settings: ServeSettings | None = None, service: Service | None = None,
+               close_service: bool = False) -> FastAPI:
+    """The ASGI app. Without `service`, it loads one from `settings` at startup and closes it at
+    shutdown, after uvicorn has finished the requests in flight: every accepted request is
+    answered. With `service` (started already) it serves that one, and closes it at shutdown only
+    when `close_service` is true."""
+    if service is None and settings is None:
+        settings = ServeSettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        own = service is None or close_service
+        svc = service if service is not None else await run_in_threadpool(Service.load, settings)
+        app.state.service = svc
+        try:
+            yield
+        finally:
+            if own:
+                await run_in_threadpool(svc.close)
+                report = getattr(app.state, "on_closed", None)
+                if report is not None:
+                    report(svc)
+
+    app = FastAPI(title="ftbert", lifespan=lifespan)
+    if service is not None:
+        app.state.service = service
+    max_bytes = (service.settings if service is not None else settings).max_request_bytes
+    app.add_middleware(_Guard, max_bytes=max_bytes)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return _error_response(e.status, e.message, e.type, e.param, e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError):
+        return _validation_response(e.errors())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        message = {404: f"no route {request.url.path}; routes: {', '.join(ROUTES)}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return _error_response(e.status_code, message, "invalid_request_error", None, getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, e: Exception):
+        return _error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        svc = _service(request)
+        how, inputs, nested = body.input
+        _check_client_batch(svc, len(inputs), "input")
+        if how == IDS:
+            _check_vocab(svc, inputs, nested)
+        if body.dimensions is not None and body.dimensions > svc.hidden_size:
+            raise ApiError(422, f"dimensions ({body.dimensions}) is more than the model's {svc.hidden_size}",
+                           param="dimensions")
+        request.state.inputs = len(inputs)
+        res = await _run(svc, Job(EMBED, how, inputs), "input")
+        values = res.values
+        if body.dimensions is not None and body.dimensions < values.shape[1]:
+            values = values[:, : body.dimensions]
+            values = values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
+        if body.encoding_format == "base64":
+            rows = [base64.b64encode(np.ascontiguousarray(v, dtype="<f4").tobytes()).decode("ascii") for v in values]
+        else:
+            rows = values.astype(np.float32).tolist()
+        data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+        return JSONResponse({"object": "list", "data": data, "model": svc.model_name,
+                             "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+    @app.post("/rerank")
+    async def rerank(body: RerankRequest, request: Request):
+        import torch
+
+        from ..cross_encoder import _resolve_activation
+
+        svc = _service(request)
+        if svc.head != "sequence_classification" or svc.num_labels != 1:
+            raise ApiError(400, "/rerank needs a cross-encoder (a sequence-classification head with one label); "
+                                f"the loaded model has {_head_words(svc)}", param=None)
+        _check_client_batch(svc, len(body.texts), "texts")
+        request.state.inputs = len(body.texts)
+        res = await _run(svc, Job(SCORE, PAIR, [(body.query, t) for t in body.texts]), "texts")
+        logits = torch.from_numpy(res.values)  # [N, 1]
+        act = None if body.raw_scores else _resolve_activation(svc.encoders[0], "auto")
+        scores = (logits if act is None else act(logits)).squeeze(-1).tolist()
+        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # stable: ties keep order
+        if body.top_n is not None:
+            order = order[: body.top_n]
+        results = []
+        for i in order:
+            entry = {"index": i, "score": scores[i]}
+            if body.return_text:
+                entry["text"] = body.texts[i]
+            results.append(entry)
+        return JSONResponse({"object": "list", "model": svc.model_name, "results": results,
+                             "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+    @app.post("/classify")
+    async def classify(body: ClassifyRequest, request: Request):
+        import torch
+
+        svc = _service(request)
+        if svc.head != "sequence_classification":
+            raise ApiError(400, "/classify needs a sequence-classification head; the loaded model has "
+                                f"{_head_words(svc)}", param=None)
+        how, inputs = body.input
+        _check_client_batch(svc, len(inputs), "input")
+        request.state.inputs = len(inputs)
+        res = await _run(svc, Job(SCORE, how, inputs), "input")
+        logits = torch.from_numpy(res.values)  # [N, num_labels]
+        if body.raw_scores:
+            scores = logits
+        elif svc.num_labels == 1:
+            scores = torch.sigmoid(logits)
+        else:
+            scores = torch.softmax(logits, dim=-1)
+        labels = svc.labels
+        data = []
+        for i, row in enumerate(scores.tolist()):
+            best = max(range(len(row)), key=row.__getitem__)
+            data.append({"index": i, "label": labels[best], "score": row[best],
+                         "scores": [{"label": lab, "score": s} for lab, s in zip(labels, row)]})
+        return JSONResponse({"object": "list", "model": svc.model_name, "data": data,
+                             "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+    @app.get("/v1/models")
+    async def models(request: Request):  # what OpenAI clients list before they pick a model
+        svc = _service(request)
+        return {"object": "list", "data": [{"id": svc.model_name, "object": "model", "created": int(svc.started),
+                                            "owned_by": "ftbert"}]}
+
+    @app.get("/health")
+    async def health(request: Request):
+        svc = getattr(request.app.state, "service", None)
+        if svc is None or svc.batcher.closing:
+            return _error_response(503, "the server is starting or shutting down", "unavailable")
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def info(request: Request):
+        return _service(request).info()
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        m = _service(request).metrics
+        return Response(m.render(), media_type=m.content_type)
+
+    return app
+
+
+# ---- route helpers -----------------------------------------------------------------------------
+def _service(request: Request) -> Service:
+    svc = getattr(request.app.state, "service", None)
+    if svc is None:
+        raise ApiError(503, "the server is starting", "unavailable")
+    return svc
+
+
+def _head_words(svc: Service) -> str:
+    if svc.head is None:
+        return "no task head (an embedding model: use /v1/embeddings)"
+    if svc.head == "sequence_classification":
+        return f"a sequence-classification head with {svc.num_labels} labels"
+    return f"a {svc.head} head"
+
+
+def _check_client_batch(svc: Service, n: int, param: str) -> None:
+    limit = svc.settings.max_client_batch
+    if n > limit:
+        raise ApiError(413, f"{param} holds {n} inputs, more than this server takes in one request ({limit})",
+                       param=param)
+
+
+def _check_vocab(svc: Service, inputs: list[list[int]], nested: bool) -> None:
+    vocab = svc.vocab_size
+    for i, ids in enumerate(inputs):
+        for j, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                where = f"input[{i}][{j}]" if nested else f"input[{j}]"
+                raise ApiError(422, f"{where} is {t}, not a token id of this model (0 to {vocab - 1})", param="input")
+
+
+async def _run(svc: Service, job: Job, param: str):
+    try:
+        fut = svc.batcher.submit(job)
+    except QueueFull as e:
+        retry = str(svc.settings.retry_after_s)
+        raise ApiError(429, f"server busy: {e}; retry after {retry} s", "rate_limit_error",
+                       headers={"Retry-After": retry}) from None
+    except ShuttingDown as e:
+        raise ApiError(503, str(e), "unavailable", headers={"Retry-After": str(svc.settings.retry_after_s)}) from None
+    try:
+        return await fut
+    except InputTooLong as e:
+        raise ApiError(413, f"{param}[{e.index}] has {e.tokens} tokens, more than the limit of {e.limit} "
+                            "(this server does not truncate)", param=param) from None
+    except NoTokens as e:
+        raise ApiError(422, f"{param}[{e.index}] gives no tokens, so there is nothing to encode",
+                       param=param) from None
+
+
+def _validation_response(errors: list[dict]) -> JSONResponse:
+    def where(loc) -> str:  # ("body", "texts", 1) -> "texts[1]"
+        out = ""
+        for p in loc:
+            if p == "body":
+                continue
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        return out
+
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        why = str(first.get("ctx", {}).get("error", "")).strip()
+        return _error_response(422, "the request body is not valid JSON" + (f": {why}" if why else ""),
+                               "invalid_request_error", None)
+    messages = []
+    for err in errors[:5]:
+        kind, msg, name = err.get("type", ""), str(err.get("msg", "")), where(err.get("loc", ()))
+        if kind == "value_error":  # our own validators' messages go on from the field's name
+            msg = msg.removeprefix("Value error, ")
+            messages.append(f"{name}{msg}" if msg.startswith("[") else f"{name} {msg}")
+        elif kind == "missing":
+            messages.append(f"{name} is required")
+        elif kind in ("model_attributes_type", "dict_type") and not name:
+            messages.append("the request body must be a JSON object")
+        else:
+            msg = msg[:1].lower() + msg[1:]
+            messages.append(f"{name}: {msg}" if name else msg)
+    param = where(first.get("loc", ())) or None
+    return _error_response(422, "; ".join(messages), "invalid_request_error", param)
+
+
+class _Guard:
+    """Pure ASGI middleware: refuses bodies over max_bytes (413, by Content-Length, before they are
+    read) and records each request's route, status and latency in the service's metrics."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        path = scope.get("path", "")
+        route = path if path in ROUTES else "other"
+        status = 500
+        scope.setdefault("state", {})  # where the route leaves its input count (request.state)
+        headers = dict(scope.get("headers") or ())
+        if scope.get("method") == "POST" and b"json" not in headers.get(b"content-type", b""):
+            # Every body here is JSON: read it as such whatever the client declared (curl -d sends
+            # application/x-www-form-urlencoded), so a bad body reads "not valid JSON", not "not an object".
+            scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+                         + [(b"content-type", b"application/json")])
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > self.max_bytes
+            except ValueError:
+                too_big = False
+            if too_big:
+                resp = _error_response(413, f"the request body has {int(length)} bytes, more than this server "
+                                            f"takes ({self.max_bytes})", "invalid_request_error", None)
+                await resp(scope, receive, send)
+                self._record(scope, route, 413, t0)
+                return
+
+        async def send_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self._record(scope, route, status, t0)
+
+    @staticmethod
+    def _record(scope, route: str, status: int, t0: float) -> None:
+        app = scope.get("app")
+        svc = getattr(getattr(app, "state", None), "service", None)
+        if svc is None:
+            return
+        state = scope.get("state") or {}
+        inputs = state.get("inputs")  # set by the route as request.state.inputs
+        svc.metrics.on_request(route, status, time.perf_counter() - t0, inputs)

@@ -1,0 +1,459 @@
+"""Dynamic batching: requests from many clients in, packed forwards out, each request's own rows back.
+
+    batcher = Batcher([encoder, ...], settings)      # one forward thread per encoder
+    batcher.start()
+    result = await batcher.submit(Job(EMBED, "text", ["a text", ...]))   # on the event loop
+    batcher.close()                                  # finishes every accepted job, then stops
+
+The path of a request (a *job*: its inputs are texts, text pairs or token-id lists):
+1. `submit` (event loop) counts its inputs against `max_queue` (over it: QueueFull, the server's
+   429) and hands the job to the tokenizer thread. Nothing heavier runs on the event loop.
+2. The tokenizer thread takes every job waiting, tokenizes each kind of input in one tokenizer call
+   (the Rust tokenizer spreads a batch call over the cores), applies the length limit (truncate, or
+   fail the job with InputTooLong), and appends one entry per input to the forward queue. It runs
+   while the forward threads compute (the engine releases the GIL), so tokenizing overlaps them.
+3. A forward thread, one per encoder, each owning its encoder, takes inputs from the head of the
+   queue while they fit the token budget: at most `max_batch_size` sequences whose count x longest
+   (what the engine's workspace holds for a packed batch) is within `max_batch_tokens`. When the
+   queue holds less than a full batch it waits up to `max_wait_ms` after its oldest input arrived
+   for more to come. Inputs of different requests and kinds share a forward: one packed forward
+   (`Encoder.forward_packed`, only real tokens computed) gives the pooled embedding and the
+   sequence head's logits of every input, and each input takes what its job asked for.
+4. Each row is written into its job's result at the input's own index; the thread that writes a
+   job's last row resolves the job's asyncio future through `loop.call_soon_threadsafe`.
+
+A job's inputs may be split over several forwards (and forward threads); a forward may hold inputs
+of many jobs. An error in a forward fails the jobs whose inputs were in it, and nothing else.
+`close` refuses new jobs (ShuttingDown), lets the threads finish every job accepted so far, and
+joins them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from ..cross_encoder import _truncation_length
+from ..text import default_pooling, pool_packed, tokenizer_lock
+
+if TYPE_CHECKING:
+    from ..encoder import Encoder
+    from .settings import ServeSettings
+
+# What a job wants from the forward: the pooled, normalized embedding, or the sequence head's logits.
+EMBED = "embed"
+SCORE = "score"
+# How a job's inputs become token ids: single texts, (text, text) pairs, or ids given as they are.
+TEXT, PAIR, IDS = "text", "pair", "ids"
+
+# Jobs the tokenizer thread takes into one round (one tokenizer call per kind of input).
+TOKENIZE_ROUND = 256
+
+
+# ---- errors a job can end with (the app turns them into HTTP statuses) -------------------------
+class BatcherError(Exception):
+    pass
+
+
+class QueueFull(BatcherError):
+    """The queue holds `max_queue` inputs already."""
+
+
+class ShuttingDown(BatcherError):
+    """The batcher is closing (or closed) and takes no new jobs."""
+
+
+class InputTooLong(BatcherError):
+    def __init__(self, index: int, tokens: int, limit: int):
+        self.index, self.tokens, self.limit = index, tokens, limit
+        super().__init__(f"input {index} has {tokens} tokens, more than the limit of {limit} "
+                         "(the server was started not to truncate)")
+
+
+class NoTokens(BatcherError):
+    def __init__(self, index: int):
+        self.index = index
+        super().__init__(f"input {index} gives no tokens, so there is nothing to encode")
+
+
+# ---- jobs -------------------------------------------------------------------------------------
+@dataclass
+class JobResult:
+    values: np.ndarray  # float32 [N, H] unit-norm embeddings (EMBED) or [N, num_labels] logits (SCORE)
+    tokens: int  # tokens forwarded for the job (after truncation): its usage
+
+
+class Job:
+    """One request's inputs. kind: EMBED or SCORE; how: TEXT, PAIR or IDS; inputs: a list of str,
+    of (str, str) pairs, or of token-id lists (already checked against the vocabulary)."""
+
+    def __init__(self, kind: str, how: str, inputs: Sequence):
+        if kind not in (EMBED, SCORE) or how not in (TEXT, PAIR, IDS):
+            raise ValueError(f"unknown job kind {kind!r} / input kind {how!r}")
+        if not inputs:
+            raise ValueError("a job needs at least one input")
+        self.kind, self.how, self.inputs = kind, how, list(inputs)
+        self.tokens = 0
+        self.cancelled = False
+        self._out: np.ndarray | None = None
+        self._remaining = len(self.inputs)
+        self._settled = False
+        self._future: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+class _Seq(NamedTuple):
+    job: Job
+    slot: int  # the input's index in its job
+    ids: np.ndarray  # [L] int32
+    types: np.ndarray | None  # [L] int32, or None where the tokenizer gives no token types
+    arrived: float  # when it entered the forward queue (perf_counter)
+
+
+class Batcher:
+    def __init__(self, encoders: Sequence["Encoder"], settings: "ServeSettings", metrics=None):
+        if not encoders:
+            raise ValueError("the batcher needs at least one encoder")
+        self.encoders = list(encoders)
+        self.settings = settings
+        self.metrics = metrics
+        first = self.encoders[0]
+        self.hidden_size = first.hidden_size
+        self.num_labels = first.num_labels
+        self.pooling = settings.pooling or default_pooling(first.path)
+        self._tok_enc = first  # every encoder holds the same checkpoint: one tokenizer serves all
+        self._tok = None
+        self.limits: dict[str, int] = {}
+
+        self._lock = threading.Lock()  # guards the counters below and each job's remaining count
+        self._waiting = 0  # inputs accepted and not yet taken into a forward
+        self._closing = False
+        self.accepted = 0  # jobs accepted
+        self.finished = 0  # jobs resolved (result or error)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # to the tokenizer thread; None ends it
+        self._cond = threading.Condition()  # guards the forward queue and _tokenized_all
+        self._queue: collections.deque[_Seq] = collections.deque()
+        self._tokenized_all = False  # the tokenizer thread has ended: no more inputs will come
+        self._threads: list[threading.Thread] = []
+
+    # ---- life cycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Loads the tokenizer and starts the threads (the tokenizer's, one forward thread per
+        encoder)."""
+        enc = self._tok_enc
+        with tokenizer_lock(enc):
+            self._tok = enc.tokenizer
+        model_limit = enc.max_seq_length
+        pair_limit = _truncation_length(enc, self._tok)
+        cap = self.settings.max_input_length
+        self.limits = {
+            TEXT: min(model_limit, cap) if cap else model_limit,
+            IDS: min(model_limit, cap) if cap else model_limit,
+            PAIR: min(pair_limit, cap) if cap else pair_limit,
+        }
+        self._threads = [threading.Thread(target=self._tokenize_loop, name="ftbert-serve-tokenize", daemon=True)]
+        for i, e in enumerate(self.encoders):
+            self._threads.append(threading.Thread(target=self._forward_loop, args=(e,),
+                                                  name=f"ftbert-serve-forward-{i}", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuses new jobs, finishes every accepted one, and joins the threads."""
+        with self._lock:
+            if self._closing:
+                already = True
+            else:
+                already, self._closing = False, True
+        if not already:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def queue_depth(self) -> int:
+        """Inputs accepted and not yet taken into a forward (being tokenized or queued)."""
+        return self._waiting
+
+    # ---- the event loop's side ---------------------------------------------------------------
+    def submit(self, job: Job) -> asyncio.Future:
+        """Queues `job` and returns a future (of the running loop) that resolves to its JobResult,
+        or to the BatcherError (or forward error) it ended with. Raises QueueFull or ShuttingDown
+        at once when it cannot take the job."""
+        loop = asyncio.get_running_loop()
+        job._loop, job._future = loop, loop.create_future()
+        job._future.add_done_callback(_mark_cancelled(job))
+        width = self.hidden_size if job.kind == EMBED else self.num_labels
+        if job.kind == SCORE and not width:
+            raise ValueError("score jobs need an encoder with a sequence-classification head")
+        job._out = np.empty((len(job), width), dtype=np.float32)
+        with self._lock:
+            if self._closing:
+                raise ShuttingDown("the server is shutting down")
+            if self._waiting + len(job) > self.settings.max_queue:
+                raise QueueFull(f"the queue holds {self._waiting} inputs; {len(job)} more would pass "
+                                f"its limit of {self.settings.max_queue}")
+            self._waiting += len(job)
+            self.accepted += 1
+            # Put under the lock: close() puts the end marker under it too, so no job lands after it.
+            self._jobs.put(job)
+        return job._future
+
+    # ---- the tokenizer thread ----------------------------------------------------------------
+    def _tokenize_loop(self) -> None:
+        end = False
+        while not end:
+            first = self._jobs.get()
+            jobs = [] if first is None else [first]
+            end = first is None
+            while not end and len(jobs) < TOKENIZE_ROUND:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    end = True
+                else:
+                    jobs.append(job)
+            if jobs:
+                t0 = time.perf_counter()
+                try:
+                    seqs = self._tokenize(jobs)
+                except Exception as e:  # never leave the thread: later jobs would wait forever
+                    for job in jobs:
+                        if not job._settled:
+                            self._fail_unqueued(job, e)
+                    continue
+                if self.metrics is not None:
+                    self.metrics.on_tokenize(time.perf_counter() - t0, sum(len(j) for j in jobs))
+                with self._cond:
+                    self._queue.extend(seqs)
+                    self._cond.notify_all()
+        with self._cond:
+            self._tokenized_all = True
+            self._cond.notify_all()
+
+    def _tokenize(self, jobs: list[Job]) -> list[_Seq]:
+        """The jobs' inputs as forward-queue entries, in job order; a job that fails here (too
+        long, no tokens, a tokenizer error) is resolved with its error and left out."""
+        tokenized: dict[int, list] = {}  # id(job) -> [(ids, types)] per input
+        failed: set[int] = set()
+        for how in (TEXT, PAIR, IDS):
+            group = [j for j in jobs if j.how == how and not j.cancelled]
+            if not group:
+                continue
+            try:
+                for job, seqs in zip(group, self._tokenize_group(how, group)):
+                    tokenized[id(job)] = seqs
+            except Exception as e:  # a tokenizer error fails these jobs only
+                for job in group:
+                    tokenized.pop(id(job), None)
+                    failed.add(id(job))
+                    self._fail_unqueued(job, e)
+        now = time.perf_counter()
+        out: list[_Seq] = []
+        for job in jobs:
+            seqs = tokenized.get(id(job))
+            if seqs is None:
+                if job.cancelled and id(job) not in failed:
+                    self._fail_unqueued(job, asyncio.CancelledError())
+                continue
+            error = self._check_lengths(job.how, seqs)
+            if error is not None:
+                self._fail_unqueued(job, error)
+                continue
+            job.tokens = sum(len(ids) for ids, _ in seqs)
+            out.extend(_Seq(job, i, ids, types, now) for i, (ids, types) in enumerate(seqs))
+        return out
+
+    def _tokenize_group(self, how: str, group: list[Job]) -> list[list]:
+        limit = self.limits[how]
+        truncate = self.settings.truncate
+        if how == IDS:
+            return [[(np.asarray(ids[:limit] if truncate else ids, dtype=np.int32), None)
+                     for ids in job.inputs] for job in group]
+        flat = [x for job in group for x in job.inputs]
+        opts = dict(return_attention_mask=False)
+        if truncate:
+            opts.update(truncation=True if how == TEXT else "longest_first", max_length=limit)
+        with tokenizer_lock(self._tok_enc):
+            if how == TEXT:
+                enc = self._tok(flat, **opts)
+            else:
+                enc = self._tok([a for a, _ in flat], [b for _, b in flat], **opts)
+        ids, types = enc["input_ids"], enc.get("token_type_ids")
+        rows = [(np.asarray(ids[k], dtype=np.int32), None if types is None else np.asarray(types[k], np.int32))
+                for k in range(len(flat))]
+        out, k = [], 0
+        for job in group:
+            out.append(rows[k : k + len(job)])
+            k += len(job)
+        return out
+
+    def _check_lengths(self, how: str, seqs: list) -> BatcherError | None:
+        for i, (ids, _) in enumerate(seqs):
+            if len(ids) == 0:
+                return NoTokens(i)
+            if not self.settings.truncate and len(ids) > self.limits[how]:
+                return InputTooLong(i, len(ids), self.limits[how])
+        return None
+
+    # ---- the forward threads -----------------------------------------------------------------
+    def _forward_loop(self, enc: "Encoder") -> None:
+        gpu = None
+        if enc.device.startswith("cuda"):
+            import torch
+
+            gpu = torch.device(enc.device)
+        while True:
+            with self._cond:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run(enc, batch, gpu)
+            except BaseException as e:  # the forward's jobs end with the error; the thread goes on
+                for job in {id(s.job): s.job for s in batch}.values():
+                    self._fail(job, e)
+
+    def _fits(self) -> int:
+        """How many inputs from the head of the queue make one batch within the budget."""
+        budget, most = self.settings.max_batch_tokens, self.settings.max_batch_size
+        n, longest = 0, 0
+        for seq in self._queue:
+            length = len(seq.ids)
+            if n and (n == most or (n + 1) * max(longest, length) > budget):
+                break
+            n, longest = n + 1, max(longest, length)
+        return n
+
+    def _next_batch(self) -> list[_Seq] | None:
+        """Called holding _cond. Waits for inputs, then for a full batch or the oldest input's
+        max_wait, and takes the batch from the queue; None once every input has been taken and
+        the tokenizer thread has ended."""
+        max_wait = self.settings.max_wait_ms / 1e3
+        while True:
+            while self._queue and self._queue[0].job.cancelled:
+                self._drop(self._queue.popleft())
+            if not self._queue:
+                if self._tokenized_all:
+                    return None
+                self._cond.wait()
+                continue
+            n = self._fits()
+            left = self._queue[0].arrived + max_wait - time.perf_counter()
+            # A full batch, closing, or the oldest input has waited long enough: take it.
+            if n < len(self._queue) or self._closing or left <= 0:
+                taken = [self._queue.popleft() for _ in range(n)]
+                with self._lock:
+                    self._waiting -= n
+                batch = [s for s in taken if not s.job.cancelled]
+                for s in taken:
+                    if s.job.cancelled:
+                        self._settle(s.job, None, asyncio.CancelledError())
+                if batch:
+                    return batch
+                continue
+            self._cond.wait(left)
+
+    def _run(self, enc: "Encoder", batch: list[_Seq], gpu) -> None:
+        import torch
+
+        t0 = time.perf_counter()
+        lengths = np.fromiter((len(s.ids) for s in batch), dtype=np.int64, count=len(batch))
+        cu = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cu[1:])
+        ids = np.concatenate([s.ids for s in batch])
+        types = None
+        if any(s.types is not None for s in batch):
+            types = np.concatenate([s.types if s.types is not None else np.zeros_like(s.ids) for s in batch])
+        if gpu is None:
+            res = enc.forward_packed(ids, cu, types)
+            offsets = torch.from_numpy(cu)
+        else:  # ids to the GPU from pinned memory; the outputs stay there until pooled
+            ids_d, types_d, offsets = (
+                None if a is None else torch.from_numpy(a).pin_memory().to(gpu, non_blocking=True)
+                for a in (ids, types, cu)
+            )
+            res = enc.forward_packed(ids_d, cu, types_d)
+        emb = logits = None
+        if any(s.job.kind == EMBED for s in batch):
+            emb = pool_packed(res.last_hidden_state, res.pooler_output, offsets, self.pooling, True)
+            emb = emb.cpu().numpy()
+        if any(s.job.kind == SCORE for s in batch):
+            logits = torch.as_tensor(res.logits).float().cpu().numpy()
+        forward_s = time.perf_counter() - t0
+        if self.metrics is not None:
+            self.metrics.on_batch(len(batch), int(cu[-1]), t0 - min(s.arrived for s in batch), forward_s)
+        for i, s in enumerate(batch):
+            job = s.job
+            if job._settled:  # failed in another forward meanwhile
+                continue
+            job._out[s.slot] = emb[i] if job.kind == EMBED else logits[i]
+            with self._lock:
+                job._remaining -= 1
+                last = job._remaining == 0
+            if last:
+                self._settle(job, JobResult(job._out, job.tokens), None)
+
+    def _drop(self, seq: _Seq) -> None:
+        """A queued input of a cancelled or failed job, taken out unforwarded (holding _cond)."""
+        with self._lock:
+            self._waiting -= 1
+        self._settle(seq.job, None, asyncio.CancelledError())
+
+    # ---- resolving jobs ----------------------------------------------------------------------
+    def _fail_unqueued(self, job: Job, error: BaseException) -> None:
+        """Ends a job that failed before any of its inputs was queued (in the tokenizer thread)."""
+        with self._lock:
+            self._waiting -= len(job)
+        self._settle(job, None, error)
+
+    def _fail(self, job: Job, error: BaseException) -> None:
+        """Ends a job whose forward failed; its inputs still queued are dropped, unforwarded."""
+        job.cancelled = True
+        self._settle(job, None, error)
+
+    def _settle(self, job: Job, result: JobResult | None, error: BaseException | None) -> None:
+        """Resolves the job's future on its loop, once: later calls for the same job do nothing."""
+        with self._lock:
+            if job._settled:
+                return
+            job._settled = True
+            self.finished += 1
+        fut, loop = job._future, job._loop
+
+        def resolve():
+            if fut.done():  # cancelled by the caller meanwhile
+                return
+            if error is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(error)
+
+        try:
+            loop.call_soon_threadsafe(resolve)
+        except RuntimeError:  # the loop has closed: nobody waits for this job any more
+            pass
+
+
+def _mark_cancelled(job: Job) -> Callable[[asyncio.Future], None]:
+    def done(fut: asyncio.Future) -> None:
+        if fut.cancelled():
+            job.cancelled = True
+
+    return done

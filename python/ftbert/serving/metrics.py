@@ -1,0 +1,92 @@
+"""The server's Prometheus metrics (`GET /metrics`), in a registry of each app's own, so that several
+apps in one process (tests, several devices) do not share counters.
+
+Requests:  ftbert_requests_total{route, status}, ftbert_request_duration_seconds{route} (histogram),
+           ftbert_request_inputs (histogram: inputs per request).
+Queue:     ftbert_queue_depth (inputs accepted and not yet in a forward),
+           ftbert_queue_wait_seconds (histogram: oldest input of a batch, queued to forward).
+Forwards:  ftbert_batch_size (histogram: sequences per forward), ftbert_batch_tokens (histogram:
+           tokens per forward), ftbert_forward_duration_seconds (histogram),
+           ftbert_tokenize_duration_seconds (histogram: one tokenizer round),
+           ftbert_tokens_total (counter: graph rate(ftbert_tokens_total[1m]) for tokens/s) and
+           ftbert_tokens_per_second (gauge: tokens forwarded over the last 10 s, per second).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Latency buckets from 1 ms to 30 s (a GPU forward of a small batch is ~1 ms; a long queue, seconds).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+RATE_WINDOW_S = 10.0
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, queue_depth: Callable[[], float] | None = None):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("ftbert_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.request_seconds = Histogram("ftbert_request_duration_seconds", "Request latency, received to answered",
+                                         ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.request_inputs = Histogram("ftbert_request_inputs", "Inputs per request", buckets=SIZE_BUCKETS,
+                                        registry=r)
+        self.queue_depth = Gauge("ftbert_queue_depth", "Inputs accepted and not yet in a forward", registry=r)
+        if queue_depth is not None:
+            self.queue_depth.set_function(queue_depth)
+        self.queue_wait = Histogram("ftbert_queue_wait_seconds", "Wait of a batch's oldest input before its forward",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("ftbert_batch_size", "Sequences per forward", buckets=SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("ftbert_batch_tokens", "Tokens per forward", buckets=TOKEN_BUCKETS, registry=r)
+        self.forward_seconds = Histogram("ftbert_forward_duration_seconds", "One packed forward with its pooling",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.tokenize_seconds = Histogram("ftbert_tokenize_duration_seconds", "One tokenizer round",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("ftbert_tokens", "Tokens forwarded", registry=r)
+        self.tokens_per_second = Gauge("ftbert_tokens_per_second",
+                                       f"Tokens forwarded over the last {RATE_WINDOW_S:g} s, per second", registry=r)
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._recent_lock = threading.Lock()
+        self.tokens_per_second.set_function(self._rate)
+
+    # ---- hooks the batcher calls from its threads --------------------------------------------
+    def on_batch(self, sequences: int, tokens: int, wait_s: float, forward_s: float) -> None:
+        self.batch_size.observe(sequences)
+        self.batch_tokens.observe(tokens)
+        self.queue_wait.observe(wait_s)
+        self.forward_seconds.observe(forward_s)
+        self.tokens.inc(tokens)
+        now = time.monotonic()
+        with self._recent_lock:
+            self._recent.append((now, tokens))
+            self._trim(now)
+
+    def on_tokenize(self, seconds: float, inputs: int) -> None:
+        self.tokenize_seconds.observe(seconds)
+
+    # ---- the app's side ----------------------------------------------------------------------
+    def on_request(self, route: str, status: int, seconds: float, inputs: int | None = None) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+        if inputs is not None:
+            self.request_inputs.observe(inputs)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def _rate(self) -> float:
+        now = time.monotonic()
+        with self._recent_lock:
+            self._trim(now)
+            return sum(t for _, t in self._recent) / RATE_WINDOW_S

@@ -1,0 +1,134 @@
+"""`ftbert serve [MODEL]`: the app under uvicorn in this process, or under Ray Serve with --ray.
+
+    ftbert serve                                  # bundled all-MiniLM-L6-v2 on the CPU, port 8000
+    ftbert serve MODEL --device cuda --dtype float16 --port 8080
+    ftbert serve MODEL --devices cuda:0,cuda:1    # one encoder and forward thread per GPU
+    ftbert serve MODEL --ray --replicas 4 --gpus-per-replica 1
+
+Shutdown (Ctrl-C, SIGTERM): uvicorn stops accepting connections, finishes the requests in flight,
+then the app drains the batcher; the last line printed counts the requests accepted and answered.
+As uvicorn does, the process then ends by the signal that stopped it (status 128 + signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .settings import ServeSettings
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = ServeSettings()
+    p = argparse.ArgumentParser(prog="ftbert serve", description=(
+        "Serve an encoder over HTTP: POST /v1/embeddings (OpenAI-compatible), /rerank, /classify; "
+        "GET /health, /info, /metrics. Requests are batched dynamically by a token budget."))
+    p.add_argument("model", nargs="?", help="HF or converted checkpoint dir (default: bundled all-MiniLM-L6-v2)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", "--devices", dest="devices", default="cpu",
+                   help="cpu, cuda, cuda:N, or a comma-separated list (one encoder and forward thread each)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--attention", default="auto", choices=["auto", "unfused", "flash"])
+    p.add_argument("--pooling", choices=["mean", "cls", "pooler"], help="default: the checkpoint's, else mean")
+    p.add_argument("--model-name", help="the model name in responses and /info (default: the directory's name)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="run every forward op by op (batches vary in shape; see Encoder.cuda_graphs)")
+    b = p.add_argument_group("dynamic batching")
+    b.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                   help="tokens per forward, counted as sequences x longest (default %(default)s)")
+    b.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="sequences per forward (default %(default)s)")
+    b.add_argument("--max-wait-ms", type=float, default=d.max_wait_ms,
+                   help="how long a batch that is not full waits for more inputs (default %(default)s)")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-queue", type=int, default=d.max_queue,
+                     help="inputs queued before requests are refused with 429 (default %(default)s)")
+    lim.add_argument("--max-client-batch", type=int, default=d.max_client_batch,
+                     help="inputs per request; more is refused with 413 (default %(default)s)")
+    lim.add_argument("--max-input-length", type=int, help="tokens per input (default: the model's limit)")
+    lim.add_argument("--no-truncate", action="store_true",
+                     help="refuse inputs longer than the limit with 413 instead of truncating them")
+    lim.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="(default %(default)s)")
+    lim.add_argument("--retry-after", type=int, default=d.retry_after_s, help="Retry-After of a 429, seconds")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    r = p.add_argument_group("Ray Serve (pip install 'ftbert[ray]')")
+    r.add_argument("--ray", action="store_true", help="serve through Ray Serve: replicas behind Ray's HTTP proxy")
+    r.add_argument("--replicas", type=int, default=1, help="replicas (fixed), default 1")
+    r.add_argument("--min-replicas", type=int, help="autoscale from this many replicas ...")
+    r.add_argument("--max-replicas", type=int, help="... to this many")
+    r.add_argument("--target-ongoing-requests", type=float, default=32,
+                   help="autoscaling: requests in flight per replica to aim for (default %(default)s)")
+    r.add_argument("--gpus-per-replica", type=float, default=0.0,
+                   help="GPUs per replica (fractions share a GPU); 0 runs replicas on the CPU")
+    r.add_argument("--cpus-per-replica", type=float, default=1.0)
+    r.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    return ServeSettings(
+        model=args.model, model_name=args.model_name, devices=args.devices, dtype=args.dtype,
+        attention=args.attention, pooling=args.pooling, cuda_graphs=not args.no_cuda_graphs,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+        max_client_batch=args.max_client_batch, max_input_length=args.max_input_length,
+        truncate=not args.no_truncate, max_request_bytes=args.max_request_bytes, retry_after_s=args.retry_after,
+    )
+
+
+def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> int:
+    """Runs the app under uvicorn until SIGINT/SIGTERM; returns the exit status."""
+    import uvicorn
+
+    from .app import create_app
+    from .service import Service
+
+    # The model loads before the server starts, so a bad path or option is one line, not a
+    # traceback from the app's startup.
+    try:
+        service = Service.load(settings)
+    except (ValueError, RuntimeError, FileNotFoundError, TypeError) as e:
+        print(f"ftbert serve: error: {e}", file=sys.stderr)
+        return 1
+    app = create_app(service=service, close_service=True)
+    started = []
+
+    def report(svc) -> None:
+        # Printed from the app's shutdown: uvicorn ends the process by re-raising the signal that
+        # stopped it, so nothing after server.run() would run.
+        b = svc.batcher
+        print(f"ftbert serve: shut down; {b.accepted} request(s) accepted, {b.finished} answered",
+              file=sys.stderr, flush=True)
+        started.append(svc)
+
+    app.state.on_closed = report
+    # timeout_graceful_shutdown=None: at shutdown, wait for every request in flight, however long.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=None)
+    uvicorn.Server(config).run()
+    if not started:  # uvicorn could not start (the port in use, say): it has said why
+        service.close()
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    from . import missing_serve_extra
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    message = missing_serve_extra()
+    if message:
+        print(f"ftbert serve: {message}", file=sys.stderr)
+        return 2
+    try:
+        settings = settings_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.ray:
+        from .ray import run_ray
+
+        return run_ray(settings, args)
+    return serve(settings, args.host, args.port, args.log_level)

@@ -1,0 +1,117 @@
+"""What one server process (or one Ray replica) runs behind its routes: the encoders, one per device,
+the batcher that feeds them, and the metrics. The app only talks to a Service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from .batcher import Batcher
+from .metrics import Metrics
+from .settings import ServeSettings
+
+log = logging.getLogger("ftbert.serve")
+
+
+class Service:
+    def __init__(self, settings: ServeSettings, encoders: list, metrics: Metrics | None = None):
+        self.settings = settings
+        self.encoders = encoders
+        self.metrics = metrics or Metrics()
+        self.batcher = Batcher(encoders, settings, self.metrics)
+        self.metrics.queue_depth.set_function(lambda: self.batcher.queue_depth)
+        enc = encoders[0]
+        self.config = enc.config
+        self.path = enc.path
+        if settings.model_name:
+            self.model_name = settings.model_name
+        elif settings.model is None:  # the bundled checkpoint's directory is just "model"
+            self.model_name = "all-MiniLM-L6-v2"
+        else:
+            self.model_name = Path(enc.path).name if enc.path else "ftbert"
+        self.started = time.time()
+
+    @classmethod
+    def load(cls, settings: ServeSettings) -> "Service":
+        """Loads one encoder per device of `settings` and starts the batcher."""
+        import ftbert
+
+        model = settings.model or str(ftbert.default_model_path())
+        encoders = [ftbert.Encoder.from_pretrained(model, device=d, dtype=settings.dtype, attention=settings.attention,
+                                                   cuda_graphs=settings.cuda_graphs)
+                    for d in settings.devices]
+        service = cls(settings, encoders)
+        service.batcher.start()
+        log.info("ftbert serve: %s on %s (%s), ready", model, ", ".join(settings.devices), settings.dtype)
+        return service
+
+    # ---- what the routes ask ------------------------------------------------------------------
+    @property
+    def head(self) -> str | None:
+        return self.encoders[0].head
+
+    @property
+    def num_labels(self) -> int | None:
+        return self.encoders[0].num_labels
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.encoders[0].labels
+
+    @property
+    def hidden_size(self) -> int:
+        return self.encoders[0].hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    def info(self) -> dict:
+        s, enc = self.settings, self.encoders[0]
+        return {
+            "model": self.model_name,
+            "model_path": str(self.path) if self.path else None,
+            "family": self.config.get("model_type"),
+            "dtype": enc.dtype,
+            "devices": list(s.devices),
+            "hidden_size": enc.hidden_size,
+            "max_input_length": self.batcher.limits.get("text"),
+            "truncate": s.truncate,
+            "pooling": self.batcher.pooling,
+            "attention": enc.attention,
+            "cuda_graphs": enc.cuda_graphs,
+            "head": enc.head,
+            "labels": enc.labels,
+            "routes": self.routes(),
+            "batching": {
+                "max_batch_tokens": s.max_batch_tokens,
+                "max_batch_size": s.max_batch_size,
+                "max_wait_ms": s.max_wait_ms,
+                "max_queue": s.max_queue,
+                "max_client_batch": s.max_client_batch,
+            },
+            "version": _version(),
+            "pid": os.getpid(),  # tells replicas (Ray, several processes) apart
+        }
+
+    def routes(self) -> list[str]:
+        routes = ["/v1/embeddings"]
+        if self.head == "sequence_classification":
+            routes.append("/classify")
+            if self.num_labels == 1:
+                routes.append("/rerank")
+        return routes
+
+    def close(self) -> None:
+        """Finishes every accepted request, then stops the threads."""
+        self.batcher.close()
+        log.info("ftbert serve: stopped after %d request(s) accepted, %d answered",
+                 self.batcher.accepted, self.batcher.finished)
+
+
+def _version() -> str:
+    import ftbert
+
+    return ftbert.__version__

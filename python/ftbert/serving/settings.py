@@ -1,0 +1,77 @@
+"""The server's settings: what `ftbert serve` takes on its command line, in one dataclass that the
+app, the batcher, `/info` and the Ray deployment read."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeSettings:
+    # The checkpoint directory (HF or ftbert-converted); None: the bundled all-MiniLM-L6-v2.
+    model: str | None = None
+    # What `model` is called in responses and /info; default: the directory's name.
+    model_name: str | None = None
+    # One encoder (and one forward thread) per entry: "cpu", "cuda", "cuda:N".
+    devices: tuple[str, ...] = ("cpu",)
+    dtype: str = "float32"
+    attention: str = "auto"
+    # Embedding pooling ("mean", "cls", "pooler"); None: what the checkpoint declares, else mean.
+    pooling: str | None = None
+    # Encoder.cuda_graphs. The batcher's batches vary in shape (sequences, longest, tokens), and a
+    # shape is recorded at its second forward, up to 32 kept: whether replaying beats the recording
+    # churn depends on the traffic, hence the switch.
+    cuda_graphs: bool = True
+
+    # ---- dynamic batching
+    # A forward holds at most this many tokens, counted as sequences x the longest one (what the
+    # engine's workspace for a packed batch holds), and at most max_batch_size sequences.
+    max_batch_tokens: int = 16384
+    max_batch_size: int = 256
+    # How long the first input of a batch may wait for more to arrive while the budget is not
+    # full. 0 (the default): a free forward thread takes whatever is queued at once. Under load
+    # batches form anyway, from the requests that arrive while a forward runs; a wait only adds
+    # latency when a thread is idle, and pays off for bursts that arrive spread over a few ms.
+    max_wait_ms: float = 0.0
+
+    # ---- limits
+    # Inputs accepted but not yet forwarded; past this a request is refused with 429.
+    max_queue: int = 4096
+    # Inputs (texts, pairs, token lists, rerank documents) per request; past this, 413.
+    max_client_batch: int = 512
+    # Tokens per input; None: the model's limit (Encoder.max_seq_length). Longer inputs are cut
+    # there, or refused with 413 when truncate is False.
+    max_input_length: int | None = None
+    truncate: bool = True
+    # Request bodies larger than this are refused with 413 before they are parsed.
+    max_request_bytes: int = 16 * 1024 * 1024
+    # The Retry-After (seconds) of a 429.
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.devices, str):
+            self.devices = tuple(d.strip() for d in self.devices.split(",") if d.strip())
+        self.devices = tuple(self.devices)
+        if not self.devices:
+            raise ValueError("devices: give at least one device")
+        for name in ("max_batch_tokens", "max_batch_size", "max_queue", "max_client_batch",
+                     "max_request_bytes"):
+            _positive(name, getattr(self, name))
+        if self.max_input_length is not None:
+            _positive("max_input_length", self.max_input_length)
+        if not isinstance(self.retry_after_s, int) or self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be a whole number of seconds >= 0, got {self.retry_after_s!r}")
+        if self.max_client_batch > self.max_queue:
+            raise ValueError(f"max_client_batch ({self.max_client_batch}) must not exceed max_queue "
+                             f"({self.max_queue}): such a request could never be queued")
+        if not self.max_wait_ms >= 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

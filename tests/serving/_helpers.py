@@ -1,0 +1,90 @@
+"""Shared pieces of the serving tests: tiny checkpoints with tokenizers, and a real uvicorn server
+on the loopback address in a thread of the test process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._models import make_bert, make_model
+from tests._tokenizers import write_wordpiece_tokenizer
+from tests._vocab import write_vocab
+
+# The tiny models' position limit: inputs past it are truncated (or refused), so tests reach it
+# with ordinary texts.
+MAX_POS = 64
+VOCAB = 157
+
+
+def need_serve_extra():
+    """Skips the calling module when the `serve` extra is not installed."""
+    from ftbert.serving import missing_serve_extra
+
+    message = missing_serve_extra()
+    if message:
+        pytest.skip(message, allow_module_level=True)
+
+
+def make_embedder(path: Path, seed: int = 0) -> Path:
+    """A random 1-layer BERT (hidden 32) with a WordPiece vocabulary: an embedding model."""
+    make_bert(path, hidden=32, heads=2, layers=1, vocab=211, max_pos=MAX_POS, seed=seed)
+    write_vocab(path, 211)
+    return path
+
+
+def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
+    """A random BertForSequenceClassification (hidden 32, 1 layer) with a trained WordPiece
+    tokenizer; its Linear weights are redrawn at unit gain so the logits move with the input."""
+    model = make_model(path, "bert", kind="cls", num_labels=num_labels, hidden=32, heads=2, layers=1,
+                       vocab=VOCAB, max_pos=MAX_POS, seed=seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embeddings" not in name:
+                p.normal_(0.0, p.shape[1] ** -0.5)
+    model.save_pretrained(path)
+    write_wordpiece_tokenizer(path, VOCAB, model_max_length=MAX_POS)
+    return path
+
+
+class ThreadServer:
+    """uvicorn serving `app` on 127.0.0.1 (a free port) in a thread; the context manager starts it,
+    waits until it accepts connections, and on exit shuts it down as SIGTERM would (graceful)."""
+
+    def __init__(self, app, start_timeout: float = 60.0):
+        self.app, self.start_timeout = app, start_timeout
+
+    def __enter__(self) -> "ThreadServer":
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, lifespan="on", log_level="warning", timeout_graceful_shutdown=None)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the server thread ended before it started (see the log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not start in time")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the server did not shut down"
+
+    def __exit__(self, *exc) -> None:
+        if self.thread.is_alive():
+            self.stop()
+        self.sock.close()

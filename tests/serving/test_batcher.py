@@ -1,0 +1,234 @@
+"""The dynamic batcher alone (no HTTP): many concurrent jobs, each gets exactly its own rows;
+forwards stay within the token budget and mix requests; a full queue, closing, a failing forward
+and a cancelled job each end as they should."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import ftbert
+from ftbert.serving.batcher import (
+    EMBED, IDS, SCORE, TEXT, PAIR, Batcher, InputTooLong, Job, QueueFull, ShuttingDown,
+)
+from ftbert.serving.settings import ServeSettings
+from tests.serving._helpers import make_cross_encoder, make_embedder
+from tests._vocab import random_texts
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    return make_embedder(tmp_path_factory.mktemp("embedder"))
+
+
+def _recording(enc):
+    """Wraps enc.forward_packed to record each forward's (sequences, longest, input ids)."""
+    calls = []
+    inner = enc.forward_packed
+
+    def forward_packed(ids, cu, types=None):
+        lengths = np.diff(np.asarray(cu))
+        calls.append((len(lengths), int(lengths.max()), np.asarray(ids).copy()))
+        return inner(ids, cu, types)
+
+    enc.forward_packed = forward_packed
+    return calls
+
+
+def _batcher(path, n_encoders=1, **kw):
+    encs = [ftbert.Encoder.from_pretrained(path) for _ in range(n_encoders)]
+    b = Batcher(encs, ServeSettings(model=str(path), **kw))
+    return b, encs
+
+
+async def _gather(batcher, jobs, timeout=120):
+    # A bounded wait: a batcher thread that died would otherwise leave the test hanging.
+    futures = [batcher.submit(j) for j in jobs]
+    return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout)
+
+
+def test_concurrent_jobs_each_get_their_own_rows_within_the_budget(embedder, rng):
+    b, (enc,) = _batcher(embedder, max_batch_tokens=300, max_batch_size=7, max_wait_ms=200)
+    calls = _recording(enc)
+    ref = ftbert.Encoder.from_pretrained(embedder)
+    b.start()
+    try:
+        tok = ref.tokenizer
+        jobs, want = [], []
+        for _ in range(40):
+            texts = random_texts(rng, int(rng.integers(1, 6)), max_words=50)
+            if rng.random() < 0.3:  # token ids given as they are
+                jobs.append(Job(EMBED, IDS, tok(texts, truncation=True, max_length=64)["input_ids"]))
+            else:
+                jobs.append(Job(EMBED, TEXT, texts))
+            want.append(ref.encode(texts))
+        results = asyncio.run(_gather(b, jobs))
+    finally:
+        b.close()
+    for job, res, w in zip(jobs, results, want):
+        assert not isinstance(res, BaseException), res
+        np.testing.assert_allclose(res.values, w, rtol=0, atol=TOL)
+        ids = job.inputs if job.how == IDS else tok(job.inputs, truncation=True, max_length=64)["input_ids"]
+        assert res.tokens == sum(map(len, ids))
+    assert sum(c[0] for c in calls) == sum(len(j) for j in jobs)
+    for sequences, longest, _ in calls:
+        assert sequences <= 7
+        assert sequences == 1 or sequences * longest <= 300
+    assert any(c[0] > 1 for c in calls), "no forward held more than one input"
+    assert b.queue_depth == 0 and b.accepted == b.finished == len(jobs)
+
+
+def test_two_encoders_share_one_queue(embedder, rng):
+    b, encs = _batcher(embedder, n_encoders=2, max_batch_size=3, max_wait_ms=1)
+    b.start()
+    try:
+        texts = [random_texts(rng, int(rng.integers(1, 5))) for _ in range(30)]
+        results = asyncio.run(_gather(b, [Job(EMBED, TEXT, t) for t in texts]))
+    finally:
+        b.close()
+    for t, res in zip(texts, results):
+        np.testing.assert_allclose(res.values, encs[0].encode(t), rtol=0, atol=TOL)
+
+
+def test_scores_and_embeddings_share_forwards(tmp_path, rng):
+    path = make_cross_encoder(tmp_path, num_labels=2)
+    b, (enc,) = _batcher(path, max_wait_ms=100)
+    b.start()
+    try:
+        pairs = list(zip(random_texts(rng, 5), random_texts(rng, 5)))
+        texts = random_texts(rng, 4)
+        scores, emb = asyncio.run(_gather(b, [Job(SCORE, PAIR, pairs), Job(EMBED, TEXT, texts)]))
+    finally:
+        b.close()
+    np.testing.assert_allclose(scores.values, enc.predict(pairs, activation="identity"), rtol=0, atol=TOL)
+    np.testing.assert_allclose(emb.values, enc.encode(texts), rtol=0, atol=TOL)
+
+
+def test_full_queue_and_closed_batcher_refuse_jobs(embedder):
+    b, _ = _batcher(embedder, max_queue=3, max_client_batch=3, max_wait_ms=60_000)
+    b.start()
+
+    async def main():
+        first = b.submit(Job(EMBED, TEXT, ["a", "b"]))
+        with pytest.raises(QueueFull):
+            b.submit(Job(EMBED, TEXT, ["c", "d"]))
+        assert b.queue_depth == 2
+        second = b.submit(Job(EMBED, TEXT, ["e"]))  # fits exactly
+        # close() finishes what was accepted (without waiting out max_wait), then refuses.
+        await asyncio.get_running_loop().run_in_executor(None, b.close)
+        with pytest.raises(ShuttingDown):
+            b.submit(Job(EMBED, TEXT, ["f"]))
+        return await first, await second
+
+    first, second = asyncio.run(main())
+    assert first.values.shape == (2, 32) and second.values.shape == (1, 32)
+    assert b.accepted == b.finished == 2 and b.queue_depth == 0
+
+
+def test_close_during_load_answers_every_accepted_job(embedder, rng):
+    b, (enc,) = _batcher(embedder, max_batch_size=4, max_wait_ms=5)
+    b.start()
+    texts = [random_texts(rng, int(rng.integers(1, 4))) for _ in range(60)]
+
+    async def main():
+        futs = [b.submit(Job(EMBED, TEXT, t)) for t in texts]
+        closer = threading.Thread(target=b.close)
+        closer.start()
+        results = await asyncio.gather(*futs)
+        closer.join()
+        return results
+
+    results = asyncio.run(main())
+    for t, res in zip(texts, results):
+        np.testing.assert_allclose(res.values, enc.encode(t), rtol=0, atol=TOL)
+    assert b.accepted == b.finished == len(texts)
+
+
+def test_failing_forward_fails_only_its_jobs(embedder, rng):
+    b, (enc,) = _batcher(embedder, max_batch_size=1, max_wait_ms=0)
+    ref = ftbert.Encoder.from_pretrained(embedder)
+    inner = enc.forward_packed
+    poison = 7  # a token id that only the poisoned job holds
+
+    def forward_packed(ids, cu, types=None):
+        if poison in np.asarray(ids):
+            raise RuntimeError("forward failed on purpose")
+        return inner(ids, cu, types)
+
+    enc.forward_packed = forward_packed
+    b.start()
+    try:
+        good = [random_texts(rng, 2) for _ in range(5)]
+        jobs = [Job(EMBED, TEXT, t) for t in good[:2]] + [Job(EMBED, IDS, [[2, poison, 3]])] + \
+               [Job(EMBED, TEXT, t) for t in good[2:]]
+        results = asyncio.run(_gather(b, jobs))
+    finally:
+        b.close()
+    assert isinstance(results[2], RuntimeError) and "on purpose" in str(results[2])
+    for t, res in zip(good, results[:2] + results[3:]):
+        np.testing.assert_allclose(res.values, ref.encode(t), rtol=0, atol=TOL)
+
+
+def test_cancelled_job_is_never_forwarded(embedder):
+    b, (enc,) = _batcher(embedder, max_wait_ms=300)
+    calls = _recording(enc)
+    b.start()
+    marker = 9
+
+    async def main():
+        cancelled = b.submit(Job(EMBED, IDS, [[2, marker, marker, 3]]))
+        cancelled.cancel()
+        kept = await b.submit(Job(EMBED, IDS, [[2, 10, 3]]))
+        return kept
+
+    try:
+        kept = asyncio.run(main())
+    finally:
+        b.close()
+    assert kept.values.shape == (1, 32)
+    assert all(marker not in ids for _, _, ids in calls)
+    assert b.queue_depth == 0 and b.accepted == b.finished == 2
+
+
+def test_too_long_input_fails_its_job_when_not_truncating(embedder):
+    b, _ = _batcher(embedder, truncate=False, max_input_length=10)
+    b.start()
+    try:
+        results = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["short", "the " * 20]), Job(EMBED, TEXT, ["ok"])]))
+    finally:
+        b.close()
+    assert isinstance(results[0], InputTooLong) and results[0].index == 1 and results[0].limit == 10
+    assert results[1].values.shape == (1, 32)
+
+
+def test_tokenizer_errors_fail_their_round_and_the_thread_goes_on(embedder):
+    b, _ = _batcher(embedder)
+    b.start()
+    real_tok, real_check = b._tok, b._check_lengths
+
+    def tok(texts, *args, **kwargs):
+        if "boom" in texts:
+            raise RuntimeError("tokenizer failed on purpose")
+        return real_tok(texts, *args, **kwargs)
+
+    def check(how, seqs):
+        if len(seqs) == 3:
+            raise RuntimeError("length check failed on purpose")
+        return real_check(how, seqs)
+
+    b._tok, b._check_lengths = tok, check
+    try:
+        first = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["boom"])]))
+        second = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["a", "b", "c"])]))
+        third = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["fine"])]))
+    finally:
+        b.close()
+    assert isinstance(first[0], RuntimeError) and "tokenizer failed" in str(first[0])
+    assert isinstance(second[0], RuntimeError) and "length check failed" in str(second[0])
+    assert third[0].values.shape == (1, 32)
+    assert b.queue_depth == 0 and b.accepted == b.finished == 3

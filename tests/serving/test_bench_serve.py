@@ -1,0 +1,65 @@
+"""`ftbert bench-serve` end to end at a tiny scale (one engine, half-second rows), and its peer
+server: FastAPI + sentence-transformers giving the embeddings `Encoder.encode` gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from tests.serving._helpers import make_embedder, need_serve_extra
+from tests._vocab import random_texts
+
+need_serve_extra()
+pytest.importorskip("sentence_transformers")
+
+import httpx  # noqa: E402
+
+import ftbert  # noqa: E402
+from ftbert.bench import serve as bench_serve  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    return make_embedder(tmp_path_factory.mktemp("embedder"))
+
+
+def test_peer_server_embeds_as_encode_does(embedder, rng):
+    from ftbert.bench.serve_peer import build_app
+
+    app = build_app(str(embedder), "cpu", "float32")
+    texts = random_texts(rng, 5)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://peer") as c:
+            return await c.post("/v1/embeddings", json={"input": texts})
+
+    r = asyncio.run(main())
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]])
+    np.testing.assert_allclose(got, ftbert.Encoder.from_pretrained(embedder).encode(texts), rtol=0, atol=1e-4)
+
+
+def test_bench_serve_writes_rows_json_and_plot(embedder, tmp_path, capsys):
+    argv = ["--model", str(embedder), "--engines", "ftbert", "--concurrency", "1,3", "--lengths", "short,24",
+            "--duration", "0.5", "--warmup", "0.2", "--client-procs", "1", "--texts", "8",
+            "--out", str(tmp_path), "--name", "run"]
+    assert bench_serve.main(argv) == 0
+    doc = json.loads((tmp_path / "run.json").read_text())
+    rows = doc["results"]
+    assert [(r["length"], r["concurrency"]) for r in rows] == [("short", 1), ("short", 3), ("24", 1), ("24", 3)]
+    for r in rows:
+        assert r["engine"] == "ftbert" and r["errors"] == 0 and r["requests"] > 0
+        assert r["req_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+    # At least the target (the tiny vocabulary splits words into several pieces, so a text may pass it).
+    assert 16 <= rows[0]["tokens"] < rows[2]["tokens"] and rows[2]["tokens"] >= 24
+    assert doc["servers"]["ftbert"]["family"] == "bert"
+    assert (tmp_path / "run.png").stat().st_size > 0
+    assert "req/s" in capsys.readouterr().out
+
+
+def test_bench_serve_refuses_an_unknown_engine(capsys):
+    assert bench_serve.main(["--engines", "ftbert,vllm"]) == 2
+    assert "unknown engine" in capsys.readouterr().err

@@ -1,0 +1,64 @@
+"""`ftbert serve` on the command line: its help, argument errors, the message without the `serve`
+extra, and that `import ftbert` (and ftbert.serving) pulls in none of the server's packages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import ftbert.serving
+from ftbert.cli import main
+
+
+def test_import_needs_no_server_packages():
+    code = ("import sys, ftbert, ftbert.serving; "
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'prometheus_client', 'ray') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+
+
+def test_missing_extra_names_the_install_command(monkeypatch, capsys):
+    real = ftbert.serving.importlib.util.find_spec
+    monkeypatch.setattr(ftbert.serving.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "fastapi" else real(name, *a))
+    message = ftbert.serving.missing_serve_extra()
+    assert "fastapi" in message and "pip install 'ftbert[serve]'" in message
+    assert main(["serve"]) == 2
+    assert "pip install 'ftbert[serve]'" in capsys.readouterr().err
+
+
+def test_serve_help_lists_the_settings(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--max-batch-tokens", "--max-wait-ms", "--max-queue", "--no-truncate", "--devices", "--ray",
+                 "--replicas", "--gpus-per-replica"):
+        assert flag in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--max-batch-tokens", "0"], "max_batch_tokens must be a positive integer"),
+    (["--max-client-batch", "100", "--max-queue", "10"], "must not exceed max_queue"),
+    (["--max-wait-ms", "-1"], "max_wait_ms must be >= 0"),
+])
+def test_bad_settings_are_usage_errors(argv, words, capsys):
+    pytest.importorskip("fastapi")
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *argv])
+    assert e.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_top_level_help_names_serve_and_bench_serve():
+    r = subprocess.run([sys.executable, "-m", "ftbert", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "serve" in r.stdout and "bench-serve" in r.stdout
+
+
+def test_bad_model_path_is_one_line(tmp_path, capsys):
+    pytest.importorskip("fastapi")
+    assert main(["serve", str(tmp_path / "missing"), "--port", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "ftbert serve: error: model path" in err and "does not exist" in err and "Traceback" not in err

@@ -278,6 +278,27 @@ def test_body_too_large_is_413(embed_server):
     assert_error(_post(embed_server, "/v1/embeddings", {"input": "a" * 200_000}), 413, None, "bytes")
 
 
+def test_chunked_body_too_large_is_413_and_a_small_one_is_served(embed_server, embed_enc):
+    # No Content-Length: the body comes in chunks, and the limit must hold all the same.
+    import json
+
+    def chunks(body: bytes):
+        for i in range(0, len(body), 4096):
+            yield body[i:i + 4096]
+
+    big = json.dumps({"input": "a " * 100_000}).encode()
+    r = httpx.post(embed_server.url + "/v1/embeddings", content=chunks(big),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert "content-length" not in r.request.headers
+    assert_error(r, 413, None, "more bytes than this server takes (100000)")
+    small = json.dumps({"input": ["a short text", "another one"]}).encode()
+    r = httpx.post(embed_server.url + "/v1/embeddings", content=chunks(small),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]])
+    np.testing.assert_allclose(got, embed_enc.encode(["a short text", "another one"]), rtol=0, atol=TOL)
+
+
 def test_unknown_route_and_method(embed_server):
     assert_error(httpx.get(embed_server.url + "/v2/nothing"), 404, None, "no route")
     assert_error(httpx.get(embed_server.url + "/v1/embeddings"), 405, None, "GET")

@@ -17,6 +17,7 @@ names the field), 429 (queue full, with Retry-After), 503 (shutting down).
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import time
 from typing import Any, Literal
@@ -385,8 +386,9 @@ def _validation_response(errors: list[dict]) -> JSONResponse:
 
 
 class _Guard:
-    """Pure ASGI middleware: refuses bodies over max_bytes (413, by Content-Length, before they are
-    read) and records each request's route, status and latency in the service's metrics."""
+    """Pure ASGI middleware: refuses bodies over max_bytes (413: by Content-Length before they are
+    read; a body without one, sent in chunks, is read here up to the limit first) and records each
+    request's route, status and latency in the service's metrics."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -417,6 +419,14 @@ class _Guard:
                 await resp(scope, receive, send)
                 self._record(scope, route, 413, t0)
                 return
+        elif scope.get("method") == "POST":
+            receive = await self._read_capped(receive)
+            if receive is None:
+                resp = _error_response(413, f"the request body has more bytes than this server takes "
+                                            f"({self.max_bytes})", "invalid_request_error", None)
+                await resp(scope, _disconnected, send)
+                self._record(scope, route, 413, t0)
+                return
 
         async def send_status(message):
             nonlocal status
@@ -429,6 +439,28 @@ class _Guard:
         finally:
             self._record(scope, route, status, t0)
 
+    async def _read_capped(self, receive):
+        """Reads a body of unknown length; None once it passes max_bytes, else a receive that
+        hands the app the body as read."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: let the app see it
+                chunks.append(message)
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return None
+            chunks.append(message)
+            if not message.get("more_body", False):
+                break
+        pending = collections.deque(chunks)
+
+        async def replay():
+            return pending.popleft() if pending else await receive()
+
+        return replay
+
     @staticmethod
     def _record(scope, route: str, status: int, t0: float) -> None:
         app = scope.get("app")
@@ -438,3 +470,8 @@ class _Guard:
         state = scope.get("state") or {}
         inputs = state.get("inputs")  # set by the route as request.state.inputs
         svc.metrics.on_request(route, status, time.perf_counter() - t0, inputs)
+
+
+async def _disconnected():
+    # The body was left unread: the response needs nothing more from the client.
+    return {"type": "http.disconnect"}

@@ -67,9 +67,7 @@ def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_pat
     assert doc["options"]["batches"] == [1, 3] and doc["options"]["iters"] == {"cpu": 2}
 
     for r in results:
-        if r["engine"] == "ftbert-flash":
-            assert r["status"] == "skipped" and "flash" in r["note"]  # no flash kernel on the CPU
-        elif r["seq"] == 45:
+        if r["seq"] == 45:
             assert r["status"] == "failed", r
             assert "45" in r["error"] and "\n" not in r["error"]
         else:
@@ -88,7 +86,8 @@ def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_pat
                     next(x["median_ms"] for x in results if x["engine"] == "hf-sdpa"
                          and (x["batch"], x["seq"]) == (r["batch"], r["seq"])) / r["median_ms"])
             if r["engine"].startswith("ftbert"):
-                assert r["kernel"] == "unfused"
+                # auto takes the fused kernel on the CPU
+                assert r["kernel"] == ("unfused" if r["engine"] == "ftbert-unfused" else "flash")
 
     # The CSV holds the same rows, every column of the documented header.
     assert len(csv_rows) == len(results)
@@ -426,7 +425,7 @@ def test_rerank_times_every_engine_end_to_end_and_model_only(tiny_ce, tmp_path, 
             assert "max_abs_diff" not in r and "model_share" not in r
         if r["engine"] == "hf-sdpa":
             assert r["speedup_vs_sdpa"] == pytest.approx(1.0)
-    assert next(r["kernel"] for r in results if r["engine"] == "ftbert") == "unfused"
+    assert next(r["kernel"] for r in results if r["engine"] == "ftbert") == "flash"
 
     (check,) = doc["checks"]
     assert check["ok"] and check["reference"] == "sentence-transformers" and check["pairs"] == 10
@@ -636,7 +635,7 @@ def test_varlen_times_every_row_of_every_case_and_the_encode_part(tiny_text, tmp
                 assert r["diff_vs_padded"] < 1e-4
             else:
                 assert "diff_vs_padded" not in r
-            assert r["kernel"] == ("sdpa" if engine == "hf-sdpa" else "unfused")
+            assert r["kernel"] == ("sdpa" if engine == "hf-sdpa" else "flash")
         assert rows["ftbert-full"]["time_vs_full"] == 1.0
         assert rows["ftbert-padded"]["speedup_vs_padded"] == 1.0
 

@@ -126,6 +126,37 @@ def test_engine_that_raises_is_recorded_and_the_sweep_goes_on(tiny, tmp_path, mo
         assert [r["status"] for r in by_engine[name]] == ["ok", "ok"]
 
 
+def test_onnxruntime_rows_without_onnxruntime_fail_naming_the_install(tiny, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "5", "--attention", "auto",
+                 "--engines", "ftbert", "hf-sdpa", "onnxruntime", "onnxruntime-int8", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    status = {r["engine"]: r for r in doc["results"]}
+    for engine in ("onnxruntime", "onnxruntime-int8"):
+        assert status[engine]["status"] == "failed"
+        assert "pip install onnxruntime onnx onnxscript" in status[engine]["error"]
+    assert status["ftbert-auto"]["status"] == status["hf-sdpa"]["status"] == "ok"
+
+
+def test_onnxruntime_rows_run_fused_float32_and_int8_beside_ftbert(tiny, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "5,11", "--attention", "auto",
+                 "--engines", "ftbert", "hf-sdpa", "onnxruntime", "onnxruntime-int8", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    rows = {(r["engine"], r["seq"]): r for r in doc["results"]}
+    for seq in (5, 11):  # one export with dynamic shapes serves both lengths
+        fp32, int8 = rows[("onnxruntime", seq)], rows[("onnxruntime-int8", seq)]
+        assert fp32["status"] == int8["status"] == "ok", (fp32, int8)
+        assert fp32["max_abs_err"] < 1e-4  # float32: the same model
+        assert 1e-6 < int8["max_abs_err"] < 1.0  # quantized: close, not equal
+        assert fp32["speedup_vs_sdpa"] > 0 and "fused" in fp32["kernel"]
+
+
 def test_min_len_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_path):
     config = {"vocab_size": 97}
     a = make_inputs(config, 6, 23, 4, seed=11)

@@ -86,8 +86,9 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
 namespace cpu {
 int64_t attention_scratch_floats(int n_keys, int head_dim) {
   (void)n_keys;  // keys are taken in blocks of a fixed size
-  const int64_t d = head_dim, dp = (d + 31) / 32 * 32, keys = 256, q = kAttentionQueryBlock;
-  return d * keys + keys * dp + q * d + q * keys + q * dp + 2 * q;
+  // kernels_impl.h's layout: keys and values of a block, queries, one score tile, sums, max/sum.
+  const int64_t d = head_dim, dp = (d + 31) / 32 * 32, keys = 256, q = kAttentionQueries;
+  return d * keys + keys * dp + q * d + 64 * keys + q * dp + 2 * q;
 }
 }  // namespace cpu
 
@@ -105,9 +106,9 @@ std::string CpuBackend::attention_unsupported_reason(AttentionKind kind, DType d
   return "";
 }
 
-// Tiles of (sequence, head, block of up to 64 queries), spread over the pool. Each tile reads its
-// queries, keys and values straight from the QKV GEMM output (adding the bias as it reads them),
-// keeps its scores in a [64, 256]-key tile and writes its rows of the merged-heads output. Padded,
+// Tiles of (sequence, head, up to 256 queries), spread over the pool. Each tile reads its queries,
+// keys and values straight from the QKV GEMM output (adding the bias as it reads them), keeps its
+// scores in a [64, 256]-key tile and writes its rows of the merged-heads output. Padded,
 // the keys are a sequence's attended positions and every position is a query (padding rows get
 // the same attention over the real keys as the unfused path gives them); packed, a sequence's
 // rows are both and no padding is touched.
@@ -149,8 +150,8 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
   std::vector<Tile> tiles;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < heads; ++h) {
-      for (int64_t q0 = q_begin[b]; q0 < q_begin[b + 1]; q0 += cpu::kAttentionQueryBlock) {
-        const int nq = static_cast<int>(std::min<int64_t>(cpu::kAttentionQueryBlock, q_begin[b + 1] - q0));
+      for (int64_t q0 = q_begin[b]; q0 < q_begin[b + 1]; q0 += cpu::kAttentionQueries) {
+        const int nq = static_cast<int>(std::min<int64_t>(cpu::kAttentionQueries, q_begin[b + 1] - q0));
         tiles.push_back({b, h, q0, nq});
       }
     }

@@ -10,9 +10,9 @@
 
 namespace ftbert::cpu {
 
-// One attention head over one block of queries: out[i] = softmax(scale · q_i · Kᵀ) V over the
-// listed keys, flash style (keys in blocks, a running max and sum; no score matrix beyond one
-// [queries, key block] tile).
+// One attention head over up to kAttentionQueries queries: out[i] = softmax(scale · q_i · Kᵀ) V
+// over the listed keys, flash style (keys in blocks of 256, a running max and sum; no score matrix
+// beyond one [64 queries, 256 keys] tile).
 struct AttentionTile {
   const float* q;        // query row i at q + query_rows[i] * ld (this head's d columns)
   const float* k;        // key row j at k + key_rows[j] * ld
@@ -44,8 +44,10 @@ struct Kernels {
 
 // Floats of scratch one attention tile needs (same for every instruction set).
 int64_t attention_scratch_floats(int n_keys, int head_dim);
-// Queries per attention tile: the unit of work the attention op hands to a thread.
-constexpr int kAttentionQueryBlock = 64;
+// Queries per attention tile at most: the unit of work the attention op hands to a thread. Each
+// block of keys is gathered once per tile, so larger tiles gather less; 256 keeps a tile's state
+// ([256, d] queries and sums) within a core's L2 and still gives batch x heads x S/256 tiles.
+constexpr int kAttentionQueries = 256;
 
 const Kernels& kernels();
 

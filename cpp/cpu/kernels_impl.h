@@ -215,111 +215,144 @@ void masked_softmax(float* row, const int32_t* mask, int n, float scale) {
 }
 
 // ---- attention ----------------------------------------------------------------------------
-constexpr int kKeyBlock = 256;                 // keys per block of the online softmax
-constexpr int kQB = kAttentionQueryBlock;      // queries per tile (a multiple of 4)
-constexpr int kPadD = 32;                      // head dims padded to this (2 AVX-512 vectors)
+constexpr int kKeyBlock = 256;             // keys per block of the online softmax
+constexpr int kQB = 64;                    // queries per score tile (a multiple of 4)
+constexpr int kChunk = kAttentionQueries;  // queries per call (a multiple of kQB)
+constexpr int kPadD = 32;                  // head dims padded to this (2 AVX-512 vectors)
+
+// s[i, :nkp] = q[i] · kᵀ for i < nq4 (4 queries x 2 vectors of keys per step).
+inline void scores_tile(const float* __restrict q, const float* __restrict kt, float* __restrict s,
+                        int nq4, int nkp, int d) {
+  for (int i0 = 0; i0 < nq4; i0 += 4) {
+    const float* qi = q + i0 * d;
+    for (int j0 = 0; j0 < nkp; j0 += 2 * W) {
+      vf a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
+      for (int c = 0; c < d; ++c) {
+        const vf k0 = load(kt + c * kKeyBlock + j0), k1 = load(kt + c * kKeyBlock + j0 + W);
+        const vf q0 = splat(qi[c]), q1 = splat(qi[d + c]), q2 = splat(qi[2 * d + c]),
+                 q3 = splat(qi[3 * d + c]);
+        a00 += q0 * k0; a01 += q0 * k1;
+        a10 += q1 * k0; a11 += q1 * k1;
+        a20 += q2 * k0; a21 += q2 * k1;
+        a30 += q3 * k0; a31 += q3 * k1;
+      }
+      float* si = s + i0 * kKeyBlock + j0;
+      store(si, a00); store(si + W, a01);
+      store(si + kKeyBlock, a10); store(si + kKeyBlock + W, a11);
+      store(si + 2 * kKeyBlock, a20); store(si + 2 * kKeyBlock + W, a21);
+      store(si + 3 * kKeyBlock, a30); store(si + 3 * kKeyBlock + W, a31);
+    }
+  }
+}
+
+// acc[i, :dp] += p[i, :nk] · v for i < nq4 (4 queries x 2 vectors of the head dim per step).
+inline void values_tile(const float* __restrict p, const float* __restrict vv, float* __restrict acc,
+                        int nq4, int nk, int dp) {
+  for (int i0 = 0; i0 < nq4; i0 += 4) {
+    const float* p0 = p + i0 * kKeyBlock;
+    for (int c0 = 0; c0 < dp; c0 += 2 * W) {
+      float* ai = acc + i0 * dp + c0;
+      vf a00 = load(ai), a01 = load(ai + W), a10 = load(ai + dp), a11 = load(ai + dp + W),
+         a20 = load(ai + 2 * dp), a21 = load(ai + 2 * dp + W), a30 = load(ai + 3 * dp),
+         a31 = load(ai + 3 * dp + W);
+      for (int j = 0; j < nk; ++j) {
+        const vf v0 = load(vv + j * dp + c0), v1 = load(vv + j * dp + c0 + W);
+        const vf w0 = splat(p0[j]), w1 = splat(p0[kKeyBlock + j]),
+                 w2 = splat(p0[2 * kKeyBlock + j]), w3 = splat(p0[3 * kKeyBlock + j]);
+        a00 += w0 * v0; a01 += w0 * v1;
+        a10 += w1 * v0; a11 += w1 * v1;
+        a20 += w2 * v0; a21 += w2 * v1;
+        a30 += w3 * v0; a31 += w3 * v1;
+      }
+      store(ai, a00); store(ai + W, a01);
+      store(ai + dp, a10); store(ai + dp + W, a11);
+      store(ai + 2 * dp, a20); store(ai + 2 * dp + W, a21);
+      store(ai + 3 * dp, a30); store(ai + 3 * dp + W, a31);
+    }
+  }
+}
 
 void attention(const AttentionTile& t, float* scratch) {
   const int d = t.head_dim, dp = round_up(d, kPadD), nq = t.n_queries, nq4 = round_up(nq, 4);
+  const int64_t ld = t.ld;
+  const float scale = t.scale;
   float* kt = scratch;                  // [d, kKeyBlock] keys of the block, transposed, + bias
   float* vv = kt + d * kKeyBlock;       // [kKeyBlock, dp] values of the block + bias
-  float* q = vv + kKeyBlock * dp;       // [kQB, d] scale * (query + bias)
-  float* s = q + kQB * d;               // [kQB, kKeyBlock] scores, then probabilities
-  float* acc = s + kQB * kKeyBlock;     // [kQB, dp] running sum of p * v
-  float* mrow = acc + kQB * dp;         // [kQB] running max
-  float* lrow = mrow + kQB;             // [kQB] running sum of p
+  float* q = vv + kKeyBlock * dp;       // [kChunk, d] scale * (query + bias)
+  float* s = q + kChunk * d;            // [kQB, kKeyBlock] scores, then probabilities
+  float* acc = s + kQB * kKeyBlock;     // [kChunk, dp] running sum of p * v
+  float* mrow = acc + kChunk * dp;      // [kChunk] running max
+  float* lrow = mrow + kChunk;          // [kChunk] running sum of p
 
-  for (int i = 0; i < nq4; ++i) {
-    const float* src = t.q + static_cast<int64_t>(t.query_rows[i < nq ? i : 0]) * t.ld;
-    for (int c = 0; c < d; ++c) q[i * d + c] = i < nq ? (src[c] + t.q_bias[c]) * t.scale : 0.0f;
-    for (int c = 0; c < dp; ++c) acc[i * dp + c] = 0.0f;
-    mrow[i] = -kInf;
-    lrow[i] = 0.0f;
+  {
+    const float* __restrict qb = t.q_bias;
+    for (int i = 0; i < nq4; ++i) {
+      float* __restrict qi = q + i * d;
+      if (i < nq) {
+        const float* __restrict src = t.q + static_cast<int64_t>(t.query_rows[i]) * ld;
+        for (int c = 0; c < d; ++c) qi[c] = (src[c] + qb[c]) * scale;
+      } else {
+        for (int c = 0; c < d; ++c) qi[c] = 0.0f;
+      }
+      for (int c = 0; c < dp; ++c) acc[i * dp + c] = 0.0f;
+      mrow[i] = -kInf;
+      lrow[i] = 0.0f;
+    }
   }
   for (int kb = 0; kb < t.n_keys; kb += kKeyBlock) {
     const int nk = imin(kKeyBlock, t.n_keys - kb), nkp = round_up(nk, 2 * W);
-    for (int j = 0; j < nkp; ++j) {
-      float* vrow = vv + j * dp;
-      if (j < nk) {
-        const int64_t row = static_cast<int64_t>(t.key_rows[kb + j]) * t.ld;
-        const float *kr = t.k + row, *vr = t.v + row;
-        for (int c = 0; c < d; ++c) kt[c * kKeyBlock + j] = kr[c] + t.k_bias[c];
-        for (int c = 0; c < d; ++c) vrow[c] = vr[c] + t.v_bias[c];
-      } else {
-        for (int c = 0; c < d; ++c) kt[c * kKeyBlock + j] = 0.0f;
-        for (int c = 0; c < d; ++c) vrow[c] = 0.0f;
-      }
-      for (int c = d; c < dp; ++c) vrow[c] = 0.0f;
-    }
-    // s = q · kᵀ, 4 queries x 2 vectors of keys per step.
-    for (int i0 = 0; i0 < nq4; i0 += 4) {
-      for (int j0 = 0; j0 < nkp; j0 += 2 * W) {
-        vf a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
-        const float* qi = q + i0 * d;
-        for (int c = 0; c < d; ++c) {
-          const vf k0 = load(kt + c * kKeyBlock + j0), k1 = load(kt + c * kKeyBlock + j0 + W);
-          const vf q0 = splat(qi[c]), q1 = splat(qi[d + c]), q2 = splat(qi[2 * d + c]),
-                   q3 = splat(qi[3 * d + c]);
-          a00 += q0 * k0; a01 += q0 * k1;
-          a10 += q1 * k0; a11 += q1 * k1;
-          a20 += q2 * k0; a21 += q2 * k1;
-          a30 += q3 * k0; a31 += q3 * k1;
+    // The block's keys (transposed) and values, bias added, once for every query of the call.
+    {
+      const float* __restrict kbias = t.k_bias;
+      const float* __restrict vbias = t.v_bias;
+      float* __restrict ktr = kt;
+      for (int j = 0; j < nkp; ++j) {
+        float* __restrict vrow = vv + j * dp;
+        if (j < nk) {
+          const int64_t row = static_cast<int64_t>(t.key_rows[kb + j]) * ld;
+          const float* __restrict kr = t.k + row;
+          const float* __restrict vr = t.v + row;
+          for (int c = 0; c < d; ++c) ktr[c * kKeyBlock + j] = kr[c] + kbias[c];
+          for (int c = 0; c < d; ++c) vrow[c] = vr[c] + vbias[c];
+        } else {
+          for (int c = 0; c < d; ++c) ktr[c * kKeyBlock + j] = 0.0f;
+          for (int c = 0; c < d; ++c) vrow[c] = 0.0f;
         }
-        float* si = s + i0 * kKeyBlock + j0;
-        store(si, a00); store(si + W, a01);
-        store(si + kKeyBlock, a10); store(si + kKeyBlock + W, a11);
-        store(si + 2 * kKeyBlock, a20); store(si + 2 * kKeyBlock + W, a21);
-        store(si + 3 * kKeyBlock, a30); store(si + 3 * kKeyBlock + W, a31);
+        for (int c = d; c < dp; ++c) vrow[c] = 0.0f;
       }
     }
-    // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
-    for (int i = 0; i < nq4; ++i) {
-      float* si = s + i * kKeyBlock;
-      vf mx = splat(-kInf);
-      for (int j = 0; j < nkp; j += W) {
-        const int r = imin(W, nk - j);
-        mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
-      }
-      const float m_new = mrow[i] > hmax(mx) ? mrow[i] : hmax(mx);
-      const float alpha = mrow[i] == -kInf ? 0.0f : sexp(mrow[i] - m_new);
-      vf sum = {};
-      for (int j = 0; j < nkp; j += W) {
-        const int r = imin(W, nk - j);
-        vf p = vexp(load(si + j) - m_new);
-        if (r < W) {
-          for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
+    for (int q0 = 0; q0 < nq4; q0 += kQB) {
+      const int rows = imin(kQB, nq4 - q0);
+      scores_tile(q + q0 * d, kt, s, rows, nkp, d);
+      // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
+      for (int i = 0; i < rows; ++i) {
+        float* si = s + i * kKeyBlock;
+        vf mx = splat(-kInf);
+        for (int j = 0; j < nkp; j += W) {
+          const int r = imin(W, nk - j);
+          mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
         }
-        store(si + j, p);
-        sum += p;
-      }
-      lrow[i] = lrow[i] * alpha + hsum(sum);
-      mrow[i] = m_new;
-      if (alpha != 1.0f) {
-        for (int c = 0; c < dp; c += W) store(acc + i * dp + c, load(acc + i * dp + c) * alpha);
-      }
-    }
-    // acc += p · v, 4 queries x 2 vectors of the head dim per step.
-    for (int i0 = 0; i0 < nq4; i0 += 4) {
-      const float* p0 = s + i0 * kKeyBlock;
-      for (int c0 = 0; c0 < dp; c0 += 2 * W) {
-        float* ai = acc + i0 * dp + c0;
-        vf a00 = load(ai), a01 = load(ai + W), a10 = load(ai + dp), a11 = load(ai + dp + W),
-           a20 = load(ai + 2 * dp), a21 = load(ai + 2 * dp + W), a30 = load(ai + 3 * dp),
-           a31 = load(ai + 3 * dp + W);
-        for (int j = 0; j < nk; ++j) {
-          const vf v0 = load(vv + j * dp + c0), v1 = load(vv + j * dp + c0 + W);
-          const vf w0 = splat(p0[j]), w1 = splat(p0[kKeyBlock + j]),
-                   w2 = splat(p0[2 * kKeyBlock + j]), w3 = splat(p0[3 * kKeyBlock + j]);
-          a00 += w0 * v0; a01 += w0 * v1;
-          a10 += w1 * v0; a11 += w1 * v1;
-          a20 += w2 * v0; a21 += w2 * v1;
-          a30 += w3 * v0; a31 += w3 * v1;
+        float& m = mrow[q0 + i];
+        const float m_new = m > hmax(mx) ? m : hmax(mx);
+        const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
+        vf sum = {};
+        for (int j = 0; j < nkp; j += W) {
+          const int r = imin(W, nk - j);
+          vf p = vexp(load(si + j) - m_new);
+          if (r < W) {
+            for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
+          }
+          store(si + j, p);
+          sum += p;
         }
-        store(ai, a00); store(ai + W, a01);
-        store(ai + dp, a10); store(ai + dp + W, a11);
-        store(ai + 2 * dp, a20); store(ai + 2 * dp + W, a21);
-        store(ai + 3 * dp, a30); store(ai + 3 * dp + W, a31);
+        lrow[q0 + i] = lrow[q0 + i] * alpha + hsum(sum);
+        m = m_new;
+        if (alpha != 1.0f) {
+          float* ai = acc + (q0 + i) * dp;
+          for (int c = 0; c < dp; c += W) store(ai + c, load(ai + c) * alpha);
+        }
       }
+      values_tile(s, vv, acc + q0 * dp, rows, nk, dp);
     }
   }
   for (int i = 0; i < nq; ++i) {

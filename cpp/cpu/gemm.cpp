@@ -49,13 +49,12 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
     return;
   }
   // Column slices when there are enough columns (each slice reads all of A and its own columns of
-  // B, the weights), else row slices; one or two slices per thread, so that a thread slowed by
-  // another process leaves the second half of its share to the others.
+  // B, the weights), else row slices; one slice per thread: each slice is a BLAS call that packs
+  // its operands again, and on MiniLM (2 threads, same process, alternated 3 times) one slice per
+  // thread ran 8 x 128 in 332-370 ms against 353-425 ms with two.
   const bool by_cols = n >= kMinSlice * threads;
   const int extent = by_cols ? n : m;
-  int slices = std::min(2 * threads, std::max(1, extent / kMinSlice));
-  slices = std::max(1, slices / threads) * threads;
-  if (extent < slices) slices = extent;
+  const int slices = std::max(1, std::min(threads, extent / kMinSlice));
   cpu::parallel_for(slices, macs, [&](int64_t begin, int64_t end) {
     for (int64_t s = begin; s < end; ++s) {
       // Slice bounds on multiples of 16, the width of the BLAS kernels' register tiles.

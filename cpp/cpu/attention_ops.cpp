@@ -1,10 +1,11 @@
-// The unfused attention's element-wise ops on the CPU: add Q|K|V bias and split heads, masked
-// softmax, merge heads. The batched GEMMs between them are in gemm.cpp.
+// Attention on the CPU: the fused flash-style op, and the unfused path's element-wise ops (add
+// Q|K|V bias and split heads, masked softmax, merge heads; its batched GEMMs are in gemm.cpp).
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
 namespace ftbert {
@@ -49,26 +50,11 @@ void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
   auto* x = static_cast<float*>(scores);
   const int seq = l.max_seq;
   const int64_t rows = static_cast<int64_t>(l.batch) * heads * seq;
+  const auto kernel = cpu::kernels().masked_softmax;
   parallel_for(rows, rows * seq, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t bi = r / (static_cast<int64_t>(heads) * seq);
-      const int32_t* m = l.mask + bi * seq;
-      float* row = x + r * seq;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j < seq; ++j)
-        if (m[j]) mx = std::max(mx, row[j] * scale);
-      if (mx == -std::numeric_limits<float>::infinity()) {  // every key masked: zeros, not NaN
-        std::fill(row, row + seq, 0.0f);
-        continue;
-      }
-      double sum = 0.0;
-      for (int j = 0; j < seq; ++j) {
-        const float e = m[j] ? std::exp(row[j] * scale - mx) : 0.0f;
-        row[j] = e;
-        sum += e;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int j = 0; j < seq; ++j) row[j] *= inv;
+      kernel(x + r * seq, l.mask + bi * seq, seq, scale);
     }
   });
 }
@@ -92,6 +78,111 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
         const float* head = src + ((bi * heads + h) * seq + s) * head_dim;
         std::copy(head, head + head_dim, row + h * head_dim);
       }
+    }
+  });
+}
+
+// ---- fused ----------------------------------------------------------------------------------
+namespace cpu {
+int64_t attention_scratch_floats(int n_keys, int head_dim) {
+  (void)n_keys;  // keys are taken in blocks of a fixed size
+  // kernels_impl.h's layout: keys and values of a block, queries, one score tile, sums, max/sum.
+  const int64_t d = head_dim, dp = (d + 31) / 32 * 32, keys = 256, q = kAttentionQueries;
+  return d * keys + keys * dp + q * d + 64 * keys + q * dp + 2 * q;
+}
+}  // namespace cpu
+
+bool CpuBackend::supports_attention(AttentionKind kind, DType dt, int head_dim) const {
+  return attention_unsupported_reason(kind, dt, head_dim).empty();
+}
+
+std::string CpuBackend::attention_unsupported_reason(AttentionKind kind, DType dt,
+                                                     int head_dim) const {
+  if (dt != DType::kFloat32) {
+    return std::string("the CPU backend computes in float32 only, not ") + dtype_name(dt);
+  }
+  if (head_dim < 1) return "head dim " + std::to_string(head_dim) + " is not positive";
+  (void)kind;  // both kinds run every head dim
+  return "";
+}
+
+// Tiles of (sequence, head, up to 256 queries), spread over the pool. Each tile reads its queries,
+// keys and values straight from the QKV GEMM output (adding the bias as it reads them), keeps its
+// scores in a [64, 256]-key tile and writes its rows of the merged-heads output. Padded,
+// the keys are a sequence's attended positions and every position is a query (padding rows get
+// the same attention over the real keys as the unfused path gives them); packed, a sequence's
+// rows are both and no padding is touched.
+void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias not yet added
+                                 const void* qkv_bias,        // [3H]
+                                 void* out,                   // [rows, H]
+                                 const SequenceLayout& l, int heads, int head_dim, float scale) {
+  require_cpu_float32(dt, "flash_attention");
+  FTBERT_CHECK(head_dim >= 1, "flash_attention: head dim " << head_dim << " is not positive");
+  const int B = l.batch, S = l.max_seq, H = heads * head_dim;
+  const auto* in = static_cast<const float*>(qkv);
+  const auto* bias = static_cast<const float*>(qkv_bias);
+  auto* o = static_cast<float*>(out);
+  // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering.
+  std::vector<int32_t> queries, keys;
+  std::vector<int64_t> q_begin(B + 1), k_begin(B + 1);
+  queries.reserve(static_cast<size_t>(B) * S);
+  keys.reserve(static_cast<size_t>(B) * S);
+  for (int b = 0; b < B; ++b) {
+    q_begin[b] = static_cast<int64_t>(queries.size());
+    k_begin[b] = static_cast<int64_t>(keys.size());
+    if (l.packed()) {
+      for (int32_t r = l.cu_seqlens[b]; r < l.cu_seqlens[b + 1]; ++r) {
+        queries.push_back(r);
+        keys.push_back(r);
+      }
+    } else {
+      for (int s = 0; s < S; ++s) {
+        const int32_t r = b * S + s;
+        queries.push_back(r);
+        if (l.mask[r] != 0) keys.push_back(r);
+      }
+    }
+  }
+  q_begin[B] = static_cast<int64_t>(queries.size());
+  k_begin[B] = static_cast<int64_t>(keys.size());
+  // Tiles: (b, h, query block) in that order.
+  struct Tile { int b, h; int64_t q0; int nq; };
+  std::vector<Tile> tiles;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < heads; ++h) {
+      for (int64_t q0 = q_begin[b]; q0 < q_begin[b + 1]; q0 += cpu::kAttentionQueries) {
+        const int nq = static_cast<int>(std::min<int64_t>(cpu::kAttentionQueries, q_begin[b + 1] - q0));
+        tiles.push_back({b, h, q0, nq});
+      }
+    }
+  }
+  const auto kernel = cpu::kernels().attention;
+  const int64_t scratch_floats = cpu::attention_scratch_floats(S, head_dim);
+  const int64_t work = static_cast<int64_t>(queries.size()) * S * H;
+  cpu::parallel_for(static_cast<int64_t>(tiles.size()), work, [&](int64_t begin, int64_t end) {
+    // Grown once per thread and kept: a forward allocates nothing here after the first.
+    thread_local std::vector<float> scratch;
+    if (static_cast<int64_t>(scratch.size()) < scratch_floats) scratch.resize(scratch_floats);
+    for (int64_t i = begin; i < end; ++i) {
+      const Tile& t = tiles[i];
+      const int hd = t.h * head_dim;
+      cpu::AttentionTile a;
+      a.q = in + hd;
+      a.k = in + H + hd;
+      a.v = in + 2 * H + hd;
+      a.ld = 3 * H;
+      a.q_bias = bias + hd;
+      a.k_bias = bias + H + hd;
+      a.v_bias = bias + 2 * H + hd;
+      a.query_rows = queries.data() + t.q0;
+      a.key_rows = keys.data() + k_begin[t.b];
+      a.n_queries = t.nq;
+      a.n_keys = static_cast<int>(k_begin[t.b + 1] - k_begin[t.b]);
+      a.head_dim = head_dim;
+      a.scale = scale;
+      a.out = o + hd;
+      a.ldo = H;
+      kernel(a, scratch.data());
     }
   });
 }

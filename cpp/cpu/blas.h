@@ -5,4 +5,4 @@
 #include <cblas.h>
 
 #define FTBERT_SGEMM scipy_cblas_sgemm
-#define FTBERT_SGEMM_BATCH_STRIDED scipy_cblas_sgemm_batch_strided
+#define FTBERT_OPENBLAS_SET_NUM_THREADS scipy_openblas_set_num_threads

@@ -1,18 +1,22 @@
 // CPU backend: memory (plain host allocations) and shared helpers.
 #include "cpu/cpu_backend.h"
 
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <thread>
 
+#include "cpu/isa.h"
+#include "cpu/parallel.h"
 #include "ftbert/check.h"
 
 namespace ftbert {
 
+CpuBackend::CpuBackend() { (void)cpu::isa(); }
+
 std::string CpuBackend::device_name() const {
-  return "CPU (" + std::to_string(std::thread::hardware_concurrency()) + " threads)";
+  return "CPU (" + std::to_string(cpu::num_threads()) + " threads, " +
+         cpu::isa_name(cpu::isa()) + ")";
 }
 
 void* CpuBackend::allocate(size_t bytes) {
@@ -38,21 +42,6 @@ void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
 void require_cpu_float32(DType dt, const char* op) {
   FTBERT_CHECK(dt == DType::kFloat32, "the CPU backend computes in float32 only ("
                                           << op << " called with " << dtype_name(dt) << ")");
-}
-
-void layernorm_row(const float* x, const float* gamma, const float* beta, float* out, int hidden,
-                   float eps) {
-  double sum = 0.0;
-  for (int i = 0; i < hidden; ++i) sum += x[i];
-  const double mean = sum / hidden;
-  double sq = 0.0;
-  for (int i = 0; i < hidden; ++i) {
-    const double d = x[i] - mean;
-    sq += d * d;
-  }
-  const float rstd = static_cast<float>(1.0 / std::sqrt(sq / hidden + eps));
-  const float m = static_cast<float>(mean);
-  for (int i = 0; i < hidden; ++i) out[i] = (x[i] - m) * rstd * gamma[i] + beta[i];
 }
 
 }  // namespace ftbert

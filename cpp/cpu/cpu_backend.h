@@ -1,6 +1,6 @@
-// The CPU backend: every op in plain C++ (float32), GEMMs through OpenBLAS, loops over rows
-// spread over a small thread pool (parallel.h). It runs everywhere and is the readable reference
-// for the CUDA kernels.
+// The CPU backend: every op in C++ (float32), GEMMs through OpenBLAS, the row loops and attention
+// vectorized per instruction set (kernels.h, chosen at run time), all of it threaded by one small
+// pool (parallel.h). It runs everywhere and is the readable reference for the CUDA kernels.
 #pragma once
 
 #include "ftbert/backend.h"
@@ -9,6 +9,8 @@ namespace ftbert {
 
 class CpuBackend final : public Backend {
  public:
+  // Settles the instruction set (throws on a bad FTBERT_CPU_ISA) before any op runs.
+  CpuBackend();
   std::string name() const override { return "cpu"; }
   std::string device_name() const override;
   bool supports_dtype(DType dt) const override { return dt == DType::kFloat32; }
@@ -47,13 +49,15 @@ class CpuBackend final : public Backend {
                                    float eps, int32_t* nonfinite = nullptr) override;
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
+  bool supports_attention(AttentionKind kind, DType dt, int head_dim) const override;
+  std::string attention_unsupported_reason(AttentionKind kind, DType dt,
+                                           int head_dim) const override;
+  void flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
+                       const SequenceLayout& layout, int heads, int head_dim,
+                       float scale) override;
 };
 
 // Shared by the CPU ops: only float32 runs here.
 void require_cpu_float32(DType dt, const char* op);
-
-// out = gamma * (x - mean) / sqrt(var + eps) + beta over one row, in double for the statistics.
-void layernorm_row(const float* x, const float* gamma, const float* beta, float* out, int hidden,
-                   float eps);
 
 }  // namespace ftbert

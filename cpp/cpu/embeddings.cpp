@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
 namespace ftbert {
@@ -41,8 +42,10 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
     }
   }
   const int64_t rows = l.rows;
+  const auto* g = static_cast<const float*>(gamma);
+  const auto* be = static_cast<const float*>(beta);
+  const auto kernel = cpu::kernels().sum3_layernorm;
   parallel_for(rows, rows * hidden, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t i = l.packed() ? l.token_index[r] : r;
       if (i < 0) {  // a row past the tokens of a packed batch
@@ -53,10 +56,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
       const int64_t s = pos[i];
-      for (int h = 0; h < hidden; ++h)
-        row[h] = w[id * hidden + h] + p[s * hidden + h] + t[tt * hidden + h];
-      layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
-                    o + r * hidden, hidden, eps);
+      kernel(w + id * hidden, p + s * hidden, t + tt * hidden, g, be, o + r * hidden, hidden, eps);
     }
   });
 }

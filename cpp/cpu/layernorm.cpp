@@ -1,8 +1,8 @@
 // add_bias + residual + LayerNorm on the CPU (the post-LN residual block of a BERT layer).
 #include <cmath>
-#include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
 namespace ftbert {
@@ -19,25 +19,20 @@ void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H
   auto* xs = static_cast<float*>(x);
   const auto* res = static_cast<const float*>(residual);
   const auto* b = static_cast<const float*>(bias);
+  const auto* g = static_cast<const float*>(gamma);
+  const auto* be = static_cast<const float*>(beta);
+  const auto kernel = cpu::kernels().sum3_layernorm;
   parallel_for(rows, int64_t{rows} * hidden, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(hidden);
+    bool bad = false;
     for (int64_t r = begin; r < end; ++r) {
-      float* xr = xs + static_cast<int64_t>(r) * hidden;
-      const float* rr = res + static_cast<int64_t>(r) * hidden;
-      for (int h = 0; h < hidden; ++h) row[h] = xr[h] + b[h] + rr[h];
-      layernorm_row(row.data(), static_cast<const float*>(gamma), static_cast<const float*>(beta),
-                    xr, hidden, eps);
-    }
-  });
-  if (nonfinite != nullptr) {
-    const int64_t n = int64_t{rows} * hidden;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(xs[i])) {
-        *nonfinite = 1;
-        break;
+      float* xr = xs + r * hidden;
+      kernel(xr, b, res + r * hidden, g, be, xr, hidden, eps);
+      if (nonfinite != nullptr && !bad) {  // the row is still in cache
+        for (int h = 0; h < hidden; ++h) bad |= !std::isfinite(xr[h]);
       }
     }
-  }
+    if (bad) __atomic_store_n(nonfinite, 1, __ATOMIC_RELAXED);
+  });
 }
 
 }  // namespace ftbert

@@ -173,9 +173,71 @@ def test_cpu_rejects_half_precision_with_clear_error(cpu, rng):
         cpu.gemm("float16", a, a)
 
 
-def test_cpu_has_no_flash_attention(cpu, rng):
+def attention64(qkv, bias, mask, heads, scale):
+    """softmax(scale q kᵀ over the attended keys) v in float64, [B, S, H]; zeros for a query whose
+    sequence has no attended key (what the unfused path gives)."""
+    B, S, H3 = qkv.shape
+    d = H3 // 3 // heads
+    x = (qkv.astype(np.float64) + bias).reshape(B, S, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    q, k, v = x  # [B, heads, S, d]
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    scores = np.where(mask[:, None, None, :] == 1, scores, -np.inf)
+    mx = scores.max(-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(mx), mx, 0.0))
+    den = e.sum(-1, keepdims=True)
+    p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+    return np.einsum("bhqk,bhkd->bhqd", p, v).transpose(0, 2, 1, 3).reshape(B, S, heads * d)
+
+
+# Odd head dims (not multiples of any vector width), more queries than one tile (64) and more keys
+# than one key block (256), left and right padding.
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 1), (2, 7, 3, 5), (3, 97, 2, 48),
+                                               (2, 129, 4, 32), (2, 300, 2, 64), (1, 70, 1, 100)])
+@pytest.mark.parametrize("left", [False, True])
+def test_flash_attention_matches_float64_reference_padded(cpu, rng, batch, seq, heads, d, left):
+    qkv = rng.standard_normal((batch, seq, 3 * heads * d)).astype(np.float32)
+    bias = rng.standard_normal(3 * heads * d).astype(np.float32)
+    mask = ragged_mask(rng, batch, seq, left=left)
+    scale = 1.0 / math.sqrt(d)
+    ref = attention64(qkv, bias, mask, heads, scale)
+    assert_close(cpu.flash_attention("float32", qkv, bias, mask, heads, scale), ref, 2e-5)
+
+
+@pytest.mark.parametrize("batch,seq,heads,d", [(3, 9, 2, 16), (4, 130, 3, 32), (2, 280, 1, 24)])
+def test_flash_attention_packed_matches_reference_on_attended_rows(cpu, rng, batch, seq, heads, d):
+    qkv = rng.standard_normal((batch, seq, 3 * heads * d)).astype(np.float32)
+    bias = rng.standard_normal(3 * heads * d).astype(np.float32)
+    mask = ragged_mask(rng, batch, seq)
+    scale = 1.0 / math.sqrt(d)
+    ref = attention64(qkv, bias, mask, heads, scale)[mask == 1]
+    got = cpu.flash_attention("float32", qkv, bias, mask, heads, scale, packed=True)
+    assert_close(got, ref, 2e-5)
+
+
+def test_flash_attention_all_masked_sequence_is_zero_not_nan(cpu, rng):
+    qkv = rng.standard_normal((2, 5, 3 * 2 * 8)).astype(np.float32)
+    mask = np.ones((2, 5), np.int32)
+    mask[1] = 0
+    out = cpu.flash_attention("float32", qkv, np.zeros(48, np.float32), mask, 2, 0.3)
+    assert np.isfinite(out).all()
+    assert (out[1] == 0).all()
+
+
+def test_flash_attention_agrees_with_unfused_path_on_large_scores(cpu, rng):
+    # Scores in the hundreds: the running max must keep exp() from overflowing.
+    qkv = (rng.standard_normal((2, 40, 3 * 64)) * 12).astype(np.float32)
+    bias = rng.standard_normal(3 * 64).astype(np.float32)
+    mask = ragged_mask(rng, 2, 40)
+    ref = attention64(qkv, bias, mask, 2, 1.0)
+    got = cpu.flash_attention("float32", qkv, bias, mask, 2, 1.0)
+    assert np.isfinite(got).all()
+    assert_close(got, ref, 1e-4 * np.abs(ref).max())
+
+
+def test_cpu_attention_support_and_reasons(cpu, rng):
     assert cpu.supports_attention("unfused", "float32", 64)
+    assert cpu.supports_attention("flash", "float32", 7)
     assert not cpu.supports_attention("flash", "float16", 64)
     qkv = rng.standard_normal((1, 3, 96)).astype(np.float32)
-    with pytest.raises(RuntimeError, match="flash"):
-        cpu.flash_attention("float32", qkv, np.zeros(96, np.float32), np.ones((1, 3), np.int32), 1, 0.1)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        cpu.flash_attention("float16", qkv, np.zeros(96, np.float32), np.ones((1, 3), np.int32), 1, 0.1)

@@ -329,8 +329,15 @@ def test_layout_mask_of_the_wrong_shape_is_refused(cpu):
                               mask=np.ones((3, 2), np.int32))
 
 
-def test_cpu_has_no_packed_flash_attention(cpu, rng):
-    qkv = rng.standard_normal((2, 3, 96)).astype(np.float32)
-    mask = np.array([[1, 1, 0], [1, 0, 0]], np.int32)
-    with pytest.raises(RuntimeError, match="flash"):
-        cpu.flash_attention("float32", qkv, np.zeros(96, np.float32), mask, 1, 0.1, packed=True)
+
+def test_packed_flash_attention_equals_padded_on_attended_rows(cpu, rng):
+    # Left padding too: the packed rows are each sequence's attended ones, wherever they sit.
+    qkv = rng.standard_normal((3, 11, 3 * 2 * 16)).astype(np.float32)
+    bias = rng.standard_normal(96).astype(np.float32)
+    mask = np.zeros((3, 11), np.int32)
+    mask[0, :] = 1
+    mask[1, 4:] = 1
+    mask[2, :3] = 1
+    padded = cpu.flash_attention("float32", qkv, bias, mask, 2, 0.25)
+    packed = cpu.flash_attention("float32", qkv, bias, mask, 2, 0.25, packed=True)
+    np.testing.assert_array_equal(packed, padded[mask == 1])

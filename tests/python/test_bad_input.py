@@ -101,11 +101,14 @@ def test_cuda_graphs_must_be_a_bool(enc, tmp_path):
     enc.cuda_graphs = True
 
 
-def test_forcing_flash_on_cpu_names_why(enc):
-    with pytest.raises(RuntimeError, match="attention='flash' is not supported here"):
-        enc.attention = "flash"
+def test_cpu_attention_auto_takes_the_fused_kernel_and_unfused_can_be_forced(enc):
     assert enc.attention == "auto"
+    assert enc.attention_for(1, 8) == "flash"
+    enc.attention = "unfused"
     assert enc.attention_for(1, 8) == "unfused"
+    enc.attention = "flash"
+    assert enc.attention_for(1, 8) == "flash"
+    enc.attention = "auto"
 
 
 @pytest.mark.skipif(ftbert.cuda_available(), reason="a GPU is present")

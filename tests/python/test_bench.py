@@ -67,9 +67,7 @@ def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_pat
     assert doc["options"]["batches"] == [1, 3] and doc["options"]["iters"] == {"cpu": 2}
 
     for r in results:
-        if r["engine"] == "ftbert-flash":
-            assert r["status"] == "skipped" and "flash" in r["note"]  # no flash kernel on the CPU
-        elif r["seq"] == 45:
+        if r["seq"] == 45:
             assert r["status"] == "failed", r
             assert "45" in r["error"] and "\n" not in r["error"]
         else:
@@ -88,7 +86,8 @@ def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_pat
                     next(x["median_ms"] for x in results if x["engine"] == "hf-sdpa"
                          and (x["batch"], x["seq"]) == (r["batch"], r["seq"])) / r["median_ms"])
             if r["engine"].startswith("ftbert"):
-                assert r["kernel"] == "unfused"
+                # auto takes the fused kernel on the CPU
+                assert r["kernel"] == ("unfused" if r["engine"] == "ftbert-unfused" else "flash")
 
     # The CSV holds the same rows, every column of the documented header.
     assert len(csv_rows) == len(results)
@@ -125,6 +124,37 @@ def test_engine_that_raises_is_recorded_and_the_sweep_goes_on(tiny, tmp_path, mo
         assert r["error"].startswith("out of memory") and "2.00 GiB" in r["error"]
     for name in ("ftbert-auto", "hf-eager", "hf-sdpa"):
         assert [r["status"] for r in by_engine[name]] == ["ok", "ok"]
+
+
+def test_onnxruntime_rows_without_onnxruntime_fail_naming_the_install(tiny, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "5", "--attention", "auto",
+                 "--engines", "ftbert", "hf-sdpa", "onnxruntime", "onnxruntime-int8", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    status = {r["engine"]: r for r in doc["results"]}
+    for engine in ("onnxruntime", "onnxruntime-int8"):
+        assert status[engine]["status"] == "failed"
+        assert "pip install onnxruntime onnx onnxscript" in status[engine]["error"]
+    assert status["ftbert-auto"]["status"] == status["hf-sdpa"]["status"] == "ok"
+
+
+def test_onnxruntime_rows_run_fused_float32_and_int8_beside_ftbert(tiny, tmp_path):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "5,11", "--attention", "auto",
+                 "--engines", "ftbert", "hf-sdpa", "onnxruntime", "onnxruntime-int8", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    rows = {(r["engine"], r["seq"]): r for r in doc["results"]}
+    for seq in (5, 11):  # one export with dynamic shapes serves both lengths
+        fp32, int8 = rows[("onnxruntime", seq)], rows[("onnxruntime-int8", seq)]
+        assert fp32["status"] == int8["status"] == "ok", (fp32, int8)
+        assert fp32["max_abs_err"] < 1e-4  # float32: the same model
+        assert 1e-6 < int8["max_abs_err"] < 1.0  # quantized: close, not equal
+        assert fp32["speedup_vs_sdpa"] > 0 and "fused" in fp32["kernel"]
 
 
 def test_min_len_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_path):
@@ -426,7 +456,7 @@ def test_rerank_times_every_engine_end_to_end_and_model_only(tiny_ce, tmp_path, 
             assert "max_abs_diff" not in r and "model_share" not in r
         if r["engine"] == "hf-sdpa":
             assert r["speedup_vs_sdpa"] == pytest.approx(1.0)
-    assert next(r["kernel"] for r in results if r["engine"] == "ftbert") == "unfused"
+    assert next(r["kernel"] for r in results if r["engine"] == "ftbert") == "flash"
 
     (check,) = doc["checks"]
     assert check["ok"] and check["reference"] == "sentence-transformers" and check["pairs"] == 10
@@ -636,7 +666,7 @@ def test_varlen_times_every_row_of_every_case_and_the_encode_part(tiny_text, tmp
                 assert r["diff_vs_padded"] < 1e-4
             else:
                 assert "diff_vs_padded" not in r
-            assert r["kernel"] == ("sdpa" if engine == "hf-sdpa" else "unfused")
+            assert r["kernel"] == ("sdpa" if engine == "hf-sdpa" else "flash")
         assert rows["ftbert-full"]["time_vs_full"] == 1.0
         assert rows["ftbert-padded"]["speedup_vs_padded"] == 1.0
 

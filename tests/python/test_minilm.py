@@ -321,3 +321,28 @@ def test_gpu_batches_pad_to_a_bucket_without_changing_embeddings(model_path):
     assert _pad_to_bucket(x, x, x, small)[0].shape[1] == 500
     x = torch.ones((1, 500), dtype=torch.long)
     assert _pad_to_bucket(x, x, x, small)[0].shape[1] == 500
+
+
+def test_loaded_cpu_encoder_holds_its_weights_once(model_path):
+    # Resident memory a CPU encoder adds, once the libraries are loaded (a first encoder is made
+    # and dropped), stays within 1.3x its float32 weights plus its workspace: the host copies the
+    # loader reads are not kept beside the engine's own.
+    import ctypes
+    import gc
+
+    def rss():
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed blocks back to the system
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+
+    first = ftbert.Encoder.from_pretrained(model_path, device="cpu")
+    first(np.ones((2, 16), np.int64))
+    del first
+    before = rss()
+    enc = ftbert.Encoder.from_pretrained(model_path, device="cpu")
+    enc(np.ones((2, 16), np.int64))
+    grown = rss() - before
+    weights = 22_713_216 * 4  # all-MiniLM-L6-v2's parameters in float32
+    assert grown <= 1.3 * weights + enc.workspace_bytes, (grown, weights, enc.workspace_bytes)
+    assert grown >= 0.9 * weights  # the measurement sees the weights at all

@@ -2,6 +2,7 @@
 // benchmarks. Kept out of ftbert._C so that the production module only converts.
 #include "bindings/bindings.h"
 
+#include "cpu/isa.h"
 #include "ftbert/backend.h"
 
 PYBIND11_MODULE(_ops, m) {
@@ -9,5 +10,7 @@ PYBIND11_MODULE(_ops, m) {
   ftbert::bindings::register_error_translation();
   m.def("cuda_backend_built", &ftbert::cuda_backend_built,
         "Whether this build has the CUDA backend library (it may still lack a GPU to run on).");
+  m.def("cpu_isa", [] { return ftbert::cpu::isa_name(ftbert::cpu::isa()); },
+        "The instruction set the CPU kernels run with (FTBERT_CPU_ISA caps it).");
   ftbert::bindings::register_op_runner(m);
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import os
 import platform
 import re
 import sys
@@ -58,6 +59,22 @@ def _environment(opts: Options) -> dict:
         "transformers": transformers.__version__, "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(), "torch_threads": torch.get_num_threads(),
     }
+    if "cpu" in opts.devices:
+        from .. import _ops
+
+        env["cpu_isa"] = _ops.cpu_isa()  # what the CPU kernels run with (FTBERT_CPU_ISA caps it)
+        env["cpu_threads"] = os.cpu_count()
+        with contextlib.suppress(OSError):
+            with open("/proc/cpuinfo") as f:
+                env["cpu_model"] = next((ln.split(":", 1)[1].strip() for ln in f
+                                         if ln.startswith("model name")), None)
+    if any(e.startswith("onnxruntime") for e in opts.engines):
+        try:
+            import onnxruntime
+
+            env["onnxruntime"] = onnxruntime.__version__
+        except ImportError:  # its rows then fail, saying what to install
+            env["onnxruntime"] = None
     if opts.rerank or (opts.varlen and "encode" in opts.parts):
         try:
             import sentence_transformers

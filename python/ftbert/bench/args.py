@@ -14,8 +14,9 @@ from pathlib import Path
 
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("unfused", "flash", "auto")
-# "ftbert" expands to one engine per attention variant; the others are the transformers peers.
-ENGINES = ("ftbert", "hf-eager", "hf-sdpa", "hf-compile")
+# "ftbert" expands to one engine per attention variant; the others are the transformers peers and
+# ONNX Runtime (CPU, float32 fused and int8; optional, bench/onnx.py).
+ENGINES = ("ftbert", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
 BUILTIN_MODELS = ("minilm", "bert-base")
 
 DEFAULT_BATCHES = [1, 8, 32]
@@ -243,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", nargs="+", help="sequence lengths (default 32,128,512)")
     p.add_argument("--attention", nargs="+", help="ftbert attention variants: unfused, flash, auto "
                    "(default: all three)")
-    p.add_argument("--engines", nargs="+", help="ftbert, hf-eager, hf-sdpa, hf-compile (default: "
-                   "ftbert,hf-eager,hf-sdpa); with --rerank: ftbert, hf-eager, hf-sdpa, "
+    p.add_argument("--engines", nargs="+", help="ftbert, hf-eager, hf-sdpa, hf-compile, onnxruntime, "
+                   "onnxruntime-int8 (default: ftbert,hf-eager,hf-sdpa; the onnxruntime rows run on "
+                   "the cpu and need pip install onnxruntime onnx onnxscript); with --rerank: ftbert, hf-eager, hf-sdpa, "
                    "sentence-transformers; with --varlen: the rows of each ragged batch, from "
                    f"{', '.join(VARLEN_ENGINES)} (default: {','.join(VARLEN_DEFAULT_ENGINES)})")
     p.add_argument("--compile", action="store_true", default=None, help="add torch.compile of the "

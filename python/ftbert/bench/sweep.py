@@ -12,7 +12,8 @@ import torch
 
 from .args import Options
 from .models import HF_IMPL, Model, Peers, ftbert_weight_bytes, make_ftbert, weight_bytes
-from .timing import summarize, time_forward
+from .onnx import ONNX_ENGINES, OnnxPeers, make_onnx_fn
+from .timing import summarize, time_interleaved
 
 MIB = 1024 * 1024
 MEM_SOURCE_FTBERT = ("estimate: weights (parameters x dtype size) + enc.workspace_bytes + "
@@ -144,6 +145,7 @@ class Sweep:
         self.rows: list[dict] = []
         self.interrupted = False
         self._flash_ok: dict[tuple[str, str], bool] = {}
+        self._onnx: OnnxPeers | None = None
 
     def flash_supported(self, device: str, dtype: str) -> bool:
         """Whether the backend has flash attention for this dtype and the model's head size."""
@@ -171,6 +173,9 @@ class Sweep:
                     self._run_device(device)
         except KeyboardInterrupt:
             self.interrupted = True
+        finally:
+            if self._onnx is not None:
+                self._onnx.close()
         add_speedups(self.rows)
         return self.rows
 
@@ -199,36 +204,65 @@ class Sweep:
             ref_error = _one_line(e)
             _free(device)
         for dtype in self.opts.dtypes:
+            rows, ready = {}, {}
             for engine in engine_list(self.opts):
                 if self.progress is not None:
                     what = f"{device} {dtype} b={batch} s={seq} {engine}"
                     self.progress.update(self.task, description=what)
-                row = {
+                rows[engine] = {
                     "device": device, "dtype": dtype, "batch": batch, "seq": seq,
                     "varlen_min": self.opts.min_len, "tokens": tokens, "engine": engine,
                 }
-                row.update(self._run_engine(engine, device, dtype, batch, seq, ft_in, hf_in))
+                prepared = self._prepare(engine, device, dtype, seq, ft_in, hf_in)
+                if "status" in prepared:  # skipped, or failed while being built
+                    rows[engine].update(prepared)
+                    if self.progress is not None:
+                        self.progress.advance(self.task)
+                else:
+                    ready[engine] = prepared
+            # Every engine of the configuration timed in turn, round after round: drift on a
+            # shared machine falls on all of them alike.
+            errors: dict[str, Exception] = {}
+            try:
+                samples = time_interleaved(
+                    {e: p["fn"] for e, p in ready.items()}, device, self.opts.warmup_for(device),
+                    self.opts.iters_for(device), on_error=lambda name, e: errors.__setitem__(name, e))
+            finally:
+                if "hf-compile" in ready:
+                    torch._dynamo.reset()
+            for engine, prep in ready.items():
+                row = rows[engine]
+                if engine in errors:
+                    row.update(failed_row(errors[engine], device))
+                else:
+                    row.update(self._finish(engine, device, dtype, batch, prep, samples[engine], hf_in))
                 if row["status"] == "ok":
                     if ref is not None:
                         row["max_abs_err"] = max_abs_error(row.pop("_out"), ref, valid)
                     else:
                         row.pop("_out")
                         row["note"] = _join(row.get("note"), f"no reference: {ref_error}")
-                self.rows.append(row)
                 if self.progress is not None:
                     self.progress.advance(self.task)
+            del ready
+            self.rows.extend(rows.values())
+            if "hf-compile" in rows:
+                _free(device, collect=False)
         del ref
         _free(device, collect=False)
 
-    def _run_engine(self, engine, device, dtype, batch, seq, ft_in, hf_in) -> dict:
+    def _prepare(self, engine, device, dtype, seq, ft_in, hf_in) -> dict:
+        """The engine built and ready: {"res": fields so far, "fn": one forward, "runner"}; or a
+        finished row (status skipped or failed) when it cannot run here."""
         o = self.opts
         if engine.startswith("ftbert") and device == "cpu" and dtype != "float32":
             note = f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped"
             if note not in o.notes:
                 o.notes.append(note)
             return {"status": "skipped", "note": CPU_DTYPE_NOTE}
+        if engine in ONNX_ENGINES and (device != "cpu" or dtype != "float32"):
+            return {"status": "skipped", "note": "onnxruntime rows run on the cpu in float32"}
         is_cuda = device.startswith("cuda")
-        runner = None
         try:
             res: dict = {}
             if engine.startswith("ftbert"):
@@ -241,13 +275,17 @@ class Sweep:
                         o.notes.append(note)
                     return {"status": "skipped", "note": note}
                 runner = make_ftbert(self.model, device, dtype, attention, o.allow_tf32, o.cuda_graphs)
-                res["kernel"] = runner.attention_for(batch, seq)
+                res["kernel"] = runner.attention_for(ft_in["input_ids"].shape[0], seq)
                 enc = runner
 
                 ids, mask, types = ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]
 
                 def fn():
                     return enc(ids, mask, types).last_hidden_state
+            elif engine in ONNX_ENGINES:
+                runner = self.onnx_peers().session(engine, torch.get_num_threads())
+                res["kernel"] = "fused (ORT BERT optimizer)" + (", int8 dynamic" if engine.endswith("int8") else "")
+                fn = make_onnx_fn(runner, hf_in)
             else:
                 runner = self.peers.get(device, dtype, HF_IMPL[engine])
                 res["kernel"] = HF_IMPL[engine]
@@ -265,10 +303,24 @@ class Sweep:
 
                 def fn():
                     return model(**hf_in).last_hidden_state
+            return {"res": res, "fn": fn, "runner": runner}
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # OOM, CUDA or engine errors: record this one, go on with the rest
+            return failed_row(e, device)
 
-            samples = time_forward(fn, device, o.warmup_for(device), o.iters_for(device))
+    def onnx_peers(self) -> OnnxPeers:
+        if self._onnx is None:
+            self._onnx = OnnxPeers(self.model, self.peers.get("cpu", "float32", "eager"))
+        return self._onnx
+
+    def _finish(self, engine, device, dtype, batch, prep, samples, hf_in) -> dict:
+        """The row's fields from its samples, and one more forward outside the timed loop: peak
+        memory and the output for the error."""
+        res, fn, runner = prep["res"], prep["fn"], prep["runner"]
+        is_cuda = device.startswith("cuda")
+        try:
             res.update(summarize(samples))
-            # One more forward outside the timed loop: peak memory and the output for the error.
             if is_cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -296,14 +348,8 @@ class Sweep:
             return res
         except KeyboardInterrupt:
             raise
-        except Exception as e:  # OOM, CUDA or engine errors: record this one, go on with the rest
+        except Exception as e:
             return failed_row(e, device)
-        finally:
-            if engine == "hf-compile":
-                torch._dynamo.reset()
-            del runner
-            if engine == "hf-compile":
-                _free(device, collect=False)
 
 
 def _join(a: str | None, b: str) -> str:

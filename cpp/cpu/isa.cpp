@@ -1,0 +1,80 @@
+// Run-time choice of the CPU ops' instruction set (isa.h).
+#include "cpu/isa.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "ftbert/check.h"
+
+namespace ftbert::cpu {
+
+namespace {
+
+Isa detect() {
+#if defined(FTBERT_CPU_MULTI_ISA)
+  __builtin_cpu_init();
+  // The AVX-512 kernels use F (and the compiler may emit BW/DQ/VL forms of the same loops).
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+  return Isa::kBaseline;
+}
+
+Isa choose() {
+  const Isa best = detect();
+  const char* env = std::getenv("FTBERT_CPU_ISA");
+  if (env == nullptr || *env == '\0') return best;
+  Isa cap;
+  if (std::strcmp(env, "avx512") == 0) {
+    cap = Isa::kAvx512;
+  } else if (std::strcmp(env, "avx2") == 0) {
+    cap = Isa::kAvx2;
+  } else if (std::strcmp(env, "baseline") == 0) {
+    cap = Isa::kBaseline;
+  } else {
+    FTBERT_FAIL("FTBERT_CPU_ISA='" << env << "' is not one of avx512, avx2, baseline");
+  }
+  // A cap above what the CPU has runs what it has: asking for AVX-512 must not crash a CPU
+  // without it.
+  return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
+}
+
+}  // namespace
+
+Isa isa() {
+  static const Isa chosen = choose();
+  return chosen;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kBaseline: return "baseline";
+  }
+  return "?";
+}
+
+}  // namespace ftbert::cpu
+
+// ---- kernel table --------------------------------------------------------------------------
+#include "cpu/kernels.h"
+
+namespace ftbert::cpu {
+
+const Kernels& kernels() {
+  static const Kernels* chosen = [] {
+    switch (isa()) {
+      case Isa::kAvx512: return &avx512::table();
+      case Isa::kAvx2: return &avx2::table();
+      case Isa::kBaseline: break;
+    }
+    return &baseline::table();
+  }();
+  return *chosen;
+}
+
+}  // namespace ftbert::cpu

@@ -1,0 +1,58 @@
+// The CPU ops' inner loops, compiled once per instruction set (kernels_impl.h is included by
+// kernels_baseline.cpp, kernels_avx2.cpp and kernels_avx512.cpp with different compiler flags)
+// and picked at run time by kernels() from cpu::isa(). The ops in cpp/cpu/<family>.cpp do the
+// layout and threading and call these on one row or one tile at a time.
+#pragma once
+
+#include <cstdint>
+
+#include "ftbert/config.h"
+
+namespace ftbert::cpu {
+
+// One attention head over up to kAttentionQueries queries: out[i] = softmax(scale · q_i · Kᵀ) V
+// over the listed keys, flash style (keys in blocks of 256, a running max and sum; no score matrix
+// beyond one [64 queries, 256 keys] tile).
+struct AttentionTile {
+  const float* q;        // query row i at q + query_rows[i] * ld (this head's d columns)
+  const float* k;        // key row j at k + key_rows[j] * ld
+  const float* v;        // value row j at v + key_rows[j] * ld
+  int64_t ld;            // row stride of q, k, v (3H)
+  const float* q_bias;   // [d]
+  const float* k_bias;   // [d]
+  const float* v_bias;   // [d]
+  const int32_t* query_rows;  // [n_queries]
+  const int32_t* key_rows;    // [n_keys]
+  int n_queries, n_keys, head_dim;
+  float scale;
+  float* out;            // query row i's output at out + query_rows[i] * ldo
+  int64_t ldo;           // row stride of out (H)
+};
+
+struct Kernels {
+  // x[c] = act(x[c] + bias[c]) for c < n.
+  void (*bias_activation)(float* x, const float* bias, int n, Activation act);
+  // out = LayerNorm(a + b + c) · gamma + beta over n values; out may be a.
+  void (*sum3_layernorm)(const float* a, const float* b, const float* c, const float* gamma,
+                         const float* beta, float* out, int n, float eps);
+  // In place: row = softmax(scale · row) over the keys with mask[j] != 0 (mask may be null: all);
+  // zeros when no key is attended.
+  void (*masked_softmax)(float* row, const int32_t* mask, int n, float scale);
+  // Runs one tile; `scratch` holds attention_scratch_floats(n_keys, head_dim) floats.
+  void (*attention)(const AttentionTile& tile, float* scratch);
+};
+
+// Floats of scratch one attention tile needs (same for every instruction set).
+int64_t attention_scratch_floats(int n_keys, int head_dim);
+// Queries per attention tile at most: the unit of work the attention op hands to a thread. Each
+// block of keys is gathered once per tile, so larger tiles gather less; 256 keeps a tile's state
+// ([256, d] queries and sums) within a core's L2 and still gives batch x heads x S/256 tiles.
+constexpr int kAttentionQueries = 256;
+
+const Kernels& kernels();
+
+namespace baseline { const Kernels& table(); }
+namespace avx2 { const Kernels& table(); }
+namespace avx512 { const Kernels& table(); }
+
+}  // namespace ftbert::cpu

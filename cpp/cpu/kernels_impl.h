@@ -1,0 +1,373 @@
+// The bodies of the CPU kernels (kernels.h), written once over GCC/Clang vector extensions and
+// compiled once per instruction set: the including file defines FTBERT_ISA_NS (the namespace)
+// and FTBERT_VBYTES (the vector width in bytes: 16 baseline SSE2, 32 AVX2, 64 AVX-512) and sets
+// the matching compiler flags. Nothing here calls the standard library: an inline library
+// function instantiated in the AVX-512 file could be the copy the linker keeps for every file, and
+// run on a CPU without AVX-512.
+//
+// exp: range reduction to r in [-ln2/2, ln2/2] and a degree-7 Taylor polynomial (relative error
+// below 1e-8 before rounding); erf: Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7).
+#include <cstdint>
+
+#include "cpu/kernels.h"
+
+namespace ftbert::cpu::FTBERT_ISA_NS {
+
+namespace {
+
+constexpr int W = FTBERT_VBYTES / 4;  // floats per vector
+typedef float vf __attribute__((vector_size(FTBERT_VBYTES)));
+typedef int32_t vi __attribute__((vector_size(FTBERT_VBYTES)));
+
+constexpr float kInf = __builtin_inff();
+
+inline vf load(const float* p) {
+  vf v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+inline vf splat(float x) { return vf{} + x; }
+// The first n < W floats of p; the other lanes hold `fill`.
+inline vf load_part(const float* p, int n, float fill) {
+  vf v = splat(fill);
+  for (int i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store_part(float* p, vf v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = v[i];
+}
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline float hsum(vf v) {
+  float s = 0.0f;
+  for (int i = 0; i < W; ++i) s += v[i];
+  return s;
+}
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < W; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+inline int imin(int a, int b) { return a < b ? a : b; }
+
+inline vf vexp(vf x) {
+  // Clamped so that 2^n stays a normal float; exp(-87) ~ 1.6e-38 stands in for 0.
+  x = vmin(vmax(x, splat(-87.0f)), splat(88.0f));
+  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to integer
+  const vf n = (x * 1.44269504088896341f + magic) - magic;
+  vf r = x - n * 0.693145751953125f;  // ln 2 in two parts, so that r is exact
+  r = r - n * 1.42860682030941723e-6f;
+  vf p = splat(1.0f / 5040.0f);
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;  // 2^n
+  vf scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+inline float sexp(float x) { return vexp(splat(x))[0]; }
+
+// 0.5 x (1 + erf(x / sqrt 2)). 1 + erf is formed directly on each side of 0, so the negative tail
+// keeps its relative precision instead of cancelling against 1.
+inline vf gelu_erf(vf x) {
+  const vf z = x * 0.70710678118654752f;
+  const vf a = vmax(z, -z);
+  const vf t = splat(1.0f) / (a * 0.3275911f + 1.0f);
+  vf poly = t * 1.061405429f - 1.453152027f;
+  poly = poly * t + 1.421413741f;
+  poly = poly * t - 0.284496736f;
+  poly = poly * t + 0.254829592f;
+  const vf q = poly * t * vexp(-(a * a));  // 1 - erf(|z|)
+  const vf one_plus_erf = z >= 0.0f ? 2.0f - q : q;
+  return x * 0.5f * one_plus_erf;
+}
+
+// 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+inline vf gelu_tanh(vf x) {
+  const vf u = (x + x * x * x * 0.044715f) * 0.79788456080286536f;
+  return x / (vexp(u * -2.0f) + 1.0f);
+}
+
+inline vf vtanh(vf x) {
+  const vf a = vmax(x, -x);
+  const vf t = 1.0f - 2.0f / (vexp(a * 2.0f) + 1.0f);
+  return x < 0.0f ? -t : t;
+}
+
+inline vf activate(vf x, Activation act) {
+  switch (act) {
+    case Activation::kGeluErf: return gelu_erf(x);
+    case Activation::kGeluTanh: return gelu_tanh(x);
+    case Activation::kRelu: return vmax(x, splat(0.0f));
+    case Activation::kTanh: return vtanh(x);
+    case Activation::kIdentity: return x;
+  }
+  return x;
+}
+
+template <Activation A>
+void bias_activation_loop(float* x, const float* bias, int n) {
+  int i = 0;
+  for (; i + W <= n; i += W) store(x + i, activate(load(x + i) + load(bias + i), A));
+  if (i < n) {
+    const int r = n - i;
+    store_part(x + i, activate(load_part(x + i, r, 0.0f) + load_part(bias + i, r, 0.0f), A), r);
+  }
+}
+
+void bias_activation(float* x, const float* bias, int n, Activation act) {
+  // One loop per activation, so that the switch is not inside it.
+  switch (act) {
+    case Activation::kGeluErf: return bias_activation_loop<Activation::kGeluErf>(x, bias, n);
+    case Activation::kGeluTanh: return bias_activation_loop<Activation::kGeluTanh>(x, bias, n);
+    case Activation::kRelu: return bias_activation_loop<Activation::kRelu>(x, bias, n);
+    case Activation::kTanh: return bias_activation_loop<Activation::kTanh>(x, bias, n);
+    case Activation::kIdentity: return bias_activation_loop<Activation::kIdentity>(x, bias, n);
+  }
+}
+
+void sum3_layernorm(const float* a, const float* b, const float* c, const float* gamma,
+                    const float* beta, float* out, int n, float eps) {
+  // Two passes over the row (mean, then the squared deviations), in float: rows are a few
+  // hundred to a few thousand values, W partial sums each.
+  const int tail = n % W, body = n - tail;
+  vf sum = {};
+  for (int i = 0; i < body; i += W) {
+    const vf y = load(a + i) + load(b + i) + load(c + i);
+    store(out + i, y);
+    sum += y;
+  }
+  if (tail) {
+    const vf y = load_part(a + body, tail, 0.0f) + load_part(b + body, tail, 0.0f) +
+                 load_part(c + body, tail, 0.0f);
+    store_part(out + body, y, tail);
+    sum += y;
+  }
+  const float mean = hsum(sum) / n;
+  vf sq = {};
+  for (int i = 0; i < body; i += W) {
+    const vf d = load(out + i) - mean;
+    sq += d * d;
+  }
+  if (tail) {
+    const vf d = load_part(out + body, tail, mean) - mean;
+    sq += d * d;
+  }
+  const float var = hsum(sq) / n;
+  // 1/sqrt through the vector unit's square root (no libm call here).
+  vf rs = splat(var + eps);
+  for (int i = 0; i < W; ++i) rs[i] = __builtin_sqrtf(rs[i]);
+  const float rstd = 1.0f / rs[0];
+  for (int i = 0; i < body; i += W) {
+    store(out + i, (load(out + i) - mean) * rstd * load(gamma + i) + load(beta + i));
+  }
+  if (tail) {
+    const vf y = (load_part(out + body, tail, 0.0f) - mean) * rstd *
+                     load_part(gamma + body, tail, 0.0f) + load_part(beta + body, tail, 0.0f);
+    store_part(out + body, y, tail);
+  }
+}
+
+// The W mask values at m as a lane mask (-1 where attended); all attended when m is null.
+inline vi attended(const int32_t* m, int n) {
+  vi k = {};
+  if (m == nullptr) return k == 0;
+  for (int i = 0; i < n; ++i) k[i] = m[i];
+  return k != 0;
+}
+
+void masked_softmax(float* row, const int32_t* mask, int n, float scale) {
+  vf mx = splat(-kInf);
+  for (int i = 0; i < n; i += W) {
+    const int r = imin(W, n - i);
+    const vf x = load_part(row + i, r, -kInf) * scale;
+    const vi live = attended(mask ? mask + i : nullptr, r);
+    mx = vmax(mx, live ? x : splat(-kInf));  // lanes past n hold -inf already
+  }
+  const float m = hmax(mx);
+  if (m == -kInf) {  // every key masked: zeros, not NaN
+    for (int i = 0; i < n; ++i) row[i] = 0.0f;
+    return;
+  }
+  vf sum = {};
+  for (int i = 0; i < n; i += W) {
+    const int r = imin(W, n - i);
+    vi live = attended(mask ? mask + i : nullptr, r);
+    for (int j = r; j < W; ++j) live[j] = 0;
+    const vf e = vexp(load_part(row + i, r, 0.0f) * scale - m);
+    const vf p = live ? e : splat(0.0f);
+    sum += p;
+    if (r == W) store(row + i, p); else store_part(row + i, p, r);
+  }
+  const float inv = 1.0f / hsum(sum);
+  for (int i = 0; i < n; i += W) {
+    const int r = imin(W, n - i);
+    if (r == W) store(row + i, load(row + i) * inv);
+    else store_part(row + i, load_part(row + i, r, 0.0f) * inv, r);
+  }
+}
+
+// ---- attention ----------------------------------------------------------------------------
+constexpr int kKeyBlock = 256;             // keys per block of the online softmax
+constexpr int kQB = 64;                    // queries per score tile (a multiple of 4)
+constexpr int kChunk = kAttentionQueries;  // queries per call (a multiple of kQB)
+constexpr int kPadD = 32;                  // head dims padded to this (2 AVX-512 vectors)
+
+// s[i, :nkp] = q[i] · kᵀ for i < nq4 (4 queries x 2 vectors of keys per step).
+inline void scores_tile(const float* __restrict q, const float* __restrict kt, float* __restrict s,
+                        int nq4, int nkp, int d) {
+  for (int i0 = 0; i0 < nq4; i0 += 4) {
+    const float* qi = q + i0 * d;
+    for (int j0 = 0; j0 < nkp; j0 += 2 * W) {
+      vf a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
+      for (int c = 0; c < d; ++c) {
+        const vf k0 = load(kt + c * kKeyBlock + j0), k1 = load(kt + c * kKeyBlock + j0 + W);
+        const vf q0 = splat(qi[c]), q1 = splat(qi[d + c]), q2 = splat(qi[2 * d + c]),
+                 q3 = splat(qi[3 * d + c]);
+        a00 += q0 * k0; a01 += q0 * k1;
+        a10 += q1 * k0; a11 += q1 * k1;
+        a20 += q2 * k0; a21 += q2 * k1;
+        a30 += q3 * k0; a31 += q3 * k1;
+      }
+      float* si = s + i0 * kKeyBlock + j0;
+      store(si, a00); store(si + W, a01);
+      store(si + kKeyBlock, a10); store(si + kKeyBlock + W, a11);
+      store(si + 2 * kKeyBlock, a20); store(si + 2 * kKeyBlock + W, a21);
+      store(si + 3 * kKeyBlock, a30); store(si + 3 * kKeyBlock + W, a31);
+    }
+  }
+}
+
+// acc[i, :dp] += p[i, :nk] · v for i < nq4 (4 queries x 2 vectors of the head dim per step).
+inline void values_tile(const float* __restrict p, const float* __restrict vv, float* __restrict acc,
+                        int nq4, int nk, int dp) {
+  for (int i0 = 0; i0 < nq4; i0 += 4) {
+    const float* p0 = p + i0 * kKeyBlock;
+    for (int c0 = 0; c0 < dp; c0 += 2 * W) {
+      float* ai = acc + i0 * dp + c0;
+      vf a00 = load(ai), a01 = load(ai + W), a10 = load(ai + dp), a11 = load(ai + dp + W),
+         a20 = load(ai + 2 * dp), a21 = load(ai + 2 * dp + W), a30 = load(ai + 3 * dp),
+         a31 = load(ai + 3 * dp + W);
+      for (int j = 0; j < nk; ++j) {
+        const vf v0 = load(vv + j * dp + c0), v1 = load(vv + j * dp + c0 + W);
+        const vf w0 = splat(p0[j]), w1 = splat(p0[kKeyBlock + j]),
+                 w2 = splat(p0[2 * kKeyBlock + j]), w3 = splat(p0[3 * kKeyBlock + j]);
+        a00 += w0 * v0; a01 += w0 * v1;
+        a10 += w1 * v0; a11 += w1 * v1;
+        a20 += w2 * v0; a21 += w2 * v1;
+        a30 += w3 * v0; a31 += w3 * v1;
+      }
+      store(ai, a00); store(ai + W, a01);
+      store(ai + dp, a10); store(ai + dp + W, a11);
+      store(ai + 2 * dp, a20); store(ai + 2 * dp + W, a21);
+      store(ai + 3 * dp, a30); store(ai + 3 * dp + W, a31);
+    }
+  }
+}
+
+void attention(const AttentionTile& t, float* scratch) {
+  const int d = t.head_dim, dp = round_up(d, kPadD), nq = t.n_queries, nq4 = round_up(nq, 4);
+  const int64_t ld = t.ld;
+  const float scale = t.scale;
+  float* kt = scratch;                  // [d, kKeyBlock] keys of the block, transposed, + bias
+  float* vv = kt + d * kKeyBlock;       // [kKeyBlock, dp] values of the block + bias
+  float* q = vv + kKeyBlock * dp;       // [kChunk, d] scale * (query + bias)
+  float* s = q + kChunk * d;            // [kQB, kKeyBlock] scores, then probabilities
+  float* acc = s + kQB * kKeyBlock;     // [kChunk, dp] running sum of p * v
+  float* mrow = acc + kChunk * dp;      // [kChunk] running max
+  float* lrow = mrow + kChunk;          // [kChunk] running sum of p
+
+  {
+    const float* __restrict qb = t.q_bias;
+    for (int i = 0; i < nq4; ++i) {
+      float* __restrict qi = q + i * d;
+      if (i < nq) {
+        const float* __restrict src = t.q + static_cast<int64_t>(t.query_rows[i]) * ld;
+        for (int c = 0; c < d; ++c) qi[c] = (src[c] + qb[c]) * scale;
+      } else {
+        for (int c = 0; c < d; ++c) qi[c] = 0.0f;
+      }
+      for (int c = 0; c < dp; ++c) acc[i * dp + c] = 0.0f;
+      mrow[i] = -kInf;
+      lrow[i] = 0.0f;
+    }
+  }
+  for (int kb = 0; kb < t.n_keys; kb += kKeyBlock) {
+    const int nk = imin(kKeyBlock, t.n_keys - kb), nkp = round_up(nk, 2 * W);
+    // The block's keys (transposed) and values, bias added, once for every query of the call.
+    {
+      const float* __restrict kbias = t.k_bias;
+      const float* __restrict vbias = t.v_bias;
+      float* __restrict ktr = kt;
+      for (int j = 0; j < nkp; ++j) {
+        float* __restrict vrow = vv + j * dp;
+        if (j < nk) {
+          const int64_t row = static_cast<int64_t>(t.key_rows[kb + j]) * ld;
+          const float* __restrict kr = t.k + row;
+          const float* __restrict vr = t.v + row;
+          for (int c = 0; c < d; ++c) ktr[c * kKeyBlock + j] = kr[c] + kbias[c];
+          for (int c = 0; c < d; ++c) vrow[c] = vr[c] + vbias[c];
+        } else {
+          for (int c = 0; c < d; ++c) ktr[c * kKeyBlock + j] = 0.0f;
+          for (int c = 0; c < d; ++c) vrow[c] = 0.0f;
+        }
+        for (int c = d; c < dp; ++c) vrow[c] = 0.0f;
+      }
+    }
+    for (int q0 = 0; q0 < nq4; q0 += kQB) {
+      const int rows = imin(kQB, nq4 - q0);
+      scores_tile(q + q0 * d, kt, s, rows, nkp, d);
+      // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
+      for (int i = 0; i < rows; ++i) {
+        float* si = s + i * kKeyBlock;
+        vf mx = splat(-kInf);
+        for (int j = 0; j < nkp; j += W) {
+          const int r = imin(W, nk - j);
+          mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
+        }
+        float& m = mrow[q0 + i];
+        const float m_new = m > hmax(mx) ? m : hmax(mx);
+        const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
+        vf sum = {};
+        for (int j = 0; j < nkp; j += W) {
+          const int r = imin(W, nk - j);
+          vf p = vexp(load(si + j) - m_new);
+          if (r < W) {
+            for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
+          }
+          store(si + j, p);
+          sum += p;
+        }
+        lrow[q0 + i] = lrow[q0 + i] * alpha + hsum(sum);
+        m = m_new;
+        if (alpha != 1.0f) {
+          float* ai = acc + (q0 + i) * dp;
+          for (int c = 0; c < dp; c += W) store(ai + c, load(ai + c) * alpha);
+        }
+      }
+      values_tile(s, vv, acc + q0 * dp, rows, nk, dp);
+    }
+  }
+  for (int i = 0; i < nq; ++i) {
+    float* o = t.out + static_cast<int64_t>(t.query_rows[i]) * t.ldo;
+    // No keys at all: zeros, as the unfused path's all-masked softmax gives.
+    const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
+    for (int c = 0; c < d; ++c) o[c] = acc[i * dp + c] * inv;
+  }
+}
+
+}  // namespace
+
+const Kernels& table() {
+  static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention};
+  return k;
+}
+
+}  // namespace ftbert::cpu::FTBERT_ISA_NS

@@ -137,7 +137,7 @@ def test_onnxruntime_rows_without_onnxruntime_fail_naming_the_install(tiny, tmp_
     status = {r["engine"]: r for r in doc["results"]}
     for engine in ("onnxruntime", "onnxruntime-int8"):
         assert status[engine]["status"] == "failed"
-        assert "pip install onnxruntime onnx onnxscript" in status[engine]["error"]
+        assert "pip install 'ftbert[onnx]'" in status[engine]["error"]
     assert status["ftbert-auto"]["status"] == status["hf-sdpa"]["status"] == "ok"
 
 

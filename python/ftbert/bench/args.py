@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: all three)")
     p.add_argument("--engines", nargs="+", help="ftbert, hf-eager, hf-sdpa, hf-compile, onnxruntime, "
                    "onnxruntime-int8 (default: ftbert,hf-eager,hf-sdpa; the onnxruntime rows run on "
-                   "the cpu and need pip install onnxruntime onnx onnxscript); with --rerank: ftbert, hf-eager, hf-sdpa, "
+                   "the cpu and need pip install 'ftbert[onnx]'); with --rerank: ftbert, hf-eager, hf-sdpa, "
                    "sentence-transformers; with --varlen: the rows of each ragged batch, from "
                    f"{', '.join(VARLEN_ENGINES)} (default: {','.join(VARLEN_DEFAULT_ENGINES)})")
     p.add_argument("--compile", action="store_true", default=None, help="add torch.compile of the "

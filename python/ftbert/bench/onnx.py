@@ -4,7 +4,7 @@ SkipLayerNormalization, BiasGelu), run in float32 (`onnxruntime`) and with int8 
 quantization of its matrix products (`onnxruntime-int8`: per-channel weights, the embeddings
 left in float32, as onnxruntime's own guidance gives its best accuracy).
 
-Optional: `pip install onnxruntime onnx onnxscript`; without them the rows fail saying so. The
+Optional: `pip install 'ftbert[onnx]'`; without them the rows fail saying so. The
 export and optimization run once per model and live in a temporary directory for the run.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 ONNX_ENGINES = ("onnxruntime", "onnxruntime-int8")
-INSTALL_HINT = "pip install onnxruntime onnx onnxscript"
+INSTALL_HINT = "pip install 'ftbert[onnx]'"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 

@@ -545,7 +545,16 @@ def check_output(enc, case: Case, out) -> None:
     ref_ids = np.ascontiguousarray(ids.ref, dtype=np.int32)
     ref_mask = np.ones((B, S), np.int32) if case.mask.ref is None else np.ascontiguousarray(case.mask.ref, np.int32)
     ref_types = np.zeros((B, S), np.int32) if case.types.ref is None else np.ascontiguousarray(case.types.ref, np.int32)
-    want = enc(ref_ids, ref_mask, ref_types)
+    # The reference runs from host arrays; CUDA tensors stay padded under the default padding-free
+    # rule where host masks with enough padding are packed (zeros at padding): compare like with like.
+    on_gpu = ids.container == "torch" and str(ids.device).startswith("cuda")
+    mode = enc.padding_free
+    if on_gpu and mode == "auto":
+        enc.padding_free = False
+    try:
+        want = enc(ref_ids, ref_mask, ref_types)
+    finally:
+        enc.padding_free = mode
     h, p = out.last_hidden_state, out.pooler_output
     if ids.container == "torch":
         for t in (h, p):

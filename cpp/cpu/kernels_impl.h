@@ -52,13 +52,25 @@ inline float hmax(vf v) {
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 inline int imin(int a, int b) { return a < b ? a : b; }
 
-inline vf vexp(vf x) {
-  // Clamped so that 2^n stays a normal float; exp(-87) ~ 1.6e-38 stands in for 0.
-  x = vmin(vmax(x, splat(-87.0f)), splat(88.0f));
+// y = n ln2 + r, |r| <= ln2/2: r, and 2^n as a float (n must keep 2^n a normal float).
+struct ExpSplit {
+  vf r;
+  vf scale;
+};
+inline ExpSplit exp_split(vf y) {
   const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to integer
-  const vf n = (x * 1.44269504088896341f + magic) - magic;
-  vf r = x - n * 0.693145751953125f;  // ln 2 in two parts, so that r is exact
+  const vf n = (y * 1.44269504088896341f + magic) - magic;
+  vf r = y - n * 0.693145751953125f;  // ln 2 in two parts, so that r is exact
   r = r - n * 1.42860682030941723e-6f;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;  // 2^n
+  vf scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  return {r, scale};
+}
+
+// exp(r) - 1 for |r| <= ln2/2: the degree-7 Taylor polynomial with its constant term left out, so
+// that nothing cancels near r = 0.
+inline vf expm1_reduced(vf r) {
   vf p = splat(1.0f / 5040.0f);
   p = p * r + 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
@@ -66,11 +78,13 @@ inline vf vexp(vf x) {
   p = p * r + 1.0f / 6.0f;
   p = p * r + 0.5f;
   p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;  // 2^n
-  vf scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return p * r;
+}
+
+inline vf vexp(vf x) {
+  // Clamped so that 2^n stays a normal float; exp(-87) ~ 1.6e-38 stands in for 0.
+  const ExpSplit e = exp_split(vmin(vmax(x, splat(-87.0f)), splat(88.0f)));
+  return (expm1_reduced(e.r) + 1.0f) * e.scale;
 }
 inline float sexp(float x) { return vexp(splat(x))[0]; }
 
@@ -95,27 +109,11 @@ inline vf gelu_tanh(vf x) {
   return x / (vexp(u * -2.0f) + 1.0f);
 }
 
-// exp(y) - 1 for y <= 0 without cancelling near 0: with y = n ln2 + r, it is 2^n q + (2^n - 1),
-// q = exp(r) - 1 from the polynomial with its constant term left out (exact to rounding when n = 0;
-// for n <= -1 the two terms do not cancel).
+// exp(y) - 1 for y <= 0 without cancelling near 0: 2^n (exp(r) - 1) + (2^n - 1), exact to rounding
+// when n = 0, and for n <= -1 the two terms do not cancel.
 inline vf vexpm1_nonpositive(vf y) {
-  y = vmax(y, splat(-87.0f));
-  const vf magic = splat(12582912.0f);
-  const vf n = (y * 1.44269504088896341f + magic) - magic;
-  vf r = y - n * 0.693145751953125f;
-  r = r - n * 1.42860682030941723e-6f;
-  vf p = splat(1.0f / 5040.0f);
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  const vf q = p * r;  // exp(r) - 1
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);  // 2^n
-  return scale * q + (scale - 1.0f);
+  const ExpSplit e = exp_split(vmax(y, splat(-87.0f)));
+  return e.scale * expm1_reduced(e.r) + (e.scale - 1.0f);
 }
 
 // tanh|x| = -e / (2 + e), e = exp(-2|x|) - 1: no cancellation for small |x| (1 - 2/(exp(2|x|) + 1)

@@ -123,39 +123,63 @@ def _run(argv: list[str]) -> int:
         model = load_model(label, path)
         opts.out.mkdir(parents=True, exist_ok=True)
         stem = _stem(opts, label)
-        meta = {
-            "ftbert_bench_version": 1,
-            "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "description": opts.description,
-            "options": opts.as_dict(),
-            "model": model.describe(),
-            "environment": _environment(opts),
-        }
+        meta = _meta(opts, model=model.describe())
         if opts.breakdown:
             return _breakdown(opts, model, meta, stem, console)
         return _sweep(opts, model, meta, stem, console)
 
 
-def _sweep(opts, model, meta, stem, console) -> int:
+def _meta(opts: Options, **fields) -> dict:
+    """The head every results file opens with, then the mode's own fields."""
+    return {
+        "ftbert_bench_version": 1,
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "description": opts.description,
+        "options": opts.as_dict(),
+        "environment": _environment(opts),
+        **fields,
+    }
+
+
+def _write_results(opts: Options, stem: str, meta: dict, rows: list[dict], fields) -> dict:
+    """OUT/stem.json and OUT/stem.csv; returns {"json": path, "csv": path}."""
+    from .report import write_csv, write_json
+
+    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
+    write_json(files["json"], meta, rows, fields)
+    write_csv(files["csv"], rows, fields)
+    return files
+
+
+def _progress(opts: Options, console, stack=None):
+    """The bar of a run (transient, off with --quiet); with `stack`, transformers' own bars
+    (loading and writing weights), which would cut into it, are off until the stack closes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .report import plot_png, print_table, write_csv, write_json
+    if stack is not None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        stack.callback(hf_logging.enable_progress_bar)
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=opts.quiet, transient=True,
+    )
+
+
+def _sweep(opts, model, meta, stem, console) -> int:
+    from .report import FIELDS, plot_png, print_table
     from .sweep import Sweep
 
     console.print(f"model {model.label}: {model.n_params / 1e6:.1f}M parameters, "
                   f"{model.config['num_hidden_layers']} layers, hidden {model.config['hidden_size']}")
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=opts.quiet, transient=True,
-    )
+    progress = _progress(opts, console)
     sweep = Sweep(opts, model, progress)
     with progress:
         rows = sweep.run()
     meta["notes"] = opts.notes
     meta["interrupted"] = sweep.interrupted
-    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
-    write_json(files["json"], meta, rows)
-    write_csv(files["csv"], rows)
+    files = _write_results(opts, stem, meta, rows, FIELDS)
     png = opts.out / f"{stem}.png"
     title = f"{model.label} ({model.n_params / 1e6:.1f}M params), median latency"
     if opts.min_len:
@@ -176,20 +200,10 @@ def _sweep(opts, model, meta, stem, console) -> int:
 
 
 def _rerank(opts, stack, console) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers.utils import logging as hf_logging
-
-    from .report import write_csv, write_json
     from .rerank import (DOCS_PER_QUERY, FIELDS, Rerank, ScoreMismatch, describe, print_table,
                          resolve_checkpoint)
 
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=opts.quiet, transient=True,
-    )
-    # transformers' own bars (loading and writing weights) would cut into ours.
-    hf_logging.disable_progress_bar()
-    stack.callback(hf_logging.enable_progress_bar)
+    progress = _progress(opts, console, stack)
     mismatch = None
     with progress:
         what = "building a random BERT-base cross-encoder" if opts.model == "bert-base" else "loading"
@@ -204,24 +218,18 @@ def _rerank(opts, stack, console) -> int:
             rows, mismatch = run.rows, e
     opts.out.mkdir(parents=True, exist_ok=True)
     stem = _stem(opts, "rerank-" + re.sub(r".*/", "", ck.label.rstrip("/")))
-    meta = {
-        "ftbert_bench_version": 1,
-        "mode": "rerank",
-        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "description": opts.description,
-        "options": opts.as_dict(),
-        "model": describe(ck, run.n_params, opts.seed),
-        "environment": _environment(opts),
-        "pairs": {"query_tokens": opts.query_len, "doc_tokens": opts.doc_len,
+    meta = _meta(
+        opts,
+        mode="rerank",
+        model=describe(ck, run.n_params, opts.seed),
+        pairs= {"query_tokens": opts.query_len, "doc_tokens": opts.doc_len,
                   "pair_tokens": run.pair_tokens, "max_length": ck.max_length,
                   "docs_per_query": DOCS_PER_QUERY, "seed": opts.seed},
-        "checks": run.checks,
-        "notes": opts.notes,
-        "interrupted": run.interrupted,
-    }
-    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
-    write_json(files["json"], meta, rows, FIELDS)
-    write_csv(files["csv"], rows, FIELDS)
+        checks=run.checks,
+        notes=opts.notes,
+        interrupted=run.interrupted,
+    )
+    files = _write_results(opts, stem, meta, rows, FIELDS)
     params = f"{run.n_params / 1e6:.1f}M parameters, " if run.n_params else ""
     console.print(f"model {ck.label}: {params}{ck.config.get('num_hidden_layers')} layers, hidden "
                   f"{ck.config.get('hidden_size')}; {len(run.pairs)} pairs of {opts.query_len} + "
@@ -243,11 +251,7 @@ def _rerank(opts, stack, console) -> int:
 
 
 def _varlen(opts, stack, console) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers.utils import logging as hf_logging
-
     from .models import load_model, resolve_model
-    from .report import write_csv, write_json
     from .varlen import (FIELDS, Mismatch, Varlen, load_tokenizer, plot_png, print_tables,
                          resolve_encode_model)
 
@@ -255,13 +259,7 @@ def _varlen(opts, stack, console) -> int:
     encode_src = resolve_encode_model(opts) if "encode" in opts.parts else (None, None, None)
     if encode_src[1] is not None:
         load_tokenizer(encode_src[1])
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=opts.quiet, transient=True,
-    )
-    # transformers' own bars (loading and writing weights) would cut into ours.
-    hf_logging.disable_progress_bar()
-    stack.callback(hf_logging.enable_progress_bar)
+    progress = _progress(opts, console, stack)
     model, mismatch = None, None
     with progress:
         if "model" in opts.parts:
@@ -277,24 +275,18 @@ def _varlen(opts, stack, console) -> int:
     opts.out.mkdir(parents=True, exist_ok=True)
     label = model.label if model is not None else (encode_src[0] or "encode")
     stem = _stem(opts, "varlen-" + re.sub(r".*/", "", label.rstrip("/")))
-    meta = {
-        "ftbert_bench_version": 1,
-        "mode": "varlen",
-        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "description": opts.description,
-        "options": opts.as_dict(),
-        "model": model.describe() if model is not None else None,
-        "environment": _environment(opts),
-        "cases": run.cases,
-        "encode": run.encode or None,
-        "checks": run.checks,
-        "targets": run.targets,
-        "notes": opts.notes,
-        "interrupted": run.interrupted,
-    }
-    files = {"json": opts.out / f"{stem}.json", "csv": opts.out / f"{stem}.csv"}
-    write_json(files["json"], meta, rows, FIELDS)
-    write_csv(files["csv"], rows, FIELDS)
+    meta = _meta(
+        opts,
+        mode="varlen",
+        model=model.describe() if model is not None else None,
+        cases=run.cases,
+        encode=run.encode or None,
+        checks=run.checks,
+        targets=run.targets,
+        notes=opts.notes,
+        interrupted=run.interrupted,
+    )
+    files = _write_results(opts, stem, meta, rows, FIELDS)
     png = opts.out / f"{stem}.png"
     title = (f"{label}: ragged batches (median ms)" if model is not None else "")
     if encode_src[1] is not None and "encode" in opts.parts:

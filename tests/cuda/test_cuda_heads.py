@@ -10,7 +10,11 @@ import ftbert
 from tests._models import make_model, model_class, widen_head
 from tests._util import ragged_mask
 
-pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
+# no_tf32: the half-precision peers run on the GPU: their matmuls must not fall back to TF32 either.
+pytestmark = [
+    pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
+    pytest.mark.usefixtures("no_tf32"),
+]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 HEADS = {"cls": "sequence_classification", "token": "token_classification"}
@@ -39,16 +43,6 @@ CASES = {
     "electra-token": dict(family="electra", kind="token", hidden=64, heads=2, layers=1, num_labels=5,
                           embedding=64, seed=72),
 }
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    # The half-precision peers run on the GPU: their matmuls must not fall back to TF32 either.
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 class Case:

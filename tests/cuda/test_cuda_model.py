@@ -9,19 +9,13 @@ import ftbert
 from tests._models import make_bert, minilm_path
 from tests._util import ragged_mask
 
-pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
+# no_tf32: the fp32 reference must be true fp32.
+pytestmark = [
+    pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
+    pytest.mark.usefixtures("no_tf32"),
+]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    # The fp32 reference must be true fp32.
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 CONFIGS = [(64, 2, 2, "gelu"), (96, 2, 1, "gelu_new"), (256, 4, 2, "gelu"), (384, 3, 2, "gelu")]  # d 32,48,64,128

@@ -28,16 +28,6 @@ ULP_AT_ONE = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 FP32_NOISE = 2e-6  # ~17 float32 ulps; the ops measured well under 1e-6 on an H100
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    return _ops.OpRunner("cuda")
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return _ops.OpRunner("cpu")
-
-
 def rounded(x, dtype):
     """x as the device holds it after upload in `dtype` (round to nearest even), as float32."""
     x = np.ascontiguousarray(x, dtype=np.float32)

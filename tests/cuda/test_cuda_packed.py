@@ -24,7 +24,11 @@ import ftbert
 from tests._models import make_bert, make_model, widen_head
 from tests._packing import SEQUENCE_MASK_STYLES, compacted, first_positions, pack_reference, sequence_mask
 
-pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
+# no_tf32: the float64 / float32 references computed with torch on the GPU must be true fp32 or better.
+pytestmark = [
+    pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
+    pytest.mark.usefixtures("no_tf32"),
+]
 
 DTYPES = ["float32", "float16", "bfloat16"]
 HALF = ["float16", "bfloat16"]
@@ -35,30 +39,6 @@ SDPA_SLACK = 1e-4
 # Packed against padded on one encoder, relative to max(1, max |value|): the bounds of
 # tests/cuda/test_cuda_model.py's padding test (one sequence alone against it in a batch).
 MODEL_TOL = {"float32": 2e-5, "float16": 1e-2, "bfloat16": 6e-2}
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from ftbert import _ops
-
-    return _ops.OpRunner("cuda")
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    from ftbert import _ops
-
-    return _ops.OpRunner("cpu")
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    # The float64 / float32 references computed with torch on the GPU must be true fp32 or better.
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def rounded(x, dtype):

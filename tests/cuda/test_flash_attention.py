@@ -36,11 +36,6 @@ def sdpa_backends():
     return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    return _ops.OpRunner("cuda")
-
-
 @pytest.fixture(params=["default", "portable"], autouse=True)
 def flash_kernel(request, monkeypatch):
     """Every test with the default kernel choice (on Hopper, head dim 64 runs the warpgroup-MMA

@@ -198,8 +198,9 @@ class Encoder:
         the outputs are the same at every attended position, zeros at padding.
 
         "auto" (the default) packs a batch when at least 10% of its positions are padding and its
-        mask is on the host (numpy arrays, CPU tensors); it stays padded for CUDA tensors (their
-        count is known only once the GPU has run what writes them) and where packing would change a
+        mask is on the host (numpy arrays, CPU tensors, or CUDA tensors given to a CPU encoder); it
+        stays padded for CUDA tensors given to a CUDA encoder (their count is known only once the
+        GPU has run what writes them) and where packing would change a
         first-token output (a pooler or sequence head, with a sequence whose position 0 is padding:
         padded, that position is the first token, as in transformers; packed, the first real token
         is). True packs every batch (CUDA tensors: counted in the same read back as their value

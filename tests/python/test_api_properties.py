@@ -545,9 +545,10 @@ def check_output(enc, case: Case, out) -> None:
     ref_ids = np.ascontiguousarray(ids.ref, dtype=np.int32)
     ref_mask = np.ones((B, S), np.int32) if case.mask.ref is None else np.ascontiguousarray(case.mask.ref, np.int32)
     ref_types = np.zeros((B, S), np.int32) if case.types.ref is None else np.ascontiguousarray(case.types.ref, np.int32)
-    # The reference runs from host arrays; CUDA tensors stay padded under the default padding-free
-    # rule where host masks with enough padding are packed (zeros at padding): compare like with like.
-    on_gpu = ids.container == "torch" and str(ids.device).startswith("cuda")
+    # The reference runs from host arrays; CUDA tensors given to a CUDA encoder stay padded under the
+    # default padding-free rule where host masks with enough padding are packed (zeros at padding):
+    # compare like with like. A CPU encoder copies CUDA tensors to the host first, so the host rule holds.
+    on_gpu = ids.container == "torch" and str(ids.device).startswith("cuda") and enc.device.startswith("cuda")
     mode = enc.padding_free
     if on_gpu and mode == "auto":
         enc.padding_free = False

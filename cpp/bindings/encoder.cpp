@@ -217,8 +217,12 @@ void register_encoder(py::module_& m) {
           "forward_device",
           [](Encoder& e, uintptr_t ids, uintptr_t mask, uintptr_t types, int batch, int seq,
              uintptr_t hidden, uintptr_t pooled, uintptr_t logits, uintptr_t stream,
-             bool wait_for_finite_check, int64_t tokens, bool packed_outputs) {
+             bool wait_for_finite_check, int64_t tokens, bool packed_outputs, int ids_bytes,
+             int mask_bytes, int types_bytes) {
             ForwardArgs a;
+            a.ids_bytes = ids_bytes;
+            a.mask_bytes = mask_bytes;
+            a.types_bytes = types_bytes;
             a.input_ids = reinterpret_cast<const int32_t*>(ids);
             a.attention_mask = reinterpret_cast<const int32_t*>(mask);
             a.token_type_ids = reinterpret_cast<const int32_t*>(types);
@@ -243,7 +247,21 @@ void register_encoder(py::module_& m) {
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
           py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
           py::arg("logits"), py::arg("stream"), py::arg("wait_for_finite_check") = false,
-          py::arg("tokens") = -1, py::arg("packed_outputs") = false);
+          py::arg("tokens") = -1, py::arg("packed_outputs") = false, py::arg("ids_bytes") = 4,
+          py::arg("mask_bytes") = 4, py::arg("types_bytes") = 4)
+      // The first bad value device inputs held (Encoder::take_bad_input), cleared as it is taken:
+      // None, or (argument name, value).
+      .def("take_bad_input",
+           [](Encoder& e) -> py::object {
+             const BadInputValue b = e.take_bad_input();
+             switch (b.field) {
+               case BadInputValue::kInputIds: return py::make_tuple("input_ids", b.value);
+               case BadInputValue::kTokenTypeIds: return py::make_tuple("token_type_ids", b.value);
+               case BadInputValue::kAttentionMask: return py::make_tuple("attention_mask", b.value);
+               default: return py::none();
+             }
+           })
+      .def("synchronize", &Encoder::synchronize, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace ftbert::bindings

@@ -31,9 +31,9 @@ void Backend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* c
   pack_sequences_host(mask, batch, seq, cu_seqlens, token_index, capacity);
 }
 
-int32_t* Backend::allocate_host_flag() { return new int32_t(0); }
+int32_t* Backend::allocate_host_flag(size_t words) { return new int32_t[words](); }
 
-void Backend::free_host_flag(int32_t* flag) noexcept { delete flag; }
+void Backend::free_host_flag(int32_t* flag) noexcept { delete[] flag; }
 
 void Backend::replay(const RecordedOps&) {
   FTBERT_FAIL("the " << name() << " backend records no ops, so it has nothing to replay");

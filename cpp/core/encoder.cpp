@@ -11,11 +11,40 @@ Encoder::Encoder(const ModelConfig& config, const HostWeights& weights, const st
     : device_(device) {
   backend_ = create_backend(device);
   model_ = std::make_unique<Model>(config, weights, backend_.get(), compute);
+  constexpr size_t kWords = sizeof(BadInputValue) / sizeof(int32_t);
+  int32_t* words = backend_->allocate_host_flag(kWords);
+  bad_input_host_ = reinterpret_cast<BadInputValue*>(words);
+  try {
+    bad_input_device_ = reinterpret_cast<BadInputValue*>(backend_->host_flag_device_address(words));
+  } catch (...) {
+    backend_->free_host_flag(words);
+    throw;
+  }
 }
 
 Encoder::~Encoder() {
   // Sessions first: they synchronize their streams, and slot 0 runs on backend_.
   for (auto& slot : slots_) slot->session.reset();
+  backend_->free_host_flag(reinterpret_cast<int32_t*>(bad_input_host_));
+}
+
+BadInputValue Encoder::take_bad_input() {
+  BadInputValue out;
+  BadInputValue* b = bad_input_host_;
+  out.field = __atomic_load_n(&b->field, __ATOMIC_ACQUIRE);
+  if (out.field == BadInputValue::kNone) return out;
+  out.value = __atomic_load_n(&b->value, __ATOMIC_ACQUIRE);
+  // Field first: a writer that finds the claim free again records a new field after this clear.
+  __atomic_store_n(&b->field, BadInputValue::kNone, __ATOMIC_RELEASE);
+  __atomic_store_n(&b->claim, 0, __ATOMIC_RELEASE);
+  return out;
+}
+
+void Encoder::synchronize() {
+  for (Slot* s : slots()) {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->session) s->session->backend().synchronize();
+  }
 }
 
 void Encoder::set_attention(AttentionMode mode) {
@@ -175,6 +204,11 @@ void Encoder::validate(const ForwardArgs& a) const {
   FTBERT_CHECK_INPUT(
       a.input_ids && a.attention_mask && a.token_type_ids && a.last_hidden_state,
       "forward: input_ids, attention_mask, token_type_ids and the output are required");
+  for (const int bytes : {a.ids_bytes, a.mask_bytes, a.types_bytes}) {
+    FTBERT_CHECK_INPUT(bytes == 4 || (a.inputs_on_device && (bytes == 8 || bytes == 1)),
+                       "forward: inputs hold 4-byte values (device inputs: 8 or 1 too), got "
+                           << bytes);
+  }
 }
 
 ForwardResult Encoder::forward(const ForwardArgs& in) {
@@ -225,6 +259,7 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     slot.session = std::make_unique<Session>(*model_, be, std::move(own));
   }
   ForwardArgs a = args;
+  if (a.inputs_on_device) a.bad_input = bad_input_device_;
   // Host callers name no stream: the session's own one keeps them apart from each other.
   if (!a.stream) a.stream = slot.session->backend().own_stream();
   return slot.session->forward(a, attention, graphs_);

@@ -142,6 +142,22 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
   }
 }
 
+void Session::stage_inputs(const ForwardArgs& a) {
+  const int64_t n = static_cast<int64_t>(a.batch) * a.seq;
+  int32_t *ids = ids_.as<int32_t>(), *mask = mask_.as<int32_t>(), *types = types_.as<int32_t>();
+  if (a.inputs_on_device) {
+    const ModelConfig& c = model_.config();
+    backend_->stage_inputs(a.input_ids, a.ids_bytes, a.attention_mask, a.mask_bytes,
+                           a.token_type_ids, a.types_bytes, n, ids, mask, types, c.vocab_size,
+                           c.type_vocab_size, a.bad_input);
+    return;
+  }
+  const size_t bytes = n * sizeof(int32_t);
+  backend_->copy_to_device(ids, a.input_ids, bytes);
+  backend_->copy_to_device(mask, a.attention_mask, bytes);
+  backend_->copy_to_device(types, a.token_type_ids, bytes);
+}
+
 int64_t Session::pack(const ForwardArgs& a) {
   const int B = a.batch, S = a.seq;
   const int64_t padded = static_cast<int64_t>(B) * S;
@@ -154,7 +170,7 @@ int64_t Session::pack(const ForwardArgs& a) {
     backend_->copy_to_device(token_index_.data(), host_token_index_.data(), padded * sizeof(int32_t));
     return t;
   }
-  backend_->pack_sequences(a.attention_mask, B, S, cu_seqlens_.as<int32_t>(),
+  backend_->pack_sequences(mask_.as<int32_t>(), B, S, cu_seqlens_.as<int32_t>(),
                            token_index_.as<int32_t>(), padded);
   if (a.tokens >= 0) return a.tokens;
   // T decides the GEMMs' sizes, which the host sets: read it back once (this waits for the
@@ -184,6 +200,7 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   outputs.pooled = c.has_pooler && a.pooler_output != nullptr;
   outputs.logits = c.head.kind != HeadKind::kNone && a.logits != nullptr;
   const Activations act = activations();
+  stage_inputs(a);
 
   // The layout: padded, or packed over T rows (or T's bucket, rows past T zeros).
   SequenceLayout layout = SequenceLayout::padded(B, S, mask_.as<int32_t>());
@@ -198,38 +215,14 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     layout.rows = static_cast<int>(layout.bounded ? packed_rows_bucket(tokens, B, S) : tokens);
   }
 
-  // A recording reads the inputs from the session's buffers; op by op, device inputs are read
-  // where they are.
-  int32_t *own_ids = ids_.as<int32_t>(), *own_types = types_.as<int32_t>();
+  const int32_t *ids = ids_.as<int32_t>(), *types = types_.as<int32_t>();
+  const auto run = [&] { model_.forward(*backend_, act, ids, types, layout, attention, outputs); };
   const RecordedOps* recording =
-      graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs},
-                             [&] {
-                               model_.forward(*backend_, act, own_ids, own_types, layout,
-                                              attention, outputs);
-                             })
-             : nullptr;
-  const int32_t *ids = a.input_ids, *mask = a.attention_mask, *types = a.token_type_ids;
-  if (!a.inputs_on_device || recording != nullptr) {
-    const size_t bytes = static_cast<size_t>(B) * S * sizeof(int32_t);
-    int32_t* own_mask = mask_.as<int32_t>();
-    if (a.inputs_on_device) {
-      backend_->copy_on_device(own_ids, ids, bytes);
-      backend_->copy_on_device(own_mask, mask, bytes);
-      backend_->copy_on_device(own_types, types, bytes);
-    } else {
-      backend_->copy_to_device(own_ids, ids, bytes);
-      backend_->copy_to_device(own_mask, mask, bytes);
-      backend_->copy_to_device(own_types, types, bytes);
-    }
-    ids = own_ids;
-    types = own_types;
-  } else {
-    layout.mask = mask;
-  }
+      graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs}, run) : nullptr;
   if (recording != nullptr) {
     backend_->replay(*recording);
   } else {
-    model_.forward(*backend_, act, ids, types, layout, attention, outputs);
+    run();
   }
   copy_outputs(a, layout, tokens, outputs);
   if (exact) {

@@ -27,6 +27,10 @@ class CpuBackend final : public Backend {
   void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
                     int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, void* c,
                     int ldc, int64_t stride_c, int batch, float alpha, float beta) override;
+  void stage_inputs(const void* ids, int ids_bytes, const void* mask, int mask_bytes,
+                    const void* types, int types_bytes, int64_t n, int32_t* ids_out,
+                    int32_t* mask_out, int32_t* types_out, int vocab, int type_vocab,
+                    BadInputValue* bad) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
   void unpack_rows(const void* in, const SequenceLayout& layout, void* out,

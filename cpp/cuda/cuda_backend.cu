@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstring>
 #include <type_traits>
 
 #include "cuda/attention/flash.h"
@@ -170,11 +171,11 @@ void CudaBackend::synchronize() {
   FTBERT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-int32_t* CudaBackend::allocate_host_flag() {
+int32_t* CudaBackend::allocate_host_flag(size_t words) {
   DeviceScope scope(device_);
   void* p = nullptr;
-  FTBERT_CUDA_CHECK(cudaHostAlloc(&p, sizeof(int32_t), cudaHostAllocMapped));
-  *static_cast<int32_t*>(p) = 0;
+  FTBERT_CUDA_CHECK(cudaHostAlloc(&p, words * sizeof(int32_t), cudaHostAllocMapped));
+  std::memset(p, 0, words * sizeof(int32_t));
   return static_cast<int32_t*>(p);
 }
 
@@ -307,6 +308,15 @@ void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int 
 }
 
 // ---- fused ops ----------------------------------------------------------------------------------
+
+void CudaBackend::stage_inputs(const void* ids, int ids_bytes, const void* mask, int mask_bytes,
+                               const void* types, int types_bytes, int64_t n, int32_t* ids_out,
+                               int32_t* mask_out, int32_t* types_out, int vocab, int type_vocab,
+                               BadInputValue* bad) {
+  DeviceScope scope(device_);
+  invoke_stage_inputs(ids, ids_bytes, mask, mask_bytes, types, types_bytes, n, ids_out, mask_out,
+                      types_out, vocab, type_vocab, bad, stream_);
+}
 
 void CudaBackend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
                                  int32_t* token_index, int64_t capacity) {

@@ -34,7 +34,7 @@ class CudaBackend : public Backend {
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
-  int32_t* allocate_host_flag() override;
+  int32_t* allocate_host_flag(size_t words = 1) override;
   void free_host_flag(int32_t* flag) noexcept override;
   int32_t* host_flag_device_address(int32_t* flag) override;
   void set_stream(uintptr_t stream) override;
@@ -59,6 +59,10 @@ class CudaBackend : public Backend {
                     float beta = 0.0f) override;
 
   // ---- fused ops ------------------------------------------------------------------------------
+  void stage_inputs(const void* ids, int ids_bytes, const void* mask, int mask_bytes,
+                    const void* types, int types_bytes, int64_t n, int32_t* ids_out,
+                    int32_t* mask_out, int32_t* types_out, int vocab, int type_vocab,
+                    BadInputValue* bad) override;
   void pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
                       int32_t* token_index, int64_t capacity) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,

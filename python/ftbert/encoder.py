@@ -22,8 +22,8 @@ import numpy as np
 
 from ._native import _C, ensure_cuda_libraries
 from .inputs import (
-    as_int_array, check_shapes, check_tensor, check_values, device_int32,
-    ndim_message, tensor_to_numpy,
+    as_int_array, check_seq_length, check_shapes, check_tensor, check_values, device_int32,
+    mask_message, ndim_message, staged_dtypes, tensor_to_numpy,
 )
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
 from .weights_tools.layout import usable_seq_length
@@ -79,6 +79,7 @@ class Encoder:
     def __init__(self, native: "_C.Encoder", config: dict, device: str, path: Path | None = None):
         self._native = native
         self._nonfinite = "warn"
+        self._input_check = "async"
         self.config = config
         self.device = device
         self.path = path
@@ -97,6 +98,7 @@ class Encoder:
         concurrency: int | None = None,
         nonfinite: str = "warn",
         padding_free="auto",
+        input_check: str = "async",
     ) -> "Encoder":
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
@@ -108,9 +110,12 @@ class Encoder:
         concurrency: how many forwards may run at once (see `Encoder.concurrency`).
         nonfinite: what a NaN or Inf in the output does: "warn", "raise" or "ignore" (see
         `Encoder.nonfinite`). padding_free: "auto", True or False (see `Encoder.padding_free`).
+        input_check: "async" or "sync", how the values of CUDA tensors are checked (see
+        `Encoder.input_check`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
         _check_padding_free(padding_free)
+        _check_input_check(input_check)
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"model path {str(path)!r} does not exist")
@@ -146,6 +151,7 @@ class Encoder:
             native.set_allow_tf32(True)
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
+        enc._input_check = input_check
         return enc
 
     # ---- properties ------------------------------------------------------------------------
@@ -190,6 +196,52 @@ class Encoder:
     def attention_for(self, batch: int, seq: int) -> str:
         """The attention kernel the selector runs for this shape: "flash" or "unfused"."""
         return self._native.attention_for(batch, seq)
+
+    @property
+    def input_check(self) -> str:
+        """How the values of CUDA tensors given to a CUDA encoder are checked: "async" (default) or
+        "sync". The rules are the same everywhere (input_ids < vocab_size, token_type_ids <
+        type_vocab_size, attention_mask 0 or 1); host inputs are always checked at the call.
+
+        "async": the kernel that copies the inputs into the engine's buffers checks them as it
+        goes, and the call returns without waiting for the GPU. A bad value is computed as 0 (it
+        never reads outside a table), and its ValueError (naming the argument and the value) is
+        raised by the encoder's next forward, before that forward runs, or by
+        `Encoder.synchronize()`. Forwards that wait anyway (nonfinite="raise", padding_free=True)
+        raise it at once. Tensors of int32, int64, uint8 or bool are read as they are; other dtypes
+        are checked as under "sync".
+        "sync": a few reductions and one small read back (a wait for the GPU) before the forward;
+        a bad value raises at the call itself.
+        """
+        return self._input_check
+
+    @input_check.setter
+    def input_check(self, mode: str) -> None:
+        self._input_check = _check_input_check(mode)
+
+    def synchronize(self) -> None:
+        """Waits for this encoder's forwards on the GPU to finish, then raises the ValueError of a
+        bad CUDA-tensor input value that an `input_check="async"` forward met, if any (see
+        `Encoder.input_check`). A no-op on the CPU."""
+        self._native.synchronize()
+        self._raise_bad_input(earlier=False)
+
+    def _raise_bad_input(self, earlier: bool) -> None:
+        bad = self._native.take_bad_input()
+        if bad is None:
+            return
+        name, value = bad
+        if name == "attention_mask":
+            message = mask_message(value)
+        else:
+            limit = "vocab_size" if name == "input_ids" else "type_vocab_size"
+            message = f"{name} holds {value}, out of range for {limit} {self.config[limit]}"
+        if earlier:
+            message = (f"an earlier forward's inputs were bad: {message} (the values of CUDA tensors "
+                       "are checked on the GPU without waiting for it; that forward computed 0 in "
+                       "the bad value's place, and this call did not run; input_check='sync' raises "
+                       "at the call itself)")
+        raise ValueError(message)
 
     @property
     def padding_free(self):
@@ -348,8 +400,18 @@ class Encoder:
         B, S = ids.shape
         if B == 0 or S == 0:
             raise ValueError(f"empty input: input_ids has shape {tuple(ids.shape)}")
-        tokens = self._check_device_values(ids, mask, types)
-        ids32, mask32, types32 = (device_int32(t) for t in (ids, mask, types))
+        self._raise_bad_input(earlier=True)
+        # The engine stages and checks int32/int64/uint8/bool values itself (input_check="async");
+        # padding_free=True needs the token count, which the host-side check reads back with it.
+        staged = (self._input_check == "async" and self.padding_free is not True
+                  and all(t.dtype in staged_dtypes() for t in (ids, mask, types)))
+        if staged:
+            check_seq_length(self.config, S)
+            tokens = None
+            ids32, mask32, types32 = (t.contiguous() for t in (ids, mask, types))
+        else:
+            tokens = self._check_device_values(ids, mask, types)
+            ids32, mask32, types32 = (device_int32(t) for t in (ids, mask, types))
         tdtype = getattr(torch, self.dtype)
         hidden = torch.empty((B, S, self.hidden_size), dtype=tdtype, device=ids.device)
         pooled = (
@@ -367,7 +429,11 @@ class Encoder:
             hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
             0 if logits is None else logits.data_ptr(), stream, self._nonfinite == "raise",
             tokens=-1 if tokens is None else tokens,
+            ids_bytes=ids32.element_size(), mask_bytes=mask32.element_size(),
+            types_bytes=types32.element_size(),
         )
+        if self._nonfinite == "raise":  # the forward has finished: its own bad values are known
+            self._raise_bad_input(earlier=False)
         self._report_nonfinite(nonfinite, earlier)
         # The int32 copies were made on this same stream, so torch's allocator cannot hand their
         # memory to other work before the engine has read them.
@@ -578,6 +644,12 @@ class NonFiniteError(FloatingPointError):
 def _check_nonfinite(mode) -> str:
     if mode not in NONFINITE:
         raise ValueError(f"unknown nonfinite {mode!r}: expected one of {', '.join(NONFINITE)}")
+    return mode
+
+
+def _check_input_check(mode):
+    if mode not in ("async", "sync"):
+        raise ValueError(f"input_check must be 'async' or 'sync', got {mode!r}")
     return mode
 
 

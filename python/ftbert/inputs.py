@@ -80,13 +80,13 @@ def check_dtype(name: str, kind: str, dtype, element_type: type | None = None) -
     raise TypeError(f"{name} must hold {_WANTED[name]}, got {got}")
 
 
-def _mask_message(value) -> str:
+def mask_message(value) -> str:
     return f"attention_mask must hold only 0 and 1, got {value!r}"
 
 
 def _int32_message(name: str, value: int) -> str:
     if name == "attention_mask":
-        return _mask_message(value)
+        return mask_message(value)
     return f"{name} holds {value}, outside the int32 range (so out of range for any vocabulary)"
 
 
@@ -159,7 +159,7 @@ def as_int_array(name: str, value) -> np.ndarray:
     if kind == "float":  # attention_mask, as transformers accepts: 1.0/0.0 only
         ok = np.isin(value, (0.0, 1.0))
         if not ok.all():
-            raise ValueError(_mask_message(value[~ok].flat[0].item()))
+            raise ValueError(mask_message(value[~ok].flat[0].item()))
     elif kind == "int" and (value.dtype.itemsize > 4 or value.dtype == np.uint32):
         lo, hi = int(value.min()), int(value.max())
         if lo < _INT32_MIN or hi > _INT32_MAX:
@@ -245,8 +245,15 @@ def check_values(config: dict, ids, mask, types) -> int:
         value = mask[mask_bad].flatten()[0].item()  # the error path only: one more read back
         if unsigned[2] and value < 0:
             value += 2**64
-        raise ValueError(_mask_message(value))
+        raise ValueError(mask_message(value))
     return int(tokens)
+
+
+def staged_dtypes() -> tuple:
+    """The torch dtypes whose values the engine stages and checks on the device as they are
+    (Backend::stage_inputs: int32, int64, and one-byte unsigned)."""
+    torch = _torch()
+    return (torch.int32, torch.int64, torch.uint8, torch.bool)
 
 
 def device_int32(t):

@@ -175,26 +175,85 @@ def test_runs_on_torch_current_stream(hf_dir, rng):
     assert torch.isfinite(res)
 
 
-def test_bad_device_inputs_raise(hf_dir):
+def checked(enc, *args):
+    """A forward, then the wait that raises what an input_check="async" forward found."""
+    out = enc(*args)
+    enc.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("input_check", ["sync", "async"])
+def test_bad_device_inputs_raise(hf_dir, input_check):
     path, model = hf_dir
-    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16", input_check=input_check)
     V = model.config.vocab_size
     ids = torch.full((2, 4), V, device="cuda")
     with pytest.raises(ValueError, match=f"input_ids holds {V}, out of range for vocab_size {V}"):
-        enc(ids)
+        checked(enc, ids)
     with pytest.raises(ValueError, match="input_ids holds -3, out of range"):
-        enc(torch.tensor([[1, -3, 2]], device="cuda", dtype=torch.int32))
+        checked(enc, torch.tensor([[1, -3, 2]], device="cuda", dtype=torch.int32))
+    with pytest.raises(ValueError, match=f"input_ids holds {2**40}, out of range"):  # not wrapped to int32
+        checked(enc, torch.tensor([[1, 2**40, 2]], device="cuda"))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         enc(torch.zeros((1, 513), dtype=torch.long, device="cuda"))
     ok = torch.ones((2, 4), dtype=torch.long, device="cuda")
     with pytest.raises(ValueError, match="token_type_ids holds 2, out of range for type_vocab_size 2"):
-        enc(ok, ok, ok * 2)
-    for bad_mask in (ok * 2, ok - 2, ok * 0.5):
+        checked(enc, ok, ok, ok * 2)
+    for bad_mask in (ok * 2, ok - 2, ok * 0.5, ok.to(torch.uint8) * 3):
         with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
-            enc(ok, bad_mask)
+            checked(enc, ok, bad_mask)
     ref = enc(ok, ok).last_hidden_state
-    for good_mask in (ok.bool(), ok.float(), ok.to(torch.int8)):
-        assert torch.equal(enc(ok, good_mask).last_hidden_state, ref)
+    for good_mask in (ok.bool(), ok.float(), ok.to(torch.int8), ok.to(torch.uint8), ok.int()):
+        assert torch.equal(checked(enc, ok, good_mask).last_hidden_state, ref)
+
+
+def test_async_input_check_raises_at_the_next_forward_and_recovers(hf_dir, rng):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")
+    assert enc.input_check == "async"
+    V = model.config.vocab_size
+    ids, mask, types = inputs(rng, V, 3, 17)
+    want = enc(ids, mask, types).last_hidden_state.clone()
+    bad = ids.clone()
+    bad[1, 5] = V + 11
+    out = enc(bad, mask, types)  # returns without waiting for the check
+    assert out.last_hidden_state.shape == want.shape
+    with pytest.raises(ValueError, match=rf"^an earlier forward's inputs were bad: input_ids holds {V + 11}, "
+                                         rf"out of range for vocab_size {V} .*this call did not run"):
+        enc(ids, mask, types)
+    # Reported once: the encoder runs on, results unchanged, with graphs replaying.
+    for _ in range(3):
+        assert torch.equal(checked(enc, ids, mask, types).last_hidden_state, want)
+    # A forward that waits anyway (nonfinite="raise") raises its own bad values at once.
+    enc.nonfinite = "raise"
+    with pytest.raises(ValueError, match=rf"^input_ids holds {V + 11}, out of range"):
+        enc(bad, mask, types)
+    assert torch.equal(enc(ids, mask, types).last_hidden_state, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_async_input_check_equals_sync_for_every_staged_dtype(hf_dir, rng, dtype):
+    path, model = hf_dir
+    V = min(model.config.vocab_size, 256)  # uint8 ids reach 255
+    ids, mask, types = inputs(rng, V, 4, 33)
+    ids, types = ids.to(dtype), types.to(dtype)
+    outs = {}
+    for mode in ("sync", "async"):
+        enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float32", input_check=mode)
+        outs[mode] = [checked(enc, ids, m, types).last_hidden_state for m in (mask, mask.bool(), mask.to(dtype))] * 1
+        outs[mode] += [checked(enc, ids, mask, types).last_hidden_state for _ in range(2)]  # replays
+    for a, b in zip(outs["sync"], outs["async"]):
+        assert torch.equal(a, b)
+
+
+def test_input_check_must_be_async_or_sync(hf_dir):
+    path, _ = hf_dir
+    with pytest.raises(ValueError, match=r"input_check must be 'async' or 'sync', got 'lazy'"):
+        ftbert.Encoder.from_pretrained(path, device="cuda", input_check="lazy")
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda")
+    with pytest.raises(ValueError, match=r"input_check must be 'async' or 'sync', got None"):
+        enc.input_check = None
+    assert enc.input_check == "async"
 
 
 SENTENCES = [

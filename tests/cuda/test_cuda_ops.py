@@ -325,3 +325,25 @@ def test_first_token_dense_matches_cpu(gpu, cpu, rng, dtype, batch, seq, hidden,
 def test_bad_device_index_raises_instead_of_aborting():
     with pytest.raises(RuntimeError, match="99"):
         _ops.OpRunner("cuda:99")
+
+
+# ---- input staging ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtypes", [(np.int64, np.int64, np.int64), (np.int32, np.int32, np.int32),
+                                    (np.int64, np.bool_, np.uint8), (np.uint8, np.int32, np.int64)],
+                         ids=lambda d: "-".join(np.dtype(x).name for x in d))
+@pytest.mark.parametrize("n,bad", [(1, (0, 0, 0)), (1, (1, 0, 0)), (777, (0, 0, 0)), (777, (3, 2, 5)),
+                                   (300_001, (0, 0, 0)), (300_001, (40, 0, 1))])
+def test_stage_inputs_matches_cpu(gpu, cpu, rng, dtypes, n, bad):
+    from tests._inputs import FIELDS, random_inputs, staged_reference
+
+    vocab, type_vocab = 30522, 2
+    ids, mask, types = random_inputs(rng, n, vocab, type_vocab, dtypes, *bad)
+    got = gpu.stage_inputs(ids, mask, types, vocab, type_vocab)
+    want = cpu.stage_inputs(ids, mask, types, vocab, type_vocab)
+    for g, w in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(g, w)
+    _, bad_values = staged_reference(ids, mask, types, vocab, type_vocab)
+    # Threads race to record: any bad value may be the one kept, but it must be a bad one.
+    assert (got[3] is None) == (not bad_values)
+    if got[3] is not None:
+        assert tuple(got[3]) in bad_values, (FIELDS[got[3][0]], got[3][1])

@@ -514,8 +514,16 @@ def call(enc, case: Case):
             kw["attention_mask"] = mask
         if types is not None:
             kw["token_type_ids"] = types
-        return enc(**kw)
-    return enc(ids, mask, types)
+        return checked(enc, **kw)
+    return checked(enc, ids, mask, types)
+
+
+def checked(enc, *args, **kwargs):
+    """A forward whose value errors are all raised by the time it returns: CUDA tensors' values
+    are checked on the GPU without waiting (input_check="async"), and synchronize() raises them."""
+    out = enc(*args, **kwargs)
+    enc.synchronize()
+    return out
 
 
 def check_case(enc, case: Case, tally: str) -> None:
@@ -606,12 +614,12 @@ def test_device_value_check_agrees_with_the_host_rules(enc, rng):
             TALLY["device check", "ValueError"] += 1
             assert probs, f"device check rejected a valid input: {e}\n{describe(case)}"
             assert any(first_named(str(e)) == n and re.search(rx, str(e)) for n, _, rx in probs), (str(e), probs)
-            with pytest.raises(ValueError):  # and the host path rejects it too
-                enc(ids, mask, types)
+            with pytest.raises(ValueError):  # and the forward rejects it too
+                checked(enc, ids, mask, types)
             return
         TALLY["device check", "ran"] += 1
         assert not probs, f"device check accepted an input with problems {probs}\n{describe(case)}"
-        enc(ids, mask, types)  # and the host path accepts it too
+        checked(enc, ids, mask, types)  # and the forward accepts it too
         for a in case.args:
             on_engine = device_int32(a.value).cpu().numpy()
             np.testing.assert_array_equal(on_engine, tensor_to_numpy(a.name, a.value))

@@ -101,6 +101,19 @@ def test_cuda_graphs_must_be_a_bool(enc, tmp_path):
     enc.cuda_graphs = True
 
 
+def test_input_check_must_be_async_or_sync(enc, tmp_path):
+    assert enc.input_check == "async"
+    with pytest.raises(ValueError, match=r"input_check must be 'async' or 'sync', got 'lazy'"):
+        ftbert.Encoder.from_pretrained(tmp_path, input_check="lazy")
+    with pytest.raises(ValueError, match=r"input_check must be 'async' or 'sync', got True"):
+        enc.input_check = True
+    assert enc.input_check == "async"
+    enc.input_check = "sync"
+    assert enc.input_check == "sync"
+    enc.input_check = "async"
+    enc.synchronize()  # nothing pending on the CPU: returns
+
+
 def test_cpu_attention_auto_takes_the_fused_kernel_and_unfused_can_be_forced(enc):
     assert enc.attention == "auto"
     assert enc.attention_for(1, 8) == "flash"

@@ -327,6 +327,52 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("qkv"), py::arg("bias"), py::arg("mask"), py::arg("heads"),
            py::arg("scale"), py::arg("packed") = false)
+      // Input staging: three 1-D arrays of int32, int64 or uint8/bool values -> their int32
+      // staging and the recorded bad value: (ids, mask, types, None or (field, value)), field 1
+      // input_ids, 2 token_type_ids, 3 attention_mask.
+      .def("stage_inputs",
+           [](OpRunner& r, const py::array& ids, const py::array& mask, const py::array& types,
+              int vocab, int type_vocab) {
+             const py::ssize_t n = ids.size();
+             std::vector<DeviceBuffer> in;
+             std::vector<int> widths;
+             for (const py::array* a : {&ids, &mask, &types}) {
+               require_ndim(*a, 1, "each input");
+               FTBERT_CHECK_INPUT(a->size() == n, "the inputs must have the same length");
+               FTBERT_CHECK_INPUT((a->flags() & py::array::c_style) != 0, "inputs must be contiguous");
+               const char kind = a->dtype().kind();
+               const auto item = static_cast<int>(a->itemsize());
+               FTBERT_CHECK_INPUT((kind == 'i' && (item == 4 || item == 8)) ||
+                                      ((kind == 'u' || kind == 'b') && item == 1),
+                                  "inputs must be int32, int64, uint8 or bool");
+               DeviceBuffer buf(&r.backend(), std::max<size_t>(1, n * item));
+               r.backend().copy_to_device(buf.data(), a->data(), n * item);
+               in.push_back(std::move(buf));
+               widths.push_back(item);
+             }
+             DeviceBuffer out(&r.backend(), std::max<size_t>(1, 3 * n * sizeof(int32_t)));
+             int32_t* o = out.as<int32_t>();
+             int32_t* words = r.backend().allocate_host_flag(sizeof(BadInputValue) / sizeof(int32_t));
+             auto* bad = reinterpret_cast<BadInputValue*>(words);
+             py::array_t<int32_t> host(std::vector<py::ssize_t>{3, n});
+             try {
+               r.backend().stage_inputs(
+                   in[0].data(), widths[0], in[1].data(), widths[1], in[2].data(), widths[2], n,
+                   o, o + n, o + 2 * n, vocab, type_vocab,
+                   reinterpret_cast<BadInputValue*>(r.backend().host_flag_device_address(words)));
+               r.backend().copy_to_host(host.mutable_data(), o, 3 * n * sizeof(int32_t));
+               r.backend().synchronize();
+             } catch (...) {
+               r.backend().free_host_flag(words);
+               throw;
+             }
+             py::object recorded = py::none();
+             if (bad->field != BadInputValue::kNone) recorded = py::make_tuple(bad->field, bad->value);
+             r.backend().free_host_flag(words);
+             return py::make_tuple(host[py::int_(0)], host[py::int_(1)], host[py::int_(2)], recorded);
+           },
+           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
+           py::arg("vocab"), py::arg("type_vocab"))
       // The sequence-layout ops on their own: packing (cu_seqlens, token_index), the scatter
       // back to [B, S, W], and the clearing of rows past T in a bucket of `rows` rows.
       .def("pack_sequences",

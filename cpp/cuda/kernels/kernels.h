@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "ftbert/backend.h"
 #include "ftbert/config.h"
 #include "ftbert/sequences.h"
 
@@ -35,6 +36,16 @@ void invoke_transpose_heads(const T* in,  // [B, heads, S, d]
                             T* out,       // [rows, H]
                             const SequenceLayout& layout, int heads, int head_dim,
                             cudaStream_t stream);
+
+// ---- inputs.cu ---------------------------------------------------------------------------------
+// Backend::stage_inputs: the inputs as int32, checked (rules: ftbert/staged_inputs.h); the first
+// bad value recorded in `bad` (device address of mapped host memory, or null).
+void invoke_stage_inputs(const void* ids, int ids_bytes, const void* mask, int mask_bytes,
+                         const void* types, int types_bytes, int64_t n,
+                         int32_t* ids_out,    // [n]
+                         int32_t* mask_out,   // [n]
+                         int32_t* types_out,  // [n]
+                         int vocab, int type_vocab, BadInputValue* bad, cudaStream_t stream);
 
 // ---- sequences.cu: the sequence layout ---------------------------------------------------------
 // cu_seqlens and token_index (-1 from T to capacity) of a mask, in one block.

@@ -25,6 +25,17 @@ namespace ftbert {
 
 enum class AttentionKind : int { kUnfused = 0, kFlash = 1 };
 
+// The first out-of-range input value stage_inputs met, in host memory the device writes
+// (Backend::allocate_host_flag): `field` is set last, so a host that reads it non-zero reads the
+// value that goes with it. The host clears field, then claim.
+struct BadInputValue {
+  enum Field : int32_t { kNone = 0, kInputIds = 1, kTokenTypeIds = 2, kAttentionMask = 3 };
+  int32_t claim = 0;  // taken (0 -> 1) by the one writer that records its value
+  int32_t field = kNone;
+  int64_t value = 0;
+};
+static_assert(sizeof(BadInputValue) == 16, "BadInputValue is four host-flag words");
+
 inline const char* attention_kind_name(AttentionKind k) {
   return k == AttentionKind::kFlash ? "flash" : "unfused";
 }
@@ -52,10 +63,10 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
-  // A zeroed int32 that ops may set on the device and the host reads in place, with no copy and
-  // no sync (CUDA: mapped pinned host memory): allocate_host_flag returns the host address,
-  // host_flag_device_address the one ops take.
-  virtual int32_t* allocate_host_flag();
+  // `words` zeroed int32s that ops may set on the device and the host reads in place, with no
+  // copy and no sync (CUDA: mapped pinned host memory): allocate_host_flag returns the host
+  // address, host_flag_device_address the one ops take.
+  virtual int32_t* allocate_host_flag(size_t words = 1);
   virtual void free_host_flag(int32_t* flag) noexcept;
   virtual int32_t* host_flag_device_address(int32_t* flag) { return flag; }
   // Run subsequent work on this stream (a cudaStream_t as an integer, 0 = the legacy default
@@ -96,6 +107,21 @@ class Backend {
                             const void* b, int ldb, int64_t stride_b,
                             void* c, int ldc, int64_t stride_c, int batch,
                             float alpha = 1.0f, float beta = 0.0f) = 0;
+
+  // ---- inputs --------------------------------------------------------------------------------
+  // Copies a forward's inputs into the int32 arrays the ops read, checking each value on the way:
+  // input_ids in [0, vocab), token_type_ids in [0, type_vocab), attention_mask 0 or 1. Each input
+  // holds `*_bytes`-wide values: 4 (int32), 8 (int64) or 1 (uint8 / bool). A value out of range is
+  // stored as 0, so it never reads outside a table, and the first one met is recorded in `bad`
+  // (when given; the device address of a BadInputValue) for the host to read without waiting.
+  virtual void stage_inputs(const void* input_ids, int ids_bytes,            // [n]
+                            const void* attention_mask, int mask_bytes,      // [n]
+                            const void* token_type_ids, int types_bytes,     // [n]
+                            int64_t n,
+                            int32_t* ids_out,    // [n]
+                            int32_t* mask_out,   // [n]
+                            int32_t* types_out,  // [n]
+                            int vocab, int type_vocab, BadInputValue* bad) = 0;
 
   // ---- sequence layout (sequences.h) --------------------------------------------------------
   // Packs the attended positions of `mask`: cu_seqlens [B + 1] and token_index [capacity] (-1 from

@@ -39,6 +39,13 @@ class Encoder {
   // device.
   ForwardResult forward(const ForwardArgs& args);
 
+  // The first bad value of device inputs that a forward's staging found (Backend::stage_inputs),
+  // cleared as it is taken; field kNone when there is none. Read without waiting: a forward
+  // still running on the device may record one later.
+  BadInputValue take_bad_input();
+  // Waits for the work of every session (each on the stream it last ran on).
+  void synchronize();
+
   const ModelConfig& config() const { return model_->config(); }
   DType dtype() const { return model_->dtype(); }
   Backend& backend() { return *backend_; }
@@ -115,6 +122,10 @@ class Encoder {
   std::atomic<bool> graphs_{true};
   std::atomic<bool> allow_tf32_{false};
   std::atomic<int> concurrency_{1};
+  // Where stage_inputs records bad device input values: host memory the device writes, shared by
+  // the sessions (the first bad value of any forward).
+  BadInputValue* bad_input_host_ = nullptr;
+  BadInputValue* bad_input_device_ = nullptr;
 
   mutable std::mutex pool_mutex_;
   std::condition_variable slot_freed_;

@@ -28,6 +28,12 @@ struct ForwardArgs {
   int batch = 0;
   int seq = 0;
   bool inputs_on_device = false;
+  // Device inputs: the bytes of each value of input_ids, attention_mask and token_type_ids (4:
+  // int32, 8: int64, 1: uint8 / bool; the pointers then point at such values). They are staged
+  // as int32 and checked on the device (Backend::stage_inputs); the first bad value is recorded
+  // in `bad_input` (a device address; the Encoder sets it) for the host to read without waiting.
+  int ids_bytes = 4, mask_bytes = 4, types_bytes = 4;
+  BadInputValue* bad_input = nullptr;
   void* last_hidden_state = nullptr;        // [B, S, H] in the compute dtype
   void* pooler_output = nullptr;            // [B, H] in the compute dtype, or null
   void* logits = nullptr;                   // [B, N] / [B, S, N] (the head's), or null
@@ -101,6 +107,9 @@ class Session {
   // forward; null when the forward should run op by op.
   const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue);
   void ensure_workspace(int batch, int seq, size_t attention_bytes);
+  // Puts the inputs into ids_ / mask_ / types_, where the ops (and recordings) read them: host
+  // inputs copied, device inputs staged as int32 and checked (Backend::stage_inputs).
+  void stage_inputs(const ForwardArgs& args);
   // Packs the inputs' sequences into cu_seqlens_ / token_index_ (on the host for host inputs, on
   // the device otherwise) and returns T, reading it back from the device when not given.
   int64_t pack(const ForwardArgs& args);

@@ -79,19 +79,18 @@ void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
   const float eps = config_.layer_norm_eps;
 
   // qkv [M, 3H] = hidden [M, H] · Wqkv [H, 3H]   (bias added inside attention)
-  be.gemm(dt, false, false, M, 3 * H, H, act.hidden, H, w.qkv_weight.data(), 3 * H, act.qkv,
-          3 * H);
+  be.weight_gemm(dt, M, 3 * H, H, act.hidden, H, w.qkv_weight.data(), act.qkv, 3 * H);
   run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), act.ctx, act.attention_scratch, L,
                 config_.num_heads, config_.head_dim());
   // hidden2 = LN(ctx · Wo + bo + hidden)
-  be.gemm(dt, false, false, M, H, H, act.ctx, H, w.attn_out_weight.data(), H, act.hidden2, H);
+  be.weight_gemm(dt, M, H, H, act.ctx, H, w.attn_out_weight.data(), act.hidden2, H);
   be.add_bias_residual_layernorm(dt, act.hidden2, act.hidden, w.attn_out_bias.data(),
                                  w.attn_ln_gamma.data(), w.attn_ln_beta.data(), M, H, eps);
   // inter = act(hidden2 · W1 + b1)
-  be.gemm(dt, false, false, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), I, act.inter, I);
+  be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I);
   be.add_bias_activation(dt, act.inter, w.ffn_in_bias.data(), M, I, config_.activation);
   // hidden = LN(inter · W2 + b2 + hidden2)
-  be.gemm(dt, false, false, M, H, I, act.inter, I, w.ffn_out_weight.data(), H, act.hidden, H);
+  be.weight_gemm(dt, M, H, I, act.inter, I, w.ffn_out_weight.data(), act.hidden, H);
   be.add_bias_residual_layernorm(dt, act.hidden, act.hidden2, w.ffn_out_bias.data(),
                                  w.ffn_ln_gamma.data(), w.ffn_ln_beta.data(), M, H, eps,
                                  nonfinite);

@@ -42,6 +42,7 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   DeviceBuffer* dest;
+  bool gemm_weight = false;  // read only by Backend::weight_gemm: uploaded in its layout
 };
 
 // `w` may be null (the destinations are then null too): the names and shapes alone.
@@ -64,15 +65,15 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
     const std::string p = "layers." + std::to_string(i) + ".";
     LayerWeights* l = w ? &w->layers[i] : nullptr;
     auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
-    t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight)});
+    t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight), true});
     t.push_back({p + "qkv_bias", {3 * H}, in(&LayerWeights::qkv_bias)});
-    t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight)});
+    t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight), true});
     t.push_back({p + "attn_out_bias", {H}, in(&LayerWeights::attn_out_bias)});
     t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
     t.push_back({p + "attn_ln_beta", {H}, in(&LayerWeights::attn_ln_beta)});
-    t.push_back({p + "ffn_in_weight", {H, I}, in(&LayerWeights::ffn_in_weight)});
+    t.push_back({p + "ffn_in_weight", {H, I}, in(&LayerWeights::ffn_in_weight), true});
     t.push_back({p + "ffn_in_bias", {I}, in(&LayerWeights::ffn_in_bias)});
-    t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight)});
+    t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight), true});
     t.push_back({p + "ffn_out_bias", {H}, in(&LayerWeights::ffn_out_bias)});
     t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});
     t.push_back({p + "ffn_ln_beta", {H}, in(&LayerWeights::ffn_ln_beta)});
@@ -113,7 +114,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // Looks up, checks and uploads one tensor in the compute dtype.
 DeviceBuffer upload_one(Backend* backend, const HostWeights& host, const std::string& name,
-                        const std::vector<int64_t>& shape, DType compute) {
+                        const std::vector<int64_t>& shape, DType compute, bool gemm_weight) {
   const auto it = host.find(name);
   FTBERT_CHECK(it != host.end(), "weights: missing tensor '" << name << "'");
   const HostTensor& t = it->second;
@@ -132,6 +133,12 @@ DeviceBuffer upload_one(Backend* backend, const HostWeights& host, const std::st
   }
   std::vector<unsigned char> converted(n * dtype_size(compute));
   convert_host(f32.data(), DType::kFloat32, converted.data(), compute, n);
+  if (gemm_weight) {
+    const int k = static_cast<int>(shape[0]), cols = static_cast<int>(shape[1]);
+    DeviceBuffer buf(backend, backend->weight_bytes(compute, k, cols));
+    backend->upload_weight(compute, converted.data(), k, cols, buf.data());
+    return buf;
+  }
   DeviceBuffer buf(backend, converted.size());
   backend->copy_to_device(buf.data(), converted.data(), converted.size());
   return buf;
@@ -148,7 +155,7 @@ ModelWeights upload_weights(Backend* backend, const ModelConfig& config, const H
     for (const TensorSpec& t : table) known = known || t.name == name;
     FTBERT_CHECK(known, "weights: unexpected tensor '" << name << "' for this config");
   }
-  for (const TensorSpec& t : table) *t.dest = upload_one(backend, host, t.name, t.shape, compute);
+  for (const TensorSpec& t : table) *t.dest = upload_one(backend, host, t.name, t.shape, compute, t.gemm_weight);
   backend->synchronize();  // the host staging buffers are gone after this function
   return w;
 }

@@ -108,6 +108,23 @@ class Backend {
                             void* c, int ldc, int64_t stride_c, int batch,
                             float alpha = 1.0f, float beta = 0.0f) = 0;
 
+  // ---- weight GEMMs --------------------------------------------------------------------------
+  // The layers' weight matrices W [k, n] (in, out) are kept in the layout weight_gemm reads
+  // fastest, made once at load: upload_weight writes W (host, row-major, in dt) into
+  // weight_bytes(dt, k, n) bytes of backend memory. The base implementation keeps W as it is and
+  // runs gemm(); a backend may pack it into panels instead.
+  virtual size_t weight_bytes(DType dt, int k, int n) const {
+    return static_cast<size_t>(k) * n * dtype_size(dt);
+  }
+  virtual void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) {
+    copy_to_device(dst, host_w, weight_bytes(dt, k, n));
+  }
+  // c [m, n] (row stride ldc) = a [m, k] (row stride lda) · W, W as upload_weight left it.
+  virtual void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
+                           void* c, int ldc) {
+    gemm(dt, false, false, m, n, k, a, lda, w, n, c, ldc);
+  }
+
   // ---- inputs --------------------------------------------------------------------------------
   // Copies a forward's inputs into the int32 arrays the ops read, checking each value on the way:
   // input_ids in [0, vocab), token_type_ids in [0, type_vocab), attention_mask 0 or 1. Each input

@@ -52,6 +52,7 @@ class DeviceBuffer {
 };
 
 struct LayerWeights {
+  // The four matrices are in Backend::weight_gemm's layout (upload_weight).
   DeviceBuffer qkv_weight;      // [H, 3H]  Q|K|V fused, (in, out)
   DeviceBuffer qkv_bias;        // [3H]
   DeviceBuffer attn_out_weight; // [H, H]

@@ -31,6 +31,11 @@ class CpuBackend final : public Backend {
                     const void* types, int types_bytes, int64_t n, int32_t* ids_out,
                     int32_t* mask_out, int32_t* types_out, int vocab, int type_vocab,
                     BadInputValue* bad) override;
+  // Weights packed into cpu::kGemmPanel-wide panels (kernels.h), multiplied by our own kernel.
+  size_t weight_bytes(DType dt, int k, int n) const override;
+  void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) override;
+  void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
+                   int ldc) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
   void unpack_rows(const void* in, const SequenceLayout& layout, void* out,

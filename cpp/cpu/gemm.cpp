@@ -8,6 +8,7 @@
 
 #include "cpu/blas.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
 namespace ftbert {
@@ -72,6 +73,59 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
         const float* as = trans_a ? A + lo : A + static_cast<int64_t>(lo) * lda;
         sgemm(trans_a, trans_b, hi - lo, n, k, alpha, as, lda, Bm, ldb, beta,
               C + static_cast<int64_t>(lo) * ldc, ldc);
+      }
+    }
+  });
+}
+
+// ---- weight GEMMs: our own kernel over weights packed once ------------------------------------
+// OpenBLAS packs B into panels on every call; for the layers' weights that is the same work each
+// forward, and at batch 1 (tens of rows) it is a large share of the GEMM. So the weights are
+// packed once, at load, into cpu::kGemmPanel-wide panels, and weight_gemm runs the register-tiled
+// panel kernel of the CPU's instruction set (kernels.h) over them.
+
+namespace {
+constexpr int kPanel = cpu::kGemmPanel;
+// Rows of A per pass over the panels: 192 rows of up to 384 floats (288 KiB) stay in L2 while
+// every panel of the thread's share streams past them.
+constexpr int kRowBlock = 192;
+int panels_of(int n) { return (n + kPanel - 1) / kPanel; }
+}  // namespace
+
+size_t CpuBackend::weight_bytes(DType, int k, int n) const {
+  return static_cast<size_t>(k) * panels_of(n) * kPanel * sizeof(float);
+}
+
+void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void* dst) {
+  require_cpu_float32(dt, "upload_weight");
+  const auto* w = static_cast<const float*>(host_w);  // [k, n]
+  auto* out = static_cast<float*>(dst);               // [panels, k, kPanel]
+  for (int j = 0; j < panels_of(n); ++j) {
+    const int c0 = j * kPanel, cols = std::min(kPanel, n - c0);
+    for (int p = 0; p < k; ++p) {
+      float* row = out + (static_cast<int64_t>(j) * k + p) * kPanel;
+      std::copy(w + static_cast<int64_t>(p) * n + c0, w + static_cast<int64_t>(p) * n + c0 + cols, row);
+      std::fill(row + cols, row + kPanel, 0.0f);
+    }
+  }
+}
+
+void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
+                             void* c, int ldc) {
+  require_cpu_float32(dt, "weight_gemm");
+  const auto* A = static_cast<const float*>(a);
+  const auto* panels = static_cast<const float*>(w);
+  auto* C = static_cast<float*>(c);
+  const auto& kernels = cpu::kernels();
+  // Threads take whole panels (columns): each reads all of A and only its own weights.
+  cpu::parallel_for(panels_of(n), int64_t{m} * n * k, [&](int64_t begin, int64_t end) {
+    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int rows = std::min(kRowBlock, m - i0);
+      for (int64_t j = begin; j < end; ++j) {
+        const int c0 = static_cast<int>(j) * kPanel;
+        kernels.panel_gemm(A + static_cast<int64_t>(i0) * lda, lda, panels + j * k * kPanel, k,
+                           C + static_cast<int64_t>(i0) * ldc + c0, ldc, rows,
+                           std::min(kPanel, n - c0));
       }
     }
   });

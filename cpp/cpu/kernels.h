@@ -29,6 +29,11 @@ struct AttentionTile {
   int64_t ldo;           // row stride of out (H)
 };
 
+// The width of a packed weight panel (CpuBackend::upload_weight): W [k, n] is kept as ceil(n / 16)
+// panels of [k, 16] floats, each row of a panel contiguous, zeros past column n. The same on every
+// instruction set, so the packing does not depend on the ISA picked at run time.
+constexpr int kGemmPanel = 16;
+
 struct Kernels {
   // x[c] = act(x[c] + bias[c]) for c < n.
   void (*bias_activation)(float* x, const float* bias, int n, Activation act);
@@ -40,6 +45,10 @@ struct Kernels {
   void (*masked_softmax)(float* row, const int32_t* mask, int n, float scale);
   // Runs one tile; `scratch` holds attention_scratch_floats(n_keys, head_dim) floats.
   void (*attention)(const AttentionTile& tile, float* scratch);
+  // c[i, j] = Σ_p a[i, p] · panel[p, j] for rows i < m and columns j < cols (<= kGemmPanel) of
+  // one packed panel [k, kGemmPanel]; a's rows have stride lda, c's ldc.
+  void (*panel_gemm)(const float* a, int64_t lda, const float* panel, int k, float* c,
+                     int64_t ldc, int m, int cols);
 };
 
 // Floats of scratch one attention tile needs (same for every instruction set).

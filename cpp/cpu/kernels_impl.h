@@ -27,7 +27,9 @@ inline vf load(const float* p) {
   return v;
 }
 inline void store(float* p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
-inline vf splat(float x) { return vf{} + x; }
+// x - 0 is x exactly (-0 included), so this folds to a plain broadcast; x + 0 would not (-0 + 0 is
+// +0), and the compiler would emit the add.
+inline vf splat(float x) { return x - vf{}; }
 // The first n < W floats of p; the other lanes hold `fill`.
 inline vf load_part(const float* p, int n, float fill) {
   vf v = splat(fill);
@@ -387,10 +389,61 @@ void attention(const AttentionTile& t, float* scratch) {
   }
 }
 
+// ---- packed-panel GEMM --------------------------------------------------------------------------
+// A register tile of R rows x one panel (kPV vectors): R·kPV accumulators, each step p loads the
+// panel's row p once and broadcasts a[i, p] per row. 12 accumulators on every ISA (16 vector
+// registers on SSE2 and AVX2) leave room for the panel row and the broadcast.
+constexpr int kPV = kGemmPanel / W;
+constexpr int kPanelRows = 12 / kPV;
+
+template <int R>
+void panel_rows(const float* __restrict a, int64_t lda, const float* __restrict panel, int k,
+                float* __restrict c, int64_t ldc, int cols) {
+  vf acc[R][kPV] = {};
+  for (int p = 0; p < k; ++p) {
+    vf b[kPV];
+#pragma GCC unroll 4
+    for (int v = 0; v < kPV; ++v) b[v] = load(panel + p * kGemmPanel + v * W);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const vf x = splat(a[r * lda + p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < kPV; ++v) acc[r][v] += x * b[v];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+    if (cols == kGemmPanel) {
+      for (int v = 0; v < kPV; ++v) store(cr + v * W, acc[r][v]);
+    } else {
+      for (int v = 0; v < kPV && v * W < cols; ++v) store_part(cr + v * W, acc[r][v], imin(W, cols - v * W));
+    }
+  }
+}
+
+// The last m < kPanelRows rows: the tile of exactly that height.
+template <int R>
+void panel_tail(int m, const float* a, int64_t lda, const float* panel, int k, float* c,
+                int64_t ldc, int cols) {
+  if constexpr (R > 0) {
+    if (m == R) return panel_rows<R>(a, lda, panel, k, c, ldc, cols);
+    panel_tail<R - 1>(m, a, lda, panel, k, c, ldc, cols);
+  }
+}
+
+void panel_gemm(const float* a, int64_t lda, const float* panel, int k, float* c, int64_t ldc,
+                int m, int cols) {
+  int i = 0;
+  for (; i + kPanelRows <= m; i += kPanelRows) {
+    panel_rows<kPanelRows>(a + i * lda, lda, panel, k, c + i * ldc, ldc, cols);
+  }
+  if (i < m) panel_tail<kPanelRows - 1>(m - i, a + i * lda, lda, panel, k, c + i * ldc, ldc, cols);
+}
+
 }  // namespace
 
 const Kernels& table() {
-  static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention};
+  static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention, panel_gemm};
   return k;
 }
 

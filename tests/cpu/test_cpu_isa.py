@@ -43,6 +43,10 @@ CHECK = textwrap.dedent("""
     mask = ragged_mask(rng, 2, 70)
     ref = attention64(qkv, b3, mask, 2, 0.2)
     worst["attention"] = np.abs(cpu.flash_attention("float32", qkv, b3, mask, 2, 0.2) - ref).max()
+    for m, n, k in ((1, 5, 3), (13, 37, 29), (25, 48, 70)):  # every tail of the panel kernel
+        a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        worst[f"weight_gemm {m}x{n}x{k}"] = np.abs(cpu.weight_gemm("float32", a, w) - ref).max() / math.sqrt(k)
     bad = {k: float(v) for k, v in worst.items() if not v <= 2e-5}
     print(_ops.cpu_isa(), bad)
 """)

@@ -30,6 +30,27 @@ def test_gemm_matches_float64_matmul(cpu, rng, m, n, k, ta, tb):
     assert_close(cpu.gemm("float32", a, b, ta, tb, 0.5), ref, 1e-4 * math.sqrt(k))
 
 
+# The packed weight path: m around the register tile (3, 6, 12 rows) and past a row block (192),
+# n around the 16-wide panel, k odd; and the model's shapes.
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (5, 15, 7), (6, 16, 9), (13, 17, 33), (25, 47, 64),
+                                   (193, 33, 5), (401, 100, 31), (32, 1152, 384), (7, 384, 1536)])
+def test_weight_gemm_matches_float64_matmul(cpu, rng, m, n, k):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    assert_close(cpu.weight_gemm("float32", a, w), ref, 1e-4 * math.sqrt(k))
+    # Repeated calls overwrite, never accumulate.
+    assert_close(cpu.weight_gemm("float32", a, w, repeat=3), ref, 1e-4 * math.sqrt(k))
+
+
+def test_weight_gemm_refuses_mismatched_shapes(cpu, rng):
+    a = rng.standard_normal((4, 6)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"weight_gemm: inner dimensions differ \(6 vs 5\)"):
+        cpu.weight_gemm("float32", a, np.zeros((5, 3), np.float32))
+    with pytest.raises(RuntimeError, match=r"float32 only \(upload_weight called with float16\)"):
+        cpu.weight_gemm("float16", a, np.zeros((6, 3), np.float32))
+
+
 @pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48)])
 @pytest.mark.parametrize("tb", [False, True])
 def test_batched_gemm_matches_per_matrix_matmul(cpu, rng, batch, m, n, k, tb):

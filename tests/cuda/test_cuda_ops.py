@@ -73,6 +73,17 @@ def test_gemm_matches_cpu_for_every_transpose(gpu, cpu, rng, dtype, m, n, k, ta,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (13, 17, 33), (128, 2304, 768)])
+def test_weight_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
+    # The CUDA backend keeps weights as they are (row-major) and runs its gemm; the CPU packs them.
+    a = randn(rng, (m, k), dtype)
+    w = randn(rng, (k, n), dtype)
+    want = cpu.weight_gemm("float32", a, w)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    check(gpu.weight_gemm(dtype, a, w), want, dtype, atol=FP32_NOISE * bound)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48),
                                          (4, 129, 64, 129)])
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])

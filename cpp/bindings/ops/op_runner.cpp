@@ -165,6 +165,30 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
            py::arg("trans_b") = false, py::arg("alpha") = 1.0f)
+      // c = a · w through the backend's weight path: w [k, n] uploaded with upload_weight (the
+      // backend's packed layout), multiplied by weight_gemm `repeat` times (for kernel timing).
+      .def("weight_gemm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w, int repeat) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(a, 2, "a");
+             require_ndim(w, 2, "w");
+             const int m = a.shape(0), k = a.shape(1), n = w.shape(1);
+             FTBERT_CHECK_INPUT(w.shape(0) == k, "weight_gemm: inner dimensions differ (" << k << " vs " << w.shape(0) << ")");
+             FTBERT_CHECK_INPUT(repeat >= 1, "weight_gemm: repeat must be at least 1");
+             std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
+             convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
+             DeviceBuffer dw(&r.backend(), r.backend().weight_bytes(dt, k, n));
+             r.backend().upload_weight(dt, host.data(), k, n, dw.data());
+             auto da = r.upload(a, dt);
+             auto dc = r.empty(static_cast<size_t>(m) * n, dt);
+             {
+               py::gil_scoped_release release;
+               for (int i = 0; i < repeat; ++i)
+                 r.backend().weight_gemm(dt, m, n, k, da.data(), k, dw.data(), dc.data(), n);
+             }
+             return r.download(dc, dt, {m, n});
+           },
+           py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1)
       .def("batched_gemm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
               bool trans_a, bool trans_b, float alpha) {

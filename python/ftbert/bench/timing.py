@@ -42,6 +42,11 @@ def time_forward(fn: Callable[[], object], device: str, warmup: int, iters: int)
     return samples
 
 
+# A pause before each engine's turn on the CPU: longer than the thread pools of torch (OpenMP) and
+# ONNX Runtime spin after their last call.
+CPU_HANDOVER_S = 0.05
+
+
 def time_interleaved(fns: dict[str, Callable[[], object]], device: str, warmup: int, iters: int,
                      rounds: int = 5, on_error: Callable[[str, Exception], None] | None = None
                      ) -> dict[str, list[float]]:
@@ -49,8 +54,12 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: str, warmup: 
     function in turn, the order rotated each round, after `warmup` untimed calls of each.
 
     Drift over the run (clocks, temperature, other tenants) then falls on every function alike
-    instead of on whichever ran last. A function that raises is reported to `on_error` (re-raised
-    without one) and left out of the later rounds; its samples so far are dropped.
+    instead of on whichever ran last. On the CPU each turn starts with a pause of CPU_HANDOVER_S and
+    one untimed call: the engine before it may leave its thread pool spinning (OpenMP's, ONNX
+    Runtime's, for milliseconds) on the cores the next one needs, and its data in the caches, so a
+    turn's first calls would measure the hand-over.
+    A function that raises is reported to `on_error` (re-raised without one) and left out of the
+    later rounds; its samples so far are dropped.
     """
     live = dict(fns)
     samples: dict[str, list[float]] = {name: [] for name in fns}
@@ -78,7 +87,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: str, warmup: 
             break
         first = r % len(names)
         for name in names[first:] + names[:first]:
-            call(name, 0, n)
+            if not device.startswith("cuda"):
+                time.sleep(CPU_HANDOVER_S)
+            call(name, 0 if device.startswith("cuda") else 1, n)
     return samples
 
 

@@ -210,10 +210,11 @@ def check_values(config: dict, ids, mask, types) -> int:
     tokens (the mask's non-zeros).
 
     numpy arrays (host inputs, int32 from as_int_array) are checked with numpy; torch tensors that
-    stay on their device (CUDA tensors given to a CUDA encoder) with a few reductions and one small
-    read back (a sync), which brings the token count along: packing them then needs no second one.
-    The engine does not check values again: its kernels clamp ids, so a bad one that reached them
-    could never read outside the tables.
+    stay on their device (CUDA tensors given to a CUDA encoder, under input_check="sync" or
+    padding_free=True) with a few reductions and one small read back (a sync), which brings the
+    token count along: packing them then needs no second one. Under input_check="async" the engine
+    checks them instead, as it stages them (Backend::stage_inputs), without a read back; its kernels
+    clamp ids besides, so a bad value could never read outside the tables.
     """
     check_seq_length(config, ids.shape[1])
     if isinstance(ids, np.ndarray):

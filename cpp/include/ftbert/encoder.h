@@ -32,11 +32,12 @@ class Encoder {
           DType compute);
   ~Encoder();
 
-  // Runs the model. Sizes are checked here (batch, sequence length against the position table);
-  // input values are the caller's to check (the Python API does, python/ftbert/inputs.py): the
-  // embedding kernels clamp ids and token types into their tables, so no value reads out of
-  // bounds. Returns once host outputs are written, or after enqueueing when outputs are on the
-  // device.
+  // Runs the model. Sizes are checked here (batch, sequence length against the position table).
+  // Host input values are the caller's to check (the Python API does, python/ftbert/inputs.py);
+  // device inputs are checked as they are staged (Backend::stage_inputs: a bad value is stored as
+  // 0 and recorded for take_bad_input), and the embedding kernels clamp ids and token types into
+  // their tables besides, so no value reads out of bounds. Returns once host outputs are written,
+  // or after enqueueing when outputs are on the device.
   ForwardResult forward(const ForwardArgs& args);
 
   // The first bad value of device inputs that a forward's staging found (Backend::stage_inputs),

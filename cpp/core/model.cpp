@@ -87,8 +87,8 @@ void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
   be.add_bias_residual_layernorm(dt, act.hidden2, act.hidden, w.attn_out_bias.data(),
                                  w.attn_ln_gamma.data(), w.attn_ln_beta.data(), M, H, eps);
   // inter = act(hidden2 · W1 + b1)
-  be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I);
-  be.add_bias_activation(dt, act.inter, w.ffn_in_bias.data(), M, I, config_.activation);
+  be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I,
+                 w.ffn_in_bias.data(), config_.activation);
   // hidden = LN(inter · W2 + b2 + hidden2)
   be.weight_gemm(dt, M, H, I, act.inter, I, w.ffn_out_weight.data(), act.hidden, H);
   be.add_bias_residual_layernorm(dt, act.hidden, act.hidden2, w.ffn_out_bias.data(),

@@ -35,7 +35,8 @@ class CpuBackend final : public Backend {
   size_t weight_bytes(DType dt, int k, int n) const override;
   void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) override;
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
-                   int ldc) override;
+                   int ldc, const void* bias = nullptr,
+                   Activation act = Activation::kIdentity) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
   void unpack_rows(const void* in, const SequenceLayout& layout, void* out,

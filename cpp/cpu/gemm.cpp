@@ -111,7 +111,7 @@ void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void*
 }
 
 void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
-                             void* c, int ldc) {
+                             void* c, int ldc, const void* bias, Activation act) {
   require_cpu_float32(dt, "weight_gemm");
   const auto* A = static_cast<const float*>(a);
   const auto* panels = static_cast<const float*>(w);
@@ -129,6 +129,7 @@ void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int l
       }
     }
   });
+  if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
 }
 
 void CpuBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,

@@ -119,10 +119,14 @@ class Backend {
   virtual void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) {
     copy_to_device(dst, host_w, weight_bytes(dt, k, n));
   }
-  // c [m, n] (row stride ldc) = a [m, k] (row stride lda) · W, W as upload_weight left it.
+  // c [m, n] (row stride ldc) = act(a [m, k] (row stride lda) · W + bias), W as upload_weight
+  // left it; without a bias, c = a · W (act must then be identity). A backend may apply the bias
+  // and activation as the GEMM's epilogue; the base adds them in a second op (ldc must be n).
   virtual void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
-                           void* c, int ldc) {
+                           void* c, int ldc, const void* bias = nullptr,
+                           Activation act = Activation::kIdentity) {
     gemm(dt, false, false, m, n, k, a, lda, w, n, c, ldc);
+    if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
   }
 
   // ---- inputs --------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int l
   require_cpu_float32(dt, "weight_gemm");
   const auto* A = static_cast<const float*>(a);
   const auto* panels = static_cast<const float*>(w);
+  const auto* B = static_cast<const float*>(bias);  // applied in the kernel's epilogue
   auto* C = static_cast<float*>(c);
   const auto& kernels = cpu::kernels();
   // Threads take whole panels (columns): each reads all of A and only its own weights.
@@ -125,11 +126,10 @@ void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int l
         const int c0 = static_cast<int>(j) * kPanel;
         kernels.panel_gemm(A + static_cast<int64_t>(i0) * lda, lda, panels + j * k * kPanel, k,
                            C + static_cast<int64_t>(i0) * ldc + c0, ldc, rows,
-                           std::min(kPanel, n - c0));
+                           std::min(kPanel, n - c0), B == nullptr ? nullptr : B + c0, act);
       }
     }
   });
-  if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
 }
 
 void CpuBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,

@@ -45,10 +45,11 @@ struct Kernels {
   void (*masked_softmax)(float* row, const int32_t* mask, int n, float scale);
   // Runs one tile; `scratch` holds attention_scratch_floats(n_keys, head_dim) floats.
   void (*attention)(const AttentionTile& tile, float* scratch);
-  // c[i, j] = Σ_p a[i, p] · panel[p, j] for rows i < m and columns j < cols (<= kGemmPanel) of
-  // one packed panel [k, kGemmPanel]; a's rows have stride lda, c's ldc.
+  // c[i, j] = act(Σ_p a[i, p] · panel[p, j] + bias[j]) for rows i < m and columns j < cols
+  // (<= kGemmPanel) of one packed panel [k, kGemmPanel]; a's rows have stride lda, c's ldc. bias
+  // (cols floats) may be null: no bias, no activation.
   void (*panel_gemm)(const float* a, int64_t lda, const float* panel, int k, float* c,
-                     int64_t ldc, int m, int cols);
+                     int64_t ldc, int m, int cols, const float* bias, Activation act);
 };
 
 // Floats of scratch one attention tile needs (same for every instruction set).

@@ -398,7 +398,7 @@ constexpr int kPanelRows = 12 / kPV;
 
 template <int R>
 void panel_rows(const float* __restrict a, int64_t lda, const float* __restrict panel, int k,
-                float* __restrict c, int64_t ldc, int cols) {
+                float* __restrict c, int64_t ldc, int cols, const float* bias, Activation act) {
   vf acc[R][kPV] = {};
   for (int p = 0; p < k; ++p) {
     vf b[kPV];
@@ -410,6 +410,15 @@ void panel_rows(const float* __restrict a, int64_t lda, const float* __restrict 
 #pragma GCC unroll 4
       for (int v = 0; v < kPV; ++v) acc[r][v] += x * b[v];
     }
+  }
+  if (bias != nullptr) {  // the epilogue, while the tile is in registers: no second pass over c
+    vf bv[kPV];
+    for (int v = 0; v < kPV; ++v) {
+      const int left = cols - v * W;
+      bv[v] = left >= W ? load(bias + v * W) : load_part(bias + v * W, left > 0 ? left : 0, 0.0f);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kPV; ++v) acc[r][v] = activate(acc[r][v] + bv[v], act);
   }
   for (int r = 0; r < R; ++r) {
     float* cr = c + r * ldc;
@@ -424,20 +433,22 @@ void panel_rows(const float* __restrict a, int64_t lda, const float* __restrict 
 // The last m < kPanelRows rows: the tile of exactly that height.
 template <int R>
 void panel_tail(int m, const float* a, int64_t lda, const float* panel, int k, float* c,
-                int64_t ldc, int cols) {
+                int64_t ldc, int cols, const float* bias, Activation act) {
   if constexpr (R > 0) {
-    if (m == R) return panel_rows<R>(a, lda, panel, k, c, ldc, cols);
-    panel_tail<R - 1>(m, a, lda, panel, k, c, ldc, cols);
+    if (m == R) return panel_rows<R>(a, lda, panel, k, c, ldc, cols, bias, act);
+    panel_tail<R - 1>(m, a, lda, panel, k, c, ldc, cols, bias, act);
   }
 }
 
 void panel_gemm(const float* a, int64_t lda, const float* panel, int k, float* c, int64_t ldc,
-                int m, int cols) {
+                int m, int cols, const float* bias, Activation act) {
   int i = 0;
   for (; i + kPanelRows <= m; i += kPanelRows) {
-    panel_rows<kPanelRows>(a + i * lda, lda, panel, k, c + i * ldc, ldc, cols);
+    panel_rows<kPanelRows>(a + i * lda, lda, panel, k, c + i * ldc, ldc, cols, bias, act);
   }
-  if (i < m) panel_tail<kPanelRows - 1>(m - i, a + i * lda, lda, panel, k, c + i * ldc, ldc, cols);
+  if (i < m) {
+    panel_tail<kPanelRows - 1>(m - i, a + i * lda, lda, panel, k, c + i * ldc, ldc, cols, bias, act);
+  }
 }
 
 }  // namespace

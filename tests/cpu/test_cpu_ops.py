@@ -43,10 +43,27 @@ def test_weight_gemm_matches_float64_matmul(cpu, rng, m, n, k):
     assert_close(cpu.weight_gemm("float32", a, w, repeat=3), ref, 1e-4 * math.sqrt(k))
 
 
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity"])
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (13, 37, 29), (200, 48, 64)])
+def test_weight_gemm_epilogue_matches_the_two_op_path(cpu, rng, act, m, n, k):
+    # act(a · W + bias) in the GEMM's epilogue: the float64 reference, and the unfused GEMM then
+    # add_bias_activation.
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    ref = ACTS[act](a.astype(np.float64) @ w.astype(np.float64) + bias)
+    got = cpu.weight_gemm("float32", a, w, bias=bias, act=act)
+    assert_close(got, ref, 2e-5)
+    two_ops = cpu.add_bias_activation("float32", cpu.weight_gemm("float32", a, w), bias, act)
+    assert_close(got, two_ops.astype(np.float64), 1e-6)
+
+
 def test_weight_gemm_refuses_mismatched_shapes(cpu, rng):
     a = rng.standard_normal((4, 6)).astype(np.float32)
     with pytest.raises(ValueError, match=r"weight_gemm: inner dimensions differ \(6 vs 5\)"):
         cpu.weight_gemm("float32", a, np.zeros((5, 3), np.float32))
+    with pytest.raises(ValueError, match=r"weight_gemm: bias must be \[3\]"):
+        cpu.weight_gemm("float32", a, np.zeros((6, 3), np.float32), bias=np.zeros(4, np.float32))
     with pytest.raises(RuntimeError, match=r"float32 only \(upload_weight called with float16\)"):
         cpu.weight_gemm("float16", a, np.zeros((6, 3), np.float32))
 

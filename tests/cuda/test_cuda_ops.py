@@ -81,6 +81,13 @@ def test_weight_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     want = cpu.weight_gemm("float32", a, w)
     bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
     check(gpu.weight_gemm(dtype, a, w), want, dtype, atol=FP32_NOISE * bound)
+    # With the FFN-in epilogue (bias + GELU). The GEMM's output is rounded to dtype before the
+    # bias and GELU (slope at most ~1.13) are applied: the tolerance is relative to |a·W| + |bias|.
+    bias = randn(rng, (n,), dtype)
+    want = cpu.weight_gemm("float32", a, w, bias=bias, act="gelu")
+    got = gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu")
+    magnitude = np.abs(cpu.weight_gemm("float32", a, w)) + np.abs(bias)
+    check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

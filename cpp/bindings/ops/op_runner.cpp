@@ -165,10 +165,12 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
            py::arg("trans_b") = false, py::arg("alpha") = 1.0f)
-      // c = a · w through the backend's weight path: w [k, n] uploaded with upload_weight (the
-      // backend's packed layout), multiplied by weight_gemm `repeat` times (for kernel timing).
+      // c = act(a · w + bias) through the backend's weight path: w [k, n] uploaded with
+      // upload_weight (the backend's packed layout), multiplied by weight_gemm `repeat` times (for
+      // kernel timing).
       .def("weight_gemm",
-           [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w, int repeat) {
+           [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w, int repeat,
+              const std::optional<F32Array>& bias, const std::string& act) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(a, 2, "a");
              require_ndim(w, 2, "w");
@@ -181,14 +183,22 @@ void register_op_runner(py::module_& m) {
              r.backend().upload_weight(dt, host.data(), k, n, dw.data());
              auto da = r.upload(a, dt);
              auto dc = r.empty(static_cast<size_t>(m) * n, dt);
+             DeviceBuffer db;
+             if (bias) {
+               FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == n, "weight_gemm: bias must be [" << n << "]");
+               db = r.upload(*bias, dt);
+             }
+             const Activation activation = activation_from_name(act);
              {
                py::gil_scoped_release release;
                for (int i = 0; i < repeat; ++i)
-                 r.backend().weight_gemm(dt, m, n, k, da.data(), k, dw.data(), dc.data(), n);
+                 r.backend().weight_gemm(dt, m, n, k, da.data(), k, dw.data(), dc.data(), n,
+                                         bias ? db.data() : nullptr, activation);
              }
              return r.download(dc, dt, {m, n});
            },
-           py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1)
+           py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1,
+           py::arg("bias") = std::nullopt, py::arg("act") = "identity")
       .def("batched_gemm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
               bool trans_a, bool trans_b, float alpha) {

@@ -1,6 +1,7 @@
-// The CPU backend: every op in C++ (float32), GEMMs through OpenBLAS, the row loops and attention
-// vectorized per instruction set (kernels.h, chosen at run time), all of it threaded by one small
-// pool (parallel.h). It runs everywhere and is the readable reference for the CUDA kernels.
+// The CPU backend: every op in C++ (float32); the layers' weight GEMMs by our own panel kernel over
+// weights packed at load, the other GEMMs through OpenBLAS; the row loops, attention and the panel
+// kernel vectorized per instruction set (kernels.h, chosen at run time), all of it threaded by one
+// small pool (parallel.h). It runs everywhere and is the readable reference for the CUDA kernels.
 #pragma once
 
 #include "ftbert/backend.h"

@@ -1,4 +1,5 @@
-// GEMMs on the CPU: OpenBLAS sgemm (row-major), single-threaded inside, threaded by our own pool.
+// GEMMs on the CPU: OpenBLAS sgemm (row-major), single-threaded inside, threaded by our own pool;
+// the layers' weight GEMMs by our own kernel over weights packed at load (weight_gemm, below).
 //
 // Why not OpenBLAS's threads: they spin between calls and, beside the pool that runs the other
 // ops, put two busy threads on every core; on a 2-core machine that cost more than the GEMMs'

@@ -84,10 +84,11 @@ class Encoder {
   // shape (batch, seq, packed or not and its token-count bucket, attention kernel, outputs) in a
   // session records the model's ops
   // with Backend::record, and it and later forwards of that shape replay them as one launch:
-  // the 8 (flash) to 12 (unfused) launches per layer cost one. Inputs are then copied into the
-  // session's own buffers first. At most Session::kMaxRecordings shapes are kept per session
-  // (the least recently used goes); a workspace that grows drops them all. Backends that do not
-  // record (the CPU) run every forward op by op.
+  // the 8 (flash) to 12 (unfused) launches per layer cost one. Recordings read the inputs from
+  // the session's own buffers, where every forward stages them first (Session::stage_inputs).
+  // At most Session::kMaxRecordings shapes are kept per session (the least recently used goes);
+  // a workspace that grows drops them all. Backends that do not record (the CPU) run every
+  // forward op by op.
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
   size_t recorded_shapes() const;  // recordings held now, over all sessions

@@ -53,6 +53,11 @@ class CudaBackend : public Backend {
   void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
             const void* b, int ldb, void* c, int ldc, float alpha = 1.0f,
             float beta = 0.0f) override;
+  // FFN-in (bias + erf-GELU, float16/bfloat16, many rows) on Hopper: one CUTLASS kernel with the
+  // bias and activation in its epilogue (cuda/gemm/gemm_sm90.h); otherwise cuBLAS, then the op.
+  void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
+                   int ldc, const void* bias = nullptr,
+                   Activation act = Activation::kIdentity) override;
   void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
                     int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, void* c,
                     int ldc, int64_t stride_c, int batch, float alpha = 1.0f,
@@ -117,6 +122,8 @@ class CudaBackend : public Backend {
 
   int device_ = 0;
   int compute_capability_major_ = 0;
+  int sm_count_ = 0;
+  bool fused_gemm_sm90_ = false;  // built with FTBERT_GEMM_SM90 and running on a 9.0 device
   std::string device_name_;
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;  // own_stream_ or the one set with set_stream

@@ -90,6 +90,51 @@ def test_weight_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
+# From 4,096 rows, Hopper runs FFN-in (bias + erf-GELU) as one CUTLASS kernel that applies the
+# bias and GELU to the fp32 accumulators; shapes TMA cannot take (rows not 16-byte aligned) and
+# float32 fall back to cuBLAS + add_bias_activation. Each against the CPU in float32.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(4096, 136, 72), (4133, 264, 200), (4097, 100, 40)])
+def test_ffn_in_gemm_with_many_rows_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
+    a = randn(rng, (m, k), dtype)
+    w = randn(rng, (k, n), dtype, scale=k**-0.5)
+    bias = randn(rng, (n,), dtype)
+    want = cpu.weight_gemm("float32", a, w, bias=bias, act="gelu")
+    got = gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu")
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    magnitude = np.abs(cpu.weight_gemm("float32", a, w)) + np.abs(bias)
+    check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
+
+
+def _kernel_names(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.key for e in prof.key_averages()
+            if (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)) > 0]
+
+
+@pytest.mark.skipif(not _ops.cuda_fused_gemm_built(),
+                    reason="this build has no Hopper FFN-in GEMM (no CUTLASS headers at build time)")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Hopper FFN-in GEMM is sm_90a code")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_ffn_in_gemm_is_one_kernel_from_4096_rows(gpu, rng, dtype):
+    # The rule of cuda_backend.cu: the fused kernel from 4,096 rows (aligned shapes), cuBLAS and
+    # add_bias_activation below. A fused path that silently fell back would pass the value tests.
+    w = randn(rng, (64, 96), dtype)
+    bias = randn(rng, (96,), dtype)
+    for m, fused in ((4096, True), (4095, False)):
+        a = randn(rng, (m, 64), dtype)
+        names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu"))
+        gemm_kernels = [n for n in names if "Memcpy" not in n and "Memset" not in n]
+        assert any("cutlass" in n for n in gemm_kernels) == fused, (m, gemm_kernels)
+        assert len(gemm_kernels) == (1 if fused else 2), (m, gemm_kernels)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48),
                                          (4, 129, 64, 129)])

@@ -1,0 +1,83 @@
+// The CUTLASS kernel behind gemm_sm90.h. Each dtype's instantiation takes ~90 s of nvcc, so each
+// gets a translation unit of its own (generated from gemm_sm90_instance.cu.in by CMake) and they
+// build in parallel.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/gemm/gemm_sm90.h"
+
+namespace ftbert::cuda::sm90_gemm {
+
+using namespace cute;
+
+// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
+// computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).
+template <typename T, class TileShape, class ClusterShape, class MainloopSchedule,
+          class EpilogueSchedule>
+struct BiasGeluGemm {
+  using Row = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 8;  // elements per 16 bytes
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+      cutlass::epilogue::thread::GELU, T, float, T, T, float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Row, kAlign, T, Row,
+      kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, Row, kAlign, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      MainloopSchedule>::CollectiveOp;
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile: the
+// fastest of the shapes measured on an H100 for M >= 4096 (against 128 x 128 and 64 x 256
+// ping-pong, and 64 x 128); below that cuBLAS + add_bias_activation is faster (cuda_backend.cu).
+template <typename T>
+using BiasGelu = typename BiasGeluGemm<T, Shape<_128, _256, _64>, Shape<_2, _1, _1>,
+                                       cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                       cutlass::epilogue::TmaWarpSpecializedCooperative>::Gemm;
+
+// Enqueues one GEMM of kind G; false, enqueuing nothing, if G cannot take the shape.
+template <class G, typename Ours>
+bool run(int m, int n, int k, const Ours* a, const Ours* w, const Ours* bias, Ours* c,
+         int sm_count, cudaStream_t stream) {
+  using Kernel = typename G::GemmKernel;
+  using T = typename Kernel::ElementA;  // cutlass::half_t / bfloat16_t: same bits as Ours
+  static_assert(sizeof(T) == sizeof(Ours));
+  const typename Kernel::StrideA stride_a = make_stride(int64_t{k}, Int<1>{}, int64_t{0});
+  const typename Kernel::StrideB stride_b = make_stride(Int<1>{}, int64_t{n}, int64_t{0});
+  const typename Kernel::StrideD stride_d = make_stride(int64_t{n}, Int<1>{}, int64_t{0});
+  typename G::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {m, n, k, 1},
+      {reinterpret_cast<const T*>(a), stride_a, reinterpret_cast<const T*>(w), stride_b},
+      {{}, nullptr, stride_d, reinterpret_cast<T*>(c), stride_d}};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.thread.bias_ptr = reinterpret_cast<const T*>(bias);
+  args.hw_info.sm_count = sm_count;
+  G gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+  // The persistent data-parallel schedulers need no workspace; a nonzero size would mean a
+  // different scheduler than the one chosen here.
+  if (G::get_workspace_size(args) != 0) return false;
+  if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
+  return gemm.run(stream) == cutlass::Status::kSuccess;
+}
+
+}  // namespace ftbert::cuda::sm90_gemm

@@ -22,35 +22,31 @@ using namespace cute;
 
 // Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
 // computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).
-template <typename T, class TileShape, class ClusterShape, class MainloopSchedule,
-          class EpilogueSchedule>
-struct BiasGeluGemm {
+// 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile: the fastest
+// of the shapes measured on an H100 for M >= 4096 (against 128 x 128 and 64 x 256 ping-pong, and
+// 64 x 128); below that cuBLAS + add_bias_activation is faster (cuda_backend.cu).
+template <typename T>
+struct BiasGelu {
   using Row = cutlass::layout::RowMajor;
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
   static constexpr int kAlign = 8;  // elements per 16 bytes
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
       cutlass::epilogue::thread::GELU, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Row, kAlign, T, Row,
-      kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+      kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, Row, kAlign, float,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      MainloopSchedule>::CollectiveOp;
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
-
-// 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile: the
-// fastest of the shapes measured on an H100 for M >= 4096 (against 128 x 128 and 64 x 256
-// ping-pong, and 64 x 128); below that cuBLAS + add_bias_activation is faster (cuda_backend.cu).
-template <typename T>
-using BiasGelu = typename BiasGeluGemm<T, Shape<_128, _256, _64>, Shape<_2, _1, _1>,
-                                       cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                       cutlass::epilogue::TmaWarpSpecializedCooperative>::Gemm;
 
 // Enqueues one GEMM of kind G; false, enqueuing nothing, if G cannot take the shape.
 template <class G, typename Ours>

@@ -106,6 +106,28 @@ def test_ffn_in_gemm_with_many_rows_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
+@pytest.mark.skipif(not _ops.cuda_fused_gemm_built(),
+                    reason="this build has no Hopper FFN-in GEMM (no CUTLASS headers at build time)")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Hopper FFN-in GEMM is sm_90a code")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fused_gemm_gelu_is_erf_gelu_rounded_once(gpu, dtype):
+    # x · I = x exactly, so the fused kernel's output is its GELU of x, rounded once: within an
+    # ulp of float64 erf-GELU wherever the result is representable, the negative tail included
+    # (the epilogue's GELU is a polynomial fit, not erff).
+    x = np.linspace(-12.0, 12.0, 4096 * 64)
+    x = np.concatenate([x, -np.logspace(-6, 1.2, 4096), np.logspace(-6, 1.2, 4096)])
+    x = rounded(x[: x.size // 64 * 64], dtype).reshape(-1, 64)
+    got = gpu.weight_gemm(dtype, x, np.eye(64, dtype=np.float32), bias=np.zeros(64, np.float32),
+                          act="gelu").astype(np.float64)
+    xd = x.astype(np.float64)
+    want = 0.5 * xd * np.vectorize(math.erfc)(-xd / math.sqrt(2.0))  # 1 + erf cancels in the tail
+    core = xd >= -8.0  # Φ(-8) ~ 6e-16: below that the result is zero to any use
+    subnormal_step = 2.0**-24 if dtype == "float16" else 0.0
+    check(got[core], want[core], dtype, atol=subnormal_step, ulps=1)
+    assert np.abs(got[~core]).max() < 1e-13
+
+
 def _kernel_names(fn):
     from torch.profiler import ProfilerActivity, profile
 

@@ -6,7 +6,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
@@ -20,6 +19,47 @@ namespace ftbert::cuda::sm90_gemm {
 
 using namespace cute;
 
+// erf-GELU, x Φ(x), as the epilogue's activation. CUTLASS's GELU calls erff, about 25 instructions
+// a value; in a cooperative kernel the epilogue does not overlap the MMAs, and at K = 768 (BERT-base
+// FFN-in) it made the kernel ~35% slower than the same kernel without it (44 vs 33 us at 4,096 x
+// 3072 on an H100). Here Φ(-|x|) = 2^P(|x|), P a degree-8 polynomial fitted to log2 Φ(-|x|) on
+// [0, 8]: 8 FMAs and one ex2. Relative error of the result below 1e-5 for |x| <= 8 (the negative
+// tail keeps its relative precision, as the CPU's does); beyond -8, Φ(-8) ~ 6e-16 stands in for Φ.
+template <class V>
+struct ErfGelu;
+
+template <>
+struct ErfGelu<float> {
+  static constexpr bool kIsHeavy = true;
+  CUTLASS_DEVICE float operator()(float x) const {
+    const float a = fminf(fabsf(x), 8.0f);
+    float p = 7.428467796444238e-08f;
+    p = fmaf(p, a, -3.6553572044795146e-06f);
+    p = fmaf(p, a, 7.957453635754064e-05f);
+    p = fmaf(p, a, -0.0010219792602583766f);
+    p = fmaf(p, a, 0.008762177079916f);
+    p = fmaf(p, a, -0.05433736369013786f);
+    p = fmaf(p, a, -0.45819565653800964f);
+    p = fmaf(p, a, -1.1513217687606812f);
+    p = fmaf(p, a, -0.9999923706054688f);
+    float phi_neg;  // Φ(-|x|); ex2.approx: relative error ~2^-22, and P >= -51 stays normal
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(phi_neg) : "f"(p));
+    return x * (x >= 0.0f ? 1.0f - phi_neg : phi_neg);
+  }
+};
+
+// The epilogue applies its activation to fragments.
+template <int N>
+struct ErfGelu<cutlass::Array<float, N>> {
+  static constexpr bool kIsHeavy = true;
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v) const {
+    cutlass::Array<float, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = ErfGelu<float>{}(v[i]);
+    return out;
+  }
+};
+
 // Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
 // computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).
 // 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile: the fastest
@@ -31,8 +71,7 @@ struct BiasGelu {
   using TileShape = Shape<_128, _256, _64>;
   using ClusterShape = Shape<_2, _1, _1>;
   static constexpr int kAlign = 8;  // elements per 16 bytes
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-      cutlass::epilogue::thread::GELU, T, float, T, T, float>;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ErfGelu, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Row, kAlign, T, Row,

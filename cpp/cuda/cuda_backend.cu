@@ -295,16 +295,12 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k
                                    CUBLAS_GEMM_DEFAULT));
 }
 
-// FFN-in's GEMM + bias + erf-GELU on Hopper: one CUTLASS kernel from 4,096 rows, where it beat
-// cuBLAS + add_bias_activation on an H100 (BERT-base 3072 x 768: 45 vs 47 us at 4,096 rows, 169 vs
-// 184 at 16,384, 648 vs 725 at 65,536); with fewer rows cuBLAS's small-tile kernels fill the GPU
-// better (128 rows: 6.2 vs 16 us).
-constexpr int kFusedGemmMinRows = 4096;
-
+// FFN-in's GEMM + bias + erf-GELU on Hopper: one CUTLASS kernel for the row counts where it is
+// the faster way (gemm_sm90.h has the rule and its measurements), else cuBLAS + add_bias_activation.
 void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda,
                               const void* w, void* c, int ldc, const void* bias, Activation act) {
 #if FTBERT_GEMM_SM90
-  if (fused_gemm_sm90_ && m >= kFusedGemmMinRows && bias != nullptr &&
+  if (fused_gemm_sm90_ && bias != nullptr &&
       act == Activation::kGeluErf && lda == k && ldc == n &&
       (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
     DeviceScope scope(device_);

@@ -90,12 +90,15 @@ def test_weight_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
-# From 4,096 rows, Hopper runs FFN-in (bias + erf-GELU) as one CUTLASS kernel that applies the
-# bias and GELU to the fp32 accumulators; shapes TMA cannot take (rows not 16-byte aligned) and
-# float32 fall back to cuBLAS + add_bias_activation. Each against the CPU in float32.
+# Hopper runs FFN-in (bias + erf-GELU) as one CUTLASS kernel that applies the bias and GELU to
+# the fp32 accumulators, in 64 x 64 tiles up to 128 rows and 128 x 256 from 4,096 (gemm_sm90.h);
+# other row counts, shapes TMA cannot take (rows not 16-byte aligned) and float32 run cuBLAS +
+# add_bias_activation. Each against the CPU in float32, on both sides of each switch and of the
+# tiles' edges.
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k", [(4096, 136, 72), (4133, 264, 200), (4097, 100, 40)])
-def test_ffn_in_gemm_with_many_rows_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (77, 136, 200), (128, 264, 72), (129, 136, 72),
+                                   (4096, 136, 72), (4133, 264, 200), (4097, 100, 40)])
+def test_ffn_in_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     a = randn(rng, (m, k), dtype)
     w = randn(rng, (k, n), dtype, scale=k**-0.5)
     bias = randn(rng, (n,), dtype)
@@ -144,17 +147,22 @@ def _kernel_names(fn):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="the Hopper FFN-in GEMM is sm_90a code")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_ffn_in_gemm_is_one_kernel_from_4096_rows(gpu, rng, dtype):
-    # The rule of cuda_backend.cu: the fused kernel from 4,096 rows (aligned shapes), cuBLAS and
-    # add_bias_activation below. A fused path that silently fell back would pass the value tests.
-    w = randn(rng, (64, 96), dtype)
+def test_ffn_in_gemm_runs_as_gemm_sm90_h_says(gpu, rng, dtype):
+    # The rule of gemm_sm90.h: one fused kernel in 64 x 64 tiles up to 128 rows and in cooperative
+    # 128 x 256 tiles from 4,096 (aligned shapes); cuBLAS + add_bias_activation in between and when
+    # n is not a multiple of 8. A fused path that silently fell back would pass the value tests.
     bias = randn(rng, (96,), dtype)
-    for m, fused in ((4096, True), (4095, False)):
+    for m, n, tiles in ((1, 96, "64x64"), (128, 96, "64x64"), (129, 96, None), (4095, 96, None),
+                        (4096, 96, "128x256"), (100, 92, None), (4096, 92, None)):
         a = randn(rng, (m, 64), dtype)
-        names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu"))
-        gemm_kernels = [n for n in names if "Memcpy" not in n and "Memset" not in n]
-        assert any("cutlass" in n for n in gemm_kernels) == fused, (m, gemm_kernels)
-        assert len(gemm_kernels) == (1 if fused else 2), (m, gemm_kernels)
+        w = randn(rng, (64, n), dtype)
+        names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w, bias=bias[:n], act="gelu"))
+        kernels = [k for k in names if "Memcpy" not in k and "Memset" not in k]
+        ours = [k for k in kernels if "GemmUniversal" in k]  # CUTLASS 3's kernel (cuBLAS has others)
+        assert len(ours) == (tiles is not None), (m, n, kernels)
+        assert len(kernels) == (1 if tiles else 2), (m, n, kernels)
+        if tiles:
+            assert ("Cooperative" in ours[0]) == (tiles == "128x256"), (m, n, kernels)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,6 +1,6 @@
-// The CUTLASS kernel behind gemm_sm90.h. Each dtype's instantiation takes ~90 s of nvcc, so each
-// gets a translation unit of its own (generated from gemm_sm90_instance.cu.in by CMake) and they
-// build in parallel.
+// The CUTLASS kernels behind gemm_sm90.h. Each (dtype, tiling) instantiation takes ~90 s of nvcc,
+// so each gets a translation unit of its own (generated from gemm_sm90_instance.cu.in by CMake)
+// and they build in parallel.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -60,28 +60,44 @@ struct ErfGelu<cutlass::Array<float, N>> {
   }
 };
 
-// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
-// computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).
-// 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile: the fastest
-// of the shapes measured on an H100 for M >= 4096 (against 128 x 128 and 64 x 256 ping-pong, and
-// 64 x 128); below that cuBLAS + add_bias_activation is faster (cuda_backend.cu).
-template <typename T>
-struct BiasGelu {
-  using Row = cutlass::layout::RowMajor;
+// The two tilings (gemm_sm90.h says which runs when), as CUTLASS's tile, cluster and schedules.
+template <GemmTiles kTiles>
+struct Tiling;
+// 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile.
+template <>
+struct Tiling<GemmTiles::k128x256> {
   using TileShape = Shape<_128, _256, _64>;
   using ClusterShape = Shape<_2, _1, _1>;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+// 64 x 64 tiles, one consumer warpgroup: with few rows, enough tiles to fill the GPU.
+template <>
+struct Tiling<GemmTiles::k64x64> {
+  using TileShape = Shape<_64, _64, _64>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+};
+
+// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
+// computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).
+template <typename T, GemmTiles kTiles>
+struct BiasGelu {
+  using Row = cutlass::layout::RowMajor;
+  using Tiles = Tiling<kTiles>;
   static constexpr int kAlign = 8;  // elements per 16 bytes
   using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ErfGelu, T, float, T, T, float>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Row, kAlign, T, Row,
-      kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Tiles::TileShape,
+      typename Tiles::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, Row, kAlign, T, Row, kAlign, typename Tiles::EpilogueSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, Row, kAlign, float,
-      TileShape, ClusterShape,
+      typename Tiles::TileShape, typename Tiles::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Tiles::MainloopSchedule>::CollectiveOp;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;

@@ -61,24 +61,26 @@ struct ErfGelu<cutlass::Array<float, N>> {
 };
 
 // The two tilings (gemm_sm90.h says which runs when), as CUTLASS's tile, cluster and schedules.
+template <class Tile, class Cluster, class Mainloop, class Epilogue>
+struct TilingOf {
+  using TileShape = Tile;
+  using ClusterShape = Cluster;
+  using MainloopSchedule = Mainloop;
+  using EpilogueSchedule = Epilogue;
+};
 template <GemmTiles kTiles>
 struct Tiling;
 // 128 x 256 tiles in clusters of 2 along M, two consumer warpgroups sharing each tile.
 template <>
-struct Tiling<GemmTiles::k128x256> {
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-};
+struct Tiling<GemmTiles::k128x256>
+    : TilingOf<Shape<_128, _256, _64>, Shape<_2, _1, _1>,
+               cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+               cutlass::epilogue::TmaWarpSpecializedCooperative> {};
 // 64 x 64 tiles, one consumer warpgroup: with few rows, enough tiles to fill the GPU.
 template <>
-struct Tiling<GemmTiles::k64x64> {
-  using TileShape = Shape<_64, _64, _64>;
-  using ClusterShape = Shape<_1, _1, _1>;
-  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
-};
+struct Tiling<GemmTiles::k64x64>
+    : TilingOf<Shape<_64, _64, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecialized,
+               cutlass::epilogue::TmaWarpSpecialized> {};
 
 // Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
 // computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).

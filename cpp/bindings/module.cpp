@@ -2,6 +2,7 @@
 // (InputError -> ValueError, every other ftbert::Error -> RuntimeError).
 #include "bindings/bindings.h"
 
+#include "cpu/isa.h"
 #include "ftbert/backend.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -13,6 +14,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("cuda_backend_built", &cuda_backend_built,
         "Whether this build has the CUDA backend library (it may still lack a GPU to run on).");
   m.attr("built_with_cuda") = py::bool_(FTBERT_HAS_CUDA_BUILD);
+  m.def("cpu_has_bf16_instructions", &cpu::has_bf16_instructions,
+        "Whether this CPU has AMX-BF16 or AVX512-BF16 (what a bfloat16 CPU path would need).");
 
   bindings::register_encoder(m);
 }

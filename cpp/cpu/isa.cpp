@@ -49,6 +49,15 @@ Isa isa() {
   return chosen;
 }
 
+bool has_bf16_instructions() {
+#if defined(FTBERT_CPU_MULTI_ISA)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("amx-bf16") || __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::kAvx512: return "avx512";

@@ -11,4 +11,8 @@ enum class Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 Isa isa();
 const char* isa_name(Isa isa);
 
+// Whether the CPU has AMX-BF16 or AVX512-BF16, the instructions a bfloat16 CPU path needs (the
+// CPU backend computes in float32; errors for bfloat16 name what is missing).
+bool has_bf16_instructions();
+
 }  // namespace ftbert::cpu

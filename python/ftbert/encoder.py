@@ -128,7 +128,7 @@ class Encoder:
         _check_nonfinite(nonfinite)
         kind, index = _parse_device(device)
         if kind == "cpu" and dtype != "float32":
-            raise ValueError(f"the CPU backend computes in float32 only (asked for {dtype})")
+            raise ValueError(_cpu_dtype_message(dtype))
         if kind == "cuda":
             _check_cuda_available(index)
         if is_converted(path):
@@ -639,6 +639,14 @@ class Encoder:
 # ---- argument and input conversion helpers --------------------------------------------------
 class NonFiniteError(FloatingPointError):
     """The encoder's output holds NaN or Inf (raised when `Encoder.nonfinite` is "raise")."""
+
+
+def _cpu_dtype_message(dtype: str) -> str:
+    message = f"the CPU backend computes in float32 only (asked for {dtype})"
+    if dtype == "bfloat16" and not _C.cpu_has_bf16_instructions():
+        message += ("; this CPU also lacks AMX-BF16 and AVX512-BF16, the instructions a bfloat16 "
+                    "CPU path needs")
+    return message
 
 
 def _check_nonfinite(mode) -> str:

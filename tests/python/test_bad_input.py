@@ -1,5 +1,7 @@
 """Bad input raises a Python exception that says what is wrong, and the process lives on."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -71,6 +73,25 @@ def test_cpu_backend_rejects_half_precision(tmp_path):
     make_bert(tmp_path, hidden=32, heads=2, layers=1)
     with pytest.raises(ValueError, match="float32 only"):
         ftbert.Encoder.from_pretrained(tmp_path, dtype="float16")
+
+
+@pytest.mark.parametrize("has_bf16", [False, True])
+def test_cpu_bfloat16_error_names_the_missing_instructions(tmp_path, monkeypatch, has_bf16):
+    make_bert(tmp_path, hidden=32, heads=2, layers=1)
+    monkeypatch.setattr(ftbert.encoder._C, "cpu_has_bf16_instructions", lambda: has_bf16)
+    with pytest.raises(ValueError, match=r"float32 only \(asked for bfloat16\)") as err:
+        ftbert.Encoder.from_pretrained(tmp_path, device="cpu", dtype="bfloat16")
+    assert ("lacks AMX-BF16 and AVX512-BF16" in str(err.value)) == (not has_bf16)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads the CPU flags from /proc/cpuinfo")
+def test_cpu_bf16_detection_agrees_with_the_kernel():
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    want = bool({"amx_bf16", "avx512_bf16"} & flags)
+    assert ftbert.encoder._C.cpu_has_bf16_instructions() is want
 
 
 def test_unknown_options_are_named(tmp_path):

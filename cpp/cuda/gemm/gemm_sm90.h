@@ -33,20 +33,23 @@ template <typename T, GemmTiles kTiles>
 bool gemm_bias_gelu_sm90_tiled(int m, int n, int k, const T* a, const T* w, const T* bias, T* c,
                                int sm_count, cudaStream_t stream);
 
-// The same in the tiling that suits m; false, enqueuing nothing, also where cuBLAS +
-// add_bias_activation is the faster way for m rows (the caller then runs those).
+// Whether the fused kernel is the faster way for m rows (else cuBLAS + add_bias_activation).
+inline bool gemm_bias_gelu_sm90_pays(int m) {
+  return (m >= 1 && m <= kGemmSmallTileMaxRows) || m >= kGemmLargeTileMinRows;
+}
+
+// c = gelu_erf(a · w + bias) as above, in the tiling that suits m; false, enqueuing nothing,
+// also where the fused kernel does not pay.
 template <typename T>
 bool gemm_bias_gelu_sm90(int m, int n, int k, const T* a, const T* w, const T* bias, T* c,
                          int sm_count, cudaStream_t stream) {
-  if (m >= 1 && m <= kGemmSmallTileMaxRows) {
+  if (!gemm_bias_gelu_sm90_pays(m)) return false;
+  if (m <= kGemmSmallTileMaxRows) {
     return gemm_bias_gelu_sm90_tiled<T, GemmTiles::k64x64>(m, n, k, a, w, bias, c, sm_count,
                                                            stream);
   }
-  if (m >= kGemmLargeTileMinRows) {
-    return gemm_bias_gelu_sm90_tiled<T, GemmTiles::k128x256>(m, n, k, a, w, bias, c, sm_count,
-                                                             stream);
-  }
-  return false;
+  return gemm_bias_gelu_sm90_tiled<T, GemmTiles::k128x256>(m, n, k, a, w, bias, c, sm_count,
+                                                           stream);
 }
 
 }  // namespace ftbert::cuda

@@ -80,33 +80,47 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
   if (nonfinite != nullptr && !finite) *nonfinite = 1;
 }
 
-template <typename T, int VEC>
+// Where add_bias_residual_layernorm_kernel reads the GEMM output it normalizes: the VEC values
+// from element `offset` (row * hidden + column) on, in fp32.
+template <typename T>
+struct GemmOutput {  // the GEMM's own output, in T
+  const T* x;        // [M, H]
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t offset, float (&v)[VEC]) const {
+    const Vec<T, VEC> a = load_vec<VEC>(x + offset);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = to_float(a.v[i]);
+  }
+};
+
+template <typename T, int VEC, typename Source>
 __global__ void __launch_bounds__(kMaxThreads)
-    add_bias_residual_layernorm_kernel(T* __restrict__ x, const T* __restrict__ residual,
+    add_bias_residual_layernorm_kernel(Source source, const T* __restrict__ residual,
                                        const T* __restrict__ bias, const T* __restrict__ gamma,
-                                       const T* __restrict__ beta, int hidden, float eps,
+                                       const T* __restrict__ beta, T* out, int hidden, float eps,
                                        int32_t* __restrict__ nonfinite) {
   extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
   __shared__ float scratch[32];
   float* row = reinterpret_cast<float*>(smem_row);
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * hidden;
-  T* xr = x + offset;
   const T* rr = residual + offset;
 
+  // The whole row is read before layernorm_row's first barrier and written after it, so `out`
+  // may be the source's own memory (in place).
   float sum = 0.0f;
   for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
-    const Vec<T, VEC> a = load_vec<VEC>(xr + c * VEC);
     const Vec<T, VEC> r = load_vec<VEC>(rr + c * VEC);
     const Vec<T, VEC> b = load_vec<VEC>(bias + c * VEC);
     float v[VEC];
+    source.template load<VEC>(offset + c * VEC, v);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      v[i] = to_float(a.v[i]) + to_float(b.v[i]) + to_float(r.v[i]);
+      v[i] = v[i] + to_float(b.v[i]) + to_float(r.v[i]);
       sum += v[i];
     }
     store_row<VEC>(row + c * VEC, v);
   }
-  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, xr, eps, scratch, nonfinite);
+  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, out + offset, eps, scratch, nonfinite);
 }
 
 template <typename T, int VEC>
@@ -193,10 +207,10 @@ void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, 
   const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    auto kernel = add_bias_residual_layernorm_kernel<T, VEC>;
+    auto kernel = add_bias_residual_layernorm_kernel<T, VEC, GemmOutput<T>>;
     const size_t smem = row_smem_bytes(kernel, hidden);
-    kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(x, residual, bias, gamma, beta,
-                                                              hidden, eps, nonfinite);
+    kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(
+        GemmOutput<T>{x}, residual, bias, gamma, beta, x, hidden, eps, nonfinite);
   });
   FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel", stream);
 }

@@ -83,17 +83,18 @@ void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
   run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), act.ctx, act.attention_scratch, L,
                 config_.num_heads, config_.head_dim());
   // hidden2 = LN(ctx · Wo + bo + hidden)
-  be.weight_gemm(dt, M, H, H, act.ctx, H, w.attn_out_weight.data(), act.hidden2, H);
-  be.add_bias_residual_layernorm(dt, act.hidden2, act.hidden, w.attn_out_bias.data(),
-                                 w.attn_ln_gamma.data(), w.attn_ln_beta.data(), M, H, eps);
+  be.dense_residual_layernorm(dt, M, H, H, act.ctx, w.attn_out_weight.data(),
+                              w.attn_out_bias.data(), act.hidden, w.attn_ln_gamma.data(),
+                              w.attn_ln_beta.data(), act.hidden2, eps, act.dense_workspace,
+                              act.dense_workspace_bytes);
   // inter = act(hidden2 · W1 + b1)
   be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I,
                  w.ffn_in_bias.data(), config_.activation);
   // hidden = LN(inter · W2 + b2 + hidden2)
-  be.weight_gemm(dt, M, H, I, act.inter, I, w.ffn_out_weight.data(), act.hidden, H);
-  be.add_bias_residual_layernorm(dt, act.hidden, act.hidden2, w.ffn_out_bias.data(),
-                                 w.ffn_ln_gamma.data(), w.ffn_ln_beta.data(), M, H, eps,
-                                 nonfinite);
+  be.dense_residual_layernorm(dt, M, H, I, act.inter, w.ffn_out_weight.data(),
+                              w.ffn_out_bias.data(), act.hidden2, w.ffn_ln_gamma.data(),
+                              w.ffn_ln_beta.data(), act.hidden, eps, act.dense_workspace,
+                              act.dense_workspace_bytes, nonfinite);
 }
 
 }  // namespace ftbert

@@ -3,6 +3,7 @@
 #include "ftbert/session.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "ftbert/attention.h"
@@ -40,7 +41,7 @@ size_t Session::workspace_bytes() const {
          token_index_.bytes() + first_tokens_.bytes() + hidden_.bytes() + hidden2_.bytes() +
          embedded_.bytes() +
          qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() + head_hidden_.bytes() +
-         logits_.bytes() + attention_scratch_.bytes();
+         logits_.bytes() + attention_scratch_.bytes() + dense_workspace_.bytes();
 }
 
 void Session::drop_recordings() {
@@ -62,6 +63,8 @@ Activations Session::activations() const {
   a.head_hidden = head_hidden_.data();
   a.logits = logits_.data();
   a.attention_scratch = attention_scratch_.data();
+  a.dense_workspace = dense_workspace_.data();
+  a.dense_workspace_bytes = dense_workspace_.bytes();
   a.nonfinite = nonfinite_device_;
   return a;
 }
@@ -134,6 +137,9 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     ctx_ = DeviceBuffer(b, tokens * H * es);
     inter_ = DeviceBuffer(b, tokens * I * es);
     if (token_head) logits_ = DeviceBuffer(b, tokens * N * es);
+    const size_t dense_bytes = b->dense_residual_layernorm_workspace_bytes(
+        static_cast<int>(std::min<int64_t>(tokens, INT32_MAX)), static_cast<int>(H));
+    dense_workspace_ = dense_bytes > 0 ? DeviceBuffer(b, dense_bytes) : DeviceBuffer();
     capacity_tokens_ = tokens;
   }
   if (attention_bytes > attention_scratch_.bytes()) {

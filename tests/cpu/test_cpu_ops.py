@@ -171,6 +171,26 @@ def test_add_bias_residual_layernorm_matches_reference(cpu, rng, rows, hidden):
     assert_close(cpu.add_bias_residual_layernorm("float32", x, res, bias, gamma, beta, 1e-5), ref, 2e-5)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 32, 32), (77, 48, 130), (130, 40, 512)])
+def test_dense_residual_layernorm_matches_reference(cpu, rng, m, n, k):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    bias, gamma, beta = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    ref = layernorm64(a.astype(np.float64) @ w + bias + res, gamma, beta, 1e-5)
+    assert_close(cpu.dense_residual_layernorm("float32", a, w, bias, res, gamma, beta, 1e-5), ref, 5e-5)
+
+
+def test_dense_residual_layernorm_names_bad_shapes(cpu):
+    a, w, v = np.ones((4, 6), np.float32), np.ones((6, 3), np.float32), np.ones(3, np.float32)
+    with pytest.raises(ValueError, match=r"dense_residual_layernorm: inner dimensions differ \(6 vs 5\)"):
+        cpu.dense_residual_layernorm("float32", a, w[:5], v, np.ones((4, 3), np.float32), v, v)
+    with pytest.raises(ValueError, match=r"dense_residual_layernorm: residual must be \[4, 3\]"):
+        cpu.dense_residual_layernorm("float32", a, w, v, np.ones((3, 3), np.float32), v, v)
+    with pytest.raises(ValueError, match=r"bias, gamma and beta must be \[3\]"):
+        cpu.dense_residual_layernorm("float32", a, w, v, np.ones((4, 3), np.float32), v[:2], v)
+
+
 ACTS = {
     "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),

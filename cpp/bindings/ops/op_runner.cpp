@@ -199,6 +199,39 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1,
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
+      // out = LN(a · w + bias + residual) · gamma + beta through the backend's weight path, with
+      // the workspace the backend asks for (`workspace` false: none, the unsplit path).
+      .def("dense_residual_layernorm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w,
+              const F32Array& bias, const F32Array& residual, const F32Array& gamma,
+              const F32Array& beta, float eps, bool workspace) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(a, 2, "a");
+             require_ndim(w, 2, "w");
+             require_ndim(residual, 2, "residual");
+             const int m = a.shape(0), k = a.shape(1), n = w.shape(1);
+             FTBERT_CHECK_INPUT(w.shape(0) == k, "dense_residual_layernorm: inner dimensions differ (" << k << " vs " << w.shape(0) << ")");
+             FTBERT_CHECK_INPUT(residual.shape(0) == m && residual.shape(1) == n, "dense_residual_layernorm: residual must be [" << m << ", " << n << "]");
+             for (const F32Array* v : {&bias, &gamma, &beta}) {
+               FTBERT_CHECK_INPUT(v->ndim() == 1 && v->shape(0) == n, "dense_residual_layernorm: bias, gamma and beta must be [" << n << "]");
+             }
+             std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
+             convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
+             DeviceBuffer dw(&r.backend(), r.backend().weight_bytes(dt, k, n));
+             r.backend().upload_weight(dt, host.data(), k, n, dw.data());
+             auto da = r.upload(a, dt), dr = r.upload(residual, dt), db = r.upload(bias, dt);
+             auto dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
+             auto out = r.empty(static_cast<size_t>(m) * n, dt);
+             const size_t ws_bytes =
+                 workspace ? r.backend().dense_residual_layernorm_workspace_bytes(m, n) : 0;
+             DeviceBuffer ws = ws_bytes > 0 ? DeviceBuffer(&r.backend(), ws_bytes) : DeviceBuffer();
+             r.backend().dense_residual_layernorm(dt, m, n, k, da.data(), dw.data(), db.data(),
+                                                  dr.data(), dg.data(), dbe.data(), out.data(),
+                                                  eps, ws.data(), ws.bytes());
+             return r.download(out, dt, {m, n});
+           },
+           py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("bias"), py::arg("residual"),
+           py::arg("gamma"), py::arg("beta"), py::arg("eps") = 1e-12f, py::arg("workspace") = true)
       .def("batched_gemm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
               bool trans_a, bool trans_b, float alpha) {

@@ -129,6 +129,32 @@ class Backend {
     if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
   }
 
+  // out [m, n] = LayerNorm(a [m, k] · W + bias + residual) · gamma + beta: a post-LN residual
+  // block's output projection and its LayerNorm as one op, W as upload_weight left it. A backend
+  // may split the GEMM over k and let the LayerNorm sum the pieces, in `workspace`:
+  // dense_residual_layernorm_workspace_bytes(rows, n) bytes for any m <= rows (the caller's own,
+  // so concurrent callers never share it). With less workspace than that (or none), the op runs
+  // unsplit. out may not overlap a or residual. The base runs weight_gemm into out, then
+  // add_bias_residual_layernorm; `nonfinite` as there.
+  virtual size_t dense_residual_layernorm_workspace_bytes(int /*rows*/, int /*n*/) const {
+    return 0;
+  }
+  virtual void dense_residual_layernorm(DType dt, int m, int n, int k,
+                                        const void* a,         // [m, k]
+                                        const void* w,         // W [k, n], uploaded
+                                        const void* bias,      // [n]
+                                        const void* residual,  // [m, n]
+                                        const void* gamma,     // [n]
+                                        const void* beta,      // [n]
+                                        void* out,             // [m, n]
+                                        float eps, void* workspace, size_t workspace_bytes,
+                                        int32_t* nonfinite = nullptr) {
+    (void)workspace;
+    (void)workspace_bytes;
+    weight_gemm(dt, m, n, k, a, k, w, out, n);
+    add_bias_residual_layernorm(dt, out, residual, bias, gamma, beta, m, n, eps, nonfinite);
+  }
+
   // ---- inputs --------------------------------------------------------------------------------
   // Copies a forward's inputs into the int32 arrays the ops read, checking each value on the way:
   // input_ids in [0, vocab), token_type_ids in [0, type_vocab), attention_mask 0 or 1. Each input

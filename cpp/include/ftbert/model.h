@@ -31,6 +31,8 @@ struct Activations {
   void* head_hidden = nullptr;        // [B, H]  a sequence head's own dense (else null)
   void* logits = nullptr;             // [B, N] or [M, N] (else null)
   void* attention_scratch = nullptr;  // attention_workspace_bytes(...)
+  void* dense_workspace = nullptr;    // dense_workspace_bytes bytes for dense_residual_layernorm
+  size_t dense_workspace_bytes = 0;   //   (at least the backend's ask for M rows, or 0)
   int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
 };
 

@@ -153,6 +153,7 @@ class Session {
   DeviceBuffer head_hidden_;          // [B, H], only for a sequence head with its own dense
   DeviceBuffer logits_;               // [B, N] or [B, S, N], only with a head
   DeviceBuffer attention_scratch_;    // run_attention's workspace (unfused: q, k, v, scores)
+  DeviceBuffer dense_workspace_;      // dense_residual_layernorm's (the backend's ask; may be empty)
 };
 
 }  // namespace ftbert

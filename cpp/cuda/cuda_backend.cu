@@ -11,6 +11,7 @@
 
 #include "cuda/attention/flash.h"
 #include "cuda/cuda_check.h"
+#include "cuda/gemm/split_k.h"
 #if FTBERT_GEMM_SM90
 #include "cuda/gemm/gemm_sm90.h"
 #endif
@@ -318,6 +319,45 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
   }
 #endif
   Backend::weight_gemm(dt, m, n, k, a, lda, w, c, ldc, bias, act);
+}
+
+size_t CudaBackend::dense_residual_layernorm_workspace_bytes(int rows, int n) const {
+  return dense_layernorm_workspace_bytes(rows, n);
+}
+
+void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const void* a,
+                                           const void* w, const void* bias, const void* residual,
+                                           const void* gamma, const void* beta, void* out,
+                                           float eps, void* workspace, size_t workspace_bytes,
+                                           int32_t* nonfinite) {
+  const int splits = dense_layernorm_splits(m, n, k);
+  if (splits <= 1 || workspace == nullptr ||
+      workspace_bytes < dense_layernorm_partials_bytes(m, n, splits)) {
+    Backend::dense_residual_layernorm(dt, m, n, k, a, w, bias, residual, gamma, beta, out, eps,
+                                      workspace, workspace_bytes, nonfinite);
+    return;
+  }
+  DeviceScope scope(device_);
+  // partials[s] [m, n] = a[:, s·kk : (s+1)·kk] · W[s·kk : (s+1)·kk, :], in fp32 (row-major as
+  // cuBLAS's column-major transposes: see gemm above).
+  const int kk = k / splits;
+  const cudaDataType_t type = cuda_data_type(dt);
+  const cublasComputeType_t compute = dt == DType::kFloat32 && allow_tf32_
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  const float one = 1.0f, zero = 0.0f;
+  float* partials = static_cast<float*>(workspace);
+  FTBERT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, CUBLAS_OP_N, CUBLAS_OP_N, n, m, kk, &one, w, type, n,
+      static_cast<int64_t>(kk) * n, a, type, k, kk, &zero, partials, CUDA_R_32F, n,
+      static_cast<int64_t>(m) * n, splits, compute, CUBLAS_GEMM_DEFAULT));
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_partials_residual_layernorm<T>(
+        partials, splits, static_cast<const T*>(residual), static_cast<const T*>(bias),
+        static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(out), m, n,
+        eps, nonfinite, stream_);
+  });
 }
 
 void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,

@@ -380,6 +380,62 @@ def test_add_bias_residual_layernorm_matches_cpu(gpu, cpu, rng, dtype, rows, hid
     check(got, want, dtype, atol=FP32_NOISE * np.abs(want).max())
 
 
+# (m, n, k) on both sides of each split rule of gemm/split_k.h (splits in the comment), k that
+# allows fewer splits than the rule asks (slices stay multiples of 8), and odd n.
+DENSE_LN_SHAPES = [(1, 768, 3072),     # 4
+                   (77, 768, 3072),    # 4
+                   (256, 768, 3072),   # 4
+                   (257, 768, 3072),   # 1
+                   (128, 768, 768),    # 2
+                   (256, 768, 768),    # 2
+                   (300, 768, 768),    # 1
+                   (33, 96, 1000),     # 1: no split keeps slices multiples of 8
+                   (33, 96, 2088),     # 3 (4 would not)
+                   (5, 99, 2048),      # 4, odd n
+                   (9, 64, 256)]       # 1: k too short
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", DENSE_LN_SHAPES)
+@pytest.mark.parametrize("workspace", [True, False], ids=["workspace", "none"])
+def test_dense_residual_layernorm_matches_cpu(gpu, cpu, rng, dtype, m, n, k, workspace):
+    a = randn(rng, (m, k), dtype)
+    w = randn(rng, (k, n), dtype, 1.0 / math.sqrt(k))
+    residual = randn(rng, (m, n), dtype, 2.0)
+    bias, beta = randn(rng, n, dtype), randn(rng, n, dtype, 0.2)
+    gamma = randn(rng, n, dtype, 0.3, offset=1.0)
+    want = cpu.dense_residual_layernorm("float32", a, w, bias, residual, gamma, beta, 1e-5)
+    got = gpu.dense_residual_layernorm(dtype, a, w, bias, residual, gamma, beta, 1e-5,
+                                       workspace=workspace)
+    # The GEMM's error before the normalization: the unsplit path rounds a·W to the dtype (2 ulps
+    # of it), both accumulate in fp32; it reaches the output scaled by gamma / std of the row.
+    a64, w64 = a.astype(np.float64), w.astype(np.float64)
+    pre = a64 @ w64 + bias + residual
+    gemm_ulp = FP32_NOISE if dtype == "float32" else 2 * ULP_AT_ONE[dtype]
+    gemm_err = gemm_ulp * np.abs(a64 @ w64) + FP32_NOISE * (np.abs(a64) @ np.abs(w64))
+    atol = (gemm_err.max(axis=1, keepdims=True) / pre.std(axis=1, keepdims=True)
+            * np.abs(gamma).max() + FP32_NOISE * np.abs(want).max())
+    check(got, want, dtype, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_dense_residual_layernorm_splits_as_split_k_h_says(gpu, rng, dtype):
+    # The split path is one GEMM and the LayerNorm that reads the partials; without a workspace,
+    # or with rows enough, the GEMM and the LayerNorm of the GEMM output.
+    n = 768
+    v = randn(rng, n, dtype)
+    for m, k, workspace, split in ((128, 3072, True, True), (256, 768, True, True),
+                                   (128, 3072, False, False), (257, 3072, True, False)):
+        a, w = randn(rng, (m, k), dtype), randn(rng, (k, n), dtype, 1.0 / math.sqrt(k))
+        r = randn(rng, (m, n), dtype)
+        names = _kernel_names(lambda: gpu.dense_residual_layernorm(
+            dtype, a, w, v, r, v, v, workspace=workspace))
+        kernels = [x for x in names if "Memcpy" not in x and "Memset" not in x]
+        norms = [x for x in kernels if "layernorm" in x]
+        assert len(norms) == 1, (m, k, kernels)
+        assert ("SplitPartials" in norms[0]) == split, (m, k, workspace, kernels)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity"])
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 130), (33, 1000), (5, 3072), (3, 333)])

@@ -93,6 +93,20 @@ void invoke_add_bias_residual_layernorm(T* x,               // [M, H]
                                         int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
                                         cudaStream_t stream);
 
+// out = LayerNorm(Σ_s partials[s] + bias + residual) · gamma + beta: a k-split GEMM's fp32
+// partial products (split order, summed in fp32) normalized with the residual, as above.
+template <typename T>
+void invoke_partials_residual_layernorm(const float* partials,  // [splits, M, H]
+                                        int splits,
+                                        const T* residual,  // [M, H]
+                                        const T* bias,      // [H]
+                                        const T* gamma,     // [H]
+                                        const T* beta,      // [H]
+                                        T* out,             // [M, H]
+                                        int rows, int hidden, float eps,
+                                        int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
+                                        cudaStream_t stream);
+
 // out[row] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta for the token at
 // the row's padded position (packed: token_index[row]; -1 gives a zero row). Ids and types are
 // clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;

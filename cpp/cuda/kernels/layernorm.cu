@@ -1,5 +1,7 @@
 // LayerNorm fused with what precedes it, one block per row (token):
 //   add_bias_residual_layernorm: x = LN(x + bias + residual) · gamma + beta        (in place)
+//   partials_residual_layernorm: out = LN(Σ_s partials[s] + bias + residual) · gamma + beta
+//                                (a k-split GEMM's fp32 partials, summed as the row is read)
 //   embed_layernorm:             out = LN(word[id] + position[s] + token_type[t]) · gamma + beta
 // The pre-norm row is summed in fp32 and kept in shared memory (hidden·4 bytes), so the statistics
 // are exact two-pass ones (mean, then Σ(v - mean)²) for any hidden size, and the row is read from
@@ -15,8 +17,8 @@ constexpr int kMaxThreads = 256;
 
 // kernels
 
-// VEC fp32 values to/from the shared-memory row, in pieces of at most 16 bytes (the row is only
-// guaranteed 16-byte alignment).
+// VEC fp32 values to/from an fp32 row (the shared-memory row, a split GEMM's partials), in
+// pieces of at most 16 bytes (such rows are only guaranteed 16-byte alignment).
 template <int VEC>
 __device__ __forceinline__ void store_row(float* row, const float (&v)[VEC]) {
   constexpr int P = VEC < 4 ? VEC : 4;
@@ -90,6 +92,22 @@ struct GemmOutput {  // the GEMM's own output, in T
     const Vec<T, VEC> a = load_vec<VEC>(x + offset);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v[i] = to_float(a.v[i]);
+  }
+};
+
+struct SplitPartials {  // the k-split GEMM's fp32 partial products, summed here in split order
+  const float* p;       // [splits, M, H]
+  int splits;
+  int64_t stride;       // M * H
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t offset, float (&v)[VEC]) const {
+    load_row<VEC>(p + offset, v);
+    for (int s = 1; s < splits; ++s) {
+      float w[VEC];
+      load_row<VEC>(p + s * stride + offset, w);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] += w[i];
+    }
   }
 };
 
@@ -216,6 +234,26 @@ void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, 
 }
 
 template <typename T>
+void invoke_partials_residual_layernorm(const float* partials, int splits, const T* residual,
+                                        const T* bias, const T* gamma, const T* beta, T* out,
+                                        int rows, int hidden, float eps, int32_t* nonfinite,
+                                        cudaStream_t stream) {
+  if (rows == 0 || hidden == 0) return;
+  // The partials are read VEC floats at a time, in 16-byte pieces at most.
+  int vec = pick_vec<T>(hidden, {residual, bias, gamma, beta, out});
+  while (vec > 1 && !is_aligned(partials, (vec < 4 ? vec : 4) * sizeof(float))) vec /= 2;
+  const SplitPartials source{partials, splits, static_cast<int64_t>(rows) * hidden};
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    auto kernel = add_bias_residual_layernorm_kernel<T, VEC, SplitPartials>;
+    const size_t smem = row_smem_bytes(kernel, hidden);
+    kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(source, residual, bias, gamma, beta,
+                                                              out, hidden, eps, nonfinite);
+  });
+  FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel (split partials)", stream);
+}
+
+template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_ids, const T* word,
                             const T* position, const T* token_type, const T* gamma, const T* beta,
                             T* out, const SequenceLayout& layout, int hidden, int vocab,
@@ -240,6 +278,9 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
 #define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
   template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
                                                       int, int, float, int32_t*, cudaStream_t);   \
+  template void invoke_partials_residual_layernorm<T>(const float*, int, const T*, const T*,      \
+                                                      const T*, const T*, T*, int, int, float,    \
+                                                      int32_t*, cudaStream_t);                    \
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
                                           const T*, const T*, const T*, T*,                       \
                                           const SequenceLayout&, int, int, int, float, int,       \

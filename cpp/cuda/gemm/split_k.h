@@ -24,6 +24,15 @@ struct DenseSplitStep {
   int splits;
 };
 constexpr DenseSplitStep kDenseSplitSteps[] = {{2048, 256 * 768, 4}, {512, 256 * 768, 2}};
+// The LayerNorm that sums the partials issues every split's loads at once, up to this many.
+constexpr int kDenseMaxSplits = 4;
+constexpr bool dense_splits_within_max() {
+  for (const DenseSplitStep& s : kDenseSplitSteps) {
+    if (s.splits > kDenseMaxSplits) return false;
+  }
+  return true;
+}
+static_assert(dense_splits_within_max(), "a split step exceeds kDenseMaxSplits");
 // A slice's k stays a multiple of 8, so every slice of a 16-byte aligned row starts aligned.
 constexpr int kDenseSliceAlign = 8;
 

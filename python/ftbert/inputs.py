@@ -25,6 +25,7 @@ Every error is a ValueError or TypeError whose message names the argument.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -58,6 +59,7 @@ def numpy_kind(dtype: np.dtype) -> str:
     return {"b": "bool", "i": "int", "u": "int", "f": "float"}.get(dtype.kind, "other")
 
 
+@functools.cache  # once per dtype: this runs for every tensor of every forward
 def torch_kind(dtype) -> str:
     torch = _torch()
     if dtype == torch.bool:
@@ -250,11 +252,12 @@ def check_values(config: dict, ids, mask, types) -> int:
     return int(tokens)
 
 
-def staged_dtypes() -> tuple:
+@functools.cache
+def staged_dtypes() -> frozenset:
     """The torch dtypes whose values the engine stages and checks on the device as they are
     (Backend::stage_inputs: int32, int64, and one-byte unsigned)."""
     torch = _torch()
-    return (torch.int32, torch.int64, torch.uint8, torch.bool)
+    return frozenset((torch.int32, torch.int64, torch.uint8, torch.bool))
 
 
 def device_int32(t):

@@ -285,6 +285,25 @@ def test_bad_option_values_are_one_line_and_exit_2(args, message, tiny, tmp_path
     assert message in err and "\n" not in err
 
 
+def test_compile_mode_reaches_torch_compile(monkeypatch):
+    o = parse_options(["--compile", "--compile-mode", "max-autotune"], cuda_available=False)
+    assert o.compile_mode == "max-autotune" and o.engines[-1] == "hf-compile"
+    assert parse_options(["--compile"], cuda_available=False).compile_mode == "default"
+    assert parse_options(["--varlen", "--compile", "--compile-mode", "reduce-overhead"],
+                         cuda_available=True).compile_mode == "reduce-overhead"
+    with pytest.raises(BenchError, match=r"--compile-mode: 'fast' is not one of default, "):
+        parse_options(["--compile", "--compile-mode", "fast"], cuda_available=False)
+    with pytest.raises(BenchError, match="--compile-mode applies to the hf-compile engine"):
+        parse_options(["--compile-mode", "max-autotune"], cuda_available=False)
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    from ftbert.bench.models import compile_model
+
+    model = object()
+    assert compile_model(model, "max-autotune") is model and compile_model(model, "default") is model
+    assert seen == [{"dynamic": False, "mode": "max-autotune"}, {"dynamic": False, "mode": None}]
+
+
 def test_preset_fills_what_the_command_line_leaves_out(tmp_path):
     preset = tmp_path / "p.json"
     preset.write_text(json.dumps({"model": "bert-base", "device": "cpu", "batch": [2, 4], "seq": "9,33",
@@ -548,6 +567,7 @@ def test_random_bert_base_cross_encoder_loads_in_every_engine(tmp_path):
         (["--doc-len", "0"], "--doc-len must be an integer of at least 1"),
         (["--seq", "128"], "--seq does not apply to --rerank"),
         (["--min-len", "4"], "--min-len does not apply to --rerank"),
+        (["--compile-mode", "max-autotune"], "--compile-mode does not apply to --rerank"),
         (["--varlen"], "--rerank and --varlen are separate benchmarks"),
         (["--cases", "4x16"], "--cases only applies with --varlen"),
         (["--engines", "hf-compile"], "unknown value 'hf-compile'"),

@@ -17,6 +17,8 @@ ATTENTIONS = ("unfused", "flash", "auto")
 # "ftbert" expands to one engine per attention variant; the others are the transformers peers and
 # ONNX Runtime (CPU, float32 fused and int8; optional, bench/onnx.py).
 ENGINES = ("ftbert", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
+# torch.compile's modes for hf-compile ("default": torch.compile's own default).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 BUILTIN_MODELS = ("minilm", "bert-base")
 
 DEFAULT_BATCHES = [1, 8, 32]
@@ -57,13 +59,14 @@ VARLEN_PASSES = {"cuda": 5, "cpu": 2}
 ST_DEFAULT_BATCH = 32  # SentenceTransformer.encode's own default batch_size
 
 # Options of the latency sweep that mean nothing to --rerank, and those of each mode.
-SWEEP_ONLY = ("seq", "min_len", "compile")
+SWEEP_ONLY = ("seq", "min_len", "compile", "compile_mode")
 RERANK_ONLY = ("pairs", "query_len", "doc_len", "tokenizer")
 VARLEN_ONLY = ("cases", "parts", "sentences", "encode_model", "st_batch", "passes")
 
 # Keys a preset may set (the option names, with "-" spelt "_").
 PRESET_KEYS = (
     "description", "model", "device", "dtype", "batch", "seq", "attention", "engines", "compile",
+    "compile_mode",
     "iters", "warmup", "min_len", "seed", "allow_tf32", "no_cuda_graphs",
     "rerank", "pairs", "query_len", "doc_len", "tokenizer",
     "varlen", "cases", "parts", "sentences", "encode_model", "st_batch", "passes",
@@ -169,6 +172,7 @@ class Options:
     encode_model: str | None = None  # None: the bundled all-MiniLM-L6-v2, else $FTBERT_MINILM_FP16
     st_batch: int = ST_DEFAULT_BATCH
     passes: int | None = None  # None: VARLEN_PASSES for the device
+    compile_mode: str = "default"  # torch.compile's mode for hf-compile (COMPILE_MODES)
 
     def cases_for(self, device: str) -> list[Case]:
         if self.cases is not None:
@@ -251,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{', '.join(VARLEN_ENGINES)} (default: {','.join(VARLEN_DEFAULT_ENGINES)})")
     p.add_argument("--compile", action="store_true", default=None, help="add torch.compile of the "
                    "transformers sdpa model (hf-compile); compiles once per shape and dtype (minutes)")
+    p.add_argument("--compile-mode", help="torch.compile mode of hf-compile: "
+                   f"{', '.join(COMPILE_MODES)} (default: default; max-autotune tunes its GEMMs and "
+                   "records CUDA graphs, minutes per shape)")
     p.add_argument("--iters", type=int, help="timed repetitions per configuration (default 100 on "
                    "the GPU, 10 on the CPU)")
     p.add_argument("--warmup", type=int, help="untimed repetitions first (default 10 GPU, 2 CPU)")
@@ -484,6 +491,13 @@ def parse_options(argv: list[str], cuda_available: bool) -> Options:
                else list(defaults))
     if pick("compile") and "hf-compile" not in engines:
         engines.append("hf-compile")
+    compile_mode = pick("compile_mode")
+    if compile_mode is not None:
+        if compile_mode not in COMPILE_MODES:
+            raise BenchError(f"--compile-mode: {compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        if "hf-compile" not in engines:
+            raise BenchError("--compile-mode applies to the hf-compile engine: add --compile (or "
+                             "hf-compile to --engines)")
     if pick("tokenizer") is not None and model != "bert-base":
         raise BenchError("--tokenizer only applies to --model bert-base: a cross-encoder directory "
                          "brings its own tokenizer")
@@ -528,5 +542,6 @@ def parse_options(argv: list[str], cuda_available: bool) -> Options:
         encode_model=None if encode_model is None else str(encode_model),
         st_batch=ST_DEFAULT_BATCH if st_batch is None else st_batch,
         passes=_count("passes", pick("passes")),
+        compile_mode=compile_mode or "default",
     )
     return opts

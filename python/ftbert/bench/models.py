@@ -130,6 +130,12 @@ def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf3
     return Encoder(native, model.config, device, model.path)
 
 
+def compile_model(model, mode: str):
+    """torch.compile of a transformers model for the hf-compile rows, shapes static; `mode` one of
+    args.COMPILE_MODES ("default" leaves torch.compile's own)."""
+    return torch.compile(model, dynamic=False, mode=None if mode == "default" else mode)
+
+
 def ftbert_weight_bytes(model: Model, dtype: str) -> int:
     """The engine keeps every weight in the compute dtype: parameters x its size."""
     return model.n_params * torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()

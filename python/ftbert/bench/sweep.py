@@ -11,7 +11,7 @@ import time
 import torch
 
 from .args import Options
-from .models import HF_IMPL, Model, Peers, ftbert_weight_bytes, make_ftbert, weight_bytes
+from .models import HF_IMPL, compile_model, Model, Peers, ftbert_weight_bytes, make_ftbert, weight_bytes
 from .onnx import ONNX_ENGINES, OnnxPeers, make_onnx_fn
 from .timing import summarize, time_interleaved
 
@@ -293,7 +293,8 @@ class Sweep:
                     # A fresh compile per shape and dtype: dynamo's cache is per code object, and
                     # its recompile limit would otherwise fall back to eager part-way through.
                     torch._dynamo.reset()
-                    runner = torch.compile(runner, dynamic=False)
+                    runner = compile_model(runner, o.compile_mode)
+                    res["kernel"] = f"sdpa, compile {o.compile_mode}"
                     t0 = time.perf_counter()
                     runner(**hf_in)
                     if is_cuda:

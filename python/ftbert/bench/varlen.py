@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .args import ST_DEFAULT_BATCH, BenchError, Case, Options, parse_case
-from .models import HF_IMPL, TORCH_DTYPES, Model, Peers, make_ftbert
+from .models import HF_IMPL, compile_model, TORCH_DTYPES, Model, Peers, make_ftbert
 from .sweep import CPU_DTYPE_NOTE, ProgressRun, _free, _one_line, failed_row, no_tf32, on_device_stream
 from .timing import summarize, time_interleaved
 
@@ -335,7 +335,8 @@ class Varlen(ProgressRun):
             # Afresh per case: dynamo's cache is per code object, and its recompile limit would
             # otherwise fall back to eager part-way through.
             torch._dynamo.reset()
-            model = torch.compile(model, dynamic=False)
+            model = compile_model(model, o.compile_mode)
+            row["kernel"] = f"sdpa, compile {o.compile_mode}"
             t0 = time.perf_counter()
             model(**hf_in)
             if device.startswith("cuda"):

@@ -85,8 +85,8 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
   if (nonfinite != nullptr && !finite) *nonfinite = 1;
 }
 
-// Where add_bias_residual_layernorm_kernel reads the GEMM output it normalizes: the VEC values
-// from element `offset` (row * hidden + column) on, in fp32.
+// Where the residual LayerNorm kernels read the GEMM output they normalize: the VEC values from
+// element `offset` (row * hidden + column) on, in fp32.
 template <typename T>
 struct DenseOutput {  // the GEMM's own output, in T
   const T* x;        // [M, H]
@@ -100,7 +100,7 @@ struct DenseOutput {  // the GEMM's own output, in T
 
 struct SplitPartials {  // the k-split GEMM's fp32 partial products, summed here in split order
   static constexpr int kMaxSplits = kDenseMaxSplits;
-  const float* p;                       // [splits, M, H]
+  const float* p;  // [splits, M, H]
   int splits;
   int64_t stride;  // M * H
   template <int VEC>
@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 // kernel against this one: 128 rows 65 vs 102 us, 1,024 rows 82 vs 102, 4,096 rows 214 vs 172,
 // 16,384 rows 700-712 vs 641-645 (4 rows a block; 1 or 2 were no better).
 constexpr int kWarpRowsPerBlock = 4;
-constexpr int kWarpMaxChunks = 4;     // hidden up to 1024 in 16-bit dtypes, 512 in float32
-constexpr int kWarpMinRows = 4096;    // from here on a warp per row
+constexpr int kWarpMaxChunks = 4;   // hidden up to 1024 in 16-bit dtypes, 512 in float32
+constexpr int kWarpMinRows = 4096;  // from here on a warp per row
 
 template <typename T, int VEC, int kChunks, typename Source>
 __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)

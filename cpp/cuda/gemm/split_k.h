@@ -16,8 +16,8 @@ namespace ftbert::cuda {
 // partials: FFN-out (k = 3072) at 128 rows 7.6 -> 5.3 (4 splits), 256 rows 8.1 -> 6.1 (4);
 // attn-out (k = 768) at 128 rows 4.5 -> 3.6 (2), 256 rows 4.4 -> 4.1 (2). End to end (float16,
 // CUDA graphs, GPU time per forward, back to back): 1 x 128 396 -> 375 us, 2 x 128 432 -> 415;
-// from 512 rows no split gained (4 x 128 within 1%, 1 x 512 and 8 x 128 up to 1% slower), so
-// none is made there.
+// from 512 rows no split gained (512 rows within +-2% for 2 to 8 slices; at 1,024 rows splitting
+// attn-out cost 2-4%, FFN-out alone nothing), so none is made there.
 struct DenseSplitStep {
   int min_k;            // k at least this
   int64_t max_outputs;  // m * n at most this

@@ -11,7 +11,8 @@ import time
 import torch
 
 from .args import Options
-from .models import HF_IMPL, compile_model, Model, Peers, ftbert_weight_bytes, make_ftbert, weight_bytes
+from .models import (HF_IMPL, Model, Peers, compile_model, ftbert_weight_bytes, make_ftbert,
+                     weight_bytes)
 from .onnx import ONNX_ENGINES, OnnxPeers, make_onnx_fn
 from .timing import summarize, time_interleaved
 

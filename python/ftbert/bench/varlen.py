@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .args import ST_DEFAULT_BATCH, BenchError, Case, Options, parse_case
-from .models import HF_IMPL, compile_model, TORCH_DTYPES, Model, Peers, make_ftbert
+from .models import HF_IMPL, TORCH_DTYPES, Model, Peers, compile_model, make_ftbert
 from .sweep import CPU_DTYPE_NOTE, ProgressRun, _free, _one_line, failed_row, no_tf32, on_device_stream
 from .timing import summarize, time_interleaved
 

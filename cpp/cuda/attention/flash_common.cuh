@@ -167,42 +167,74 @@ __device__ __forceinline__ void add_key_bias(float (&s)[kBlocks][4], const float
   }
 }
 
-// The online-softmax step for one 16-row tile and one key tile: s (raw scores) becomes the
-// unnormalized weights p = 2^(s·scale_log2 - max·scale_log2), the running max and this thread's
-// running sum move on, and the accumulator o is rescaled by 2^(old max - new max). A row is spread
-// over the 4 lanes of a quad; the max is kept in raw score units (scale > 0) so that scale·log2(e)
-// folds into the exponent's FMA. r = 0: row g, r = 1: row g + 8.
-template <int kBlocks, int kOutBlocks>
-__device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&o)[kOutBlocks][4],
-                                               float (&row_max)[2], float (&row_sum)[2],
-                                               float scale_log2) {
+// The online-softmax step for one 16-row tile and one key tile, on the scores: s (raw scores)
+// becomes the unnormalized weights p = 2^(s·scale_log2 - max·scale_log2), the running max and this
+// thread's running sum move on, and alpha[r] = 2^(old max - new max) is what the accumulator must
+// be scaled by (`rescale_rows`; a kernel whose P·V is still in flight does that once it lands). A
+// row is spread over the 4 lanes of a quad; the max is kept in raw score units (scale > 0) so that
+// scale·log2(e) folds into the exponent's FMA. r = 0: row g, r = 1: row g + 8.
+template <int kBlocks>
+__device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float scale_log2,
+                                               float (&alpha)[2]) {
   constexpr float kNegInf = -__builtin_huge_valf();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = row_max[r];
+    // Max and sum over the row in kLanes independent chains (a single chain would wait out each
+    // instruction's latency in turn), combined at the end.
+    constexpr int kLanes = kBlocks >= 4 ? 4 : kBlocks;
+    float part[kLanes];
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    for (int c = 0; c < kLanes; ++c) part[c] = row_max[r];
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      part[j % kLanes] = fmaxf(part[j % kLanes], fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    }
+    float mx = part[0];
+#pragma unroll
+    for (int c = 1; c < kLanes; ++c) mx = fmaxf(mx, part[c]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // While a row has seen only masked keys its max is -inf; using 0 instead keeps -inf - -inf
     // from becoming NaN (every term is then 2^-inf = 0).
     const float m_scaled = mx == kNegInf ? 0.0f : mx * scale_log2;
-    const float alpha = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled));
+    alpha[r] = fast_exp2(fmaf(row_max[r], scale_log2, -m_scaled));
     row_max[r] = mx;
-    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kLanes; ++c) part[c] = 0.0f;
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
       s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], scale_log2, -m_scaled));
       s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -m_scaled));
-      sum += s[j][2 * r] + s[j][2 * r + 1];
+      part[j % kLanes] += s[j][2 * r] + s[j][2 * r + 1];
     }
-    row_sum[r] = row_sum[r] * alpha + sum;
+    float sum = part[0];
 #pragma unroll
-    for (int n = 0; n < kOutBlocks; ++n) {
-      o[n][2 * r] *= alpha;
-      o[n][2 * r + 1] *= alpha;
-    }
+    for (int c = 1; c < kLanes; ++c) sum += part[c];
+    row_sum[r] = row_sum[r] * alpha[r] + sum;
   }
+}
+
+// o *= alpha per row (rows g and g + 8 of the 16-row tile).
+template <int kOutBlocks>
+__device__ __forceinline__ void rescale_rows(float (&o)[kOutBlocks][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < kOutBlocks; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+}
+
+// Both steps at once, for a kernel whose accumulator is complete.
+template <int kBlocks, int kOutBlocks>
+__device__ __forceinline__ void online_softmax(float (&s)[kBlocks][4], float (&o)[kOutBlocks][4],
+                                               float (&row_max)[2], float (&row_sum)[2],
+                                               float scale_log2) {
+  float alpha[2];
+  softmax_scores(s, row_max, row_sum, scale_log2, alpha);
+  rescale_rows(o, alpha);
 }
 
 // The weights of keys 16kk..16kk+15 as the A operand (16x16, row-major) of P·V: the accumulator
@@ -298,27 +330,75 @@ struct SequenceRows {
       add_bias_chunk<T>(reinterpret_cast<uint4*>(at(row, chunk)), bq);
     }
   }
-  // Copies the K and V rows of key tile k0..k0+Bc-1 (`k_at`, `v_at`) and writes its key bias (0
-  // kept, -inf masked or past the sequence). Returns whether this thread wrote a masked key.
-  template <int Bc, int kThreads, typename AtK, typename AtV>
-  __device__ __forceinline__ bool load_kv(int k0, AtK k_at, AtV v_at, float* key_bias) const {
-    constexpr float kNegInf = -__builtin_huge_valf();
+  // Copies part kPart (1: K, 2: V) of the rows of key tile k0..k0+Bc-1 (`at(row, chunk)`: a
+  // chunk's address), rows past the sequence zero-filled from a clamped (valid) address. A thread
+  // copies the same chunk of every (kThreads / kChunks)-th row, in a fully unrolled loop; a tile
+  // wholly inside the sequence (all but the last) needs no clamping.
+  template <int kPart, int Bc, int kThreads, typename At>
+  __device__ __forceinline__ void copy_rows(int k0, At at) const {
+    constexpr int kRowsPerPass = kThreads / kChunks;
+    static_assert(kThreads % kChunks == 0 && Bc % kRowsPerPass == 0, "whole passes over the tile");
     const int chunk = threadIdx.x % kChunks;
+    const int r0 = threadIdx.x / kChunks;
+    const int stride = 3 * H;
+    const T* part = qkv + (kPart * H + chunk * 8);
+    if (k0 + Bc <= len) {
+      const T* src = part + (k0 + r0) * stride;
 #pragma unroll
-    for (int row = threadIdx.x / kChunks; row < Bc; row += kThreads / kChunks) {
-      const int s = k0 + row;
-      const int off = min(s, len - 1) * (3 * H) + chunk * 8;
-      cp_async_16(k_at(row, chunk), qkv + (off + H), s < len);
-      cp_async_16(v_at(row, chunk), qkv + (off + 2 * H), s < len);
+      for (int i = 0; i < Bc / kRowsPerPass; ++i) {
+        cp_async_16(at(r0 + i * kRowsPerPass, chunk), src + i * kRowsPerPass * stride, true);
+      }
+      return;
     }
+#pragma unroll
+    for (int i = 0; i < Bc / kRowsPerPass; ++i) {
+      const int row = r0 + i * kRowsPerPass;
+      const int s = k0 + row;
+      cp_async_16(at(row, chunk), part + min(s, len - 1) * stride, s < len);
+    }
+  }
+  // Both K and V of the tile.
+  template <int Bc, int kThreads, typename AtK, typename AtV>
+  __device__ __forceinline__ void copy_kv(int k0, AtK k_at, AtV v_at) const {
+    copy_rows<1, Bc, kThreads>(k0, k_at);
+    copy_rows<2, Bc, kThreads>(k0, v_at);
+  }
+  // Whether the keys of tile k0 that this thread writes the bias of are kept: bit j for key
+  // k0 + threadIdx.x + j * kThreads. A plain load; `write_key_bias` uses it, so a kernel can read
+  // the mask early and write the bias later.
+  template <int Bc, int kThreads>
+  __device__ __forceinline__ uint32_t kept_keys(int k0) const {
+    static_assert(Bc <= 32 * kThreads, "a bit per key");
+    uint32_t kept = 0;
+#pragma unroll
+    for (int j = 0; j * kThreads < Bc; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < Bc && key_kept(k0 + i)) kept |= 1u << j;
+    }
+    return kept;
+  }
+  // Writes this thread's entries of a tile's key bias (0 kept, -inf masked or past the sequence)
+  // from `kept_keys`; returns whether any of them is masked.
+  template <int Bc, int kThreads>
+  __device__ __forceinline__ bool write_key_bias(uint32_t kept, float* key_bias) const {
+    constexpr float kNegInf = -__builtin_huge_valf();
     bool masked = false;
 #pragma unroll
-    for (int i = threadIdx.x; i < Bc; i += kThreads) {
-      const bool keep = key_kept(k0 + i);
-      key_bias[i] = keep ? 0.0f : kNegInf;
-      masked |= !keep;
+    for (int j = 0; j * kThreads < Bc; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < Bc) {
+        const bool keep = (kept >> j) & 1u;
+        key_bias[i] = keep ? 0.0f : kNegInf;
+        masked |= !keep;
+      }
     }
     return masked;
+  }
+  // copy_kv and the tile's key bias at once. Returns whether this thread wrote a masked key.
+  template <int Bc, int kThreads, typename AtK, typename AtV>
+  __device__ __forceinline__ bool load_kv(int k0, AtK k_at, AtV v_at, float* key_bias) const {
+    copy_kv<Bc, kThreads>(k0, k_at, v_at);
+    return write_key_bias<Bc, kThreads>(kept_keys<Bc, kThreads>(k0), key_bias);
   }
   // Stores rows r0..r0+kRows-1 of a warp's staged output (`at(row, chunk)`) with 16-byte stores,
   // skipping rows past the sequence.

@@ -18,6 +18,10 @@
 //     the barrier that publishes them.
 //   - wgmma runs asynchronously: each batch is fenced (wgmma.fence), committed, and waited for
 //     before its accumulators are read; the accumulator registers are pinned across the wait.
+//   - The schedule overlaps the two products of neighbouring key tiles: the scores of tile t are
+//     issued right behind P·V of tile t - 1, and the softmax of tile t runs while that P·V
+//     finishes (the accumulator is rescaled only after it lands). The next tile's copies are
+//     issued while the scores compute, its mask read ahead into a register.
 #include "cuda/attention/flash_sm90.h"
 
 #include <cuda_bf16.h>
@@ -146,8 +150,10 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// Waits until at most kPending committed wgmma groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 // Registers a wgmma reads or writes asynchronously, pinned after the wait that completes it:
 // accumulators look modified here (so their reads stay below the wait), and A fragments look
@@ -195,7 +201,7 @@ struct Sm90Tile {
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kQBytes = Br * 128;
   static constexpr int kKVBytes = Bc * 128;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 2;  // the schedule alternates two buffers (buf ^ 1)
   // [align pad] sQ | sK [2] | sV [2] | key bias [2][Bc] fp32 | key range scratch
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
                                        kStages * Bc * sizeof(float) + kThreads / 32 * 2 * sizeof(int);
@@ -211,8 +217,9 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
 
   extern __shared__ unsigned char smem_raw[];
   // The swizzle pattern is a function of the address bits, so tiles start on 1024 bytes.
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Rounded up by pointer arithmetic (not through an integer), so the compiler still knows every
+  // pointer below is shared memory and emits shared loads and stores rather than generic ones.
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* sQ = smem;
   unsigned char* sK = sQ + Tile::kQBytes;
   unsigned char* sV = sK + kStages * Tile::kKVBytes;
@@ -232,28 +239,12 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
 
   // ---- loads: 8 chunks of 16 bytes per row, into the swizzled tiles.
   auto q_at = [&](int row, int chunk) { return sQ + sw128(row, chunk); };
-  auto load_kv = [&](int tile, int buf) {  // returns whether this thread saw a masked key
-    unsigned char* dk = sK + buf * Tile::kKVBytes;
-    unsigned char* dv = sV + buf * Tile::kKVBytes;
-    return seq.template load_kv<Bc, kThreads>(
-        tile * Bc, [&](int row, int chunk) { return dk + sw128(row, chunk); },
-        [&](int row, int chunk) { return dv + sw128(row, chunk); }, sKeyBias + buf * Bc);
+  // bit `buf`: this thread's key-bias entries of that buffer hold a masked key
+  int masked_bits = 0;
+  auto write_key_bias = [&](uint32_t kept, int buf) {
+    const bool masked = seq.template write_key_bias<Bc, kThreads>(kept, sKeyBias + buf * Bc);
+    masked_bits = (masked_bits & ~(1 << buf)) | ((masked ? 1 : 0) << buf);
   };
-
-  // Groups: Q, then one per key tile, kStages - 1 tiles ahead; every stage commits a group,
-  // empty or not, so the wait counts stay uniform.
-  int masked_bits = 0;  // bit `buf`: this thread's key-bias entries of that buffer hold a masked key
-  seq.template load_q<Br, kThreads>(q0, q_at);
-  cp_async_commit();
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (t_begin + i < t_end) masked_bits |= (load_kv(t_begin + i, i) ? 1 : 0) << i;
-    cp_async_commit();
-  }
-
-  // Q + bias, by the thread that copied each chunk.
-  cp_async_wait<kStages - 1>();
-  seq.template add_q_bias<Br, kThreads>(q_at);
 
   float o[D / 8][4];
   float row_max[2] = {kNegInf, kNegInf};
@@ -263,31 +254,30 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   const int quad_col = 2 * (lane % 4);
   const unsigned char* q_tile = sQ + wg * 64 * 128;  // this warpgroup's 64 rows
 
+  // Descriptors built once: a descriptor's low bits are the start address in 16-byte units, so
+  // a tile or k-step further on is the same descriptor plus its byte offset / 16 (shared memory
+  // ends well below where that field would carry).
+  const uint64_t q_desc = sw128_desc(q_tile, 16);
+  const uint64_t k_desc = sw128_desc(sK, 16);
+  const uint64_t v_desc = sw128_desc(sV, 1024);
+  constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
+
   // S = Q Kᵀ for the key tile in buffer `buf`, over the head dim in 4 k-steps of 16 (32 bytes
   // into each swizzled row); issued and committed, not waited for.
   auto issue_scores = [&](float (&s)[Bc / 8][4], int buf) {
-    const unsigned char* k_tile = sK + buf * Tile::kKVBytes;
+    const uint64_t k_tile = k_desc + buf * kTileStep;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      Wgmma<T>::ss(s, sw128_desc(q_tile + 32 * kk, 16), sw128_desc(k_tile + 32 * kk, 16), kk);
-    }
+    for (int kk = 0; kk < D / 16; ++kk) Wgmma<T>::ss(s, q_desc + 2 * kk, k_tile + 2 * kk, kk);
     wgmma_commit();
   };
-  // The softmax step on the (complete) scores of the tile in buffer `buf`, then O += P V issued
-  // and committed with P in `a`, over the tile's keys in k-steps of 16 (2048 bytes of V each).
-  auto softmax_issue_pv = [&](float (&s)[Bc / 8][4], int buf, bool tile_masked,
-                              uint32_t (&a)[Bc / 16][4]) {
-    if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
-    online_softmax(s, o, row_max, row_sum, scale_log2);
-    const unsigned char* v_tile = sV + buf * Tile::kKVBytes;
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
+  // O += P V issued and committed with P in `a`, over the keys of the tile in buffer `buf` in
+  // k-steps of 16 (2048 bytes of V each).
+  auto issue_pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
+    const uint64_t v_tile = v_desc + buf * kTileStep;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) {
-      Wgmma<T>::rs(o, a[kk], sw128_desc(v_tile + 2048 * kk, 1024));
-    }
+    for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128 * kk);
     wgmma_commit();
   };
   // After this thread's copies of the tile in `buf` have landed: fences them (and the Q fix-up)
@@ -296,30 +286,90 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     fence_proxy_async();
     return __syncthreads_or((masked_bits >> buf) & 1) != 0;
   };
-  auto refill = [&](int tile, int buf) {
-    if (tile < t_end) {
-      masked_bits = (masked_bits & ~(1 << buf)) | ((load_kv(tile, buf) ? 1 : 0) << buf);
+
+  // The schedule: tile t's scores are computed while P·V of tile t - 1 runs, and its softmax
+  // while that P·V finishes, so the tensor cores get the next product before the exponentials
+  // start. Iteration t copies K of tile t + 1 and V of tile t (V a tile later than K: its buffer
+  // is free only once P·V of tile t - 2 has landed, and the first scores need only Q and K).
+  auto kept = [&](int tile) { return seq.template kept_keys<Bc, kThreads>(tile * Bc); };
+  auto copy_k = [&](int tile, int buf) {
+    unsigned char* dk = sK + buf * Tile::kKVBytes;
+    seq.template copy_rows<1, Bc, kThreads>(
+        tile * Bc, [&](int row, int chunk) { return dk + sw128(row, chunk); });
+  };
+  auto copy_v = [&](int tile, int buf) {
+    unsigned char* dv = sV + buf * Tile::kKVBytes;
+    seq.template copy_rows<2, Bc, kThreads>(
+        tile * Bc, [&](int row, int chunk) { return dv + sw128(row, chunk); });
+  };
+  // Iteration t's copies, committed as one group; returns tile t + 1's mask bits, read into a
+  // register here and written out as key bias after the softmax, once the load has landed.
+  auto copy_next = [&](int t, int buf) {
+    uint32_t next_kept = 0;
+    if (t + 1 < t_end) {
+      copy_k(t + 1, buf ^ 1);
+      next_kept = kept(t + 1);
     }
+    copy_v(t, buf);
     cp_async_commit();
+    return next_kept;
   };
 
-  uint32_t a[Bc / 16][4];  // P of the current tile, read by the tensor cores until waited for
-  int buf = 0;
-  for (int t = t_begin; t < t_end; ++t) {
-    cp_async_wait<0>();  // this thread's copies of tile t have landed
-    // Every thread's copies of tile t are visible (to wgmma too), every warp is done with tile
-    // t - 1 (its wgmma were waited for), whose buffer is refilled next.
-    const bool tile_masked = publish(buf);
-    refill(t + 1, buf ^ 1);
-    float s[Bc / 8][4];
-    issue_scores(s, buf);
-    wgmma_wait_all();
-    pin(s);
-    softmax_issue_pv(s, buf, tile_masked, a);
-    wgmma_wait_all();
+  seq.template load_q<Br, kThreads>(q0, q_at);
+  if (t_begin < t_end) {
+    copy_k(t_begin, 0);
+    write_key_bias(kept(t_begin), 0);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  seq.template add_q_bias<Br, kThreads>(q_at);  // by the thread that copied each chunk
+
+  uint32_t a[Bc / 16][4];  // P of a tile, read by the tensor cores until waited for
+  if (t_begin < t_end) {
+    float alpha[2];
+    {  // the first tile: nothing to overlap with yet (o is still zero)
+      const bool tile_masked = publish(0);
+      float s[Bc / 8][4];
+      issue_scores(s, 0);
+      const uint32_t next_kept = copy_next(t_begin, 0);
+      wgmma_wait<0>();
+      pin(s);
+      if (tile_masked) add_key_bias(s, sKeyBias, quad_col);
+      softmax_scores(s, row_max, row_sum, scale_log2, alpha);
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
+      if (t_begin + 1 < t_end) write_key_bias(next_kept, 1);  // published by the next barrier
+    }
+    int buf = 1;  // the buffers of tile t (K, V, key bias)
+    for (int t = t_begin + 1; t < t_end; ++t) {
+      cp_async_wait<0>();  // K of tile t and V of tile t - 1 have landed
+      // Every thread's copies are visible (to wgmma too); every warp is done with the scores of
+      // tile t - 1 and with P·V of tile t - 2, whose buffers are refilled next.
+      const bool tile_masked = publish(buf);
+      float s[Bc / 8][4];
+      issue_scores(s, buf);
+      issue_pv(a, buf ^ 1);  // tile t - 1
+      const uint32_t next_kept = copy_next(t, buf);
+      wgmma_wait<1>();  // the scores; P·V may still run
+      pin(s);
+      if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
+      softmax_scores(s, row_max, row_sum, scale_log2, alpha);
+      wgmma_wait<0>();  // P·V of tile t - 1: o and a are free
+      pin(o);
+      pin(a);
+      rescale_rows(o, alpha);
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
+      if (t + 1 < t_end) write_key_bias(next_kept, buf ^ 1);  // published by the next barrier
+      buf ^= 1;
+    }
+    // P·V of the last tile, once the last iteration's copy of its V has landed everywhere.
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    issue_pv(a, buf ^ 1);
+    wgmma_wait<0>();
     pin(o);
-    pin(a);
-    buf ^= 1;
   }
   // A block with no unmasked key ran no tile, hence no barrier yet: order the Q fix-up above
   // before the epilogue reuses the Q rows.
@@ -364,10 +414,12 @@ void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t strea
 }  // namespace
 
 // One warpgroup (64 query rows) per block, 128-key tiles, three blocks per multiprocessor
-// (164 registers, 74 KiB of shared memory each). Measured on an H100 against 1 or 2 warpgroups
-// with 64-key tiles and against 2 or 3 warpgroups with 128-key tiles, and against computing the
-// next tile's scores before the current softmax (three buffers, two blocks per multiprocessor):
-// this one was fastest or within 3% at batch 32 x 128/512 tokens, batch 1 x 128 and 3 x 197.
+// (168 registers, 74 KiB of shared memory each). Measured on an H100 against 1 or 2 warpgroups
+// with 64-key tiles and against 2 or 3 warpgroups with 128-key tiles: this one was fastest or
+// within 3% at batch 32 x 128/512 tokens, batch 1 x 128 and 3 x 197. The overlapped schedule,
+// unrolled copies and four-chain row reductions (benchmarks/kernels/flash_variants.cu, L2 flushed,
+// medians of one run before and one after): batch 32 x 512 106 -> 95 us (243 -> 272 TFLOP/s),
+// 32 x 128 21.6 -> 19.1 us, 1 x 128 8.5 -> 8.2 us, 3 x 197 11.5 -> 11.0 us.
 template <typename T>
 void launch_flash_sm90(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   launch_sm90<T, 1, 128, 3>(p, batch, device, stream);

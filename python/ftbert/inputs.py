@@ -181,7 +181,7 @@ def check_tensor(name: str, t) -> None:
     if t.layout != torch.strided:
         raise TypeError(f"{name} must be a dense tensor, got layout {t.layout} (call .to_dense())")
     check_dtype(name, torch_kind(t.dtype), t.dtype)
-    if t.device.type not in ("cpu", "cuda"):
+    if not (t.is_cuda or t.is_cpu):  # (t.device.type builds a string: ~1 us a call on the hot path)
         raise ValueError(f"{name} is on the {t.device} device: ftbert takes tensors on the CPU or a CUDA device")
 
 

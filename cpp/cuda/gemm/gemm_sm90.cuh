@@ -82,15 +82,30 @@ struct Tiling<GemmTiles::k64x64>
     : TilingOf<Shape<_64, _64, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecialized,
                cutlass::epilogue::TmaWarpSpecialized> {};
 
-// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; the epilogue
-// computes GELU(acc + bias[col]) in fp32 and rounds once to T. No C operand (beta = 0).
-template <typename T, GemmTiles kTiles>
-struct BiasGelu {
+// What the epilogue computes from the fp32 accumulators before the single rounding to T.
+enum class Epilogue {
+  kPlain,     // acc
+  kBiasGelu,  // gelu_erf(acc + bias[col])
+};
+
+template <typename T, Epilogue kEpilogue>
+struct FusionOf {
+  using type = cutlass::epilogue::fusion::LinearCombination<T, float, T, float>;
+};
+template <typename T>
+struct FusionOf<T, Epilogue::kBiasGelu> {
+  using type = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ErfGelu, T, float, T, T, float>;
+};
+
+// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; no C operand
+// (beta = 0). Tiles: a TilingOf.
+template <typename T, class Tiles, Epilogue kEpilogue>
+struct GemmOf {
   using Row = cutlass::layout::RowMajor;
-  using Tiles = Tiling<kTiles>;
   static constexpr int kAlign = 8;  // elements per 16 bytes
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ErfGelu, T, float, T, T, float>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  static constexpr bool kHasBias = kEpilogue == Epilogue::kBiasGelu;
+  using Fusion = typename FusionOf<T, kEpilogue>::type;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Tiles::TileShape,
       typename Tiles::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, Row, kAlign, T, Row, kAlign, typename Tiles::EpilogueSchedule, Fusion>::CollectiveOp;
@@ -98,37 +113,43 @@ struct BiasGelu {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, Row, kAlign, float,
       typename Tiles::TileShape, typename Tiles::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Tiles::MainloopSchedule>::CollectiveOp;
-  using Kernel =
-      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
+                                                      CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-// Enqueues one GEMM of kind G; false, enqueuing nothing, if G cannot take the shape.
+// The FFN-in GEMM of gemm_sm90.h: GELU(acc + bias[col]) in fp32, rounded once to T.
+template <typename T, GemmTiles kTiles>
+using BiasGelu = GemmOf<T, Tiling<kTiles>, Epilogue::kBiasGelu>;
+
+// Enqueues one GEMM of kind G (a GemmOf) with bias [n] (nullptr for kPlain); false, enqueuing
+// nothing, if G cannot take the shape.
 template <class G, typename Ours>
 bool run(int m, int n, int k, const Ours* a, const Ours* w, const Ours* bias, Ours* c,
          int sm_count, cudaStream_t stream) {
-  using Kernel = typename G::GemmKernel;
+  using Adapter = typename G::Gemm;
+  using Kernel = typename Adapter::GemmKernel;
   using T = typename Kernel::ElementA;  // cutlass::half_t / bfloat16_t: same bits as Ours
   static_assert(sizeof(T) == sizeof(Ours));
   const typename Kernel::StrideA stride_a = make_stride(int64_t{k}, Int<1>{}, int64_t{0});
   const typename Kernel::StrideB stride_b = make_stride(Int<1>{}, int64_t{n}, int64_t{0});
   const typename Kernel::StrideD stride_d = make_stride(int64_t{n}, Int<1>{}, int64_t{0});
-  typename G::Arguments args{
+  typename Adapter::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {m, n, k, 1},
       {reinterpret_cast<const T*>(a), stride_a, reinterpret_cast<const T*>(w), stride_b},
       {{}, nullptr, stride_d, reinterpret_cast<T*>(c), stride_d}};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
-  args.epilogue.thread.bias_ptr = reinterpret_cast<const T*>(bias);
+  if constexpr (G::kHasBias) args.epilogue.thread.bias_ptr = reinterpret_cast<const T*>(bias);
   args.hw_info.sm_count = sm_count;
-  G gemm;
+  Adapter gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   // The persistent data-parallel schedulers need no workspace; a nonzero size would mean a
   // different scheduler than the one chosen here.
-  if (G::get_workspace_size(args) != 0) return false;
+  if (Adapter::get_workspace_size(args) != 0) return false;
   if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
   return gemm.run(stream) == cutlass::Status::kSuccess;
 }

@@ -1,0 +1,41 @@
+// One CUTLASS GEMM configuration of gemm_variants.h, selected by -DFTBERT_VARIANT and
+// -DFTBERT_EPILOGUE (see gemm_variants.cu for the build).
+#include "../../benchmarks/kernels/gemm_variants.h"
+#include "cuda/gemm/gemm_sm90.cuh"
+
+namespace ftbert::bench {
+namespace {
+
+using namespace cute;
+namespace g = ftbert::cuda::sm90_gemm;
+
+struct Coop {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct Pingpong {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
+
+template <int kVariant>
+struct Tiles;
+#define FTBERT_GEMM_TILES(index, name, tm, tn, cm, cn, schedule)                               \
+  template <>                                                                                 \
+  struct Tiles<index> : g::TilingOf<Shape<Int<tm>, Int<tn>, _64>, Shape<Int<cm>, Int<cn>, _1>, \
+                                    schedule::Mainloop, schedule::Epilogue> {};
+FTBERT_GEMM_VARIANTS(FTBERT_GEMM_TILES)
+#undef FTBERT_GEMM_TILES
+
+}  // namespace
+
+template <>
+bool run_variant<FTBERT_VARIANT, FTBERT_EPILOGUE>(int m, int n, int k, const __half* a,
+                                                  const __half* w, const __half* bias, __half* c,
+                                                  int sm_count, cudaStream_t stream) {
+  constexpr auto kEpilogue = FTBERT_EPILOGUE ? g::Epilogue::kBiasGelu : g::Epilogue::kPlain;
+  using G = g::GemmOf<cutlass::half_t, Tiles<FTBERT_VARIANT>, kEpilogue>;
+  return g::run<G>(m, n, k, a, w, bias, c, sm_count, stream);
+}
+
+}  // namespace ftbert::bench

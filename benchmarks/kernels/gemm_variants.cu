@@ -1,0 +1,273 @@
+// Kernel-level harness for the Hopper GEMMs of a BERT layer: every CUTLASS configuration of
+// gemm_variants.h, cuBLAS (cublasGemmEx, what the engine calls) and cuBLASLt's heuristic
+// candidates, at the layer's four shapes, each checked against an fp32-output reference and timed.
+// For tuning on a GPU machine (CUTLASS headers from the nvidia-cutlass wheel; each configuration
+// builds in parallel):
+//
+//   CUTLASS=$(python3 -c 'import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))')/source/include
+//   for v in 0 1 2 3 4 5 6; do for e in 0 1; do
+//     nvcc -O3 -DNDEBUG -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$v$e.o \
+//       benchmarks/kernels/gemm_variant.cu & done; done; wait
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/gemm_variants \
+//     benchmarks/kernels/gemm_variants.cu /tmp/gv_*.o -lcublas -lcublasLt && /tmp/gemm_variants
+//
+// Times: 20 launches captured in a CUDA graph, the graph replayed 15 times between CUDA events
+// after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gemm_variants.h"
+
+namespace fb = ftbert::bench;
+
+namespace {
+
+#define CHECK(call)                                                                          \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+#define CHECK_BLAS(call)                                                      \
+  do {                                                                        \
+    int s_ = static_cast<int>(call);                                          \
+    if (s_ != 0) {                                                            \
+      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #call, s_); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+// Uniform in [-scale, scale) from a hash of the index: the same data on every run.
+__global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += gridDim.x * int64_t(blockDim.x)) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    x[i] = __float2half((float(h & 0xffffff) / 8388608.0f - 1.0f) * scale);
+  }
+}
+
+// ref [m, n] (fp32 accumulators of the fp16 product) -> erf-GELU(ref + bias) in place.
+__global__ void bias_gelu_reference(float* ref, const __half* bias, int64_t rows, int n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * n;
+       i += gridDim.x * int64_t(blockDim.x)) {
+    const float x = ref[i] + __half2float(bias[i % n]);
+    ref[i] = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  }
+}
+
+// The largest |out - ref| and |ref|, as two floats' bits (both non-negative, so int max orders
+// them); a NaN in out counts as +inf.
+__global__ void max_error(const __half* out, const float* ref, int64_t n, unsigned* result) {
+  float err = 0.0f, mag = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += gridDim.x * int64_t(blockDim.x)) {
+    const float d = fabsf(__half2float(out[i]) - ref[i]);
+    err = fmaxf(err, d != d ? INFINITY : d);
+    mag = fmaxf(mag, fabsf(ref[i]));
+  }
+  atomicMax(result, __float_as_uint(err));
+  atomicMax(result + 1, __float_as_uint(mag));
+}
+
+struct Shape {
+  const char* name;
+  int m, n, k;
+  int epilogue;  // 0 plain, 1 bias + erf-GELU
+};
+
+struct Buffers {
+  __half *a, *w, *bias, *c;
+  float* ref;
+  unsigned* err;
+};
+
+// Milliseconds per launch of enqueue (see the header comment).
+double time_ms(cudaStream_t stream, const std::function<void()>& enqueue) {
+  constexpr int kLaunches = 20, kReplays = 15;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) enqueue();
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<float> ms;
+  for (int r = 0; r < kReplays; ++r) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t / kLaunches);
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// max |c - ref| / max |ref| after one launch of enqueue.
+double rel_error(const Shape& s, const Buffers& b, cudaStream_t stream,
+                 const std::function<void()>& enqueue) {
+  CHECK(cudaMemsetAsync(b.c, 0xff, size_t(s.m) * s.n * sizeof(__half), stream));  // NaNs
+  enqueue();
+  CHECK(cudaMemsetAsync(b.err, 0, 2 * sizeof(unsigned), stream));
+  max_error<<<264, 256, 0, stream>>>(b.c, b.ref, int64_t(s.m) * s.n, b.err);
+  unsigned host[2];
+  CHECK(cudaMemcpyAsync(host, b.err, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  float err, mag;
+  std::memcpy(&err, &host[0], 4);
+  std::memcpy(&mag, &host[1], 4);
+  return err / mag;
+}
+
+template <int kVariant>
+void run_variants(const Shape& s, const Buffers& b, int sm_count, cudaStream_t stream,
+                  std::vector<std::pair<std::string, std::function<void()>>>& out) {
+  if constexpr (kVariant < fb::kGemmVariants) {
+    static const char* const kNames[] = {
+#define FTBERT_NAME(index, name, ...) name,
+        FTBERT_GEMM_VARIANTS(FTBERT_NAME)
+#undef FTBERT_NAME
+    };
+    auto fn = s.epilogue ? &fb::run_variant<kVariant, 1> : &fb::run_variant<kVariant, 0>;
+    if (fn(s.m, s.n, s.k, b.a, b.w, b.bias, b.c, sm_count, stream)) {
+      out.emplace_back(std::string("cutlass ") + kNames[kVariant], [=, &s, &b] {
+        fn(s.m, s.n, s.k, b.a, b.w, b.bias, b.c, sm_count, stream);
+      });
+    } else {
+      std::printf("  %-34s cannot take the shape\n", kNames[kVariant]);
+    }
+    run_variants<kVariant + 1>(s, b, sm_count, stream, out);
+  }
+}
+
+void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* workspace,
+               size_t workspace_bytes, int sm_count, cudaStream_t stream) {
+  Buffers b{};
+  CHECK(cudaMalloc(&b.a, size_t(s.m) * s.k * sizeof(__half)));
+  CHECK(cudaMalloc(&b.w, size_t(s.k) * s.n * sizeof(__half)));
+  CHECK(cudaMalloc(&b.bias, size_t(s.n) * sizeof(__half)));
+  CHECK(cudaMalloc(&b.c, size_t(s.m) * s.n * sizeof(__half)));
+  CHECK(cudaMalloc(&b.ref, size_t(s.m) * s.n * sizeof(float)));
+  CHECK(cudaMalloc(&b.err, 2 * sizeof(unsigned)));
+  fill<<<264, 256, 0, stream>>>(b.a, int64_t(s.m) * s.k, 1, 1.0f);
+  fill<<<264, 256, 0, stream>>>(b.w, int64_t(s.k) * s.n, 2, 1.7f / std::sqrt(float(s.k)));
+  fill<<<264, 256, 0, stream>>>(b.bias, s.n, 3, 0.5f);
+
+  // Row-major c [m, n] = a · w is, column-major, cᵀ = wᵀ · aᵀ (cuda_backend.cu says more).
+  const float one = 1.0f, zero = 0.0f;
+  CHECK_BLAS(cublasSetStream(blas, stream));
+  CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, s.n, s.m, s.k, &one, b.w, CUDA_R_16F,
+                          s.n, b.a, CUDA_R_16F, s.k, &zero, b.ref, CUDA_R_32F, s.n,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (s.epilogue) bias_gelu_reference<<<528, 256, 0, stream>>>(b.ref, b.bias, s.m, s.n);
+  CHECK(cudaGetLastError());
+
+  std::vector<std::pair<std::string, std::function<void()>>> candidates;
+  if (!s.epilogue) {
+    candidates.emplace_back("cublasGemmEx (default)", [&] {
+      CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, s.n, s.m, s.k, &one, b.w,
+                              CUDA_R_16F, s.n, b.a, CUDA_R_16F, s.k, &zero, b.c, CUDA_R_16F,
+                              s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+  }
+  // cuBLASLt's heuristic candidates (plain epilogue only: its GELU is the tanh form).
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t lw = nullptr, la = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> heur(8);
+  int found = 0;
+  if (!s.epilogue) {
+    CHECK_BLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CHECK_BLAS(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16F, s.n, s.k, s.n));
+    CHECK_BLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, s.k, s.m, s.k));
+    CHECK_BLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16F, s.n, s.m, s.n));
+    CHECK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_BLAS(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
+    CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, lw, la, lc, lc, pref, int(heur.size()),
+                                              heur.data(), &found));
+    for (int i = 0; i < found; ++i) {
+      const cublasLtMatmulAlgo_t* algo = &heur[i].algo;
+      candidates.emplace_back("cublasLt heuristic #" + std::to_string(i), [&, algo] {
+        CHECK_BLAS(cublasLtMatmul(lt, desc, &one, b.w, lw, b.a, la, &zero, b.c, lc, b.c, lc, algo,
+                                  workspace, workspace_bytes, stream));
+      });
+    }
+  }
+  run_variants<0>(s, b, sm_count, stream, candidates);
+
+  const double flop = 2.0 * s.m * s.n * s.k;
+  std::printf("%s %d x %d x %d (%s)\n", s.name, s.m, s.n, s.k,
+              s.epilogue ? "bias + erf-GELU" : "plain");
+  for (auto& [name, enqueue] : candidates) {
+    const double err = rel_error(s, b, stream, enqueue);
+    const double ms = time_ms(stream, enqueue);
+    std::printf("  %-34s %8.1f us %6.0f TFLOP/s  rel err %.1e%s\n", name.c_str(), ms * 1e3,
+                flop / ms * 1e-9, err, err < 1e-2 ? "" : "  WRONG");
+  }
+  std::fflush(stdout);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  for (auto l : {lw, la, lc})
+    if (l) cublasLtMatrixLayoutDestroy(l);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  for (void* p : {(void*)b.a, (void*)b.w, (void*)b.bias, (void*)b.c, (void*)b.ref, (void*)b.err})
+    CHECK(cudaFree(p));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // BERT-base's four GEMMs at 16,384 rows (batch 32 x 512, 128 x 128) and 4,096 (32 x 128);
+  // FFN-in both fused (what the engine runs there) and plain (against cuBLAS).
+  std::vector<Shape> shapes;
+  for (int m : {16384, 4096}) {
+    shapes.push_back({"qkv", m, 2304, 768, 0});
+    shapes.push_back({"attn-out", m, 768, 768, 0});
+    shapes.push_back({"ffn-in", m, 3072, 768, 1});
+    shapes.push_back({"ffn-in", m, 3072, 768, 0});
+    shapes.push_back({"ffn-out", m, 768, 3072, 0});
+  }
+  if (argc > 1 && std::string(argv[1]) == "small") shapes = {{"odd", 333, 200, 72, 0},
+                                                             {"odd", 333, 200, 72, 1}};
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t blas;
+  cublasLtHandle_t lt;
+  CHECK_BLAS(cublasCreate(&blas));
+  CHECK_BLAS(cublasLtCreate(&lt));
+  size_t workspace_bytes = size_t{32} << 20;
+  void* workspace;
+  CHECK(cudaMalloc(&workspace, workspace_bytes));
+  CHECK_BLAS(cublasSetWorkspace(blas, workspace, workspace_bytes));
+  int device = 0, sm_count = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  for (const Shape& s : shapes) run_shape(s, blas, lt, workspace, workspace_bytes, sm_count, stream);
+  return 0;
+}

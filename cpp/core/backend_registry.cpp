@@ -26,6 +26,11 @@ void Backend::flash_attention(DType dt, const void*, const void*, void*, const S
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
 }
 
+void Backend::set_gemm_choice(const std::string& mode) {
+  FTBERT_CHECK_INPUT(mode == "auto" || mode == "fixed",
+                     "gemm choice must be 'auto' or 'fixed', got '" << mode << "'");
+}
+
 void Backend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
                              int32_t* token_index, int64_t capacity) {
   pack_sequences_host(mask, batch, seq, cu_seqlens, token_index, capacity);

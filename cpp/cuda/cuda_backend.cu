@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -76,6 +77,11 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   FTBERT_CHECK(device_index >= 0 && device_index < count,
                "CUDA device index " << device_index << " out of range (" << count << " devices)");
 
+  if (const char* choice = std::getenv("FTBERT_GEMM_CHOICE"); choice != nullptr && *choice) {
+    FTBERT_CHECK_INPUT(std::string(choice) == "auto" || std::string(choice) == "fixed",
+                       "FTBERT_GEMM_CHOICE must be 'auto' or 'fixed', got '" << choice << "'");
+    gemm_choice_ = choice;
+  }
   DeviceScope scope(device_);
   cudaDeviceProp prop{};
   FTBERT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -90,6 +96,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
     stream_ = own_stream_;
     FTBERT_CUDA_CHECK(cudaEventCreateWithFlags(&switch_event_, cudaEventDisableTiming));
     FTBERT_CUBLAS_CHECK(cublasCreate(&cublas_));
+    FTBERT_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
     // cuBLAS's recommended workspace: 32 MiB on Hopper, 4 MiB before.
     cublas_workspace_bytes_ = size_t{prop.major >= 9 ? 32 : 4} << 20;
     FTBERT_CUDA_CHECK(cudaMalloc(&cublas_workspace_, cublas_workspace_bytes_));
@@ -115,12 +122,14 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::release() noexcept {
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (cublaslt_ != nullptr) (void)cublasLtDestroy(cublaslt_);
   if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
   if (switch_event_ != nullptr) (void)cudaEventDestroy(switch_event_);
   switch_event_ = nullptr;
   cublas_ = nullptr;
+  cublaslt_ = nullptr;
   cublas_workspace_ = nullptr;
   capture_stream_ = nullptr;
   own_stream_ = nullptr;
@@ -294,31 +303,6 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k
                                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, type,
                                    ldb, a, type, lda, &beta, c, type, ldc, compute,
                                    CUBLAS_GEMM_DEFAULT));
-}
-
-// FFN-in's GEMM + bias + erf-GELU on Hopper: one CUTLASS kernel for the row counts where it is
-// the faster way (gemm_sm90.h has the rule and its measurements), else cuBLAS + add_bias_activation.
-void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda,
-                              const void* w, void* c, int ldc, const void* bias, Activation act) {
-#if FTBERT_GEMM_SM90
-  // The row rule first: the middle row counts go straight to the unfused path.
-  if (fused_gemm_sm90_ && gemm_bias_gelu_sm90_pays(m) && bias != nullptr &&
-      act == Activation::kGeluErf && lda == k && ldc == n &&
-      (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
-    DeviceScope scope(device_);
-    const bool done =
-        dt == DType::kFloat16
-            ? gemm_bias_gelu_sm90(m, n, k, static_cast<const __half*>(a),
-                                  static_cast<const __half*>(w), static_cast<const __half*>(bias),
-                                  static_cast<__half*>(c), sm_count_, stream_)
-            : gemm_bias_gelu_sm90(m, n, k, static_cast<const __nv_bfloat16*>(a),
-                                  static_cast<const __nv_bfloat16*>(w),
-                                  static_cast<const __nv_bfloat16*>(bias),
-                                  static_cast<__nv_bfloat16*>(c), sm_count_, stream_);
-    if (done) return;
-  }
-#endif
-  Backend::weight_gemm(dt, m, n, k, a, lda, w, c, ldc, bias, act);
 }
 
 size_t CudaBackend::dense_residual_layernorm_workspace_bytes(int rows, int n) const {

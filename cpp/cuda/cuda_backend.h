@@ -3,12 +3,18 @@
 // libftbert_cuda.so, which the core loads on demand through ftbert_create_cuda_backend().
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include "cuda/gemm/gemm_tuner.h"
 #include "ftbert/backend.h"
 
 namespace ftbert::cuda {
@@ -53,11 +59,19 @@ class CudaBackend : public Backend {
   void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
             const void* b, int ldb, void* c, int ldc, float alpha = 1.0f,
             float beta = 0.0f) override;
-  // FFN-in (bias + erf-GELU, float16/bfloat16) on Hopper, for the row counts gemm_sm90.h names:
-  // one CUTLASS kernel with the bias and activation in its epilogue; otherwise cuBLAS, then the op.
+  // float16/bfloat16 (cpp/cuda/gemm/weight_gemm.cu): the kernel per shape measured
+  // (gemm_tuner.h) or by the fixed rule: FFN-in (bias + erf-GELU) on Hopper as one CUTLASS
+  // kernel for the row counts gemm_sm90.h names, otherwise cuBLAS (then the op).
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
                    int ldc, const void* bias = nullptr,
                    Activation act = Activation::kIdentity) override;
+  void set_gemm_choice(const std::string& mode) override;
+  std::string gemm_choice() const override { return gemm_choice_; }
+  std::vector<std::string> weight_gemm_candidates(DType dt, int m, int n, int k,
+                                                  bool bias_gelu) override;
+  std::string weight_gemm_pick(DType dt, int m, int n, int k, bool bias_gelu) const override;
+  bool weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
+                             const void* a, const void* w, void* c, const void* bias) override;
   // Few rows (gemm/split_k.h): the GEMM split over k into fp32 partials that the LayerNorm sums.
   size_t dense_residual_layernorm_workspace_bytes(int rows, int n) const override;
   void dense_residual_layernorm(DType dt, int m, int n, int k, const void* a, const void* w,
@@ -121,6 +135,30 @@ class CudaBackend : public Backend {
     int previous_ = -1;  // -1: the device was already current, nothing to restore
   };
 
+  // A weight GEMM the choice applies to: row-major, lda = k, ldc = n, float16/bfloat16, no bias
+  // or bias + erf-GELU.
+  struct WeightGemm {
+    DType dt;
+    int m, n, k;
+    const void* a;  // [m, k]
+    const void* w;  // [k, n]
+    const void* bias;  // [n], or nullptr
+    void* c;        // [m, n]
+    bool bias_gelu() const { return bias != nullptr; }
+  };
+  struct LtShape;  // cuBLASLt's descriptors of a shape (weight_gemm.cu)
+  struct LtShapeDelete {
+    void operator()(LtShape* shape) const noexcept;  // where LtShape is complete
+  };
+  LtShape& lt_shape(DType dt, int m, int n, int k);
+  GemmShapeKey gemm_key(const WeightGemm& g) const;
+  std::vector<GemmPick> gemm_candidates(const WeightGemm& g);
+  std::string fixed_gemm_choice(const WeightGemm& g) const;
+  GemmPick measured_gemm_pick(const WeightGemm& g);
+  // Enqueues g as `pick` says; false, enqueuing nothing, where that kernel cannot take it.
+  bool run_gemm(const GemmPick& pick, const WeightGemm& g);
+  bool run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g);
+
   void release() noexcept;
   // Points cuBLAS at `stream` and at our own workspace (cublasSetStream resets it to cuBLAS's
   // pool, which would give every captured graph a workspace of its own).
@@ -136,6 +174,10 @@ class CudaBackend : public Backend {
   cudaStream_t capture_stream_ = nullptr;  // record()'s, created on first use
   cudaEvent_t switch_event_ = nullptr;     // orders the next stream after the last (set_stream)
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublaslt_ = nullptr;
+  std::string gemm_choice_ = "auto";  // set_gemm_choice; FTBERT_GEMM_CHOICE at creation
+  // (dt, m, n, k) -> descriptors
+  std::map<std::tuple<int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>> lt_shapes_;
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;

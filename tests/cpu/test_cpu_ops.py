@@ -68,6 +68,24 @@ def test_weight_gemm_refuses_mismatched_shapes(cpu, rng):
         cpu.weight_gemm("float16", a, np.zeros((6, 3), np.float32))
 
 
+def test_gemm_choice_has_one_way_on_the_cpu(cpu, rng):
+    # One GEMM kernel per shape: both modes are accepted and change nothing, and there are no
+    # candidates to name or run.
+    a = rng.standard_normal((600, 40)).astype(np.float32)
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    want = cpu.weight_gemm("float32", a, w)
+    for mode in ("fixed", "auto"):
+        cpu.set_gemm_choice(mode)
+        assert np.array_equal(cpu.weight_gemm("float32", a, w), want)
+    assert cpu.gemm_choice == "fixed"
+    assert cpu.weight_gemm_candidates("float32", 600, 24, 40) == []
+    assert cpu.weight_gemm_pick("float32", 600, 24, 40) == ""
+    with pytest.raises(ValueError, match="gemm choice must be 'auto' or 'fixed', got 'cublas'"):
+        cpu.set_gemm_choice("cublas")
+    with pytest.raises(ValueError, match="'cublas' cannot run a float32 \\[600, 40\\]"):
+        cpu.weight_gemm_candidate("cublas", "float32", a, w)
+
+
 @pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48)])
 @pytest.mark.parametrize("tb", [False, True])
 def test_batched_gemm_matches_per_matrix_matmul(cpu, rng, batch, m, n, k, tb):

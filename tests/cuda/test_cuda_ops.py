@@ -151,18 +151,28 @@ def test_ffn_in_gemm_runs_as_gemm_sm90_h_says(gpu, rng, dtype):
     # The rule of gemm_sm90.h: one fused kernel in 64 x 64 tiles up to 128 rows and in cooperative
     # 128 x 256 tiles from 4,096 (aligned shapes); cuBLAS + add_bias_activation in between and when
     # n is not a multiple of 8. A fused path that silently fell back would pass the value tests.
+    # This is the "fixed" choice; "auto" times candidates from 512 rows (test_gemm_choice.py).
     bias = randn(rng, (96,), dtype)
-    for m, n, tiles in ((1, 96, "64x64"), (128, 96, "64x64"), (129, 96, None), (4095, 96, None),
-                        (4096, 96, "128x256"), (100, 92, None), (4096, 92, None)):
-        a = randn(rng, (m, 64), dtype)
-        w = randn(rng, (64, n), dtype)
-        names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w, bias=bias[:n], act="gelu"))
-        kernels = [k for k in names if "Memcpy" not in k and "Memset" not in k]
-        ours = [k for k in kernels if "GemmUniversal" in k]  # CUTLASS 3's kernel (cuBLAS has others)
-        assert len(ours) == (tiles is not None), (m, n, kernels)
-        assert len(kernels) == (1 if tiles else 2), (m, n, kernels)
-        if tiles:
-            assert ("Cooperative" in ours[0]) == (tiles == "128x256"), (m, n, kernels)
+    gpu.set_gemm_choice("fixed")
+    try:
+        for m, n, tiles in ((1, 96, "64x64"), (128, 96, "64x64"), (129, 96, None),
+                            (4095, 96, None), (4096, 96, "128x256"), (100, 92, None),
+                            (4096, 92, None)):
+            _check_ffn_in_kernels(gpu, rng, dtype, bias, m, n, tiles)
+    finally:
+        gpu.set_gemm_choice("auto")
+
+
+def _check_ffn_in_kernels(gpu, rng, dtype, bias, m, n, tiles):
+    a = randn(rng, (m, 64), dtype)
+    w = randn(rng, (64, n), dtype)
+    names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w, bias=bias[:n], act="gelu"))
+    kernels = [k for k in names if "Memcpy" not in k and "Memset" not in k]
+    ours = [k for k in kernels if "GemmUniversal" in k]  # CUTLASS 3's kernel (cuBLAS has others)
+    assert len(ours) == (tiles is not None), (m, n, kernels)
+    assert len(kernels) == (1 if tiles else 2), (m, n, kernels)
+    if tiles:
+        assert ("Cooperative" in ours[0]) == (tiles == "128x256"), (m, n, kernels)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -199,6 +199,57 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1,
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
+      // The weight GEMM's kernel choice (Backend::set_gemm_choice): the mode, a shape's
+      // candidates, the pick "auto" made for it, and one run of a named candidate (bias given:
+      // with the erf-GELU epilogue).
+      .def("set_gemm_choice",
+           [](OpRunner& r, const std::string& mode) { r.backend().set_gemm_choice(mode); },
+           py::arg("mode"))
+      .def_property_readonly("gemm_choice",
+                             [](OpRunner& r) { return r.backend().gemm_choice(); })
+      .def("weight_gemm_candidates",
+           [](OpRunner& r, const std::string& dtype, int m, int n, int k, bool bias_gelu) {
+             return r.backend().weight_gemm_candidates(dtype_from_string(dtype), m, n, k,
+                                                       bias_gelu);
+           },
+           py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("bias_gelu") = false)
+      .def("weight_gemm_pick",
+           [](OpRunner& r, const std::string& dtype, int m, int n, int k, bool bias_gelu) {
+             return r.backend().weight_gemm_pick(dtype_from_string(dtype), m, n, k, bias_gelu);
+           },
+           py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("bias_gelu") = false)
+      .def("weight_gemm_candidate",
+           [](OpRunner& r, const std::string& name, const std::string& dtype, const F32Array& a,
+              const F32Array& w, const std::optional<F32Array>& bias) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(a, 2, "a");
+             require_ndim(w, 2, "w");
+             const int m = a.shape(0), k = a.shape(1), n = w.shape(1);
+             FTBERT_CHECK_INPUT(w.shape(0) == k, "weight_gemm_candidate: inner dimensions differ (" << k << " vs " << w.shape(0) << ")");
+             std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
+             convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
+             DeviceBuffer dw(&r.backend(), r.backend().weight_bytes(dt, k, n));
+             r.backend().upload_weight(dt, host.data(), k, n, dw.data());
+             auto da = r.upload(a, dt);
+             auto dc = r.empty(static_cast<size_t>(m) * n, dt);
+             DeviceBuffer db;
+             if (bias) {
+               FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == n, "weight_gemm_candidate: bias must be [" << n << "]");
+               db = r.upload(*bias, dt);
+             }
+             bool ran = false;
+             {
+               py::gil_scoped_release release;
+               ran = r.backend().weight_gemm_candidate(name, dt, m, n, k, da.data(), dw.data(),
+                                                       dc.data(), bias ? db.data() : nullptr);
+             }
+             FTBERT_CHECK_INPUT(ran, "weight_gemm_candidate: '" << name << "' cannot run a "
+                                << dtype << " [" << m << ", " << k << "] x [" << k << ", " << n
+                                << "] GEMM" << (bias ? " with bias + GELU" : "") << " here");
+             return r.download(dc, dt, {m, n});
+           },
+           py::arg("name"), py::arg("dtype"), py::arg("a"), py::arg("w"),
+           py::arg("bias") = std::nullopt)
       // out = LN(a · w + bias + residual) · gamma + beta through the backend's weight path, with
       // the workspace the backend asks for (`workspace` false: none, the unsplit path).
       .def("dense_residual_layernorm",

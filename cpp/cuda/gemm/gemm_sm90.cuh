@@ -76,6 +76,13 @@ struct Tiling<GemmTiles::k128x256>
     : TilingOf<Shape<_128, _256, _64>, Shape<_2, _1, _1>,
                cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                cutlass::epilogue::TmaWarpSpecializedCooperative> {};
+// 128 x 128 tiles in clusters of 2 along N, each consumer warpgroup owning a tile: one's
+// epilogue (the GELU) runs while the other's MMAs do.
+template <>
+struct Tiling<GemmTiles::k128x128Pingpong>
+    : TilingOf<Shape<_128, _128, _64>, Shape<_1, _2, _1>,
+               cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+               cutlass::epilogue::TmaWarpSpecialized> {};
 // 64 x 64 tiles, one consumer warpgroup: with few rows, enough tiles to fill the GPU.
 template <>
 struct Tiling<GemmTiles::k64x64>

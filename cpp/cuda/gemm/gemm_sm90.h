@@ -11,8 +11,9 @@
 namespace ftbert::cuda {
 
 // The kernel's tiling (gemm_sm90.cuh): 64 x 64 tiles for few rows, 128 x 256 in clusters of 2
-// for many.
-enum class GemmTiles { k64x64, k128x256 };
+// for many (the fixed rule below); 128 x 128 ping-pong tiles, one of the candidates the measured
+// choice times (gemm_tuner.h).
+enum class GemmTiles { k64x64, k128x256, k128x128Pingpong };
 
 // Where the fused kernel runs. Kernel times on an H100, BERT-base FFN-in (3072 x 768, float16,
 // us, profiler), fused against cuBLAS + add_bias_activation:

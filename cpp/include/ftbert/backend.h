@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ftbert/config.h"
 #include "ftbert/dtype.h"
@@ -127,6 +128,31 @@ class Backend {
                            Activation act = Activation::kIdentity) {
     gemm(dt, false, false, m, n, k, a, lda, w, n, c, ldc);
     if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
+  }
+
+  // How weight_gemm picks its kernel where the backend has several for a shape (CUDA, float16
+  // and bfloat16: cuBLAS, cuBLASLt's heuristic candidates, the Hopper CUTLASS kernels): "auto"
+  // times the candidates on a shape's first use and keeps the fastest; "fixed" runs a rule
+  // measured once, offline (the same kernels from run to run and process to process). Backends
+  // with one kernel per shape accept both and change nothing.
+  virtual void set_gemm_choice(const std::string& mode);
+  virtual std::string gemm_choice() const { return "fixed"; }
+  // For tests and benchmarks: the candidates' names for a weight_gemm shape (bias_gelu: with
+  // the erf-GELU epilogue), empty where there is one way; the candidate "auto" picked for that
+  // shape ("" where none was measured); one run of a named candidate with the arguments of
+  // weight_gemm (lda = k, ldc = n), false, enqueuing nothing, where it cannot take them.
+  virtual std::vector<std::string> weight_gemm_candidates(DType /*dt*/, int /*m*/, int /*n*/,
+                                                          int /*k*/, bool /*bias_gelu*/) {
+    return {};
+  }
+  virtual std::string weight_gemm_pick(DType /*dt*/, int /*m*/, int /*n*/, int /*k*/,
+                                       bool /*bias_gelu*/) const {
+    return "";
+  }
+  virtual bool weight_gemm_candidate(const std::string& /*name*/, DType /*dt*/, int /*m*/,
+                                     int /*n*/, int /*k*/, const void* /*a*/, const void* /*w*/,
+                                     void* /*c*/, const void* /*bias*/) {
+    return false;
   }
 
   // out [m, n] = LayerNorm(a [m, k] · W + bias + residual) · gamma + beta: a post-LN residual

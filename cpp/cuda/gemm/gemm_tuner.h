@@ -1,0 +1,65 @@
+// The measured choice of a weight GEMM's kernel. Which kernel is fastest depends on the shape,
+// the dtype and the GPU, and cuBLAS's own pick is measurably off at BERT's shapes: on an H100,
+// BERT-base at 16,384 rows, float16, kernel times with model-like data: QKV cuBLAS 90.1 us, the
+// best of cuBLASLt's heuristic candidates 77.5; attention output 30.6 / 27.5; FFN-in with its
+// bias + erf-GELU epilogue, CUTLASS cooperative 128 x 256 tiles 150.5, ping-pong 128 x 128 143.6
+// (while at 4,096 rows the cooperative one is the faster). So the CUDA backend times the
+// candidates of a shape on its first use and keeps the fastest, for the whole process and every
+// backend on the device: all sessions run the same kernels, so their outputs agree bit for bit.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ftbert/dtype.h"
+
+namespace ftbert::cuda {
+
+// Shapes of fewer rows keep the fixed choice: their GEMMs take a few microseconds, about what
+// the candidates differ by, and there are many more of them (every packed token count).
+constexpr int kTunedMinRows = 512;
+
+// The picks are shared by every row count of a bucket (m rounded up to a power of two): packed
+// batches have any token count, and one measurement per count would never end.
+int rows_bucket(int m);
+
+// What a pick is made for.
+struct GemmShapeKey {
+  int device;
+  DType dt;
+  int rows_bucket;
+  int n, k;
+  bool bias_gelu;  // the FFN-in epilogue: erf-GELU(a·W + bias)
+  bool operator<(const GemmShapeKey& o) const;
+};
+
+// A pick: the candidate's name (CudaBackend names them) and, for cuBLASLt's, its algorithm (the
+// heuristic's ranking differs from one row count to the next; the algorithm itself is kept).
+struct GemmPick {
+  std::string name;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The process-wide picks.
+class GemmPicks {
+ public:
+  // The pick for `key`; false when none was made yet.
+  static bool find(const GemmShapeKey& key, GemmPick* pick);
+  static void store(const GemmShapeKey& key, const GemmPick& pick);
+  // Held while a shape's candidates are timed: one measurement at a time in the process, and
+  // a second backend asking for the same shape meanwhile waits for the first's pick.
+  static std::mutex& measuring();
+};
+
+// The index of the fastest of `candidates` on `stream`, each of which enqueues one run of the
+// same GEMM and returns false, enqueuing nothing, when it cannot take the shape; -1 when none
+// can. Each is run once to warm up, then timed in rounds of batches between CUDA events (the
+// median round counts). Waits for the stream.
+int fastest(cudaStream_t stream, const std::vector<std::function<bool()>>& candidates);
+
+}  // namespace ftbert::cuda

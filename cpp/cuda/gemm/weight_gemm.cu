@@ -1,0 +1,286 @@
+// CudaBackend's weight GEMMs: the candidates for a shape, the fixed rule, the measured pick
+// (gemm_tuner.h) and running one. Row-major c [m, n] = a [m, k] · W [k, n] maps onto cuBLAS's
+// column-major as cᵀ = Wᵀ · aᵀ (see CudaBackend::gemm).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#if FTBERT_GEMM_SM90
+#include "cuda/gemm/gemm_sm90.h"
+#endif
+
+namespace ftbert::cuda {
+namespace {
+
+constexpr const char* kCublas = "cublas";
+constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
+constexpr int kCublasLtCandidates = 8;
+
+bool is_cublaslt(const std::string& name) { return name.rfind(kCublasLtPrefix, 0) == 0; }
+
+cudaDataType_t data_type(DType dt) { return dt == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+#if FTBERT_GEMM_SM90
+// The Hopper fused FFN-in kernels by candidate name.
+struct CutlassTiling {
+  const char* name;
+  GemmTiles tiles;
+};
+constexpr CutlassTiling kCutlassTilings[] = {
+    {"cutlass:64x64", GemmTiles::k64x64},
+    {"cutlass:coop_128x256", GemmTiles::k128x256},
+    {"cutlass:pingpong_128x128", GemmTiles::k128x128Pingpong},
+};
+
+template <typename T>
+bool run_cutlass(GemmTiles tiles, int m, int n, int k, const void* a, const void* w,
+                 const void* bias, void* c, int sm_count, cudaStream_t stream) {
+  const auto* ta = static_cast<const T*>(a);
+  const auto* tw = static_cast<const T*>(w);
+  const auto* tb = static_cast<const T*>(bias);
+  auto* tc = static_cast<T*>(c);
+  switch (tiles) {
+    case GemmTiles::k64x64:
+      return gemm_bias_gelu_sm90_tiled<T, GemmTiles::k64x64>(m, n, k, ta, tw, tb, tc, sm_count,
+                                                             stream);
+    case GemmTiles::k128x256:
+      return gemm_bias_gelu_sm90_tiled<T, GemmTiles::k128x256>(m, n, k, ta, tw, tb, tc, sm_count,
+                                                               stream);
+    case GemmTiles::k128x128Pingpong:
+      return gemm_bias_gelu_sm90_tiled<T, GemmTiles::k128x128Pingpong>(m, n, k, ta, tw, tb, tc,
+                                                                       sm_count, stream);
+  }
+  return false;
+}
+#endif
+
+}  // namespace
+
+// cuBLASLt's description of one weight GEMM shape, kept per backend (creating it costs host
+// time on every call otherwise).
+struct CudaBackend::LtShape {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;  // column-major Wᵀ, aᵀ, cᵀ
+  LtShape(DType dt, int m, int n, int k) {
+    try {
+      FTBERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w, data_type(dt), n, k, n));
+      FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, data_type(dt), k, m, k));
+      FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, data_type(dt), n, m, n));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~LtShape() { release(); }
+  LtShape(const LtShape&) = delete;
+  LtShape& operator=(const LtShape&) = delete;
+  void release() noexcept {
+    if (desc != nullptr) (void)cublasLtMatmulDescDestroy(desc);
+    for (cublasLtMatrixLayout_t l : {w, a, c})
+      if (l != nullptr) (void)cublasLtMatrixLayoutDestroy(l);
+    desc = nullptr;
+    w = a = c = nullptr;
+  }
+};
+
+void CudaBackend::LtShapeDelete::operator()(LtShape* shape) const noexcept { delete shape; }
+
+CudaBackend::LtShape& CudaBackend::lt_shape(DType dt, int m, int n, int k) {
+  const auto key = std::make_tuple(static_cast<int>(dt), m, n, k);
+  auto it = lt_shapes_.find(key);
+  if (it == lt_shapes_.end()) {
+    if (lt_shapes_.size() >= 256) lt_shapes_.clear();  // packed batches: any row count
+    it = lt_shapes_.emplace(key, std::unique_ptr<LtShape, LtShapeDelete>(new LtShape(dt, m, n, k)))
+             .first;
+  }
+  return *it->second;
+}
+
+GemmShapeKey CudaBackend::gemm_key(const WeightGemm& g) const {
+  return {device_, g.dt, rows_bucket(g.m), g.n, g.k, g.bias_gelu()};
+}
+
+std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
+  std::vector<GemmPick> out;
+  out.push_back({kCublas, {}});
+  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k);
+  cublasLtMatmulPreference_t pref = nullptr;
+  FTBERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t found[kCublasLtCandidates];
+  int count = 0;
+  // Split-k reductions in fp32 or none: never in the 16-bit output type (as for cuBLAS,
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  const cublasStatus_t status = [&] {
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &cublas_workspace_bytes_,
+        sizeof(cublas_workspace_bytes_));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                               &schemes, sizeof(schemes));
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulAlgoGetHeuristic(cublaslt_, shape.desc, shape.w, shape.a, shape.c,
+                                         shape.c, pref, kCublasLtCandidates, found, &count);
+    return s;
+  }();
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  // No heuristic result (an unsupported shape) leaves cuBLAS's own path; other errors are real.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) FTBERT_CUBLAS_CHECK(status);
+  for (int i = 0; i < count; ++i) {
+    if (found[i].state == CUBLAS_STATUS_SUCCESS &&
+        found[i].workspaceSize <= cublas_workspace_bytes_) {
+      out.push_back({kCublasLtPrefix + std::to_string(i), found[i].algo});
+    }
+  }
+#if FTBERT_GEMM_SM90
+  // TMA needs 16-byte rows: k and n multiples of 8 (the pointers are checked at run time).
+  if (fused_gemm_sm90_ && g.bias_gelu() && g.n % 8 == 0 && g.k % 8 == 0) {
+    for (const CutlassTiling& t : kCutlassTilings) out.push_back({t.name, {}});
+  }
+#endif
+  return out;
+}
+
+std::string CudaBackend::fixed_gemm_choice(const WeightGemm& g) const {
+#if FTBERT_GEMM_SM90
+  if (fused_gemm_sm90_ && g.bias_gelu() && gemm_bias_gelu_sm90_pays(g.m)) {
+    return g.m <= kGemmSmallTileMaxRows ? "cutlass:64x64" : "cutlass:coop_128x256";
+  }
+#endif
+  (void)g;
+  return kCublas;
+}
+
+GemmPick CudaBackend::measured_gemm_pick(const WeightGemm& g) {
+  const GemmShapeKey key = gemm_key(g);
+  GemmPick pick;
+  if (GemmPicks::find(key, &pick)) return pick;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FTBERT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    // Nothing can be timed inside a capture: the fixed rule, kept, so that the graph and the
+    // forwards outside it run the same kernels.
+    pick.name = fixed_gemm_choice(g);
+    GemmPicks::store(key, pick);
+    return pick;
+  }
+  std::lock_guard<std::mutex> lock(GemmPicks::measuring());
+  if (GemmPicks::find(key, &pick)) return pick;  // measured while this thread waited
+  const std::vector<GemmPick> candidates = gemm_candidates(g);
+  std::vector<std::function<bool()>> runs;
+  for (const GemmPick& c : candidates) runs.push_back([&, c] { return run_gemm(c, g); });
+  const int best = fastest(stream_, runs);
+  pick = best >= 0 ? candidates[best] : GemmPick{kCublas, {}};
+  GemmPicks::store(key, pick);
+  return pick;
+}
+
+bool CudaBackend::run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g) {
+  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k);
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(cublaslt_, shape.desc, &one, g.w, shape.w, g.a, shape.a, &zero, g.c,
+                     shape.c, g.c, shape.c, &algo, cublas_workspace_, cublas_workspace_bytes_,
+                     stream_);
+  // An algorithm picked at another row count of the bucket may not take this one.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) return false;
+  FTBERT_CUBLAS_CHECK(status);
+  return true;
+}
+
+bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
+  bool separate_epilogue = true;
+  if (pick.name == kCublas) {
+    gemm(g.dt, false, false, g.m, g.n, g.k, g.a, g.k, g.w, g.n, g.c, g.n);
+  } else if (is_cublaslt(pick.name)) {
+    if (!run_cublaslt(pick.algo, g)) return false;
+  } else {
+#if FTBERT_GEMM_SM90
+    bool known = false, done = false;
+    for (const CutlassTiling& t : kCutlassTilings) {
+      if (pick.name != t.name) continue;
+      known = true;
+      if (!fused_gemm_sm90_ || !g.bias_gelu()) return false;
+      done = g.dt == DType::kFloat16
+                 ? run_cutlass<__half>(t.tiles, g.m, g.n, g.k, g.a, g.w, g.bias, g.c, sm_count_,
+                                       stream_)
+                 : run_cutlass<__nv_bfloat16>(t.tiles, g.m, g.n, g.k, g.a, g.w, g.bias, g.c,
+                                              sm_count_, stream_);
+    }
+    if (!known || !done) return false;
+    separate_epilogue = false;
+#else
+    return false;
+#endif
+  }
+  if (separate_epilogue && g.bias_gelu()) {
+    add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, Activation::kGeluErf);
+  }
+  return true;
+}
+
+void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda,
+                              const void* w, void* c, int ldc, const void* bias, Activation act) {
+  const bool choosable = (dt == DType::kFloat16 || dt == DType::kBFloat16) && lda == k &&
+                         ldc == n && m > 0 && n > 0 && k > 0 &&
+                         (bias == nullptr || act == Activation::kGeluErf);
+  if (!choosable) {
+    Backend::weight_gemm(dt, m, n, k, a, lda, w, c, ldc, bias, act);
+    return;
+  }
+  DeviceScope scope(device_);
+  const WeightGemm g{dt, m, n, k, a, w, bias, c};
+  GemmPick pick;
+  if (gemm_choice_ == "auto" && m >= kTunedMinRows) {
+    pick = measured_gemm_pick(g);
+  } else {
+    pick.name = fixed_gemm_choice(g);
+  }
+  if (!run_gemm(pick, g)) run_gemm(GemmPick{kCublas, {}}, g);  // e.g. unaligned pointers
+}
+
+void CudaBackend::set_gemm_choice(const std::string& mode) {
+  Backend::set_gemm_choice(mode);  // checks it
+  gemm_choice_ = mode;
+}
+
+std::vector<std::string> CudaBackend::weight_gemm_candidates(DType dt, int m, int n, int k,
+                                                             bool bias_gelu) {
+  std::vector<std::string> names;
+  if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0) {
+    return names;
+  }
+  DeviceScope scope(device_);
+  static const unsigned char kSomeBias = 0;  // only whether there is one matters here
+  const WeightGemm g{dt, m, n, k, nullptr, nullptr, bias_gelu ? &kSomeBias : nullptr, nullptr};
+  for (const GemmPick& p : gemm_candidates(g)) names.push_back(p.name);
+  return names;
+}
+
+std::string CudaBackend::weight_gemm_pick(DType dt, int m, int n, int k, bool bias_gelu) const {
+  GemmPick pick;
+  const GemmShapeKey key{device_, dt, rows_bucket(m), n, k, bias_gelu};
+  return GemmPicks::find(key, &pick) ? pick.name : std::string();
+}
+
+bool CudaBackend::weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
+                                        const void* a, const void* w, void* c,
+                                        const void* bias) {
+  if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0) {
+    return false;
+  }
+  DeviceScope scope(device_);
+  const WeightGemm g{dt, m, n, k, a, w, bias, c};
+  for (const GemmPick& p : gemm_candidates(g)) {
+    if (p.name == name) return run_gemm(p, g);
+  }
+  return false;
+}
+
+}  // namespace ftbert::cuda

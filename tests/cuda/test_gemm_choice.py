@@ -1,0 +1,127 @@
+"""The weight GEMM's measured kernel choice (cpp/cuda/gemm/gemm_tuner.h, weight_gemm.cu).
+
+Every candidate the CUDA backend may pick is held to the CPU reference on its own (a wrong
+candidate would otherwise surface only when the timing happened to pick it); "auto" runs the
+candidate it picked, bit for bit; the pick is shared by every backend of the process; "fixed"
+keeps the offline rule; bad modes are refused with a message that names the good ones.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+_ops = pytest.importorskip("ftbert._ops")
+
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not _ops.cuda_backend_built(), reason="this ftbert build has no CUDA backend"),
+]
+
+from tests.cuda.test_cuda_ops import FP32_NOISE, check, randn  # noqa: E402
+
+HOPPER_FUSED = _ops.cuda_fused_gemm_built() and torch.cuda.is_available() and \
+    torch.cuda.get_device_capability() == (9, 0)
+
+
+def reference(cpu, rng, dtype, m, n, k, gelu):
+    a = randn(rng, (m, k), dtype)
+    w = randn(rng, (k, n), dtype, scale=k**-0.5)
+    bias = randn(rng, (n,), dtype) if gelu else None
+    want = cpu.weight_gemm("float32", a, w, bias=bias, act="gelu" if gelu else "identity")
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    magnitude = np.abs(cpu.weight_gemm("float32", a, w)) + (np.abs(bias) if gelu else 0.0)
+    return a, w, bias, want, bound, magnitude
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (600, 136, 72), (1000, 264, 200), (4133, 96, 40)])
+def test_every_candidate_matches_cpu(gpu, cpu, rng, dtype, gelu, m, n, k):
+    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, gelu)
+    names = gpu.weight_gemm_candidates(dtype, m, n, k, bias_gelu=gelu)
+    assert names[0] == "cublas"
+    assert any(x.startswith("cublaslt:") for x in names), names
+    if HOPPER_FUSED and gelu:
+        assert {"cutlass:64x64", "cutlass:coop_128x256", "cutlass:pingpong_128x128"} <= set(names)
+    for name in names:
+        got = gpu.weight_gemm_candidate(name, dtype, a, w, bias=bias)
+        try:
+            check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3,
+                  magnitude=magnitude)
+        except AssertionError as e:
+            raise AssertionError(f"candidate {name}: {e}") from None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_auto_runs_its_pick_and_shares_it(gpu, cpu, rng, dtype, gelu):
+    m, n, k = 1500, 200, 136  # >= 512 rows: measured
+    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, gelu)
+    gpu.set_gemm_choice("auto")
+    got = gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu" if gelu else "identity")
+    pick = gpu.weight_gemm_pick(dtype, m, n, k, bias_gelu=gelu)
+    assert pick in gpu.weight_gemm_candidates(dtype, m, n, k, bias_gelu=gelu)
+    assert np.array_equal(got, gpu.weight_gemm_candidate(pick, dtype, a, w, bias=bias))
+    check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
+    # Another row count of the same bucket (up to 2,048) and another backend: the same pick.
+    other = _ops.OpRunner("cuda")
+    assert other.weight_gemm_pick(dtype, 1025, n, k, bias_gelu=gelu) == pick
+    a2 = a[:1025]
+    got2 = other.weight_gemm(dtype, a2, w, bias=bias, act="gelu" if gelu else "identity")
+    assert np.array_equal(got2, other.weight_gemm_candidate(pick, dtype, a2, w, bias=bias))
+    # The next bucket has not been measured.
+    assert gpu.weight_gemm_pick(dtype, 2049, n, k, bias_gelu=gelu) == ""
+
+
+def test_fewer_rows_and_fixed_mode_measure_nothing(gpu, rng):
+    n, k = 328, 56
+    a = randn(rng, (511, k), "float16")
+    w = randn(rng, (k, n), "float16")
+    gpu.set_gemm_choice("auto")
+    gpu.weight_gemm("float16", a, w)
+    assert gpu.weight_gemm_pick("float16", 511, n, k) == ""  # below kTunedMinRows
+    gpu.set_gemm_choice("fixed")
+    try:
+        assert gpu.gemm_choice == "fixed"
+        a = randn(rng, (3000, k), "float16")
+        got = gpu.weight_gemm("float16", a, w)
+        assert gpu.weight_gemm_pick("float16", 3000, n, k) == ""
+        assert np.array_equal(got, gpu.weight_gemm_candidate("cublas", "float16", a, w))
+    finally:
+        gpu.set_gemm_choice("auto")
+
+
+def test_float32_and_other_activations_have_no_candidates(gpu):
+    assert gpu.weight_gemm_candidates("float32", 1024, 64, 64) == []
+    assert gpu.weight_gemm_candidates("float16", 0, 64, 64) == []
+
+
+def test_bad_choices_are_refused(gpu, rng):
+    with pytest.raises(ValueError, match="'auto' or 'fixed', got 'fastest'"):
+        gpu.set_gemm_choice("fastest")
+    assert gpu.gemm_choice == "auto"
+    a = randn(rng, (64, 32), "float16")
+    w = randn(rng, (32, 48), "float16")
+    with pytest.raises(ValueError, match="'cutlass:nope' cannot run a float16 \\[64, 32\\] x \\[32, 48\\]"):
+        gpu.weight_gemm_candidate("cutlass:nope", "float16", a, w)
+    with pytest.raises(ValueError, match="bias must be \\[48\\]"):
+        gpu.weight_gemm_candidate("cublas", "float16", a, w, bias=np.zeros(5, np.float32))
+    # The CUTLASS kernels have the GELU epilogue only: no plain candidate of theirs.
+    with pytest.raises(ValueError, match="cannot run"):
+        gpu.weight_gemm_candidate("cutlass:coop_128x256", "float16", a, w)
+
+
+def test_environment_variable_sets_the_mode_and_is_checked():
+    code = "from ftbert import _ops; print(_ops.OpRunner('cuda').gemm_choice)"
+    run = lambda value: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], env={**os.environ, "FTBERT_GEMM_CHOICE": value},
+        capture_output=True, text=True, timeout=120)
+    ok = run("fixed")
+    assert ok.returncode == 0 and ok.stdout.strip() == "fixed", ok.stderr
+    bad = run("quick")
+    assert bad.returncode != 0
+    assert "FTBERT_GEMM_CHOICE must be 'auto' or 'fixed', got 'quick'" in bad.stderr

@@ -5,10 +5,10 @@
 // builds in parallel):
 //
 //   CUTLASS=$(python3 -c 'import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))')/source/include
-//   for v in 0 1 2 3 4 5 6; do for e in 0 1; do
+//   for ve in 00 01 10 11 20 21 30 31 40 41 42 50 51 52 60 61 02; do v=${ve:0:1} e=${ve:1:1}
 //     nvcc -O3 -DNDEBUG -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$v$e.o \
-//       benchmarks/kernels/gemm_variant.cu & done; done; wait
+//       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$ve.o \
+//       benchmarks/kernels/gemm_variant.cu & done; wait
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/gemm_variants \
 //     benchmarks/kernels/gemm_variants.cu /tmp/gv_*.o -lcublas -lcublasLt && /tmp/gemm_variants
 //
@@ -63,11 +63,12 @@ __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
   }
 }
 
-// ref [m, n] (fp32 accumulators of the fp16 product) -> erf-GELU(ref + bias) in place.
+// ref [m, n] (fp32 accumulators of the fp16 product) -> erf-GELU(ref + bias) in place (no bias:
+// nullptr).
 __global__ void bias_gelu_reference(float* ref, const __half* bias, int64_t rows, int n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * n;
        i += gridDim.x * int64_t(blockDim.x)) {
-    const float x = ref[i] + __half2float(bias[i % n]);
+    const float x = ref[i] + (bias ? __half2float(bias[i % n]) : 0.0f);
     ref[i] = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
   }
 }
@@ -89,7 +90,7 @@ __global__ void max_error(const __half* out, const float* ref, int64_t n, unsign
 struct Shape {
   const char* name;
   int m, n, k;
-  int epilogue;  // 0 plain, 1 bias + erf-GELU
+  int epilogue;  // 0 plain, 1 bias + erf-GELU, 2 erf-GELU alone
 };
 
 struct Buffers {
@@ -154,7 +155,15 @@ void run_variants(const Shape& s, const Buffers& b, int sm_count, cudaStream_t s
         FTBERT_GEMM_VARIANTS(FTBERT_NAME)
 #undef FTBERT_NAME
     };
-    auto fn = s.epilogue ? &fb::run_variant<kVariant, 1> : &fb::run_variant<kVariant, 0>;
+    auto fn = s.epilogue == 1 ? &fb::run_variant<kVariant, 1> : &fb::run_variant<kVariant, 0>;
+    if (s.epilogue == 2) {
+      if constexpr (fb::gelu_alone_built(kVariant)) {
+        fn = &fb::run_variant<kVariant, 2>;
+      } else {
+        run_variants<kVariant + 1>(s, b, sm_count, stream, out);
+        return;
+      }
+    }
     if (fn(s.m, s.n, s.k, b.a, b.w, b.bias, b.c, sm_count, stream)) {
       out.emplace_back(std::string("cutlass ") + kNames[kVariant], [=, &s, &b] {
         fn(s.m, s.n, s.k, b.a, b.w, b.bias, b.c, sm_count, stream);
@@ -185,7 +194,10 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
   CHECK_BLAS(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, s.n, s.m, s.k, &one, b.w, CUDA_R_16F,
                           s.n, b.a, CUDA_R_16F, s.k, &zero, b.ref, CUDA_R_32F, s.n,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (s.epilogue) bias_gelu_reference<<<528, 256, 0, stream>>>(b.ref, b.bias, s.m, s.n);
+  if (s.epilogue) {
+    bias_gelu_reference<<<528, 256, 0, stream>>>(b.ref, s.epilogue == 1 ? b.bias : nullptr, s.m,
+                                                 s.n);
+  }
   CHECK(cudaGetLastError());
 
   std::vector<std::pair<std::string, std::function<void()>>> candidates;
@@ -223,8 +235,8 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
   run_variants<0>(s, b, sm_count, stream, candidates);
 
   const double flop = 2.0 * s.m * s.n * s.k;
-  std::printf("%s %d x %d x %d (%s)\n", s.name, s.m, s.n, s.k,
-              s.epilogue ? "bias + erf-GELU" : "plain");
+  static const char* const kEpilogues[] = {"plain", "bias + erf-GELU", "erf-GELU, no bias"};
+  std::printf("%s %d x %d x %d (%s)\n", s.name, s.m, s.n, s.k, kEpilogues[s.epilogue]);
   for (auto& [name, enqueue] : candidates) {
     const double err = rel_error(s, b, stream, enqueue);
     const double ms = time_ms(stream, enqueue);
@@ -250,6 +262,7 @@ int main(int argc, char** argv) {
     shapes.push_back({"qkv", m, 2304, 768, 0});
     shapes.push_back({"attn-out", m, 768, 768, 0});
     shapes.push_back({"ffn-in", m, 3072, 768, 1});
+    shapes.push_back({"ffn-in", m, 3072, 768, 2});
     shapes.push_back({"ffn-in", m, 3072, 768, 0});
     shapes.push_back({"ffn-out", m, 768, 3072, 0});
   }

@@ -1,6 +1,7 @@
 // The CUTLASS GEMM configurations gemm_variants.cu compares (cpp/cuda/gemm/gemm_sm90.cuh builds
 // them). Each (configuration, epilogue) is one translation unit, gemm_variant.cu compiled with
-// -DFTBERT_VARIANT=<index> -DFTBERT_EPILOGUE=<0 plain | 1 bias + erf-GELU>, so they build in
+// -DFTBERT_VARIANT=<index> -DFTBERT_EPILOGUE=<0 plain | 1 bias + erf-GELU | 2 erf-GELU alone,
+// for the configurations gelu_alone_built names>, so they build in
 // parallel; gemm_variants.cu holds the reference, the cuBLAS / cuBLASLt peers and the timing.
 #pragma once
 
@@ -22,6 +23,10 @@ namespace ftbert::bench {
   X(6, "pingpong 64x256 c2x1", 64, 256, 2, 1, Pingpong)
 
 constexpr int kGemmVariants = 7;
+
+// The configurations also built with epilogue 2 (erf-GELU without the bias, to see what the
+// bias costs).
+constexpr bool gelu_alone_built(int variant) { return variant == 0 || variant == 4 || variant == 5; }
 
 // c [m, n] = epilogue(a [m, k] · w [k, n] (+ bias [n])), row-major; false when the configuration
 // cannot take the shape. Defined in gemm_variant.cu for each (kVariant, kEpilogue).

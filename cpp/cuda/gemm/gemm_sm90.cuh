@@ -105,13 +105,14 @@ struct FusionOf<T, Epilogue::kBiasGelu> {
 };
 
 // Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; no C operand
-// (beta = 0). Tiles: a TilingOf.
-template <typename T, class Tiles, Epilogue kEpilogue>
-struct GemmOf {
+// (beta = 0). Tiles: a TilingOf; Fusion: CUTLASS's epilogue fusion, with a bias_ptr argument
+// when kHasBias.
+template <typename T, class Tiles, class Fusion_, bool kHasBias_>
+struct GemmWith {
   using Row = cutlass::layout::RowMajor;
   static constexpr int kAlign = 8;  // elements per 16 bytes
-  static constexpr bool kHasBias = kEpilogue == Epilogue::kBiasGelu;
-  using Fusion = typename FusionOf<T, kEpilogue>::type;
+  static constexpr bool kHasBias = kHasBias_;
+  using Fusion = Fusion_;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Tiles::TileShape,
       typename Tiles::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
@@ -126,6 +127,10 @@ struct GemmOf {
                                                       CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
+
+template <typename T, class Tiles, Epilogue kEpilogue>
+using GemmOf = GemmWith<T, Tiles, typename FusionOf<T, kEpilogue>::type,
+                        kEpilogue == Epilogue::kBiasGelu>;
 
 // The FFN-in GEMM of gemm_sm90.h: GELU(acc + bias[col]) in fp32, rounded once to T.
 template <typename T, GemmTiles kTiles>

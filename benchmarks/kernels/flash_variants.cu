@@ -20,18 +20,11 @@
 #include <random>
 #include <vector>
 
+#include "harness_check.h"
+
 namespace fc = ftbert::cuda;
 
 namespace {
-
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 // One thread per (batch, head, query row): softmax(q·k * scale) v in fp32 from the rounded inputs.
 template <typename T>

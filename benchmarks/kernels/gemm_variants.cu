@@ -29,27 +29,11 @@
 #include <vector>
 
 #include "gemm_variants.h"
+#include "harness_check.h"
 
 namespace fb = ftbert::bench;
 
 namespace {
-
-#define CHECK(call)                                                                          \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-#define CHECK_BLAS(call)                                                      \
-  do {                                                                        \
-    int s_ = static_cast<int>(call);                                          \
-    if (s_ != 0) {                                                            \
-      std::fprintf(stderr, "%s:%d %s: status %d\n", __FILE__, __LINE__, #call, s_); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
 
 // Uniform in [-scale, scale) from a hash of the index: the same data on every run.
 __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {

@@ -122,6 +122,32 @@ void require_ndim(const py::array& a, int ndim, const char* what) {
   FTBERT_CHECK_INPUT(a.ndim() == ndim, what << " must be " << ndim << "-D, got " << a.ndim() << "-D");
 }
 
+// A weight GEMM's operands on the device: a [m, k] and bias [n] uploaded, W [k, n] through
+// upload_weight (the backend's layout), c [m, n] allocated. `op` names the caller in errors.
+struct WeightGemmOperands {
+  int m = 0, n = 0, k = 0;
+  DeviceBuffer a, w, c, bias;  // bias empty without one
+};
+WeightGemmOperands weight_gemm_operands(OpRunner& r, const char* op, DType dt, const F32Array& a,
+                                        const F32Array& w, const std::optional<F32Array>& bias) {
+  require_ndim(a, 2, "a");
+  require_ndim(w, 2, "w");
+  WeightGemmOperands o;
+  o.m = a.shape(0), o.k = a.shape(1), o.n = w.shape(1);
+  FTBERT_CHECK_INPUT(w.shape(0) == o.k, op << ": inner dimensions differ (" << o.k << " vs " << w.shape(0) << ")");
+  if (bias) {
+    FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == o.n, op << ": bias must be [" << o.n << "]");
+  }
+  std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
+  convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
+  o.w = DeviceBuffer(&r.backend(), r.backend().weight_bytes(dt, o.k, o.n));
+  r.backend().upload_weight(dt, host.data(), o.k, o.n, o.w.data());
+  o.a = r.upload(a, dt);
+  o.c = r.empty(static_cast<size_t>(o.m) * o.n, dt);
+  if (bias) o.bias = r.upload(*bias, dt);
+  return o;
+}
+
 // The rows of x [B, S, W] where mask [B, S] is set, in order: [T, W] (a packed batch).
 F32Array pack_rows(const F32Array& x, const I32Array& mask) {
   require_ndim(x, 3, "x");
@@ -172,30 +198,17 @@ void register_op_runner(py::module_& m) {
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w, int repeat,
               const std::optional<F32Array>& bias, const std::string& act) {
              const DType dt = dtype_from_string(dtype);
-             require_ndim(a, 2, "a");
-             require_ndim(w, 2, "w");
-             const int m = a.shape(0), k = a.shape(1), n = w.shape(1);
-             FTBERT_CHECK_INPUT(w.shape(0) == k, "weight_gemm: inner dimensions differ (" << k << " vs " << w.shape(0) << ")");
              FTBERT_CHECK_INPUT(repeat >= 1, "weight_gemm: repeat must be at least 1");
-             std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
-             convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
-             DeviceBuffer dw(&r.backend(), r.backend().weight_bytes(dt, k, n));
-             r.backend().upload_weight(dt, host.data(), k, n, dw.data());
-             auto da = r.upload(a, dt);
-             auto dc = r.empty(static_cast<size_t>(m) * n, dt);
-             DeviceBuffer db;
-             if (bias) {
-               FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == n, "weight_gemm: bias must be [" << n << "]");
-               db = r.upload(*bias, dt);
-             }
              const Activation activation = activation_from_name(act);
+             WeightGemmOperands o = weight_gemm_operands(r, "weight_gemm", dt, a, w, bias);
              {
                py::gil_scoped_release release;
                for (int i = 0; i < repeat; ++i)
-                 r.backend().weight_gemm(dt, m, n, k, da.data(), k, dw.data(), dc.data(), n,
-                                         bias ? db.data() : nullptr, activation);
+                 r.backend().weight_gemm(dt, o.m, o.n, o.k, o.a.data(), o.k, o.w.data(),
+                                         o.c.data(), o.n, bias ? o.bias.data() : nullptr,
+                                         activation);
              }
-             return r.download(dc, dt, {m, n});
+             return r.download(o.c, dt, {o.m, o.n});
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1,
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
@@ -222,31 +235,18 @@ void register_op_runner(py::module_& m) {
            [](OpRunner& r, const std::string& name, const std::string& dtype, const F32Array& a,
               const F32Array& w, const std::optional<F32Array>& bias) {
              const DType dt = dtype_from_string(dtype);
-             require_ndim(a, 2, "a");
-             require_ndim(w, 2, "w");
-             const int m = a.shape(0), k = a.shape(1), n = w.shape(1);
-             FTBERT_CHECK_INPUT(w.shape(0) == k, "weight_gemm_candidate: inner dimensions differ (" << k << " vs " << w.shape(0) << ")");
-             std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
-             convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
-             DeviceBuffer dw(&r.backend(), r.backend().weight_bytes(dt, k, n));
-             r.backend().upload_weight(dt, host.data(), k, n, dw.data());
-             auto da = r.upload(a, dt);
-             auto dc = r.empty(static_cast<size_t>(m) * n, dt);
-             DeviceBuffer db;
-             if (bias) {
-               FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == n, "weight_gemm_candidate: bias must be [" << n << "]");
-               db = r.upload(*bias, dt);
-             }
+             WeightGemmOperands o = weight_gemm_operands(r, "weight_gemm_candidate", dt, a, w, bias);
              bool ran = false;
              {
                py::gil_scoped_release release;
-               ran = r.backend().weight_gemm_candidate(name, dt, m, n, k, da.data(), dw.data(),
-                                                       dc.data(), bias ? db.data() : nullptr);
+               ran = r.backend().weight_gemm_candidate(name, dt, o.m, o.n, o.k, o.a.data(),
+                                                       o.w.data(), o.c.data(),
+                                                       bias ? o.bias.data() : nullptr);
              }
              FTBERT_CHECK_INPUT(ran, "weight_gemm_candidate: '" << name << "' cannot run a "
-                                << dtype << " [" << m << ", " << k << "] x [" << k << ", " << n
-                                << "] GEMM" << (bias ? " with bias + GELU" : "") << " here");
-             return r.download(dc, dt, {m, n});
+                                << dtype << " [" << o.m << ", " << o.k << "] x [" << o.k << ", "
+                                << o.n << "] GEMM" << (bias ? " with bias + GELU" : "") << " here");
+             return r.download(o.c, dt, {o.m, o.n});
            },
            py::arg("name"), py::arg("dtype"), py::arg("a"), py::arg("w"),
            py::arg("bias") = std::nullopt)

@@ -86,6 +86,8 @@ def _environment(opts: Options) -> dict:
     if gpus:
         env["gpus"] = gpus
         env["cuda"] = torch.version.cuda
+        # Which weight-GEMM kernels ran: measured per shape ("auto") or the fixed rule.
+        env["gemm_choice"] = os.environ.get("FTBERT_GEMM_CHOICE") or "auto"
     return env
 
 

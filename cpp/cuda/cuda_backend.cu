@@ -80,7 +80,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   if (const char* choice = std::getenv("FTBERT_GEMM_CHOICE"); choice != nullptr && *choice) {
     FTBERT_CHECK_INPUT(std::string(choice) == "auto" || std::string(choice) == "fixed",
                        "FTBERT_GEMM_CHOICE must be 'auto' or 'fixed', got '" << choice << "'");
-    gemm_choice_ = choice;
+    measure_gemms_ = std::string(choice) == "auto";
   }
   DeviceScope scope(device_);
   cudaDeviceProp prop{};

@@ -66,7 +66,7 @@ class CudaBackend : public Backend {
                    int ldc, const void* bias = nullptr,
                    Activation act = Activation::kIdentity) override;
   void set_gemm_choice(const std::string& mode) override;
-  std::string gemm_choice() const override { return gemm_choice_; }
+  std::string gemm_choice() const override { return measure_gemms_ ? "auto" : "fixed"; }
   std::vector<std::string> weight_gemm_candidates(DType dt, int m, int n, int k,
                                                   bool bias_gelu) override;
   std::string weight_gemm_pick(DType dt, int m, int n, int k, bool bias_gelu) const override;
@@ -153,8 +153,8 @@ class CudaBackend : public Backend {
   LtShape& lt_shape(DType dt, int m, int n, int k);
   GemmShapeKey gemm_key(const WeightGemm& g) const;
   std::vector<GemmPick> gemm_candidates(const WeightGemm& g);
-  std::string fixed_gemm_choice(const WeightGemm& g) const;
-  GemmPick measured_gemm_pick(const WeightGemm& g);
+  const GemmPick& fixed_gemm_choice(const WeightGemm& g) const;
+  const GemmPick& measured_gemm_pick(const WeightGemm& g);
   // Enqueues g as `pick` says; false, enqueuing nothing, where that kernel cannot take it.
   bool run_gemm(const GemmPick& pick, const WeightGemm& g);
   bool run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g);
@@ -175,7 +175,8 @@ class CudaBackend : public Backend {
   cudaEvent_t switch_event_ = nullptr;     // orders the next stream after the last (set_stream)
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
-  std::string gemm_choice_ = "auto";  // set_gemm_choice; FTBERT_GEMM_CHOICE at creation
+  // gemm_choice "auto" (else "fixed"): set_gemm_choice; FTBERT_GEMM_CHOICE at creation
+  bool measure_gemms_ = true;
   // (dt, m, n, k) -> descriptors
   std::map<std::tuple<int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>> lt_shapes_;
   void* cublas_workspace_ = nullptr;

@@ -28,17 +28,15 @@ std::map<GemmShapeKey, GemmPick>& picks() {
 }
 }  // namespace
 
-bool GemmPicks::find(const GemmShapeKey& key, GemmPick* pick) {
+const GemmPick* GemmPicks::find(const GemmShapeKey& key) {
   std::lock_guard<std::mutex> lock(picks_mutex);
   const auto it = picks().find(key);
-  if (it == picks().end()) return false;
-  *pick = it->second;
-  return true;
+  return it == picks().end() ? nullptr : &it->second;  // map nodes do not move
 }
 
-void GemmPicks::store(const GemmShapeKey& key, const GemmPick& pick) {
+const GemmPick& GemmPicks::store(const GemmShapeKey& key, const GemmPick& pick) {
   std::lock_guard<std::mutex> lock(picks_mutex);
-  picks()[key] = pick;
+  return picks().emplace(key, pick).first->second;  // the first stored stays: others may read it
 }
 
 std::mutex& GemmPicks::measuring() {

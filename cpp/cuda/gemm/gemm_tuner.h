@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gemm/gemm_sm90.h"
 #include "ftbert/dtype.h"
 
 namespace ftbert::cuda {
@@ -38,19 +39,28 @@ struct GemmShapeKey {
   bool operator<(const GemmShapeKey& o) const;
 };
 
-// A pick: the candidate's name (CudaBackend names them) and, for cuBLASLt's, its algorithm (the
-// heuristic's ranking differs from one row count to the next; the algorithm itself is kept).
+// Which library's kernel a candidate runs.
+enum class GemmKernel { kCublas, kCublasLt, kCutlass };
+
+// A pick: the candidate's name (CudaBackend names them; for tests and reports) and what it runs,
+// resolved once, so that running it compares no names. cuBLASLt's carry the algorithm (the
+// heuristic's ranking differs from one row count to the next; the algorithm itself is kept),
+// CUTLASS's their tiling.
 struct GemmPick {
   std::string name;
-  cublasLtMatmulAlgo_t algo{};
+  GemmKernel kernel = GemmKernel::kCublas;
+  cublasLtMatmulAlgo_t algo{};             // kCublasLt
+  GemmTiles tiles = GemmTiles::k128x256;  // kCutlass
 };
 
-// The process-wide picks.
+// The process-wide picks. A stored pick never changes or goes away, so the pointers find returns
+// stay valid for the life of the process (and the hot path copies nothing).
 class GemmPicks {
  public:
-  // The pick for `key`; false when none was made yet.
-  static bool find(const GemmShapeKey& key, GemmPick* pick);
-  static void store(const GemmShapeKey& key, const GemmPick& pick);
+  // The pick for `key`; nullptr when none was made yet.
+  static const GemmPick* find(const GemmShapeKey& key);
+  // Stores `pick` for `key` unless one is there already; returns the one kept.
+  static const GemmPick& store(const GemmShapeKey& key, const GemmPick& pick);
   // Held while a shape's candidates are timed: one measurement at a time in the process, and
   // a second backend asking for the same shape meanwhile waits for the first's pick.
   static std::mutex& measuring();

@@ -17,25 +17,27 @@
 namespace ftbert::cuda {
 namespace {
 
-constexpr const char* kCublas = "cublas";
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
 constexpr int kCublasLtCandidates = 8;
 
-bool is_cublaslt(const std::string& name) { return name.rfind(kCublasLtPrefix, 0) == 0; }
+// The picks that need no measurement, built once: the fixed rule returns them by reference.
+const GemmPick kCublasPick{"cublas", GemmKernel::kCublas};
 
 cudaDataType_t data_type(DType dt) { return dt == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF; }
 
 #if FTBERT_GEMM_SM90
-// The Hopper fused FFN-in kernels by candidate name.
-struct CutlassTiling {
-  const char* name;
-  GemmTiles tiles;
+// The Hopper fused FFN-in kernels (gemm_sm90.h), as candidates.
+const GemmPick kCutlassPicks[] = {
+    {"cutlass:64x64", GemmKernel::kCutlass, {}, GemmTiles::k64x64},
+    {"cutlass:coop_128x256", GemmKernel::kCutlass, {}, GemmTiles::k128x256},
+    {"cutlass:pingpong_128x128", GemmKernel::kCutlass, {}, GemmTiles::k128x128Pingpong},
 };
-constexpr CutlassTiling kCutlassTilings[] = {
-    {"cutlass:64x64", GemmTiles::k64x64},
-    {"cutlass:coop_128x256", GemmTiles::k128x256},
-    {"cutlass:pingpong_128x128", GemmTiles::k128x128Pingpong},
-};
+const GemmPick& cutlass_pick(GemmTiles tiles) {
+  for (const GemmPick& p : kCutlassPicks) {
+    if (p.tiles == tiles) return p;
+  }
+  return kCublasPick;  // not reached: every tiling has a pick
+}
 
 template <typename T>
 bool run_cutlass(GemmTiles tiles, int m, int n, int k, const void* a, const void* w,
@@ -108,7 +110,7 @@ GemmShapeKey CudaBackend::gemm_key(const WeightGemm& g) const {
 
 std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   std::vector<GemmPick> out;
-  out.push_back({kCublas, {}});
+  out.push_back(kCublasPick);
   LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k);
   cublasLtMatmulPreference_t pref = nullptr;
   FTBERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -135,50 +137,47 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   for (int i = 0; i < count; ++i) {
     if (found[i].state == CUBLAS_STATUS_SUCCESS &&
         found[i].workspaceSize <= cublas_workspace_bytes_) {
-      out.push_back({kCublasLtPrefix + std::to_string(i), found[i].algo});
+      out.push_back({kCublasLtPrefix + std::to_string(i), GemmKernel::kCublasLt, found[i].algo});
     }
   }
 #if FTBERT_GEMM_SM90
   // TMA needs 16-byte rows: k and n multiples of 8 (the pointers are checked at run time).
   if (fused_gemm_sm90_ && g.bias_gelu() && g.n % 8 == 0 && g.k % 8 == 0) {
-    for (const CutlassTiling& t : kCutlassTilings) out.push_back({t.name, {}});
+    for (const GemmPick& p : kCutlassPicks) out.push_back(p);
   }
 #endif
   return out;
 }
 
-std::string CudaBackend::fixed_gemm_choice(const WeightGemm& g) const {
+const GemmPick& CudaBackend::fixed_gemm_choice(const WeightGemm& g) const {
 #if FTBERT_GEMM_SM90
   if (fused_gemm_sm90_ && g.bias_gelu() && gemm_bias_gelu_sm90_pays(g.m)) {
-    return g.m <= kGemmSmallTileMaxRows ? "cutlass:64x64" : "cutlass:coop_128x256";
+    return cutlass_pick(g.m <= kGemmSmallTileMaxRows ? GemmTiles::k64x64 : GemmTiles::k128x256);
   }
 #endif
   (void)g;
-  return kCublas;
+  return kCublasPick;
 }
 
-GemmPick CudaBackend::measured_gemm_pick(const WeightGemm& g) {
+const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
   const GemmShapeKey key = gemm_key(g);
-  GemmPick pick;
-  if (GemmPicks::find(key, &pick)) return pick;
+  if (const GemmPick* found = GemmPicks::find(key)) return *found;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FTBERT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   if (capture != cudaStreamCaptureStatusNone) {
     // Nothing can be timed inside a capture: the fixed rule, kept, so that the graph and the
     // forwards outside it run the same kernels.
-    pick.name = fixed_gemm_choice(g);
-    GemmPicks::store(key, pick);
-    return pick;
+    return GemmPicks::store(key, fixed_gemm_choice(g));
   }
   std::lock_guard<std::mutex> lock(GemmPicks::measuring());
-  if (GemmPicks::find(key, &pick)) return pick;  // measured while this thread waited
+  if (const GemmPick* found = GemmPicks::find(key)) return *found;  // measured meanwhile
   const std::vector<GemmPick> candidates = gemm_candidates(g);
   std::vector<std::function<bool()>> runs;
-  for (const GemmPick& c : candidates) runs.push_back([&, c] { return run_gemm(c, g); });
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    runs.push_back([&, i] { return run_gemm(candidates[i], g); });
+  }
   const int best = fastest(stream_, runs);
-  pick = best >= 0 ? candidates[best] : GemmPick{kCublas, {}};
-  GemmPicks::store(key, pick);
-  return pick;
+  return GemmPicks::store(key, best >= 0 ? candidates[best] : kCublasPick);
 }
 
 bool CudaBackend::run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g) {
@@ -196,28 +195,29 @@ bool CudaBackend::run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGem
 
 bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
   bool separate_epilogue = true;
-  if (pick.name == kCublas) {
-    gemm(g.dt, false, false, g.m, g.n, g.k, g.a, g.k, g.w, g.n, g.c, g.n);
-  } else if (is_cublaslt(pick.name)) {
-    if (!run_cublaslt(pick.algo, g)) return false;
-  } else {
+  switch (pick.kernel) {
+    case GemmKernel::kCublas:
+      gemm(g.dt, false, false, g.m, g.n, g.k, g.a, g.k, g.w, g.n, g.c, g.n);
+      break;
+    case GemmKernel::kCublasLt:
+      if (!run_cublaslt(pick.algo, g)) return false;
+      break;
+    case GemmKernel::kCutlass: {
 #if FTBERT_GEMM_SM90
-    bool known = false, done = false;
-    for (const CutlassTiling& t : kCutlassTilings) {
-      if (pick.name != t.name) continue;
-      known = true;
       if (!fused_gemm_sm90_ || !g.bias_gelu()) return false;
-      done = g.dt == DType::kFloat16
-                 ? run_cutlass<__half>(t.tiles, g.m, g.n, g.k, g.a, g.w, g.bias, g.c, sm_count_,
-                                       stream_)
-                 : run_cutlass<__nv_bfloat16>(t.tiles, g.m, g.n, g.k, g.a, g.w, g.bias, g.c,
-                                              sm_count_, stream_);
-    }
-    if (!known || !done) return false;
-    separate_epilogue = false;
+      const bool done =
+          g.dt == DType::kFloat16
+              ? run_cutlass<__half>(pick.tiles, g.m, g.n, g.k, g.a, g.w, g.bias, g.c, sm_count_,
+                                    stream_)
+              : run_cutlass<__nv_bfloat16>(pick.tiles, g.m, g.n, g.k, g.a, g.w, g.bias, g.c,
+                                           sm_count_, stream_);
+      if (!done) return false;
+      separate_epilogue = false;
+      break;
 #else
-    return false;
+      return false;
 #endif
+    }
   }
   if (separate_epilogue && g.bias_gelu()) {
     add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, Activation::kGeluErf);
@@ -236,18 +236,14 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
   }
   DeviceScope scope(device_);
   const WeightGemm g{dt, m, n, k, a, w, bias, c};
-  GemmPick pick;
-  if (gemm_choice_ == "auto" && m >= kTunedMinRows) {
-    pick = measured_gemm_pick(g);
-  } else {
-    pick.name = fixed_gemm_choice(g);
-  }
-  if (!run_gemm(pick, g)) run_gemm(GemmPick{kCublas, {}}, g);  // e.g. unaligned pointers
+  const GemmPick& pick = measure_gemms_ && m >= kTunedMinRows ? measured_gemm_pick(g)
+                                                               : fixed_gemm_choice(g);
+  if (!run_gemm(pick, g)) run_gemm(kCublasPick, g);  // e.g. unaligned pointers
 }
 
 void CudaBackend::set_gemm_choice(const std::string& mode) {
   Backend::set_gemm_choice(mode);  // checks it
-  gemm_choice_ = mode;
+  measure_gemms_ = mode == "auto";
 }
 
 std::vector<std::string> CudaBackend::weight_gemm_candidates(DType dt, int m, int n, int k,
@@ -264,9 +260,8 @@ std::vector<std::string> CudaBackend::weight_gemm_candidates(DType dt, int m, in
 }
 
 std::string CudaBackend::weight_gemm_pick(DType dt, int m, int n, int k, bool bias_gelu) const {
-  GemmPick pick;
-  const GemmShapeKey key{device_, dt, rows_bucket(m), n, k, bias_gelu};
-  return GemmPicks::find(key, &pick) ? pick.name : std::string();
+  const GemmPick* pick = GemmPicks::find({device_, dt, rows_bucket(m), n, k, bias_gelu});
+  return pick != nullptr ? pick->name : std::string();
 }
 
 bool CudaBackend::weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,

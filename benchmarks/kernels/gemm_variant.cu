@@ -20,10 +20,19 @@ struct Pingpong {
 
 template <int kVariant>
 struct Tiles;
-#define FTBERT_GEMM_TILES(index, name, tm, tn, cm, cn, schedule)                               \
+template <int kM, int kN>
+struct EpilogueTileOf {
+  using type = Shape<Int<kM>, Int<kN>>;
+};
+template <>
+struct EpilogueTileOf<0, 0> {
+  using type = cutlass::epilogue::collective::EpilogueTileAuto;
+};
+#define FTBERT_GEMM_TILES(index, name, tm, tn, cm, cn, schedule, em, en)                       \
   template <>                                                                                 \
   struct Tiles<index> : g::TilingOf<Shape<Int<tm>, Int<tn>, _64>, Shape<Int<cm>, Int<cn>, _1>, \
-                                    schedule::Mainloop, schedule::Epilogue> {};
+                                    schedule::Mainloop, schedule::Epilogue,                   \
+                                    typename EpilogueTileOf<em, en>::type> {};
 FTBERT_GEMM_VARIANTS(FTBERT_GEMM_TILES)
 #undef FTBERT_GEMM_TILES
 
@@ -38,6 +47,11 @@ bool run_variant<FTBERT_VARIANT, FTBERT_EPILOGUE>(int m, int n, int k, const __h
   using G = g::GemmWith<T, Tiles<FTBERT_VARIANT>,
                         cutlass::epilogue::fusion::LinCombEltAct<g::ErfGelu, T, float, T, float>,
                         false>;
+#elif FTBERT_EPILOGUE == 3  // bias + ReLU: the activation's arithmetic against one instruction
+  using G = g::GemmWith<T, Tiles<FTBERT_VARIANT>,
+                        cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+                            cutlass::epilogue::thread::ReLu, T, float, T, T, float>,
+                        true>;
 #else
   constexpr auto kEpilogue = FTBERT_EPILOGUE ? g::Epilogue::kBiasGelu : g::Epilogue::kPlain;
   using G = g::GemmOf<T, Tiles<FTBERT_VARIANT>, kEpilogue>;

@@ -60,13 +60,16 @@ struct ErfGelu<cutlass::Array<float, N>> {
   }
 };
 
-// The two tilings (gemm_sm90.h says which runs when), as CUTLASS's tile, cluster and schedules.
-template <class Tile, class Cluster, class Mainloop, class Epilogue>
+// The tilings (gemm_sm90.h says which runs when), as CUTLASS's tile, cluster, schedules and the
+// epilogue's subtile (the piece of the tile it stores at a time).
+template <class Tile, class Cluster, class Mainloop, class Epilogue,
+          class EpiTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct TilingOf {
   using TileShape = Tile;
   using ClusterShape = Cluster;
   using MainloopSchedule = Mainloop;
   using EpilogueSchedule = Epilogue;
+  using EpilogueTile = EpiTile;
 };
 template <GemmTiles kTiles>
 struct Tiling;
@@ -115,7 +118,7 @@ struct GemmWith {
   using Fusion = Fusion_;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Tiles::TileShape,
-      typename Tiles::ClusterShape, cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      typename Tiles::ClusterShape, typename Tiles::EpilogueTile, float, float,
       void, Row, kAlign, T, Row, kAlign, typename Tiles::EpilogueSchedule, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, Row, kAlign, float,

@@ -58,6 +58,25 @@ def test_every_candidate_matches_cpu(gpu, cpu, rng, dtype, gelu, m, n, k):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("gelu", [False, True])
+def test_every_candidate_keeps_non_finite_rows_non_finite(gpu, cpu, rng, dtype, gelu):
+    # A NaN or inf in the input (a broken upstream) must stay visible to the output's non-finite
+    # check whichever kernel the choice picks: the fused epilogues' activation included.
+    m, n, k = 700, 136, 72
+    a, w, bias, want, _, _ = reference(cpu, rng, dtype, m, n, k, gelu)
+    a = a.copy()
+    bad = {3: np.nan, 100: np.inf, 555: -np.inf}
+    for row, value in bad.items():
+        a[row, 5] = value
+    for name in gpu.weight_gemm_candidates(dtype, m, n, k, bias_gelu=gelu):
+        got = gpu.weight_gemm_candidate(name, dtype, a, w, bias=bias).astype(np.float32)
+        for row in bad:
+            assert not np.isfinite(got[row]).any(), (name, row, got[row][:8])
+        finite = [r for r in range(m) if r not in bad]
+        assert np.isfinite(got[finite]).all(), name
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("gelu", [False, True])
 def test_auto_runs_its_pick_and_shares_it(gpu, cpu, rng, dtype, gelu):
     m, n, k = 1500, 200, 136  # >= 512 rows: measured
     a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, gelu)

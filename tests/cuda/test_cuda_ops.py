@@ -26,6 +26,9 @@ DTYPES = ["float32", "float16", "bfloat16"]
 TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 ULP_AT_ONE = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 FP32_NOISE = 2e-6  # ~17 float32 ulps; the ops measured well under 1e-6 on an H100
+# Half the spacing of the subnormals: below the smallest normal, rounding to the dtype errs by up
+# to this much however small the value (float16: a product of ~1e-6 has only ~5 bits left).
+SUBNORMAL_HALF_STEP = {"float32": 2.0**-150, "float16": 2.0**-25, "bfloat16": 2.0**-134}
 
 
 def rounded(x, dtype):
@@ -39,7 +42,8 @@ def randn(rng, shape, dtype, scale=1.0, offset=0.0):
 
 
 def check(got, want, dtype, atol, ulps=2, magnitude=None):
-    """|got - want| <= rtol * magnitude + atol elementwise, magnitude defaulting to |want|."""
+    """|got - want| <= rtol * magnitude + atol (+ half a subnormal step) elementwise, magnitude
+    defaulting to |want|."""
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
@@ -47,7 +51,7 @@ def check(got, want, dtype, atol, ulps=2, magnitude=None):
     rtol = FP32_NOISE if dtype == "float32" else ulps * ULP_AT_ONE[dtype]
     mag = np.abs(want) if magnitude is None else magnitude
     err = np.abs(got - want)
-    tol = rtol * mag + atol
+    tol = rtol * mag + atol + SUBNORMAL_HALF_STEP[dtype]
     worst = np.unravel_index(np.argmax(err - tol), err.shape)
     assert (err <= tol).all(), (
         f"{dtype}: error {err[worst]:.3e} > tolerance {tol[worst]:.3e} at {worst} "

@@ -52,11 +52,11 @@ def main() -> None:
             bias = (rng.standard_normal(n) * 0.02).astype(np.float32) if gelu else None
             act = "gelu" if gelu else "identity"
             gpu.weight_gemm(args.dtype, a, w, bias=bias, act=act)  # "auto" measures and picks
-            pick = gpu.weight_gemm_pick(args.dtype, m, n, k, bias_gelu=gelu)
+            pick = gpu.weight_gemm_pick(args.dtype, m, n, k, act=act)
             rows = sorted(
-                (kernel_us(lambda c=c: gpu.weight_gemm_candidate(c, args.dtype, a, w, bias=bias),
-                           args.reps), c)
-                for c in gpu.weight_gemm_candidates(args.dtype, m, n, k, bias_gelu=gelu))
+                (kernel_us(lambda c=c: gpu.weight_gemm_candidate(c, args.dtype, a, w, bias=bias,
+                                                                 act=act), args.reps), c)
+                for c in gpu.weight_gemm_candidates(args.dtype, m, n, k, act=act))
             print(f"{name} {m} x {n} x {k}: auto picked {pick}")
             for t, c in rows:
                 print(f"  {c:26s} {t:8.1f} us{'  <- picked' if c == pick else ''}", flush=True)

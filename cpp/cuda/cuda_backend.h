@@ -59,19 +59,21 @@ class CudaBackend : public Backend {
   void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
             const void* b, int ldb, void* c, int ldc, float alpha = 1.0f,
             float beta = 0.0f) override;
-  // float16/bfloat16 (cpp/cuda/gemm/weight_gemm.cu): the kernel per shape measured
-  // (gemm_tuner.h) or by the fixed rule: FFN-in (bias + erf-GELU) on Hopper as one CUTLASS
-  // kernel for the row counts gemm_sm90.h names, otherwise cuBLAS (then the op).
+  // float16/bfloat16, no bias or bias + erf-GELU / tanh-GELU / ReLU (cpp/cuda/gemm/weight_gemm.cu):
+  // the kernel per shape measured (gemm_tuner.h; cuBLASLt's candidates fuse tanh-GELU and ReLU)
+  // or by the fixed rule: FFN-in (bias + erf-GELU) on Hopper as one CUTLASS kernel for the row
+  // counts gemm_sm90.h names, otherwise cuBLAS (then the op).
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
                    int ldc, const void* bias = nullptr,
                    Activation act = Activation::kIdentity) override;
   void set_gemm_choice(const std::string& mode) override;
   std::string gemm_choice() const override { return measure_gemms_ ? "auto" : "fixed"; }
   std::vector<std::string> weight_gemm_candidates(DType dt, int m, int n, int k,
-                                                  bool bias_gelu) override;
-  std::string weight_gemm_pick(DType dt, int m, int n, int k, bool bias_gelu) const override;
+                                                  Activation act) override;
+  std::string weight_gemm_pick(DType dt, int m, int n, int k, Activation act) const override;
   bool weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
-                             const void* a, const void* w, void* c, const void* bias) override;
+                             const void* a, const void* w, void* c, const void* bias,
+                             Activation act) override;
   // Few rows (gemm/split_k.h): the GEMM split over k into fp32 partials that the LayerNorm sums.
   size_t dense_residual_layernorm_workspace_bytes(int rows, int n) const override;
   void dense_residual_layernorm(DType dt, int m, int n, int k, const void* a, const void* w,
@@ -144,13 +146,14 @@ class CudaBackend : public Backend {
     const void* w;  // [k, n]
     const void* bias;  // [n], or nullptr
     void* c;        // [m, n]
-    bool bias_gelu() const { return bias != nullptr; }
+    Activation act;  // kIdentity exactly when there is no bias
+    bool bias_gelu() const { return act == Activation::kGeluErf; }
   };
   struct LtShape;  // cuBLASLt's descriptors of a shape (weight_gemm.cu)
   struct LtShapeDelete {
     void operator()(LtShape* shape) const noexcept;  // where LtShape is complete
   };
-  LtShape& lt_shape(DType dt, int m, int n, int k);
+  LtShape& lt_shape(DType dt, int m, int n, int k, Activation act);
   GemmShapeKey gemm_key(const WeightGemm& g) const;
   std::vector<GemmPick> gemm_candidates(const WeightGemm& g);
   const GemmPick& fixed_gemm_choice(const WeightGemm& g) const;
@@ -177,8 +180,9 @@ class CudaBackend : public Backend {
   cublasLtHandle_t cublaslt_ = nullptr;
   // gemm_choice "auto" (else "fixed"): set_gemm_choice; FTBERT_GEMM_CHOICE at creation
   bool measure_gemms_ = true;
-  // (dt, m, n, k) -> descriptors
-  std::map<std::tuple<int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>> lt_shapes_;
+  // (dt, m, n, k, epilogue activation) -> descriptors
+  std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>>
+      lt_shapes_;
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;

@@ -27,28 +27,36 @@ HOPPER_FUSED = _ops.cuda_fused_gemm_built() and torch.cuda.is_available() and \
     torch.cuda.get_device_capability() == (9, 0)
 
 
-def reference(cpu, rng, dtype, m, n, k, gelu):
+# The epilogues the choice covers: none, bias + erf-GELU (BERT's FFN-in), bias + tanh-GELU and
+# bias + ReLU (other checkpoints' FFN-in, which cuBLASLt can fuse).
+EPILOGUES = ["identity", "gelu", "gelu_tanh", "relu"]
+
+
+def reference(cpu, rng, dtype, m, n, k, act):
     a = randn(rng, (m, k), dtype)
     w = randn(rng, (k, n), dtype, scale=k**-0.5)
-    bias = randn(rng, (n,), dtype) if gelu else None
-    want = cpu.weight_gemm("float32", a, w, bias=bias, act="gelu" if gelu else "identity")
+    bias = randn(rng, (n,), dtype) if act != "identity" else None
+    want = cpu.weight_gemm("float32", a, w, bias=bias, act=act)
     bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
-    magnitude = np.abs(cpu.weight_gemm("float32", a, w)) + (np.abs(bias) if gelu else 0.0)
+    magnitude = np.abs(cpu.weight_gemm("float32", a, w)) + (np.abs(bias) if bias is not None else 0.0)
     return a, w, bias, want, bound, magnitude
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("act", EPILOGUES)
 @pytest.mark.parametrize("m,n,k", [(1, 64, 64), (600, 136, 72), (1000, 264, 200), (4133, 96, 40)])
-def test_every_candidate_matches_cpu(gpu, cpu, rng, dtype, gelu, m, n, k):
-    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, gelu)
-    names = gpu.weight_gemm_candidates(dtype, m, n, k, bias_gelu=gelu)
+def test_every_candidate_matches_cpu(gpu, cpu, rng, dtype, act, m, n, k):
+    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, act)
+    names = gpu.weight_gemm_candidates(dtype, m, n, k, act=act)
     assert names[0] == "cublas"
     assert any(x.startswith("cublaslt:") for x in names), names
-    if HOPPER_FUSED and gelu:
-        assert {"cutlass:64x64", "cutlass:coop_128x256", "cutlass:pingpong_128x128"} <= set(names)
+    cutlass = {"cutlass:64x64", "cutlass:coop_128x256", "cutlass:pingpong_128x128"}
+    if HOPPER_FUSED and act == "gelu":
+        assert cutlass <= set(names)
+    else:
+        assert not cutlass & set(names)  # the CUTLASS kernels' epilogue is erf-GELU only
     for name in names:
-        got = gpu.weight_gemm_candidate(name, dtype, a, w, bias=bias)
+        got = gpu.weight_gemm_candidate(name, dtype, a, w, bias=bias, act=act)
         try:
             check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3,
                   magnitude=magnitude)
@@ -57,18 +65,18 @@ def test_every_candidate_matches_cpu(gpu, cpu, rng, dtype, gelu, m, n, k):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("gelu", [False, True])
-def test_every_candidate_keeps_non_finite_rows_non_finite(gpu, cpu, rng, dtype, gelu):
+@pytest.mark.parametrize("act", ["identity", "gelu"])  # ReLU maps -inf to 0 by definition
+def test_every_candidate_keeps_non_finite_rows_non_finite(gpu, cpu, rng, dtype, act):
     # A NaN or inf in the input (a broken upstream) must stay visible to the output's non-finite
     # check whichever kernel the choice picks: the fused epilogues' activation included.
     m, n, k = 700, 136, 72
-    a, w, bias, want, _, _ = reference(cpu, rng, dtype, m, n, k, gelu)
+    a, w, bias, want, _, _ = reference(cpu, rng, dtype, m, n, k, act)
     a = a.copy()
     bad = {3: np.nan, 100: np.inf, 555: -np.inf}
     for row, value in bad.items():
         a[row, 5] = value
-    for name in gpu.weight_gemm_candidates(dtype, m, n, k, bias_gelu=gelu):
-        got = gpu.weight_gemm_candidate(name, dtype, a, w, bias=bias).astype(np.float32)
+    for name in gpu.weight_gemm_candidates(dtype, m, n, k, act=act):
+        got = gpu.weight_gemm_candidate(name, dtype, a, w, bias=bias, act=act).astype(np.float32)
         for row in bad:
             assert not np.isfinite(got[row]).any(), (name, row, got[row][:8])
         finite = [r for r in range(m) if r not in bad]
@@ -76,24 +84,24 @@ def test_every_candidate_keeps_non_finite_rows_non_finite(gpu, cpu, rng, dtype, 
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("gelu", [False, True])
-def test_auto_runs_its_pick_and_shares_it(gpu, cpu, rng, dtype, gelu):
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_auto_runs_its_pick_and_shares_it(gpu, cpu, rng, dtype, act):
     m, n, k = 1500, 200, 136  # >= 512 rows: measured
-    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, gelu)
+    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, act)
     gpu.set_gemm_choice("auto")
-    got = gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu" if gelu else "identity")
-    pick = gpu.weight_gemm_pick(dtype, m, n, k, bias_gelu=gelu)
-    assert pick in gpu.weight_gemm_candidates(dtype, m, n, k, bias_gelu=gelu)
-    assert np.array_equal(got, gpu.weight_gemm_candidate(pick, dtype, a, w, bias=bias))
+    got = gpu.weight_gemm(dtype, a, w, bias=bias, act=act)
+    pick = gpu.weight_gemm_pick(dtype, m, n, k, act=act)
+    assert pick in gpu.weight_gemm_candidates(dtype, m, n, k, act=act)
+    assert np.array_equal(got, gpu.weight_gemm_candidate(pick, dtype, a, w, bias=bias, act=act))
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
     # Another row count of the same bucket (up to 2,048) and another backend: the same pick.
     other = _ops.OpRunner("cuda")
-    assert other.weight_gemm_pick(dtype, 1025, n, k, bias_gelu=gelu) == pick
+    assert other.weight_gemm_pick(dtype, 1025, n, k, act=act) == pick
     a2 = a[:1025]
-    got2 = other.weight_gemm(dtype, a2, w, bias=bias, act="gelu" if gelu else "identity")
-    assert np.array_equal(got2, other.weight_gemm_candidate(pick, dtype, a2, w, bias=bias))
+    got2 = other.weight_gemm(dtype, a2, w, bias=bias, act=act)
+    assert np.array_equal(got2, other.weight_gemm_candidate(pick, dtype, a2, w, bias=bias, act=act))
     # The next bucket has not been measured.
-    assert gpu.weight_gemm_pick(dtype, 2049, n, k, bias_gelu=gelu) == ""
+    assert gpu.weight_gemm_pick(dtype, 2049, n, k, act=act) == ""
 
 
 def test_fewer_rows_and_fixed_mode_measure_nothing(gpu, rng):
@@ -117,6 +125,7 @@ def test_fewer_rows_and_fixed_mode_measure_nothing(gpu, rng):
 def test_float32_and_other_activations_have_no_candidates(gpu):
     assert gpu.weight_gemm_candidates("float32", 1024, 64, 64) == []
     assert gpu.weight_gemm_candidates("float16", 0, 64, 64) == []
+    assert gpu.weight_gemm_candidates("float16", 1024, 64, 64, act="tanh") == []  # the pooler's
 
 
 def test_bad_choices_are_refused(gpu, rng):
@@ -128,10 +137,20 @@ def test_bad_choices_are_refused(gpu, rng):
     with pytest.raises(ValueError, match="'cutlass:nope' cannot run a float16 \\[64, 32\\] x \\[32, 48\\]"):
         gpu.weight_gemm_candidate("cutlass:nope", "float16", a, w)
     with pytest.raises(ValueError, match="bias must be \\[48\\]"):
-        gpu.weight_gemm_candidate("cublas", "float16", a, w, bias=np.zeros(5, np.float32))
-    # The CUTLASS kernels have the GELU epilogue only: no plain candidate of theirs.
+        gpu.weight_gemm_candidate("cublas", "float16", a, w, bias=np.zeros(5, np.float32),
+                                  act="gelu")
+    with pytest.raises(ValueError, match="act 'gelu' without a bias"):
+        gpu.weight_gemm_candidate("cublas", "float16", a, w, act="gelu")
+    with pytest.raises(ValueError, match="act 'identity' with a bias"):
+        gpu.weight_gemm_candidate("cublas", "float16", a, w, bias=np.zeros(48, np.float32))
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        gpu.weight_gemm_candidates("float16", 64, 48, 32, act="swish")
+    # The CUTLASS kernels have the erf-GELU epilogue only: no plain or tanh-GELU candidate.
     with pytest.raises(ValueError, match="cannot run"):
         gpu.weight_gemm_candidate("cutlass:coop_128x256", "float16", a, w)
+    with pytest.raises(ValueError, match="cannot run .* with bias \\+ gelu_tanh"):
+        gpu.weight_gemm_candidate("cutlass:coop_128x256", "float16", a, w,
+                                  bias=np.zeros(48, np.float32), act="gelu_tanh")
 
 
 def test_environment_variable_sets_the_mode_and_is_checked():

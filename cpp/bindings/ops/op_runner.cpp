@@ -213,43 +213,50 @@ void register_op_runner(py::module_& m) {
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1,
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
       // The weight GEMM's kernel choice (Backend::set_gemm_choice): the mode, a shape's
-      // candidates, the pick "auto" made for it, and one run of a named candidate (bias given:
-      // with the erf-GELU epilogue).
+      // candidates, the pick "auto" made for it, and one run of a named candidate; `act` names
+      // the epilogue ("identity": none; otherwise act(a · w + bias), a bias given).
       .def("set_gemm_choice",
            [](OpRunner& r, const std::string& mode) { r.backend().set_gemm_choice(mode); },
            py::arg("mode"))
       .def_property_readonly("gemm_choice",
                              [](OpRunner& r) { return r.backend().gemm_choice(); })
       .def("weight_gemm_candidates",
-           [](OpRunner& r, const std::string& dtype, int m, int n, int k, bool bias_gelu) {
+           [](OpRunner& r, const std::string& dtype, int m, int n, int k, const std::string& act) {
              return r.backend().weight_gemm_candidates(dtype_from_string(dtype), m, n, k,
-                                                       bias_gelu);
+                                                       activation_from_name(act));
            },
-           py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("bias_gelu") = false)
+           py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("act") = "identity")
       .def("weight_gemm_pick",
-           [](OpRunner& r, const std::string& dtype, int m, int n, int k, bool bias_gelu) {
-             return r.backend().weight_gemm_pick(dtype_from_string(dtype), m, n, k, bias_gelu);
+           [](OpRunner& r, const std::string& dtype, int m, int n, int k, const std::string& act) {
+             return r.backend().weight_gemm_pick(dtype_from_string(dtype), m, n, k,
+                                                 activation_from_name(act));
            },
-           py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("bias_gelu") = false)
+           py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("act") = "identity")
       .def("weight_gemm_candidate",
            [](OpRunner& r, const std::string& name, const std::string& dtype, const F32Array& a,
-              const F32Array& w, const std::optional<F32Array>& bias) {
+              const F32Array& w, const std::optional<F32Array>& bias, const std::string& act) {
              const DType dt = dtype_from_string(dtype);
+             const Activation activation = activation_from_name(act);
+             FTBERT_CHECK_INPUT(bias.has_value() == (activation != Activation::kIdentity),
+                                "weight_gemm_candidate: act '" << act << "' "
+                                << (bias ? "with a bias" : "without a bias")
+                                << ": a bias comes with an activation other than identity");
              WeightGemmOperands o = weight_gemm_operands(r, "weight_gemm_candidate", dt, a, w, bias);
              bool ran = false;
              {
                py::gil_scoped_release release;
                ran = r.backend().weight_gemm_candidate(name, dt, o.m, o.n, o.k, o.a.data(),
                                                        o.w.data(), o.c.data(),
-                                                       bias ? o.bias.data() : nullptr);
+                                                       bias ? o.bias.data() : nullptr,
+                                                       activation);
              }
              FTBERT_CHECK_INPUT(ran, "weight_gemm_candidate: '" << name << "' cannot run a "
                                 << dtype << " [" << o.m << ", " << o.k << "] x [" << o.k << ", "
-                                << o.n << "] GEMM" << (bias ? " with bias + GELU" : "") << " here");
+                                << o.n << "] GEMM" << (bias ? " with bias + " + act : "") << " here");
              return r.download(o.c, dt, {o.m, o.n});
            },
            py::arg("name"), py::arg("dtype"), py::arg("a"), py::arg("w"),
-           py::arg("bias") = std::nullopt)
+           py::arg("bias") = std::nullopt, py::arg("act") = "identity")
       // out = LN(a · w + bias + residual) · gamma + beta through the backend's weight path, with
       // the workspace the backend asks for (`workspace` false: none, the unsplit path).
       .def("dense_residual_layernorm",

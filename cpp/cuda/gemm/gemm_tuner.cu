@@ -16,8 +16,8 @@ int rows_bucket(int m) {
 }
 
 bool GemmShapeKey::operator<(const GemmShapeKey& o) const {
-  return std::tie(device, dt, rows_bucket, n, k, bias_gelu) <
-         std::tie(o.device, o.dt, o.rows_bucket, o.n, o.k, o.bias_gelu);
+  return std::tie(device, dt, rows_bucket, n, k, act) <
+         std::tie(o.device, o.dt, o.rows_bucket, o.n, o.k, o.act);
 }
 
 namespace {

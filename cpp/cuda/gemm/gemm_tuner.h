@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/gemm/gemm_sm90.h"
+#include "ftbert/config.h"
 #include "ftbert/dtype.h"
 
 namespace ftbert::cuda {
@@ -35,7 +36,7 @@ struct GemmShapeKey {
   DType dt;
   int rows_bucket;
   int n, k;
-  bool bias_gelu;  // the FFN-in epilogue: erf-GELU(a·W + bias)
+  Activation act;  // the epilogue: kIdentity (no bias) or act(a·W + bias)
   bool operator<(const GemmShapeKey& o) const;
 };
 

@@ -20,10 +20,28 @@ namespace {
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
 constexpr int kCublasLtCandidates = 8;
 
+// The epilogues the choice covers: none (no bias), or bias + one of these activations.
+bool covered_epilogue(bool has_bias, Activation act) {
+  if (!has_bias) return act == Activation::kIdentity;
+  return act == Activation::kGeluErf || act == Activation::kGeluTanh || act == Activation::kRelu;
+}
+
 // The picks that need no measurement, built once: the fixed rule returns them by reference.
 const GemmPick kCublasPick{"cublas", GemmKernel::kCublas};
 
 cudaDataType_t data_type(DType dt) { return dt == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+// cuBLASLt's fused epilogue for act(acc + bias), where it computes that very function: ReLU, and
+// GELU in the tanh form (HF "gelu_new" / "gelu_pytorch_tanh"; cuBLASLt's is within 1e-5 of it).
+// erf-GELU has none (cuBLASLt's GELU is 4.8e-4 from it): DEFAULT, the bias and activation then
+// run as a second op.
+cublasLtEpilogue_t lt_epilogue(Activation act) {
+  switch (act) {
+    case Activation::kGeluTanh: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case Activation::kRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
 
 #if FTBERT_GEMM_SM90
 // The Hopper fused FFN-in kernels (gemm_sm90.h), as candidates.
@@ -63,14 +81,17 @@ bool run_cutlass(GemmTiles tiles, int m, int n, int k, const void* a, const void
 
 }  // namespace
 
-// cuBLASLt's description of one weight GEMM shape, kept per backend (creating it costs host
-// time on every call otherwise).
+// cuBLASLt's description of one weight GEMM shape and epilogue, kept per backend (creating it
+// costs host time on every call otherwise). The bias pointer is set per call.
 struct CudaBackend::LtShape {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;  // column-major Wᵀ, aᵀ, cᵀ
-  LtShape(DType dt, int m, int n, int k) {
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  LtShape(DType dt, int m, int n, int k, cublasLtEpilogue_t epi) : epilogue(epi) {
     try {
       FTBERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      FTBERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &epilogue, sizeof(epilogue)));
       FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w, data_type(dt), n, k, n));
       FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, data_type(dt), k, m, k));
       FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, data_type(dt), n, m, n));
@@ -93,25 +114,28 @@ struct CudaBackend::LtShape {
 
 void CudaBackend::LtShapeDelete::operator()(LtShape* shape) const noexcept { delete shape; }
 
-CudaBackend::LtShape& CudaBackend::lt_shape(DType dt, int m, int n, int k) {
-  const auto key = std::make_tuple(static_cast<int>(dt), m, n, k);
+CudaBackend::LtShape& CudaBackend::lt_shape(DType dt, int m, int n, int k, Activation act) {
+  const cublasLtEpilogue_t epilogue = lt_epilogue(act);
+  const auto key = std::make_tuple(static_cast<int>(dt), m, n, k, static_cast<int>(epilogue));
   auto it = lt_shapes_.find(key);
   if (it == lt_shapes_.end()) {
     if (lt_shapes_.size() >= 256) lt_shapes_.clear();  // packed batches: any row count
-    it = lt_shapes_.emplace(key, std::unique_ptr<LtShape, LtShapeDelete>(new LtShape(dt, m, n, k)))
+    it = lt_shapes_
+             .emplace(key, std::unique_ptr<LtShape, LtShapeDelete>(
+                               new LtShape(dt, m, n, k, epilogue)))
              .first;
   }
   return *it->second;
 }
 
 GemmShapeKey CudaBackend::gemm_key(const WeightGemm& g) const {
-  return {device_, g.dt, rows_bucket(g.m), g.n, g.k, g.bias_gelu()};
+  return {device_, g.dt, rows_bucket(g.m), g.n, g.k, g.act};
 }
 
 std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   std::vector<GemmPick> out;
   out.push_back(kCublasPick);
-  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k);
+  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
   cublasLtMatmulPreference_t pref = nullptr;
   FTBERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t found[kCublasLtCandidates];
@@ -181,7 +205,11 @@ const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
 }
 
 bool CudaBackend::run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g) {
-  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k);
+  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
+  if (shape.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    FTBERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        shape.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+  }
   const float one = 1.0f, zero = 0.0f;
   const cublasStatus_t status =
       cublasLtMatmul(cublaslt_, shape.desc, &one, g.w, shape.w, g.a, shape.a, &zero, g.c,
@@ -201,6 +229,7 @@ bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
       break;
     case GemmKernel::kCublasLt:
       if (!run_cublaslt(pick.algo, g)) return false;
+      separate_epilogue = lt_epilogue(g.act) == CUBLASLT_EPILOGUE_DEFAULT;
       break;
     case GemmKernel::kCutlass: {
 #if FTBERT_GEMM_SM90
@@ -219,8 +248,8 @@ bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
 #endif
     }
   }
-  if (separate_epilogue && g.bias_gelu()) {
-    add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, Activation::kGeluErf);
+  if (separate_epilogue && g.bias != nullptr) {
+    add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, g.act);
   }
   return true;
 }
@@ -229,13 +258,14 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
                               const void* w, void* c, int ldc, const void* bias, Activation act) {
   const bool choosable = (dt == DType::kFloat16 || dt == DType::kBFloat16) && lda == k &&
                          ldc == n && m > 0 && n > 0 && k > 0 &&
-                         (bias == nullptr || act == Activation::kGeluErf);
+                         (bias == nullptr || covered_epilogue(true, act));
   if (!choosable) {
     Backend::weight_gemm(dt, m, n, k, a, lda, w, c, ldc, bias, act);
     return;
   }
   DeviceScope scope(device_);
-  const WeightGemm g{dt, m, n, k, a, w, bias, c};
+  // Without a bias the activation is not applied (as in Backend::weight_gemm).
+  const WeightGemm g{dt, m, n, k, a, w, bias, c, bias != nullptr ? act : Activation::kIdentity};
   const GemmPick& pick = measure_gemms_ && m >= kTunedMinRows ? measured_gemm_pick(g)
                                                                : fixed_gemm_choice(g);
   if (!run_gemm(pick, g)) run_gemm(kCublasPick, g);  // e.g. unaligned pointers
@@ -247,31 +277,34 @@ void CudaBackend::set_gemm_choice(const std::string& mode) {
 }
 
 std::vector<std::string> CudaBackend::weight_gemm_candidates(DType dt, int m, int n, int k,
-                                                             bool bias_gelu) {
+                                                             Activation act) {
   std::vector<std::string> names;
-  if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0) {
+  const bool has_bias = act != Activation::kIdentity;
+  if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0 ||
+      !covered_epilogue(has_bias, act)) {
     return names;
   }
   DeviceScope scope(device_);
   static const unsigned char kSomeBias = 0;  // only whether there is one matters here
-  const WeightGemm g{dt, m, n, k, nullptr, nullptr, bias_gelu ? &kSomeBias : nullptr, nullptr};
+  const WeightGemm g{dt, m, n, k, nullptr, nullptr, has_bias ? &kSomeBias : nullptr, nullptr, act};
   for (const GemmPick& p : gemm_candidates(g)) names.push_back(p.name);
   return names;
 }
 
-std::string CudaBackend::weight_gemm_pick(DType dt, int m, int n, int k, bool bias_gelu) const {
-  const GemmPick* pick = GemmPicks::find({device_, dt, rows_bucket(m), n, k, bias_gelu});
+std::string CudaBackend::weight_gemm_pick(DType dt, int m, int n, int k, Activation act) const {
+  const GemmPick* pick = GemmPicks::find({device_, dt, rows_bucket(m), n, k, act});
   return pick != nullptr ? pick->name : std::string();
 }
 
 bool CudaBackend::weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
                                         const void* a, const void* w, void* c,
-                                        const void* bias) {
-  if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0) {
+                                        const void* bias, Activation act) {
+  if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0 ||
+      !covered_epilogue(bias != nullptr, act)) {
     return false;
   }
   DeviceScope scope(device_);
-  const WeightGemm g{dt, m, n, k, a, w, bias, c};
+  const WeightGemm g{dt, m, n, k, a, w, bias, c, act};
   for (const GemmPick& p : gemm_candidates(g)) {
     if (p.name == name) return run_gemm(p, g);
   }

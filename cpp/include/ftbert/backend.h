@@ -137,21 +137,22 @@ class Backend {
   // with one kernel per shape accept both and change nothing.
   virtual void set_gemm_choice(const std::string& mode);
   virtual std::string gemm_choice() const { return "fixed"; }
-  // For tests and benchmarks: the candidates' names for a weight_gemm shape (bias_gelu: with
-  // the erf-GELU epilogue), empty where there is one way; the candidate "auto" picked for that
-  // shape ("" where none was measured); one run of a named candidate with the arguments of
-  // weight_gemm (lda = k, ldc = n), false, enqueuing nothing, where it cannot take them.
+  // For tests and benchmarks: the candidates' names for a weight_gemm shape and epilogue (act:
+  // kIdentity for none, else act(a·W + bias)), empty where there is one way; the candidate
+  // "auto" picked for it ("" where none was measured); one run of a named candidate with the
+  // arguments of weight_gemm (lda = k, ldc = n, a bias exactly when act is not kIdentity),
+  // false, enqueuing nothing, where it cannot take them.
   virtual std::vector<std::string> weight_gemm_candidates(DType /*dt*/, int /*m*/, int /*n*/,
-                                                          int /*k*/, bool /*bias_gelu*/) {
+                                                          int /*k*/, Activation /*act*/) {
     return {};
   }
   virtual std::string weight_gemm_pick(DType /*dt*/, int /*m*/, int /*n*/, int /*k*/,
-                                       bool /*bias_gelu*/) const {
+                                       Activation /*act*/) const {
     return "";
   }
   virtual bool weight_gemm_candidate(const std::string& /*name*/, DType /*dt*/, int /*m*/,
                                      int /*n*/, int /*k*/, const void* /*a*/, const void* /*w*/,
-                                     void* /*c*/, const void* /*bias*/) {
+                                     void* /*c*/, const void* /*bias*/, Activation /*act*/) {
     return false;
   }
 

@@ -23,6 +23,8 @@ import torch
 import ftbert
 from tests._models import make_bert, make_model, widen_head
 from tests._packing import SEQUENCE_MASK_STYLES, compacted, first_positions, pack_reference, sequence_mask
+# The op tests' dtypes, rounding and tolerance check: one definition for both.
+from tests.cuda.test_cuda_ops import DTYPES, FP32_NOISE, TORCH_DTYPE, check, randn, rounded
 
 # no_tf32: the float64 / float32 references computed with torch on the GPU must be true fp32 or better.
 pytestmark = [
@@ -30,42 +32,11 @@ pytestmark = [
     pytest.mark.usefixtures("no_tf32"),
 ]
 
-DTYPES = ["float32", "float16", "bfloat16"]
 HALF = ["float16", "bfloat16"]
-TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-ULP_AT_ONE = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
-FP32_NOISE = 2e-6
 SDPA_SLACK = 1e-4
 # Packed against padded on one encoder, relative to max(1, max |value|): the bounds of
 # tests/cuda/test_cuda_model.py's padding test (one sequence alone against it in a batch).
 MODEL_TOL = {"float32": 2e-5, "float16": 1e-2, "bfloat16": 6e-2}
-
-
-def rounded(x, dtype):
-    """x as the device holds it after upload in `dtype` (round to nearest even), as float32."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return torch.from_numpy(x).to(TORCH_DTYPE[dtype]).float().numpy()
-
-
-def randn(rng, shape, dtype, scale=1.0, offset=0.0):
-    return rounded(rng.standard_normal(shape) * scale + offset, dtype)
-
-
-def check(got, want, dtype, atol, ulps=2, magnitude=None):
-    """|got - want| <= rtol * magnitude + atol elementwise (rtol: `ulps` units in the last place of
-    the dtype, float32 noise for float32; magnitude defaults to |want|)."""
-    got = np.asarray(got, np.float64)
-    want = np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
-    assert np.isfinite(got).all(), "non-finite values in the CUDA result"
-    if got.size == 0:
-        return
-    rtol = FP32_NOISE if dtype == "float32" else ulps * ULP_AT_ONE[dtype]
-    tol = rtol * (np.abs(want) if magnitude is None else magnitude) + atol
-    err = np.abs(got - want)
-    worst = np.unravel_index(np.argmax(err - tol), err.shape)
-    assert (err <= tol).all(), (f"{dtype}: error {err[worst]:.3e} > tolerance {tol[worst]:.3e} at {worst} "
-                                f"(got {got[worst]!r}, want {want[worst]!r})")
 
 
 # ---- packing, scatter back, clearing past the tokens -------------------------------------------

@@ -369,19 +369,6 @@ void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stre
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
 
-// Multiprocessors of `device`, looked up once per device.
-int multiprocessor_count(int device) {
-  static std::atomic<int> cached[64] = {};
-  if (device < 64) {
-    const int n = cached[device].load(std::memory_order_relaxed);
-    if (n > 0) return n;
-  }
-  int n = 0;
-  FTBERT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  if (device < 64) cached[device].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 // Whether `device` is compute capability 9.0 (Hopper: H100, H200), looked up once per device.
 bool is_sm90(int device) {
   static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes
@@ -496,6 +483,7 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
   p.cu_seqlens = layout.cu_seqlens;
   p.out = out;
   p.seq = seq;
+  p.rows = layout.rows;
   p.heads = heads;
   p.scale_log2 = scale * kLog2e;
   if (dt == DType::kFloat16) {

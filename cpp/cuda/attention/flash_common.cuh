@@ -32,6 +32,7 @@ struct FlashParams {
   const int32_t* cu_seqlens = nullptr;  // [B + 1], packed batches (then mask is not read)
   void* out;                            // [rows, H]
   int seq;                              // S: the padded length; packed, the longest sequence
+  int rows = 0;                         // rows of qkv and out (B·S padded; packed, >= T)
   int heads;
   float scale_log2;  // scale * log2(e)
 };
@@ -417,6 +418,19 @@ struct SequenceRows {
 };
 
 // ---- launch helpers (host) -----------------------------------------------------------------
+
+// Multiprocessors of `device`, looked up once per device.
+inline int multiprocessor_count(int device) {
+  static std::atomic<int> cached[64] = {};
+  if (device < 64) {
+    const int n = cached[device].load(std::memory_order_relaxed);
+    if (n > 0) return n;
+  }
+  int n = 0;
+  FTBERT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  if (device < 64) cached[device].store(n, std::memory_order_relaxed);
+  return n;
+}
 
 // One block per Br query rows of the longest sequence, per head and sequence; blocks past their
 // own sequence's end return at once.

@@ -7,7 +7,7 @@
 //        benchmarks/kernels/flash_variants.cu cpp/cuda/cuda_check.cu && /tmp/flash_variants
 //
 // (`flash_variants profile` launches each configuration once at the first shape, for ncu;
-// `flash_variants small` once at a small odd shape, for compute-sanitizer.)
+// `flash_variants small` once at two small odd shapes, for compute-sanitizer.)
 //
 // Times: median of 100 launches between CUDA events, L2 flushed before each, after 10 warm-ups.
 // TFLOP/s counts the two matrix products, 4 * B * heads * S * S * d.
@@ -162,6 +162,7 @@ struct Bench {
     if (C::D != sh.d) return;
     fc::flash_detail::FlashParams p;
     p.qkv = qkv, p.bias = bias, p.out = out, p.seq = sh.S, p.heads = sh.heads;
+    p.rows = sh.B * sh.S;
     p.cu_seqlens = nullptr;  // padded batches (the mask) here
     p.scale_log2 = scale * fc::flash_detail::kLog2e;
     auto run = [&](const int32_t* mask) {
@@ -203,6 +204,16 @@ struct Hopper {
   }
 };
 
+// The warp-specialized Hopper kernel: consumer warpgroups per block, Bc.
+template <int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+struct HopperWs {
+  static constexpr int D = 64;
+  template <typename T>
+  static void launch(const fc::flash_detail::FlashParams& p, int batch) {
+    fc::launch_sm90_ws<T, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>(p, batch, 0, 0);
+  }
+};
+
 template <typename T>
 void run_shape(Shape s, bool profile = false) {
   Bench<T> bench(s);
@@ -212,6 +223,9 @@ void run_shape(Shape s, bool profile = false) {
   bench.template variant<Hopper<1, 128, 3>>("sm90 wg1 bc128 min3", profile);
   bench.template variant<Hopper<1, 64, 4>>("sm90 wg1 bc64 min4", profile);
   bench.template variant<Hopper<2, 64, 2>>("sm90 wg2 bc64 min2", profile);
+  bench.template variant<HopperWs<2, 128, 2, 0, false>>("sm90 ws c2 st2", profile);
+  bench.template variant<HopperWs<2, 128, 2, 0, true>>("sm90 ws c2 st2 pingpong", profile);
+  bench.template variant<HopperWs<3, 128, 3, 160, true>>("sm90 ws c3 st3 r160 pingpong", profile);
   bench.template variant<Portable<32, 128, 64, 4, 3, 2, true>>("d32 w128x64", profile);
   bench.template variant<Portable<32, 64, 64, 4, 4, 2, true>>("d32 n64x64", profile);
   bench.template variant<Portable<128, 64, 64, 4, 2, 2, true>>("d128 n64x64", profile);
@@ -229,8 +243,9 @@ int main(int argc, char** argv) {
     run_shape<__half>(shapes[0], true);
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "small") {  // a small odd shape, one launch each
+  if (argc > 1 && std::string(argv[1]) == "small") {  // small odd shapes, one launch each
     run_shape<__half>({"small", 3, 77, 2, 64}, true);
+    run_shape<__half>({"many-items", 3, 300, 24, 64}, true);  // persistent blocks: 2 items each
     return 0;
   }
   for (const Shape& s : shapes) run_shape<__half>(s);

@@ -330,9 +330,11 @@ def test_flash_packed_matches_padded_flash(gpu, rng, flash_kernel, dtype, head_d
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("head_dim", [32, 64])
-def test_flash_packed_wide_tiles_on_a_large_grid(gpu, rng, flash_kernel, dtype, head_dim):
-    # A grid of 24 sequences x 12 heads x 3 query tiles takes the wide tiles.
-    batch, seq = 24, 257
+@pytest.mark.parametrize("seq", [257, 401])
+def test_flash_packed_wide_tiles_on_a_large_grid(gpu, rng, flash_kernel, dtype, head_dim, seq):
+    # A grid of 24 sequences x 12 heads x 3 query tiles takes the wide tiles (on Hopper, the
+    # persistent kernel: with three consumers from 384 tokens).
+    batch = 24
     mask = sequence_mask(rng, batch, seq, "mixed")
     mask[0] = 1
     packed, padded, ref_rows, budget = flash_case(rng, dtype, batch, seq, 12, head_dim, mask, gpu)
@@ -355,6 +357,35 @@ def test_flash_packed_sequences_do_not_see_each_other(gpu, rng, flash_kernel, dt
     for b in range(3):
         alone = gpu.flash_attention(dtype, qkv[b:b + 1], bias, mask[b:b + 1], heads, scale, packed=True)
         np.testing.assert_array_equal(together[cu[b]:cu[b + 1]], alone)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+@pytest.mark.parametrize("batch", [3, 24], ids=["few-blocks", "large-grid"])
+def test_flash_non_finite_neighbour_leaves_a_sequence_alone(gpu, rng, flash_kernel, dtype,
+                                                            packed, batch):
+    # Sequence 1's K and V are inf. Every other sequence's last key tile runs past its end into
+    # the rows that follow (77 tokens against 128-key tiles): those keys are masked, but a kernel
+    # that multiplies their V by a weight of 0 gets NaN. A batch of 24 x 12 heads takes the
+    # large-grid kernel on Hopper, 3 the other.
+    heads, head_dim, seq = 12, 64, 77
+    H = heads * head_dim
+    scale = 1.0 / math.sqrt(head_dim)
+    qkv = rng.standard_normal((batch, seq, 3 * H), dtype=np.float32)
+    bias = rng.standard_normal(3 * H, dtype=np.float32)
+    mask = np.zeros((batch, seq), np.int32)
+    for b, n in enumerate(rng.integers(1, seq + 1, batch)):
+        mask[b, :n] = 1
+    clean = gpu.flash_attention(dtype, qkv, bias, mask, heads, scale, packed=packed)
+    qkv[1, :, H:] = np.inf
+    out = gpu.flash_attention(dtype, qkv, bias, mask, heads, scale, packed=packed)
+    cu, _ = pack_reference(mask)
+    for b in range(batch):
+        if b == 1:
+            continue
+        rows = slice(cu[b], cu[b + 1]) if packed else (b, slice(0, int(mask[b].sum())))
+        assert np.isfinite(out[rows]).all(), f"sequence {b} has non-finite outputs"
+        np.testing.assert_array_equal(out[rows], clean[rows])
 
 
 # ---- the model ----------------------------------------------------------------------------------

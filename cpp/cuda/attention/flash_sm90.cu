@@ -22,16 +22,26 @@
 //     issued right behind P·V of tile t - 1, and the softmax of tile t runs while that P·V
 //     finishes (the accumulator is rescaled only after it lands). The next tile's copies are
 //     issued while the scores compute, its mask read ahead into a register.
+//
+// Two kernels run that algorithm (launch_flash_sm90 picks by grid size): one where every block
+// copies its own tiles with cp.async (a block is 1-2 warpgroups, several blocks per
+// multiprocessor), and a persistent warp-specialized one where a producer warp loads tiles with
+// TMA for consumer warpgroups that take turns at the tensor cores (see its section below).
 #include "cuda/attention/flash_sm90.h"
 
+#include <cuda.h>  // CUtensorMap; the encoder is looked up at run time (no libcuda link)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/flash_common.cuh"
 #include "cuda/cuda_check.h"
+#include "ftbert/check.h"
 
 namespace ftbert::cuda {
 namespace {
@@ -411,18 +421,514 @@ void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t strea
   FTBERT_LAUNCH_CHECK("flash_attention_sm90_kernel", stream);
 }
 
+
+// ---- the warp-specialized kernel -------------------------------------------------------------
+// Persistent: one block per multiprocessor walks work items (64·kConsumers query rows of one head
+// of one sequence). A block is one producer warp (in a warpgroup of its own) and kConsumers
+// consumer warpgroups of 64 query rows each. The producer loads each item's Q (two slots, so the
+// next item's loads while this one finishes) and its K and V tiles with TMA into a ring of
+// kStages buffers, and writes each tile's key bias; the consumers run the one-warpgroup kernel's
+// schedule on the same tiles, taking turns at the tensor cores (kPingPong: one warpgroup's
+// softmax runs while the other's products do). Buffers change hands through mbarriers, never a
+// block barrier, so neither side waits for the slowest of the other:
+//   full:  the producer's 32 lanes arrive once their key-bias writes are done, lane 0 with the
+//          tile's bytes expected; TMA completes them (Q: lane 0 alone).
+//   empty: every consumer thread arrives once its last read of the buffer is done.
+// The ring's position and the Q slot carry over from item to item; producer and consumers skip
+// the same items (past a packed sequence's end), so their counts agree.
+// TMA reads a tile past the sequence's end from whatever rows follow (the next sequence) or as
+// zeros (past the tensor). Those keys are masked, but 0 · inf is NaN, so the producer zeroes
+// those rows before publishing the tile: a sequence's result never depends on another's.
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives and raises the bytes the current phase waits for by `bytes` (the TMA that follows).
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once: a ring's buffers start empty).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "retry:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra retry;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// A 2-D box of `map` at (column c0, row c1) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap& map, int c0, int c1,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+// A barrier for consumer warpgroup c alone (barrier 1 + c; 0 is __syncthreads'). The id is an
+// immediate: with a register id the compiler reserves all 16 of the block's barriers.
+template <int kConsumers>
+__device__ __forceinline__ void consumer_sync(int c) {
+  static_assert(kConsumers <= 3, "one case per consumer");
+  if (c == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else if (kConsumers > 1 && c == 1) {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  } else if (kConsumers > 2) {
+    asm volatile("bar.sync 3, 128;\n" ::: "memory");
+  }
+}
+
+// TMA boxes: 64 columns (one head's 128-byte row) by kBoxRows rows.
+constexpr int kBoxRows = 64;
+constexpr int kBoxBytes = kBoxRows * 128;
+
+template <int kConsumers, int Bc, int kStages_>
+struct WsTile {
+  static constexpr int D = 64;
+  static constexpr int Br = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kStages = kStages_;  // K/V ring
+  static constexpr int kQSlots = 2;         // the next work item's Q loads during this one
+  static constexpr int kQBytes = Br * 128;
+  static constexpr int kKVBytes = Bc * 128;
+  static_assert(Bc % kBoxRows == 0 && Br % kBoxRows == 0, "whole boxes per tile");
+  // [align pad] sQ [kQSlots] | sK [kStages] | sV [kStages] | mbarriers | key bias [kStages][Bc]
+  // fp32 | masked flag [kStages] | key tiles [kQSlots]
+  static constexpr int kBarriers = 2 * kQSlots + 4 * kStages + 2;
+  static constexpr size_t kSmemBytes = 1024 + kQSlots * kQBytes + 2 * kStages * kKVBytes +
+                                       kBarriers * 8 + kStages * Bc * sizeof(float) +
+                                       kStages * sizeof(int) + kQSlots * 2 * sizeof(int);
+};
+
+// Consumer warpgroups take turns issuing their matrix products (kPingPong): c waits for barrier
+// 4 + c, which its predecessor arrives at once it has issued, so one warpgroup's softmax runs
+// while the next one's products occupy the tensor cores. Immediate ids, as consumer_sync's.
+template <int kConsumers>
+__device__ __forceinline__ void turn_wait(int c) {
+  if (c == 0) {
+    asm volatile("bar.sync 4, 256;\n" ::: "memory");
+  } else if (kConsumers > 1 && c == 1) {
+    asm volatile("bar.sync 5, 256;\n" ::: "memory");
+  } else if (kConsumers > 2) {
+    asm volatile("bar.sync 6, 256;\n" ::: "memory");
+  }
+}
+template <int kConsumers>
+__device__ __forceinline__ void turn_pass(int c) {
+  const int next = c + 1 == kConsumers ? 0 : c + 1;
+  if (next == 0) {
+    asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+  } else if (kConsumers > 1 && next == 1) {
+    asm volatile("bar.arrive 5, 256;\n" ::: "memory");
+  } else if (kConsumers > 2) {
+    asm volatile("bar.arrive 6, 256;\n" ::: "memory");
+  }
+}
+
+// Hands registers between the warpgroups of a block (kConsumerRegs = 0: none moved).
+template <int kRegs>
+__device__ __forceinline__ void registers_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void registers_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// A block's work items, in an order that gives neighbouring blocks the same head of the same
+// sequence (its K and V stay in L2 for all its query blocks).
+struct WorkItem {
+  int q_block, head, b;
+  __device__ __forceinline__ WorkItem(int item, int q_blocks, int heads)
+      : q_block(item % q_blocks), head((item / q_blocks) % heads), b(item / (q_blocks * heads)) {}
+};
+
+template <typename T, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+__global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
+    flash_attention_sm90_ws_kernel(const FlashParams p, int batch,
+                                   const __grid_constant__ CUtensorMap qkv_map) {
+  using Tile = WsTile<kConsumers, Bc, kStages>;
+  constexpr int D = Tile::D, Br = Tile::Br, kQSlots = Tile::kQSlots;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  static_assert(sizeof(T) == 2, "16-bit inputs");
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* sQ = smem;                              // [kQSlots][Br rows]
+  unsigned char* sK = sQ + kQSlots * Tile::kQBytes;      // [kStages][Bc rows]
+  unsigned char* sV = sK + kStages * Tile::kKVBytes;     // [kStages][Bc rows]
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sV + kStages * Tile::kKVBytes);  // [kQSlots]
+  uint64_t* q_empty = q_full + kQSlots;                                           // [kQSlots]
+  uint64_t* k_full = q_empty + kQSlots;                                           // [kStages]
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* k_empty = v_full + kStages;
+  uint64_t* v_empty = k_empty + kStages;
+  uint64_t* k_raw = v_empty + kStages;  // the TMA of a tile the producer zeroes the end of
+  uint64_t* v_raw = k_raw + 1;
+  float* sKeyBias = reinterpret_cast<float*>(v_raw + 1);          // [kStages][Bc]
+  int* sMasked = reinterpret_cast<int*>(sKeyBias + kStages * Bc);  // [kStages]
+  int* sTiles = sMasked + kStages;                                  // [kQSlots][2]: t_begin, t_end
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int wg = warp / 4;
+  const int q_blocks = (p.seq + Br - 1) / Br;
+  const int items = q_blocks * p.heads * batch;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kQSlots; ++s) {
+      mbar_init(q_full + s, 1);
+      mbar_init(q_empty + s, 128 * kConsumers);
+    }
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full + s, 32);
+      mbar_init(v_full + s, 32);
+      mbar_init(k_empty + s, 128 * kConsumers);
+      mbar_init(v_empty + s, 128 * kConsumers);
+    }
+    mbar_init(k_raw, 1);
+    mbar_init(v_raw, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the barriers are initialized
+
+  // The producer needs few registers; what the consumers gain keeps a tile's scores, P and O in
+  // registers at kConsumers warpgroups per block.
+  constexpr int kProducerRegs = 24;
+  static_assert(kConsumerRegs == 0 || kProducerRegs + kConsumers * kConsumerRegs <= 65536 / 128,
+                "the register file holds the block");
+  if (wg == 0) {
+    // ---- producer: one warp. Walks the same work items as the consumers, runs ahead of them by
+    // the ring's depth, and across items (the next Q and key tiles load during this item's tail).
+    if constexpr (kConsumerRegs > 0) registers_down<kProducerRegs>();
+    if (warp != 0) return;
+    int kv = 0;     // key tiles loaded so far (ring position)
+    int done = 0;   // work items loaded so far (Q slot)
+    uint32_t raw_parity = 0;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      const WorkItem w(item, q_blocks, p.heads);
+      const SequenceRows<T, D> seq(p, w.b, w.head);
+      const int q0 = w.q_block * Br;
+      if (q0 >= seq.len) continue;  // past this sequence's end (packed batches)
+      // Key tiles between the first and last kept key (padded batches; packed: all).
+      int lo = 0, hi = seq.len - 1;
+      if (seq.mask != nullptr) {
+        lo = seq.len;
+        hi = -1;
+        for (int i = lane; i < seq.len; i += 32) {
+          if (seq.mask[i] != 0) {
+            lo = min(lo, i);
+            hi = max(hi, i);
+          }
+        }
+        lo = __reduce_min_sync(0xffffffffu, lo);
+        hi = __reduce_max_sync(0xffffffffu, hi);
+      }
+      const int t_begin = lo / Bc, t_end = hi < 0 ? t_begin : hi / Bc + 1;
+      const int first_row = static_cast<int>(
+          p.cu_seqlens != nullptr ? p.cu_seqlens[w.b] : static_cast<int64_t>(w.b) * p.seq);
+      const int col_q = w.head * D, col_k = seq.H + w.head * D, col_v = 2 * seq.H + w.head * D;
+
+      const int qs = done % kQSlots;
+      mbar_wait(q_empty + qs, ((done / kQSlots) & 1) ^ 1);
+      if (lane == 0) {
+        sTiles[2 * qs] = t_begin;
+        sTiles[2 * qs + 1] = t_end;
+        mbar_arrive_expect(q_full + qs, Tile::kQBytes);
+#pragma unroll
+        for (int b = 0; b < Br / kBoxRows; ++b) {
+          tma_load(sQ + qs * Tile::kQBytes + b * kBoxBytes, qkv_map, col_q,
+                   first_row + q0 + b * kBoxRows, q_full + qs);
+        }
+      }
+      ++done;
+      // One part (K or V) of a tile into `dst`, published on `full`: by TMA straight away, or,
+      // when the tile runs past the sequence, once the rows past it are zeroed.
+      auto load_part = [&](unsigned char* dst, int col, int k0, uint64_t* full, uint64_t* raw,
+                           int raw_bit) {
+        const int inside = seq.len - k0;  // rows of the tile in the sequence
+        if (inside >= Bc) {
+          if (lane == 0) {
+            mbar_arrive_expect(full, Tile::kKVBytes);
+#pragma unroll
+            for (int b = 0; b < Bc / kBoxRows; ++b) {
+              tma_load(dst + b * kBoxBytes, qkv_map, col, first_row + k0 + b * kBoxRows, full);
+            }
+          } else {
+            mbar_arrive(full);
+          }
+          return;
+        }
+        if (lane == 0) {
+          mbar_arrive_expect(raw, Tile::kKVBytes);
+#pragma unroll
+          for (int b = 0; b < Bc / kBoxRows; ++b) {
+            tma_load(dst + b * kBoxBytes, qkv_map, col, first_row + k0 + b * kBoxRows, raw);
+          }
+        }
+        mbar_wait(raw, (raw_parity >> raw_bit) & 1);
+        raw_parity ^= 1u << raw_bit;
+        for (int i = inside * 8 + lane; i < Bc * 8; i += 32) {
+          *reinterpret_cast<uint4*>(dst + i * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async();  // the zeros, for wgmma
+        mbar_arrive(full);
+      };
+      for (int t = t_begin; t < t_end; ++t, ++kv) {
+        const int s = kv % kStages;
+        const uint32_t empty_parity = ((kv / kStages) & 1) ^ 1;
+        const int k0 = t * Bc;
+        mbar_wait(k_empty + s, empty_parity);
+        bool masked = false;
+#pragma unroll
+        for (int j = lane; j < Bc; j += 32) {
+          const bool keep = seq.key_kept(k0 + j);
+          sKeyBias[s * Bc + j] = keep ? 0.0f : kNegInf;
+          masked |= !keep;
+        }
+        masked = __any_sync(0xffffffffu, masked);
+        if (lane == 0) sMasked[s] = masked ? 1 : 0;
+        __syncwarp();
+        load_part(sK + s * Tile::kKVBytes, col_k, k0, k_full + s, k_raw, 0);
+        mbar_wait(v_empty + s, empty_parity);
+        load_part(sV + s * Tile::kKVBytes, col_v, k0, v_full + s, v_raw, 1);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup c owns query rows 64c..64c+63 of each work item
+  if constexpr (kConsumerRegs > 0) registers_up<kConsumerRegs>();
+  const int c = wg - 1;
+  const int ctid = threadIdx.x - 128 * wg;
+  const int quad_col = 2 * (lane % 4);
+  const int g = lane / 4;
+  const uint64_t k_desc = sw128_desc(sK, 16);
+  const uint64_t v_desc = sw128_desc(sV, 1024);
+  constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
+  // This thread is done reading a buffer (its products have landed, its key-bias reads done).
+  // Every consumer thread arrives, each releasing its own reads.
+  auto release = [&](uint64_t* empty) { mbar_arrive(empty); };
+  if (kPingPong && c == kConsumers - 1) turn_pass<kConsumers>(c);  // consumer 0 goes first
+  auto my_turn = [&] {
+    if constexpr (kPingPong) turn_wait<kConsumers>(c);
+  };
+  auto pass_turn = [&] {
+    if constexpr (kPingPong) turn_pass<kConsumers>(c);
+  };
+  int kv = 0, done = 0;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const WorkItem w(item, q_blocks, p.heads);
+    const SequenceRows<T, D> seq(p, w.b, w.head);
+    const int q0 = w.q_block * Br;
+    if (q0 >= seq.len) continue;
+    const int qs = done % kQSlots;
+    unsigned char* q_tile = sQ + qs * Tile::kQBytes + c * 64 * 128;
+    mbar_wait(q_full + qs, (done / kQSlots) & 1);
+    ++done;
+    const int tiles = sTiles[2 * qs + 1] - sTiles[2 * qs];
+    {  // Q bias, in fp32 rounded once as elsewhere; then fenced for wgmma in this warpgroup
+      const int chunk = ctid % 8;
+      const uint4 bq = __ldg(reinterpret_cast<const uint4*>(seq.bias + chunk * 8));
+#pragma unroll
+      for (int row = ctid / 8; row < 64; row += 16) {
+        add_bias_chunk<T>(reinterpret_cast<uint4*>(q_tile + sw128(row, chunk)), bq);
+      }
+      fence_proxy_async();
+      consumer_sync<kConsumers>(c);
+    }
+    const uint64_t q_desc = sw128_desc(q_tile, 16);
+    float o[D / 8][4];
+    float row_max[2] = {kNegInf, kNegInf};
+    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    auto issue_scores = [&](float (&s)[Bc / 8][4], int buf) {
+      const uint64_t k_tile = k_desc + buf * kTileStep;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) Wgmma<T>::ss(s, q_desc + 2 * kk, k_tile + 2 * kk, kk);
+      wgmma_commit();
+    };
+    auto issue_pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
+      const uint64_t v_tile = v_desc + buf * kTileStep;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128 * kk);
+      wgmma_commit();
+    };
+
+    // The one-warpgroup kernel's schedule: tile i's scores are issued right behind P·V of tile
+    // i - 1, and its softmax runs while that P·V finishes.
+    uint32_t a[Bc / 16][4];
+    if (tiles > 0) {
+      float alpha[2];
+      {
+        const int buf = kv % kStages;
+        mbar_wait(k_full + buf, (kv / kStages) & 1);
+        const bool tile_masked = sMasked[buf] != 0;
+        float s[Bc / 8][4];
+        my_turn();
+        issue_scores(s, buf);
+        pass_turn();
+        wgmma_wait<0>();
+        pin(s);
+        if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
+        release(k_empty + buf);
+        softmax_scores(s, row_max, row_sum, p.scale_log2, alpha);
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
+      }
+      for (int i = 1; i < tiles; ++i) {
+        const int cur = kv + i, prev = cur - 1;
+        const int buf = cur % kStages, pbuf = prev % kStages;
+        mbar_wait(k_full + buf, (cur / kStages) & 1);
+        const bool tile_masked = sMasked[buf] != 0;
+        float s[Bc / 8][4];
+        mbar_wait(v_full + pbuf, (prev / kStages) & 1);
+        my_turn();
+        issue_scores(s, buf);
+        issue_pv(a, pbuf);  // tile i - 1
+        pass_turn();
+        wgmma_wait<1>();    // the scores; P·V may still run
+        pin(s);
+        if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
+        release(k_empty + buf);
+        softmax_scores(s, row_max, row_sum, p.scale_log2, alpha);
+        wgmma_wait<0>();  // P·V of tile i - 1: o and a are free
+        pin(o);
+        pin(a);
+        release(v_empty + pbuf);
+        rescale_rows(o, alpha);
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
+      }
+      const int last = kv + tiles - 1;
+      mbar_wait(v_full + last % kStages, (last / kStages) & 1);
+      my_turn();
+      issue_pv(a, last % kStages);
+      pass_turn();
+      wgmma_wait<0>();
+      pin(o);
+      release(v_empty + last % kStages);
+      kv += tiles;
+    }
+
+    // ---- epilogue: O / l + b_v, staged through this warp's own 16 Q rows (the last wgmma
+    // reading them has landed) for 16-byte stores; then the Q slot goes back to the producer.
+    __syncwarp();
+    const int warp_row0 = c * 64 + (warp % 4) * 16;
+    unsigned char* so = sQ + qs * Tile::kQBytes + warp_row0 * 128;
+    const T* bias_v = seq.bias + 2 * seq.H;
+    float inv_sum[2], has_keys[2];
+    finish_rows(row_sum, inv_sum, has_keys);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int col = 8 * n + quad_col;
+      const float2 bv =
+          Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
+      *reinterpret_cast<uint32_t*>(so + sw128(g, n) + 2 * quad_col) =
+          Mma<T>::pack(fmaf(o[n][0], inv_sum[0], bv.x * has_keys[0]),
+                       fmaf(o[n][1], inv_sum[0], bv.y * has_keys[0]));
+      *reinterpret_cast<uint32_t*>(so + sw128(g + 8, n) + 2 * quad_col) =
+          Mma<T>::pack(fmaf(o[n][2], inv_sum[1], bv.x * has_keys[1]),
+                       fmaf(o[n][3], inv_sum[1], bv.y * has_keys[1]));
+    }
+    __syncwarp();
+    seq.template store_rows<16>(q0 + warp_row0,
+                                [&](int row, int chunk) { return so + sw128(row, chunk); }, lane);
+    // The slot is refilled by TMA (the async proxy) after these generic reads and writes.
+    fence_proxy_async();
+    release(q_empty + qs);
+  }
+}
+
+// The driver's tensor-map encoder, looked up once through the runtime (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    FTBERT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &found));
+    FTBERT_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                 "flash attention: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// qkv [rows, 3H] as TMA sees it: boxes of 64 columns (a head's Q, K or V) by kBoxRows rows,
+// 128-byte swizzled as the wgmma descriptors read them; rows past the tensor read as zeros.
+template <typename T>
+CUtensorMap qkv_tensor_map(const FlashParams& p) {
+  const cuuint64_t cols = 3ull * p.heads * 64;
+  const cuuint64_t dims[2] = {cols, static_cast<cuuint64_t>(p.rows)};
+  const cuuint64_t strides[1] = {cols * sizeof(T)};  // bytes from a row to the next
+  const cuuint32_t box[2] = {64, kBoxRows};
+  const cuuint32_t steps[2] = {1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      2, const_cast<void*>(p.qkv), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FTBERT_CHECK(r == CUDA_SUCCESS, "flash attention: cuTensorMapEncodeTiled failed (error "
+                                      << static_cast<int>(r) << ") for " << p.rows << " rows of "
+                                      << cols << " columns");
+  return map;
+}
+
+// Persistent: one block per multiprocessor (at most one per work item).
+template <typename T, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t stream) {
+  using Tile = WsTile<kConsumers, Bc, kStages>;
+  constexpr size_t smem = Tile::kSmemBytes;
+  const CUtensorMap map = qkv_tensor_map<T>(p);
+  auto kernel =
+      flash_attention_sm90_ws_kernel<T, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>;
+  static std::atomic<uint64_t> raised_on{0};
+  allow_shared_memory(kernel, smem, device, raised_on);
+  const int64_t items = static_cast<int64_t>((p.seq + Tile::Br - 1) / Tile::Br) * p.heads * batch;
+  const int blocks = static_cast<int>(std::min<int64_t>(items, multiprocessor_count(device)));
+  kernel<<<blocks, Tile::kThreads, smem, stream>>>(p, batch, map);
+  FTBERT_LAUNCH_CHECK("flash_attention_sm90_ws_kernel", stream);
+}
+
 }  // namespace
 
-// One warpgroup (64 query rows) per block, 128-key tiles, three blocks per multiprocessor
-// (168 registers, 74 KiB of shared memory each). Measured on an H100 against 1 or 2 warpgroups
-// with 64-key tiles and against 2 or 3 warpgroups with 128-key tiles: this one was fastest or
-// within 3% at batch 32 x 128/512 tokens, batch 1 x 128 and 3 x 197. The overlapped schedule,
-// unrolled copies and four-chain row reductions (benchmarks/kernels/flash_variants.cu, L2 flushed,
-// medians of one run before and one after): batch 32 x 512 106 -> 95 us (243 -> 272 TFLOP/s),
-// 32 x 128 21.6 -> 19.1 us, 1 x 128 8.5 -> 8.2 us, 3 x 197 11.5 -> 11.0 us.
+// The kernel by shape, from benchmarks/kernels/flash_variants.cu on an H100 (L2 flushed, medians
+// of 100, float16, one run; 32 x 512 / 32 x 128 / 1 x 128 / 3 x 197 tokens, 12 heads, us):
+//   one warpgroup per block, 128-key tiles, 3 blocks per SM   95.4  19.0  8.2  11.0
+//   persistent, 2 consumers taking turns, 2-stage ring         95.2  18.4  9.1  12.3
+//     (the same without turns                                  97.4  18.4  9.2  12.6)
+//   persistent, 3 consumers of 160 registers taking turns,     89.8  19.9  9.9  13.7
+//     3-stage ring
+// The persistent kernels win once there are two work items per multiprocessor; three consumers
+// (192 query rows an item) only on long sequences, where an item's rows are mostly used. Below
+// that grid the one-warpgroup kernel's several independent blocks per multiprocessor win.
 template <typename T>
 void launch_flash_sm90(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  launch_sm90<T, 1, 128, 3>(p, batch, device, stream);
+  const int64_t sms = multiprocessor_count(device);
+  const auto items = [&](int rows) {
+    return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;
+  };
+  if (p.seq >= 384 && items(192) >= 2 * sms && items(192) <= INT32_MAX) {
+    launch_sm90_ws<T, 3, 128, 3, 160, true>(p, batch, device, stream);
+  } else if (items(128) >= 2 * sms && items(128) <= INT32_MAX) {
+    launch_sm90_ws<T, 2, 128, 2, 0, true>(p, batch, device, stream);
+  } else {
+    launch_sm90<T, 1, 128, 3>(p, batch, device, stream);
+  }
 }
 template void launch_flash_sm90<__half>(const FlashParams&, int, int, cudaStream_t);
 template void launch_flash_sm90<__nv_bfloat16>(const FlashParams&, int, int, cudaStream_t);

@@ -204,6 +204,55 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// S = Q Kᵀ for one key tile (k_tile: its descriptor), over the head dim in 4 k-steps of 16 (32
+// bytes into each swizzled row); issued and committed, not waited for.
+template <typename T, int Bc>
+__device__ __forceinline__ void issue_scores(float (&s)[Bc / 8][4], uint64_t q_desc,
+                                             uint64_t k_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 64 / 16; ++kk) Wgmma<T>::ss(s, q_desc + 2 * kk, k_tile + 2 * kk, kk);
+  wgmma_commit();
+}
+// O += P V with P in `a`, over the keys of one tile (v_tile: its descriptor) in k-steps of 16
+// (2048 bytes of V each); issued and committed, not waited for.
+template <typename T, int Bc>
+__device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&a)[Bc / 16][4],
+                                         uint64_t v_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128 * kk);
+  wgmma_commit();
+}
+
+// A warp's epilogue: O / l + b_v for its 16 rows, staged through `so` (16 swizzled rows of 128
+// bytes the warp owns, so its 4-byte writes spread over the banks) for 16-byte stores of the
+// sequence's rows row0..row0+15.
+template <typename T>
+__device__ __forceinline__ void store_output(const float (&o)[8][4], const float (&row_sum)[2],
+                                             const SequenceRows<T, 64>& seq, unsigned char* so,
+                                             int row0, int lane) {
+  const int g = lane / 4, quad_col = 2 * (lane % 4);
+  const T* bias_v = seq.bias + 2 * seq.H;
+  float inv_sum[2], has_keys[2];
+  finish_rows(row_sum, inv_sum, has_keys);
+  __syncwarp();
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const int col = 8 * n + quad_col;
+    const float2 bv = Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
+    *reinterpret_cast<uint32_t*>(so + sw128(g, n) + 2 * quad_col) =
+        Mma<T>::pack(fmaf(o[n][0], inv_sum[0], bv.x * has_keys[0]),
+                     fmaf(o[n][1], inv_sum[0], bv.y * has_keys[0]));
+    *reinterpret_cast<uint32_t*>(so + sw128(g + 8, n) + 2 * quad_col) =
+        Mma<T>::pack(fmaf(o[n][2], inv_sum[1], bv.x * has_keys[1]),
+                     fmaf(o[n][3], inv_sum[1], bv.y * has_keys[1]));
+  }
+  __syncwarp();
+  seq.template store_rows<16>(row0, [&](int row, int chunk) { return so + sw128(row, chunk); },
+                              lane);
+}
+
 template <int kWarpgroups, int Bc>
 struct Sm90Tile {
   static constexpr int D = 64;  // one 128-byte swizzle row per key / query (16-bit types)
@@ -272,23 +321,12 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   const uint64_t v_desc = sw128_desc(sV, 1024);
   constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
 
-  // S = Q Kᵀ for the key tile in buffer `buf`, over the head dim in 4 k-steps of 16 (32 bytes
-  // into each swizzled row); issued and committed, not waited for.
-  auto issue_scores = [&](float (&s)[Bc / 8][4], int buf) {
-    const uint64_t k_tile = k_desc + buf * kTileStep;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) Wgmma<T>::ss(s, q_desc + 2 * kk, k_tile + 2 * kk, kk);
-    wgmma_commit();
+  // The products of the tile in buffer `buf`.
+  auto scores = [&](float (&s)[Bc / 8][4], int buf) {
+    issue_scores<T, Bc>(s, q_desc, k_desc + buf * kTileStep);
   };
-  // O += P V issued and committed with P in `a`, over the keys of the tile in buffer `buf` in
-  // k-steps of 16 (2048 bytes of V each).
-  auto issue_pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
-    const uint64_t v_tile = v_desc + buf * kTileStep;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128 * kk);
-    wgmma_commit();
+  auto pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
+    issue_pv<T, Bc>(o, a, v_desc + buf * kTileStep);
   };
   // After this thread's copies of the tile in `buf` have landed: fences them (and the Q fix-up)
   // for wgmma and publishes them with a barrier, which also ORs the tile's masked-key bits.
@@ -340,7 +378,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     {  // the first tile: nothing to overlap with yet (o is still zero)
       const bool tile_masked = publish(0);
       float s[Bc / 8][4];
-      issue_scores(s, 0);
+      scores(s, 0);
       const uint32_t next_kept = copy_next(t_begin, 0);
       wgmma_wait<0>();
       pin(s);
@@ -357,8 +395,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
       // tile t - 1 and with P·V of tile t - 2, whose buffers are refilled next.
       const bool tile_masked = publish(buf);
       float s[Bc / 8][4];
-      issue_scores(s, buf);
-      issue_pv(a, buf ^ 1);  // tile t - 1
+      scores(s, buf);
+      pv(a, buf ^ 1);  // tile t - 1
       const uint32_t next_kept = copy_next(t, buf);
       wgmma_wait<1>();  // the scores; P·V may still run
       pin(s);
@@ -377,7 +415,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    issue_pv(a, buf ^ 1);
+    pv(a, buf ^ 1);
     wgmma_wait<0>();
     pin(o);
   }
@@ -385,29 +423,9 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   // before the epilogue reuses the Q rows.
   if (t_begin == t_end) __syncthreads();
 
-  // ---- epilogue: O / l + b_v, staged through this warp's own 16 Q rows (swizzled, so the
-  // 4-byte writes of a warp spread over the banks) for 16-byte stores.
-  __syncwarp();
+  // ---- epilogue, staged through this warp's own 16 Q rows
   const int warp_row0 = wg * 64 + (warp % 4) * 16;
-  unsigned char* so = sQ + warp_row0 * 128;
-  const int g = lane / 4;
-  const T* bias_v = seq.bias + 2 * seq.H;
-  float inv_sum[2], has_keys[2];
-  finish_rows(row_sum, inv_sum, has_keys);
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = 8 * n + quad_col;
-    const float2 bv = Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
-    *reinterpret_cast<uint32_t*>(so + sw128(g, n) + 2 * quad_col) =
-        Mma<T>::pack(fmaf(o[n][0], inv_sum[0], bv.x * has_keys[0]),
-                     fmaf(o[n][1], inv_sum[0], bv.y * has_keys[0]));
-    *reinterpret_cast<uint32_t*>(so + sw128(g + 8, n) + 2 * quad_col) =
-        Mma<T>::pack(fmaf(o[n][2], inv_sum[1], bv.x * has_keys[1]),
-                     fmaf(o[n][3], inv_sum[1], bv.y * has_keys[1]));
-  }
-  __syncwarp();
-  seq.template store_rows<16>(q0 + warp_row0,
-                              [&](int row, int chunk) { return so + sw128(row, chunk); }, lane);
+  store_output(o, row_sum, seq, sQ + warp_row0 * 128, q0 + warp_row0, lane);
 }
 
 template <typename T, int kWarpgroups, int Bc, int kMinBlocks>
@@ -711,7 +729,6 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   const int c = wg - 1;
   const int ctid = threadIdx.x - 128 * wg;
   const int quad_col = 2 * (lane % 4);
-  const int g = lane / 4;
   const uint64_t k_desc = sw128_desc(sK, 16);
   const uint64_t v_desc = sw128_desc(sV, 1024);
   constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
@@ -752,19 +769,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    auto issue_scores = [&](float (&s)[Bc / 8][4], int buf) {
-      const uint64_t k_tile = k_desc + buf * kTileStep;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) Wgmma<T>::ss(s, q_desc + 2 * kk, k_tile + 2 * kk, kk);
-      wgmma_commit();
+    auto scores = [&](float (&s)[Bc / 8][4], int buf) {
+      issue_scores<T, Bc>(s, q_desc, k_desc + buf * kTileStep);
     };
-    auto issue_pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
-      const uint64_t v_tile = v_desc + buf * kTileStep;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128 * kk);
-      wgmma_commit();
+    auto pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
+      issue_pv<T, Bc>(o, a, v_desc + buf * kTileStep);
     };
 
     // The one-warpgroup kernel's schedule: tile i's scores are issued right behind P·V of tile
@@ -778,7 +787,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
         const bool tile_masked = sMasked[buf] != 0;
         float s[Bc / 8][4];
         my_turn();
-        issue_scores(s, buf);
+        scores(s, buf);
         pass_turn();
         wgmma_wait<0>();
         pin(s);
@@ -796,8 +805,8 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
         float s[Bc / 8][4];
         mbar_wait(v_full + pbuf, (prev / kStages) & 1);
         my_turn();
-        issue_scores(s, buf);
-        issue_pv(a, pbuf);  // tile i - 1
+        scores(s, buf);
+        pv(a, pbuf);  // tile i - 1
         pass_turn();
         wgmma_wait<1>();    // the scores; P·V may still run
         pin(s);
@@ -815,7 +824,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
       const int last = kv + tiles - 1;
       mbar_wait(v_full + last % kStages, (last / kStages) & 1);
       my_turn();
-      issue_pv(a, last % kStages);
+      pv(a, last % kStages);
       pass_turn();
       wgmma_wait<0>();
       pin(o);
@@ -823,29 +832,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
       kv += tiles;
     }
 
-    // ---- epilogue: O / l + b_v, staged through this warp's own 16 Q rows (the last wgmma
-    // reading them has landed) for 16-byte stores; then the Q slot goes back to the producer.
-    __syncwarp();
+    // ---- epilogue, staged through this warp's own 16 rows of the Q slot (the last wgmma
+    // reading them has landed); then the slot goes back to the producer.
     const int warp_row0 = c * 64 + (warp % 4) * 16;
-    unsigned char* so = sQ + qs * Tile::kQBytes + warp_row0 * 128;
-    const T* bias_v = seq.bias + 2 * seq.H;
-    float inv_sum[2], has_keys[2];
-    finish_rows(row_sum, inv_sum, has_keys);
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int col = 8 * n + quad_col;
-      const float2 bv =
-          Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
-      *reinterpret_cast<uint32_t*>(so + sw128(g, n) + 2 * quad_col) =
-          Mma<T>::pack(fmaf(o[n][0], inv_sum[0], bv.x * has_keys[0]),
-                       fmaf(o[n][1], inv_sum[0], bv.y * has_keys[0]));
-      *reinterpret_cast<uint32_t*>(so + sw128(g + 8, n) + 2 * quad_col) =
-          Mma<T>::pack(fmaf(o[n][2], inv_sum[1], bv.x * has_keys[1]),
-                       fmaf(o[n][3], inv_sum[1], bv.y * has_keys[1]));
-    }
-    __syncwarp();
-    seq.template store_rows<16>(q0 + warp_row0,
-                                [&](int row, int chunk) { return so + sw128(row, chunk); }, lane);
+    store_output(o, row_sum, seq, sQ + qs * Tile::kQBytes + warp_row0 * 128, q0 + warp_row0,
+                 lane);
     // The slot is refilled by TMA (the async proxy) after these generic reads and writes.
     fence_proxy_async();
     release(q_empty + qs);

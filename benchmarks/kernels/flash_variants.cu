@@ -194,23 +194,24 @@ struct Portable {
     fc::launch_flash<T, fc::FlashConfig<D, Br, Bc, kWarps, kMinBlocks, kStages, kQRegs>>(p, batch, 0, 0);
   }
 };
-// The Hopper kernel (flash_sm90.cu): warpgroups per block, Bc, min blocks/SM.
-template <int kWarpgroups, int Bc, int kMinBlocks>
+// The Hopper kernel (flash_sm90.cu): head dim, warpgroups per block, Bc, min blocks/SM.
+template <int D_, int kWarpgroups, int Bc, int kMinBlocks>
 struct Hopper {
-  static constexpr int D = 64;
+  static constexpr int D = D_;
   template <typename T>
   static void launch(const fc::flash_detail::FlashParams& p, int batch) {
-    fc::launch_sm90<T, kWarpgroups, Bc, kMinBlocks>(p, batch, 0, 0);
+    fc::launch_sm90<T, D, kWarpgroups, Bc, kMinBlocks>(p, batch, 0, 0);
   }
 };
 
-// The warp-specialized Hopper kernel: consumer warpgroups per block, Bc.
-template <int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+// The warp-specialized Hopper kernel: head dim, consumer warpgroups per block, Bc, ring stages,
+// consumer registers (0: as compiled), turns.
+template <int D_, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
 struct HopperWs {
-  static constexpr int D = 64;
+  static constexpr int D = D_;
   template <typename T>
   static void launch(const fc::flash_detail::FlashParams& p, int batch) {
-    fc::launch_sm90_ws<T, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>(p, batch, 0, 0);
+    fc::launch_sm90_ws<T, D, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>(p, batch, 0, 0);
   }
 };
 
@@ -220,12 +221,13 @@ void run_shape(Shape s, bool profile = false) {
   bench.template variant<Portable<64, 128, 128, 4, 2, 2, false>>("d64 w128x128 q-smem", profile);
   bench.template variant<Portable<64, 128, 64, 4, 2, 2, true>>("d64 w128x64", profile);
   bench.template variant<Portable<64, 64, 64, 4, 3, 2, true>>("d64 n64x64", profile);
-  bench.template variant<Hopper<1, 128, 3>>("sm90 wg1 bc128 min3", profile);
-  bench.template variant<Hopper<1, 64, 4>>("sm90 wg1 bc64 min4", profile);
-  bench.template variant<Hopper<2, 64, 2>>("sm90 wg2 bc64 min2", profile);
-  bench.template variant<HopperWs<2, 128, 2, 0, false>>("sm90 ws c2 st2", profile);
-  bench.template variant<HopperWs<2, 128, 2, 0, true>>("sm90 ws c2 st2 pingpong", profile);
-  bench.template variant<HopperWs<3, 128, 3, 160, true>>("sm90 ws c3 st3 r160 pingpong", profile);
+  bench.template variant<Hopper<64, 1, 128, 3>>("sm90 wg1 bc128 min3", profile);
+  bench.template variant<Hopper<64, 1, 64, 4>>("sm90 wg1 bc64 min4", profile);
+  bench.template variant<Hopper<64, 2, 64, 2>>("sm90 wg2 bc64 min2", profile);
+  bench.template variant<HopperWs<64, 2, 128, 2, 0, false>>("sm90 ws c2 st2", profile);
+  bench.template variant<HopperWs<64, 2, 128, 2, 0, true>>("sm90 ws c2 st2 pingpong", profile);
+  bench.template variant<HopperWs<64, 3, 128, 3, 160, true>>("sm90 ws c3 st3 r160 pingpong",
+                                                              profile);
   bench.template variant<Portable<32, 128, 64, 4, 3, 2, true>>("d32 w128x64", profile);
   bench.template variant<Portable<32, 64, 64, 4, 4, 2, true>>("d32 n64x64", profile);
   bench.template variant<Portable<128, 64, 64, 4, 2, 2, true>>("d128 n64x64", profile);

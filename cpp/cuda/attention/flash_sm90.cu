@@ -200,24 +200,36 @@ __device__ __forceinline__ uint64_t sw128_desc(const void* smem, uint32_t lead) 
 __device__ __forceinline__ int sw128(int row, int chunk) {
   return row * 128 + ((chunk ^ (row & 7)) << 4);
 }
+// A tile of kRows rows of D elements is D / 64 such swizzled panels of 64 columns, one after the
+// other (the 128-byte swizzle covers 64 16-bit columns): byte offset of chunk `chunk` (0..D/8-1)
+// of row `row`.
+template <int kRows>
+__device__ __forceinline__ int panel_offset(int row, int chunk) {
+  return (chunk / 8) * (kRows * 128) + sw128(row, chunk % 8);
+}
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// S = Q Kᵀ for one key tile (k_tile: its descriptor), over the head dim in 4 k-steps of 16 (32
-// bytes into each swizzled row); issued and committed, not waited for.
-template <typename T, int Bc>
+// S = Q Kᵀ for one key tile (k_tile: its descriptor), over the head dim in k-steps of 16: 32
+// bytes into a swizzled row, 4 per panel. q_panel / k_panel: the descriptor step from one 64-column
+// panel of the tile to the next (bytes / 16).
+template <typename T, int D, int Bc>
 __device__ __forceinline__ void issue_scores(float (&s)[Bc / 8][4], uint64_t q_desc,
-                                             uint64_t k_tile) {
+                                             uint64_t q_panel, uint64_t k_tile, uint64_t k_panel) {
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 64 / 16; ++kk) Wgmma<T>::ss(s, q_desc + 2 * kk, k_tile + 2 * kk, kk);
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int panel = kk / 4, step = 2 * (kk % 4);
+    Wgmma<T>::ss(s, q_desc + panel * q_panel + step, k_tile + panel * k_panel + step, kk);
+  }
   wgmma_commit();
 }
-// O += P V with P in `a`, over the keys of one tile (v_tile: its descriptor) in k-steps of 16
-// (2048 bytes of V each); issued and committed, not waited for.
-template <typename T, int Bc>
-__device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&a)[Bc / 16][4],
+// O += P V with P in `a`, over the keys of one tile (v_tile: its descriptor, whose leading
+// dimension offset steps from one 64-column panel to the next) in k-steps of 16 (2048 bytes of
+// each panel); issued and committed, not waited for.
+template <typename T, int D, int Bc>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&a)[Bc / 16][4],
                                          uint64_t v_tile) {
   wgmma_fence();
 #pragma unroll
@@ -225,51 +237,53 @@ __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&a)[B
   wgmma_commit();
 }
 
-// A warp's epilogue: O / l + b_v for its 16 rows, staged through `so` (16 swizzled rows of 128
-// bytes the warp owns, so its 4-byte writes spread over the banks) for 16-byte stores of the
-// sequence's rows row0..row0+15.
-template <typename T>
-__device__ __forceinline__ void store_output(const float (&o)[8][4], const float (&row_sum)[2],
-                                             const SequenceRows<T, 64>& seq, unsigned char* so,
-                                             int row0, int lane) {
+// A warp's epilogue: O / l + b_v for its 16 rows, staged through shared memory the warp owns
+// (`at(row, chunk)`: 16 swizzled rows, so its 4-byte writes spread over the banks) for 16-byte
+// stores of the sequence's rows row0..row0+15.
+template <typename T, int D, typename At>
+__device__ __forceinline__ void store_output(const float (&o)[D / 8][4], const float (&row_sum)[2],
+                                             const SequenceRows<T, D>& seq, At at, int row0,
+                                             int lane) {
   const int g = lane / 4, quad_col = 2 * (lane % 4);
   const T* bias_v = seq.bias + 2 * seq.H;
   float inv_sum[2], has_keys[2];
   finish_rows(row_sum, inv_sum, has_keys);
   __syncwarp();
 #pragma unroll
-  for (int n = 0; n < 8; ++n) {
+  for (int n = 0; n < D / 8; ++n) {
     const int col = 8 * n + quad_col;
     const float2 bv = Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(bias_v + col)));
-    *reinterpret_cast<uint32_t*>(so + sw128(g, n) + 2 * quad_col) =
+    *reinterpret_cast<uint32_t*>(at(g, n) + 2 * quad_col) =
         Mma<T>::pack(fmaf(o[n][0], inv_sum[0], bv.x * has_keys[0]),
                      fmaf(o[n][1], inv_sum[0], bv.y * has_keys[0]));
-    *reinterpret_cast<uint32_t*>(so + sw128(g + 8, n) + 2 * quad_col) =
+    *reinterpret_cast<uint32_t*>(at(g + 8, n) + 2 * quad_col) =
         Mma<T>::pack(fmaf(o[n][2], inv_sum[1], bv.x * has_keys[1]),
                      fmaf(o[n][3], inv_sum[1], bv.y * has_keys[1]));
   }
   __syncwarp();
-  seq.template store_rows<16>(row0, [&](int row, int chunk) { return so + sw128(row, chunk); },
-                              lane);
+  seq.template store_rows<16>(row0, at, lane);
 }
 
-template <int kWarpgroups, int Bc>
+template <int D_, int kWarpgroups, int Bc>
 struct Sm90Tile {
-  static constexpr int D = 64;  // one 128-byte swizzle row per key / query (16-bit types)
+  static constexpr int D = D_;
+  static_assert(D % 64 == 0, "whole 64-column panels");
   static constexpr int Br = 64 * kWarpgroups;
   static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kQBytes = Br * 128;
-  static constexpr int kKVBytes = Bc * 128;
+  static constexpr int kQPanel = Br * 128;   // bytes of a panel of the Q tile
+  static constexpr int kKVPanel = Bc * 128;  // ... of a K or V tile
+  static constexpr int kQBytes = D / 64 * kQPanel;
+  static constexpr int kKVBytes = D / 64 * kKVPanel;
   static constexpr int kStages = 2;  // the schedule alternates two buffers (buf ^ 1)
   // [align pad] sQ | sK [2] | sV [2] | key bias [2][Bc] fp32 | key range scratch
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
                                        kStages * Bc * sizeof(float) + kThreads / 32 * 2 * sizeof(int);
 };
 
-template <typename T, int kWarpgroups, int Bc, int kMinBlocks>
+template <typename T, int D_, int kWarpgroups, int Bc, int kMinBlocks>
 __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     flash_attention_sm90_kernel(FlashParams p) {
-  using Tile = Sm90Tile<kWarpgroups, Bc>;
+  using Tile = Sm90Tile<D_, kWarpgroups, Bc>;
   constexpr int D = Tile::D, Br = Tile::Br, kThreads = Tile::kThreads, kStages = Tile::kStages;
   constexpr float kNegInf = -__builtin_huge_valf();
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -296,8 +310,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   int t_begin, t_end;
   seq.template key_tiles<kThreads, Bc>(sRange, t_begin, t_end);
 
-  // ---- loads: 8 chunks of 16 bytes per row, into the swizzled tiles.
-  auto q_at = [&](int row, int chunk) { return sQ + sw128(row, chunk); };
+  // ---- loads: D / 8 chunks of 16 bytes per row, into the swizzled panels.
+  auto q_at = [&](int row, int chunk) { return sQ + panel_offset<Br>(row, chunk); };
   // bit `buf`: this thread's key-bias entries of that buffer hold a masked key
   int masked_bits = 0;
   auto write_key_bias = [&](uint32_t kept, int buf) {
@@ -311,22 +325,23 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   const int quad_col = 2 * (lane % 4);
-  const unsigned char* q_tile = sQ + wg * 64 * 128;  // this warpgroup's 64 rows
+  const unsigned char* q_tile = sQ + wg * 64 * 128;  // this warpgroup's 64 rows (first panel)
 
   // Descriptors built once: a descriptor's low bits are the start address in 16-byte units, so
   // a tile or k-step further on is the same descriptor plus its byte offset / 16 (shared memory
   // ends well below where that field would carry).
   const uint64_t q_desc = sw128_desc(q_tile, 16);
   const uint64_t k_desc = sw128_desc(sK, 16);
-  const uint64_t v_desc = sw128_desc(sV, 1024);
+  const uint64_t v_desc = sw128_desc(sV, Tile::kKVPanel);
   constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
 
   // The products of the tile in buffer `buf`.
   auto scores = [&](float (&s)[Bc / 8][4], int buf) {
-    issue_scores<T, Bc>(s, q_desc, k_desc + buf * kTileStep);
+    issue_scores<T, D, Bc>(s, q_desc, Tile::kQPanel / 16, k_desc + buf * kTileStep,
+                           Tile::kKVPanel / 16);
   };
   auto pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
-    issue_pv<T, Bc>(o, a, v_desc + buf * kTileStep);
+    issue_pv<T, D, Bc>(o, a, v_desc + buf * kTileStep);
   };
   // After this thread's copies of the tile in `buf` have landed: fences them (and the Q fix-up)
   // for wgmma and publishes them with a barrier, which also ORs the tile's masked-key bits.
@@ -343,12 +358,12 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   auto copy_k = [&](int tile, int buf) {
     unsigned char* dk = sK + buf * Tile::kKVBytes;
     seq.template copy_rows<1, Bc, kThreads>(
-        tile * Bc, [&](int row, int chunk) { return dk + sw128(row, chunk); });
+        tile * Bc, [&](int row, int chunk) { return dk + panel_offset<Bc>(row, chunk); });
   };
   auto copy_v = [&](int tile, int buf) {
     unsigned char* dv = sV + buf * Tile::kKVBytes;
     seq.template copy_rows<2, Bc, kThreads>(
-        tile * Bc, [&](int row, int chunk) { return dv + sw128(row, chunk); });
+        tile * Bc, [&](int row, int chunk) { return dv + panel_offset<Bc>(row, chunk); });
   };
   // Iteration t's copies, committed as one group; returns tile t + 1's mask bits, read into a
   // register here and written out as key bias after the softmax, once the load has landed.
@@ -425,14 +440,17 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
 
   // ---- epilogue, staged through this warp's own 16 Q rows
   const int warp_row0 = wg * 64 + (warp % 4) * 16;
-  store_output(o, row_sum, seq, sQ + warp_row0 * 128, q0 + warp_row0, lane);
+  store_output<T, D>(
+      o, row_sum, seq,
+      [&](int row, int chunk) { return sQ + panel_offset<Br>(warp_row0 + row, chunk); },
+      q0 + warp_row0, lane);
 }
 
-template <typename T, int kWarpgroups, int Bc, int kMinBlocks>
+template <typename T, int D, int kWarpgroups, int Bc, int kMinBlocks>
 void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = Sm90Tile<kWarpgroups, Bc>;
+  using Tile = Sm90Tile<D, kWarpgroups, Bc>;
   constexpr size_t smem = Tile::kSmemBytes;
-  auto kernel = flash_attention_sm90_kernel<T, kWarpgroups, Bc, kMinBlocks>;
+  auto kernel = flash_attention_sm90_kernel<T, D, kWarpgroups, Bc, kMinBlocks>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   kernel<<<flash_grid(p, batch, Tile::Br), Tile::kThreads, smem, stream>>>(p);
@@ -505,19 +523,23 @@ __device__ __forceinline__ void consumer_sync(int c) {
   }
 }
 
-// TMA boxes: 64 columns (one head's 128-byte row) by kBoxRows rows.
+// TMA boxes: 64 columns (a 128-byte panel row) by kBoxRows rows.
 constexpr int kBoxRows = 64;
 constexpr int kBoxBytes = kBoxRows * 128;
 
-template <int kConsumers, int Bc, int kStages_>
+template <int D_, int kConsumers, int Bc, int kStages_>
 struct WsTile {
-  static constexpr int D = 64;
+  static constexpr int D = D_;
+  static_assert(D % 64 == 0, "whole 64-column panels");
+  static constexpr int kPanels = D / 64;
   static constexpr int Br = 64 * kConsumers;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kStages = kStages_;  // K/V ring
   static constexpr int kQSlots = 2;         // the next work item's Q loads during this one
-  static constexpr int kQBytes = Br * 128;
-  static constexpr int kKVBytes = Bc * 128;
+  static constexpr int kQPanel = Br * 128;   // bytes of a panel of the Q tile
+  static constexpr int kKVPanel = Bc * 128;  // ... of a K or V tile
+  static constexpr int kQBytes = kPanels * kQPanel;
+  static constexpr int kKVBytes = kPanels * kKVPanel;
   static_assert(Bc % kBoxRows == 0 && Br % kBoxRows == 0, "whole boxes per tile");
   // [align pad] sQ [kQSlots] | sK [kStages] | sV [kStages] | mbarriers | key bias [kStages][Bc]
   // fp32 | masked flag [kStages] | key tiles [kQSlots]
@@ -570,11 +592,12 @@ struct WorkItem {
       : q_block(item % q_blocks), head((item / q_blocks) % heads), b(item / (q_blocks * heads)) {}
 };
 
-template <typename T, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+template <typename T, int D_, int kConsumers, int Bc, int kStages, int kConsumerRegs,
+          bool kPingPong>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     flash_attention_sm90_ws_kernel(const FlashParams p, int batch,
                                    const __grid_constant__ CUtensorMap qkv_map) {
-  using Tile = WsTile<kConsumers, Bc, kStages>;
+  using Tile = WsTile<D_, kConsumers, Bc, kStages>;
   constexpr int D = Tile::D, Br = Tile::Br, kQSlots = Tile::kQSlots;
   constexpr float kNegInf = -__builtin_huge_valf();
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -663,40 +686,47 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
         sTiles[2 * qs + 1] = t_end;
         mbar_arrive_expect(q_full + qs, Tile::kQBytes);
 #pragma unroll
-        for (int b = 0; b < Br / kBoxRows; ++b) {
-          tma_load(sQ + qs * Tile::kQBytes + b * kBoxBytes, qkv_map, col_q,
-                   first_row + q0 + b * kBoxRows, q_full + qs);
+        for (int pn = 0; pn < Tile::kPanels; ++pn) {
+#pragma unroll
+          for (int b = 0; b < Br / kBoxRows; ++b) {
+            tma_load(sQ + qs * Tile::kQBytes + pn * Tile::kQPanel + b * kBoxBytes, qkv_map,
+                     col_q + 64 * pn, first_row + q0 + b * kBoxRows, q_full + qs);
+          }
         }
       }
       ++done;
-      // One part (K or V) of a tile into `dst`, published on `full`: by TMA straight away, or,
-      // when the tile runs past the sequence, once the rows past it are zeroed.
+      // The TMA of one part (K or V) of a tile into `dst` (every panel), completing on `bar`.
+      auto tma_part = [&](unsigned char* dst, int col, int k0, uint64_t* bar) {
+        mbar_arrive_expect(bar, Tile::kKVBytes);
+#pragma unroll
+        for (int pn = 0; pn < Tile::kPanels; ++pn) {
+#pragma unroll
+          for (int b = 0; b < Bc / kBoxRows; ++b) {
+            tma_load(dst + pn * Tile::kKVPanel + b * kBoxBytes, qkv_map, col + 64 * pn,
+                     first_row + k0 + b * kBoxRows, bar);
+          }
+        }
+      };
+      // One part of a tile, published on `full`: by TMA straight away, or, when the tile runs
+      // past the sequence, once the rows past it are zeroed.
       auto load_part = [&](unsigned char* dst, int col, int k0, uint64_t* full, uint64_t* raw,
                            int raw_bit) {
         const int inside = seq.len - k0;  // rows of the tile in the sequence
         if (inside >= Bc) {
           if (lane == 0) {
-            mbar_arrive_expect(full, Tile::kKVBytes);
-#pragma unroll
-            for (int b = 0; b < Bc / kBoxRows; ++b) {
-              tma_load(dst + b * kBoxBytes, qkv_map, col, first_row + k0 + b * kBoxRows, full);
-            }
+            tma_part(dst, col, k0, full);
           } else {
             mbar_arrive(full);
           }
           return;
         }
-        if (lane == 0) {
-          mbar_arrive_expect(raw, Tile::kKVBytes);
-#pragma unroll
-          for (int b = 0; b < Bc / kBoxRows; ++b) {
-            tma_load(dst + b * kBoxBytes, qkv_map, col, first_row + k0 + b * kBoxRows, raw);
-          }
-        }
+        if (lane == 0) tma_part(dst, col, k0, raw);
         mbar_wait(raw, (raw_parity >> raw_bit) & 1);
         raw_parity ^= 1u << raw_bit;
-        for (int i = inside * 8 + lane; i < Bc * 8; i += 32) {
-          *reinterpret_cast<uint4*>(dst + i * 16) = make_uint4(0, 0, 0, 0);
+        for (int i = inside * 8 + lane; i < Tile::kPanels * Bc * 8; i += 32) {
+          if (Tile::kPanels == 1 || i % (Bc * 8) >= inside * 8) {  // rows [inside, Bc) of each panel
+            *reinterpret_cast<uint4*>(dst + i * 16) = make_uint4(0, 0, 0, 0);
+          }
         }
         fence_proxy_async();  // the zeros, for wgmma
         mbar_arrive(full);
@@ -730,7 +760,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   const int ctid = threadIdx.x - 128 * wg;
   const int quad_col = 2 * (lane % 4);
   const uint64_t k_desc = sw128_desc(sK, 16);
-  const uint64_t v_desc = sw128_desc(sV, 1024);
+  const uint64_t v_desc = sw128_desc(sV, Tile::kKVPanel);
   constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
   // This thread is done reading a buffer (its products have landed, its key-bias reads done).
   // Every consumer thread arrives, each releasing its own reads.
@@ -754,11 +784,12 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     ++done;
     const int tiles = sTiles[2 * qs + 1] - sTiles[2 * qs];
     {  // Q bias, in fp32 rounded once as elsewhere; then fenced for wgmma in this warpgroup
-      const int chunk = ctid % 8;
+      constexpr int kChunks = D / 8;
+      const int chunk = ctid % kChunks;
       const uint4 bq = __ldg(reinterpret_cast<const uint4*>(seq.bias + chunk * 8));
 #pragma unroll
-      for (int row = ctid / 8; row < 64; row += 16) {
-        add_bias_chunk<T>(reinterpret_cast<uint4*>(q_tile + sw128(row, chunk)), bq);
+      for (int row = ctid / kChunks; row < 64; row += 128 / kChunks) {
+        add_bias_chunk<T>(reinterpret_cast<uint4*>(q_tile + panel_offset<Br>(row, chunk)), bq);
       }
       fence_proxy_async();
       consumer_sync<kConsumers>(c);
@@ -770,10 +801,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     auto scores = [&](float (&s)[Bc / 8][4], int buf) {
-      issue_scores<T, Bc>(s, q_desc, k_desc + buf * kTileStep);
+      issue_scores<T, D, Bc>(s, q_desc, Tile::kQPanel / 16, k_desc + buf * kTileStep,
+                             Tile::kKVPanel / 16);
     };
     auto pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
-      issue_pv<T, Bc>(o, a, v_desc + buf * kTileStep);
+      issue_pv<T, D, Bc>(o, a, v_desc + buf * kTileStep);
     };
 
     // The one-warpgroup kernel's schedule: tile i's scores are issued right behind P·V of tile
@@ -835,8 +867,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     // ---- epilogue, staged through this warp's own 16 rows of the Q slot (the last wgmma
     // reading them has landed); then the slot goes back to the producer.
     const int warp_row0 = c * 64 + (warp % 4) * 16;
-    store_output(o, row_sum, seq, sQ + qs * Tile::kQBytes + warp_row0 * 128, q0 + warp_row0,
-                 lane);
+    unsigned char* q_slot = sQ + qs * Tile::kQBytes;
+    store_output<T, D>(
+        o, row_sum, seq,
+        [&](int row, int chunk) { return q_slot + panel_offset<Br>(warp_row0 + row, chunk); },
+        q0 + warp_row0, lane);
     // The slot is refilled by TMA (the async proxy) after these generic reads and writes.
     fence_proxy_async();
     release(q_empty + qs);
@@ -857,11 +892,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// qkv [rows, 3H] as TMA sees it: boxes of 64 columns (a head's Q, K or V) by kBoxRows rows,
-// 128-byte swizzled as the wgmma descriptors read them; rows past the tensor read as zeros.
+// qkv [rows, 3H] as TMA sees it: boxes of 64 columns (a panel of a head's Q, K or V) by
+// kBoxRows rows, 128-byte swizzled as the wgmma descriptors read them; rows past the tensor read
+// as zeros.
 template <typename T>
-CUtensorMap qkv_tensor_map(const FlashParams& p) {
-  const cuuint64_t cols = 3ull * p.heads * 64;
+CUtensorMap qkv_tensor_map(const FlashParams& p, int head_dim) {
+  const cuuint64_t cols = 3ull * p.heads * head_dim;
   const cuuint64_t dims[2] = {cols, static_cast<cuuint64_t>(p.rows)};
   const cuuint64_t strides[1] = {cols * sizeof(T)};  // bytes from a row to the next
   const cuuint32_t box[2] = {64, kBoxRows};
@@ -880,13 +916,14 @@ CUtensorMap qkv_tensor_map(const FlashParams& p) {
 }
 
 // Persistent: one block per multiprocessor (at most one per work item).
-template <typename T, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+template <typename T, int D, int kConsumers, int Bc, int kStages, int kConsumerRegs,
+          bool kPingPong>
 void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = WsTile<kConsumers, Bc, kStages>;
+  using Tile = WsTile<D, kConsumers, Bc, kStages>;
   constexpr size_t smem = Tile::kSmemBytes;
-  const CUtensorMap map = qkv_tensor_map<T>(p);
+  const CUtensorMap map = qkv_tensor_map<T>(p, D);
   auto kernel =
-      flash_attention_sm90_ws_kernel<T, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>;
+      flash_attention_sm90_ws_kernel<T, D, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   const int64_t items = static_cast<int64_t>((p.seq + Tile::Br - 1) / Tile::Br) * p.heads * batch;
@@ -914,11 +951,11 @@ void launch_flash_sm90(const FlashParams& p, int batch, int device, cudaStream_t
     return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;
   };
   if (p.seq >= 384 && items(192) >= 2 * sms && items(192) <= INT32_MAX) {
-    launch_sm90_ws<T, 3, 128, 3, 160, true>(p, batch, device, stream);
+    launch_sm90_ws<T, 64, 3, 128, 3, 160, true>(p, batch, device, stream);
   } else if (items(128) >= 2 * sms && items(128) <= INT32_MAX) {
-    launch_sm90_ws<T, 2, 128, 2, 0, true>(p, batch, device, stream);
+    launch_sm90_ws<T, 64, 2, 128, 2, 0, true>(p, batch, device, stream);
   } else {
-    launch_sm90<T, 1, 128, 3>(p, batch, device, stream);
+    launch_sm90<T, 64, 1, 128, 3>(p, batch, device, stream);
   }
 }
 template void launch_flash_sm90<__half>(const FlashParams&, int, int, cudaStream_t);

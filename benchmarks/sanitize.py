@@ -121,8 +121,8 @@ def ops() -> None:
             v = rng.standard_normal(768).astype(np.float32)
             assert np.isfinite(r.dense_residual_layernorm(dtype, a, w, v, res, v, v)).all()
         if dtype != "float32":
-            # Both flash kernels (on Hopper, head dim 64 runs the warpgroup-MMA one unless
-            # FTBERT_FLASH_PORTABLE is set); right, left and full padding.
+            # Both flash kernels (on Hopper, head dims 64 and 128 run the warpgroup-MMA ones
+            # unless FTBERT_FLASH_PORTABLE is set); right, left and full padding.
             for portable in ("0", "1"):
                 os.environ["FTBERT_FLASH_PORTABLE"] = portable
                 for d in (32, 64, 128):

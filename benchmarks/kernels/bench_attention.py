@@ -7,7 +7,7 @@ Run on a GPU machine:
 What each row times (median over --reps launches, CUDA events, after warm-up, L2 flushed before
 every launch unless --no-flush):
   ftbert flash       one kernel: reads qkv [B, S, 3H] + bias, writes [B, S, H] (on Hopper, head
-                     dim 64 runs the warpgroup-MMA kernel of flash_sm90.cu)
+                     dims 64 and 128 run the warpgroup-MMA kernels of flash_sm90.cu)
   flash portable     the same with FTBERT_FLASH_PORTABLE=1: flash.cu's mma.sync kernel
   ftbert unfused     bias+transpose, batched QKᵀ, masked softmax, batched PV, transpose back
   torch sdpa         q/k/v already split and biased, [B, heads, S, d] contiguous; excludes the
@@ -139,7 +139,8 @@ def bench_shape(_ops, runner, name, B, S, heads, d, dtype, args, flush):
                          max_abs_diff=diff, note=note))
 
     # "flash portable": FTBERT_FLASH_PORTABLE=1, flash.cu's mma.sync kernel; it differs from
-    # "ftbert flash" only where the Hopper kernel (flash_sm90.cu) applies: head dim 64 on sm_90.
+    # "ftbert flash" only where the Hopper kernels (flash_sm90.cu) apply: head dims 64 and 128 on
+    # sm_90.
     for method, kind in (("ftbert flash", "flash"), ("flash portable", "flash"),
                          ("ftbert unfused", "unfused")):
         out = torch.empty(B, S, H, device="cuda", dtype=td)

@@ -7,7 +7,8 @@
 //        benchmarks/kernels/flash_variants.cu cpp/cuda/cuda_check.cu && /tmp/flash_variants
 //
 // (`flash_variants profile` launches each configuration once at the first shape, for ncu;
-// `flash_variants small` once at two small odd shapes, for compute-sanitizer.)
+// `flash_variants small` once at small odd shapes of head dims 64 and 128, for compute-sanitizer;
+// `flash_variants d128` times the head-dim-128 shapes only.)
 //
 // Times: median of 100 launches between CUDA events, L2 flushed before each, after 10 warm-ups.
 // TFLOP/s counts the two matrix products, 4 * B * heads * S * S * d.
@@ -231,6 +232,16 @@ void run_shape(Shape s, bool profile = false) {
   bench.template variant<Portable<32, 128, 64, 4, 3, 2, true>>("d32 w128x64", profile);
   bench.template variant<Portable<32, 64, 64, 4, 4, 2, true>>("d32 n64x64", profile);
   bench.template variant<Portable<128, 64, 64, 4, 2, 2, true>>("d128 n64x64", profile);
+  bench.template variant<Hopper<128, 1, 64, 2>>("sm90 d128 wg1 bc64 min2", profile);
+  bench.template variant<Hopper<128, 1, 128, 1>>("sm90 d128 wg1 bc128", profile);
+  bench.template variant<Hopper<128, 2, 64, 1>>("sm90 d128 wg2 bc64", profile);
+  bench.template variant<Hopper<128, 2, 128, 1>>("sm90 d128 wg2 bc128", profile);
+  bench.template variant<HopperWs<128, 2, 128, 2, 240, true>>("sm90 d128 ws c2 st2 r240 pp",
+                                                               profile);
+  bench.template variant<HopperWs<128, 2, 128, 2, 240, false>>("sm90 d128 ws c2 st2 r240",
+                                                                profile);
+  bench.template variant<HopperWs<128, 2, 64, 3, 240, true>>("sm90 d128 ws c2 bc64 st3 r240 pp",
+                                                              profile);
 }
 
 }  // namespace
@@ -238,8 +249,8 @@ void run_shape(Shape s, bool profile = false) {
 int main(int argc, char** argv) {
   const Shape shapes[] = {
       {"bert-base", 32, 512, 12, 64}, {"bert-base", 32, 128, 12, 64}, {"bert-base", 1, 128, 12, 64},
-      {"minilm", 32, 128, 12, 32},    {"d128", 8, 512, 16, 128},
-      {"odd", 3, 197, 12, 64},
+      {"minilm", 32, 128, 12, 32},    {"odd", 3, 197, 12, 64},
+      {"d128", 32, 512, 8, 128},      {"d128", 32, 128, 8, 128},    {"d128", 1, 128, 16, 128},
   };
   if (argc > 1 && std::string(argv[1]) == "profile") {  // the first shape, one launch each
     run_shape<__half>(shapes[0], true);
@@ -248,9 +259,19 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "small") {  // small odd shapes, one launch each
     run_shape<__half>({"small", 3, 77, 2, 64}, true);
     run_shape<__half>({"many-items", 3, 300, 24, 64}, true);  // persistent blocks: 2 items each
+    run_shape<__half>({"small", 3, 77, 2, 128}, true);
+    run_shape<__half>({"many-items", 3, 300, 24, 128}, true);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "d128") {  // the head-dim-128 shapes only
+    for (const Shape& s : shapes) {
+      if (s.d == 128) run_shape<__half>(s);
+    }
+    run_shape<__nv_bfloat16>({"d128", 32, 512, 8, 128});
     return 0;
   }
   for (const Shape& s : shapes) run_shape<__half>(s);
   run_shape<__nv_bfloat16>(shapes[0]);
+  run_shape<__nv_bfloat16>({"d128", 32, 512, 8, 128});
   return 0;
 }

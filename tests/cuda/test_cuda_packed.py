@@ -226,7 +226,7 @@ def test_first_token_dense_packed(gpu, cpu, rng, dtype, style, hidden, out, act)
 
 @pytest.fixture(params=["default", "portable"])
 def flash_kernel(request, monkeypatch):
-    """The default kernel choice (on Hopper, head dim 64 runs flash_sm90.cu's warpgroup-MMA kernel)
+    """The default kernel choice (on Hopper, head dims 64 and 128 run flash_sm90.cu's kernels)
     and FTBERT_FLASH_PORTABLE=1 (flash.cu's kernel for every head dim); read at every call."""
     if request.param == "portable":
         monkeypatch.setenv("FTBERT_FLASH_PORTABLE", "1")
@@ -329,11 +329,11 @@ def test_flash_packed_matches_padded_flash(gpu, rng, flash_kernel, dtype, head_d
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("seq", [257, 401])
 def test_flash_packed_wide_tiles_on_a_large_grid(gpu, rng, flash_kernel, dtype, head_dim, seq):
     # A grid of 24 sequences x 12 heads x 3 query tiles takes the wide tiles (on Hopper, the
-    # persistent kernel: with three consumers from 384 tokens).
+    # persistent kernel: at head dim 64 with three consumers from 384 tokens).
     batch = 24
     mask = sequence_mask(rng, batch, seq, "mixed")
     mask[0] = 1
@@ -362,13 +362,14 @@ def test_flash_packed_sequences_do_not_see_each_other(gpu, rng, flash_kernel, dt
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 @pytest.mark.parametrize("batch", [3, 24], ids=["few-blocks", "large-grid"])
+@pytest.mark.parametrize("head_dim", [64, 128])
 def test_flash_non_finite_neighbour_leaves_a_sequence_alone(gpu, rng, flash_kernel, dtype,
-                                                            packed, batch):
+                                                            packed, batch, head_dim):
     # Sequence 1's K and V are inf. Every other sequence's last key tile runs past its end into
     # the rows that follow (77 tokens against 128-key tiles): those keys are masked, but a kernel
     # that multiplies their V by a weight of 0 gets NaN. A batch of 24 x 12 heads takes the
     # large-grid kernel on Hopper, 3 the other.
-    heads, head_dim, seq = 12, 64, 77
+    heads, seq = 12, 77
     H = heads * head_dim
     scale = 1.0 / math.sqrt(head_dim)
     qkv = rng.standard_normal((batch, seq, 3 * H), dtype=np.float32)

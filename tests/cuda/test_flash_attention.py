@@ -38,12 +38,12 @@ def sdpa_backends():
 
 @pytest.fixture(params=["default", "portable"], autouse=True)
 def flash_kernel(request, monkeypatch):
-    """Every test with the default kernel choice (on Hopper, head dim 64 runs the warpgroup-MMA
-    kernel of flash_sm90.cu) and again with FTBERT_FLASH_PORTABLE=1 (flash.cu's kernel for every
-    head dim), the second only where it changes the kernel: head dim 64."""
+    """Every test with the default kernel choice (on Hopper, head dims 64 and 128 run the
+    warpgroup-MMA kernels of flash_sm90.cu) and again with FTBERT_FLASH_PORTABLE=1 (flash.cu's
+    kernel for every head dim), the second only where it changes the kernel: head dims 64, 128."""
     if request.param == "portable":
         callspec = getattr(request.node, "callspec", None)
-        if callspec is not None and callspec.params.get("head_dim", 64) != 64:
+        if callspec is not None and callspec.params.get("head_dim", 64) not in (64, 128):
             pytest.skip("flash.cu's kernel is the default for this head dim")
         monkeypatch.setenv("FTBERT_FLASH_PORTABLE", "1")
     else:
@@ -115,13 +115,13 @@ def test_flash_matches_reference_within_2x_sdpa_error(gpu, rng, dtype, head_dim,
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("padding", ["right", "left"])
 @pytest.mark.parametrize("seq", [257, 401])
 def test_flash_wide_tiles_on_a_large_grid(gpu, rng, dtype, head_dim, padding, seq):
     # Grids of at least two 128-row blocks per SM take the wide tiles (two mma tiles per warp;
-    # on Hopper, the persistent kernel: with three consumers from 384 tokens); 24 x 12 heads x 3
-    # query tiles covers GPUs of up to 432 SMs.
+    # on Hopper, the persistent kernel: at head dim 64 with three consumers from 384 tokens);
+    # 24 x 12 heads x 3 query tiles covers GPUs of up to 432 SMs.
     batch, heads = 24, 12
     mask = ragged_mask(rng, batch, seq, left=padding == "left")
     check_against_sdpa_error(gpu, rng, dtype, batch, seq, heads, head_dim, mask)

@@ -5,8 +5,8 @@
 // matrix in device memory, no transpose kernel.
 //
 // This file's kernel uses mma.sync and runs on every GPU the build targets. On Hopper (compute
-// capability 9.0) head dim 64 goes to flash_sm90.cu instead, the same algorithm on warpgroup MMA
-// (wgmma), 1.1x faster at BERT-base shapes; FTBERT_FLASH_PORTABLE=1 keeps it here.
+// capability 9.0) head dims 64 and 128 go to flash_sm90.cu instead, the same algorithm on
+// warpgroup MMA (wgmma); FTBERT_FLASH_PORTABLE=1 keeps them here.
 // Pieces shared by both kernels (fragment layout, online softmax, copies) are in flash_common.cuh.
 //
 // Algorithm (one thread block per Br query rows of one (batch, head)):
@@ -384,7 +384,7 @@ bool is_sm90(int device) {
   return yes;
 }
 
-// FTBERT_FLASH_PORTABLE=1 keeps head dim 64 on this file's kernel on Hopper too (to compare the
+// FTBERT_FLASH_PORTABLE=1 keeps every head dim on this file's kernel on Hopper too (to compare the
 // two kernels, or to rule one out); read at every call, so tests can switch it.
 bool portable_forced() {
   const char* v = std::getenv("FTBERT_FLASH_PORTABLE");
@@ -399,9 +399,9 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
 #ifdef FTBERT_FLASH_SM90
-  // Head dim 64 on Hopper: the warpgroup-MMA kernel (flash_sm90.cu), 1.06-1.1x this file's.
-  if (head_dim == 64 && is_sm90(device) && !portable_forced()) {
-    launch_flash_sm90<T>(p, batch, device, stream);
+  // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu).
+  if (flash_sm90_takes(head_dim) && is_sm90(device) && !portable_forced()) {
+    launch_flash_sm90<T>(p, batch, head_dim, device, stream);
     return;
   }
 #endif

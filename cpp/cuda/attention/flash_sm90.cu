@@ -1,6 +1,6 @@
 // Fused attention for Hopper (sm_90a): the algorithm, inputs and outputs of flash.cu's kernel,
-// with both matrix products on warpgroup MMA (wgmma) instead of mma.sync. Head dim 64 (BERT-base
-// and BERT-large); flash.cu's kernel covers the other head dims and other GPUs.
+// with both matrix products on warpgroup MMA (wgmma) instead of mma.sync. Head dims 64 (BERT-base
+// and BERT-large) and 128; flash.cu's kernel covers the other head dims and other GPUs.
 //
 // What changes against flash.cu:
 //   - A block is kWarpgroups warpgroups (4 warps each); a warpgroup owns 64 query rows, and each
@@ -13,6 +13,8 @@
 //   - Shared tiles use the 128-byte swizzle wgmma reads: a row of 64 elements is 128 bytes, and
 //     the 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so rows 8 apart start in the
 //     same banks but the 8 rows of a group never collide. Tiles start on 1024-byte boundaries.
+//     Head dim 128 keeps a tile as two such 64-column panels, one after the other: the scores'
+//     k-steps move to the second panel halfway, and P·V's V descriptor steps between them.
 //   - cp.async writes shared memory through the generic proxy and wgmma reads it through the
 //     async proxy, so every thread fences (fence.proxy.async) after its copies land and before
 //     the barrier that publishes them.
@@ -118,6 +120,34 @@ struct Wgmma;
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
 
+#define FTBERT_WGMMA_RS_N128(TY) \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY "\n" \
+        "{" \
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+          "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+          "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+          "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+          "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+          "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+          "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+
 template <>
 struct Wgmma<__half> {
   static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,
@@ -131,6 +161,10 @@ struct Wgmma<__half> {
   static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],
                                             uint64_t b) {
     FTBERT_WGMMA_RS_N64("f16");
+  }
+  static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],
+                                            uint64_t b) {
+    FTBERT_WGMMA_RS_N128("f16");
   }
 };
 
@@ -148,11 +182,16 @@ struct Wgmma<__nv_bfloat16> {
                                             uint64_t b) {
     FTBERT_WGMMA_RS_N64("bf16");
   }
+  static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],
+                                            uint64_t b) {
+    FTBERT_WGMMA_RS_N128("bf16");
+  }
 };
 
 #undef FTBERT_WGMMA_SS_N64
 #undef FTBERT_WGMMA_SS_N128
 #undef FTBERT_WGMMA_RS_N64
+#undef FTBERT_WGMMA_RS_N128
 
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -934,8 +973,9 @@ void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t st
 
 }  // namespace
 
-// The kernel by shape, from benchmarks/kernels/flash_variants.cu on an H100 (L2 flushed, medians
-// of 100, float16, one run; 32 x 512 / 32 x 128 / 1 x 128 / 3 x 197 tokens, 12 heads, us):
+// The kernel by head dim and shape, from benchmarks/kernels/flash_variants.cu on an H100 (L2
+// flushed, medians of 100, float16). Head dim 64, one run (32 x 512 / 32 x 128 / 1 x 128 / 3 x 197
+// tokens, 12 heads, us):
 //   one warpgroup per block, 128-key tiles, 3 blocks per SM   95.4  19.0  8.2  11.0
 //   persistent, 2 consumers taking turns, 2-stage ring         95.2  18.4  9.1  12.3
 //     (the same without turns                                  97.4  18.4  9.2  12.6)
@@ -944,12 +984,34 @@ void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t st
 // The persistent kernels win once there are two work items per multiprocessor; three consumers
 // (192 query rows an item) only on long sequences, where an item's rows are mostly used. Below
 // that grid the one-warpgroup kernel's several independent blocks per multiprocessor win.
+// Head dim 128, one run (32 x 512 / 32 x 128 tokens with 8 heads, 1 x 128 with 16, us):
+//   persistent, 2 consumers of 240 registers taking turns, 2-stage ring   90.0  22.5  11.1
+//     (the same with 64-key tiles and a 3-stage ring                      110.6  22.5  11.1)
+//   one warpgroup per block, 64-key tiles, 2 blocks per SM                129.1  24.3  10.5
+//   one warpgroup per block, 128-key tiles (1 block per SM: 144 KiB)      175.3  32.6   9.8
+//   two warpgroups per block, 128-key tiles                               122.3  24.2  10.6
+//   (flash.cu's kernel                                                    164.1  27.6   9.9)
+// Twice the head dim is twice the products per exponential, so the persistent kernel already wins
+// from about one work item per multiprocessor (32 x 128: 256 items for 132); on smaller grids the
+// one-warpgroup kernel, with 128-key tiles while its blocks fit one wave.
 template <typename T>
-void launch_flash_sm90(const FlashParams& p, int batch, int device, cudaStream_t stream) {
+void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device,
+                       cudaStream_t stream) {
   const int64_t sms = multiprocessor_count(device);
   const auto items = [&](int rows) {
     return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;
   };
+  if (head_dim == 128) {
+    if (items(128) >= sms && items(128) <= INT32_MAX) {
+      launch_sm90_ws<T, 128, 2, 128, 2, 240, true>(p, batch, device, stream);
+    } else if (items(64) <= sms) {
+      launch_sm90<T, 128, 1, 128, 1>(p, batch, device, stream);
+    } else {
+      launch_sm90<T, 128, 1, 64, 2>(p, batch, device, stream);
+    }
+    return;
+  }
+  FTBERT_CHECK(head_dim == 64, "flash attention (Hopper): head dim " << head_dim);
   if (p.seq >= 384 && items(192) >= 2 * sms && items(192) <= INT32_MAX) {
     launch_sm90_ws<T, 64, 3, 128, 3, 160, true>(p, batch, device, stream);
   } else if (items(128) >= 2 * sms && items(128) <= INT32_MAX) {
@@ -958,7 +1020,7 @@ void launch_flash_sm90(const FlashParams& p, int batch, int device, cudaStream_t
     launch_sm90<T, 64, 1, 128, 3>(p, batch, device, stream);
   }
 }
-template void launch_flash_sm90<__half>(const FlashParams&, int, int, cudaStream_t);
-template void launch_flash_sm90<__nv_bfloat16>(const FlashParams&, int, int, cudaStream_t);
+template void launch_flash_sm90<__half>(const FlashParams&, int, int, int, cudaStream_t);
+template void launch_flash_sm90<__nv_bfloat16>(const FlashParams&, int, int, int, cudaStream_t);
 
 }  // namespace ftbert::cuda

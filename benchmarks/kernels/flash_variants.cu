@@ -6,7 +6,7 @@
 //        --expt-relaxed-constexpr -o /tmp/flash_variants \
 //        benchmarks/kernels/flash_variants.cu cpp/cuda/cuda_check.cu && /tmp/flash_variants
 //
-// (`flash_variants profile` launches each configuration once at the first shape, for ncu;
+// (`flash_variants profile` launches each configuration once at 32 x 512 tokens, for ncu;
 // `flash_variants small` once at small odd shapes of head dims 64 and 128, for compute-sanitizer;
 // `flash_variants d128` times the head-dim-128 shapes only.)
 //
@@ -79,6 +79,7 @@ struct Bench {
   char* flush;
   int64_t n_out;
   float scale;
+  bool profile_ragged = true;  // the mask of a profile-mode launch: ragged, or the timed all-ones
 
   explicit Bench(Shape s) : sh(s) {
     const int H = s.heads * s.d;
@@ -170,8 +171,8 @@ struct Bench {
       p.mask = mask;
       C::template launch<T>(p, sh.B);
     };
-    if (profile) {  // one launch each (ragged mask), for a profiler or compute-sanitizer
-      run(mask_ragged);
+    if (profile) {  // one launch each, for compute-sanitizer (ragged mask) or a profiler (timed mask)
+      run(profile_ragged ? mask_ragged : mask_ones);
       CHECK(cudaDeviceSynchronize());
       std::printf("profiled %s\n", name);
       return;
@@ -217,8 +218,9 @@ struct HopperWs {
 };
 
 template <typename T>
-void run_shape(Shape s, bool profile = false) {
+void run_shape(Shape s, bool profile = false, bool ragged = true) {
   Bench<T> bench(s);
+  bench.profile_ragged = ragged;
   bench.template variant<Portable<64, 128, 128, 4, 2, 2, false>>("d64 w128x128 q-smem", profile);
   bench.template variant<Portable<64, 128, 64, 4, 2, 2, true>>("d64 w128x64", profile);
   bench.template variant<Portable<64, 64, 64, 4, 3, 2, true>>("d64 n64x64", profile);
@@ -252,8 +254,9 @@ int main(int argc, char** argv) {
       {"minilm", 32, 128, 12, 32},    {"odd", 3, 197, 12, 64},
       {"d128", 32, 512, 8, 128},      {"d128", 32, 128, 8, 128},    {"d128", 1, 128, 16, 128},
   };
-  if (argc > 1 && std::string(argv[1]) == "profile") {  // the first shape, one launch each
-    run_shape<__half>(shapes[0], true);
+  if (argc > 1 && std::string(argv[1]) == "profile") {  // 32 x 512 at d 64 and 128, as timed
+    run_shape<__half>(shapes[0], true, false);
+    run_shape<__half>({"d128", 32, 512, 8, 128}, true, false);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "small") {  // small odd shapes, one launch each

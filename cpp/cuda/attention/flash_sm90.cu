@@ -57,6 +57,16 @@ using namespace flash_detail;
 template <typename T>
 struct Wgmma;
 
+// A shared-memory matrix descriptor (sw128_desc) as its two words. The low word holds the start
+// address (16-byte units, bits 0-13) and the leading-dimension offset; a tile or k-step further on
+// is a 32-bit add to it, which cannot carry out of the address field (shared memory ends below
+// 2^18 bytes). As one 64-bit value every such add was an add with carry plus copies of the high
+// word, per descriptor and key tile.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ SmemDesc operator+(uint32_t step) const { return {lo + step, hi}; }
+};
+
 // The instructions, one text per shape with the input type (TY: "f16" or "bf16") filled in. The
 // accumulators are operands %0.. of each (8 or 16 blocks of 4 per thread), listed once here.
 #define FTBERT_WGMMA_ACC8 \
@@ -86,66 +96,70 @@ struct Wgmma;
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define FTBERT_WGMMA_SS_N64(TY) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %36, 0;\n" \
+                 "mov.b64 da, {%32, %33};\nmov.b64 db, {%34, %35};\n" \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY "\n" \
-                 "{" FTBERT_WGMMA_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+                 "{" FTBERT_WGMMA_REGS32 "}, da, db, p, 1, 1, 0, 0;\n}\n" \
                  : FTBERT_WGMMA_ACC8 \
-                 : "l"(a), "l"(b), "r"(accumulate))
+                 : "r"(a.lo), "r"(a.hi), "r"(b.lo), "r"(b.hi), "r"(accumulate))
 #define FTBERT_WGMMA_SS_N128(TY) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+    asm volatile("{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %68, 0;\n" \
+                 "mov.b64 da, {%64, %65};\nmov.b64 db, {%66, %67};\n" \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY "\n" \
-                 "{" FTBERT_WGMMA_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+                 "{" FTBERT_WGMMA_REGS64 "}, da, db, p, 1, 1, 0, 0;\n}\n" \
                  : FTBERT_WGMMA_ACC16 \
-                 : "l"(a), "l"(b), "r"(accumulate))
+                 : "r"(a.lo), "r"(a.hi), "r"(b.lo), "r"(b.hi), "r"(accumulate))
 #define FTBERT_WGMMA_RS_N64(TY) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+    asm volatile("{\n.reg .pred p;\n.reg .b64 db;\nsetp.ne.b32 p, %38, 0;\n" \
+                 "mov.b64 db, {%36, %37};\n" \
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY "\n" \
-                 "{" FTBERT_WGMMA_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+                 "{" FTBERT_WGMMA_REGS32 "}, {%32, %33, %34, %35}, db, p, 1, 1, 1;\n}\n" \
                  : FTBERT_WGMMA_ACC8 \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.lo), "r"(b.hi), "r"(1))
 #define FTBERT_WGMMA_RS_N128(TY) \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+    asm volatile("{\n.reg .pred p;\n.reg .b64 db;\nsetp.ne.b32 p, %70, 0;\n" \
+                 "mov.b64 db, {%68, %69};\n" \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY "\n" \
-                 "{" FTBERT_WGMMA_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+                 "{" FTBERT_WGMMA_REGS64 "}, {%64, %65, %66, %67}, db, p, 1, 1, 1;\n}\n" \
                  : FTBERT_WGMMA_ACC16 \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.lo), "r"(b.hi), "r"(1))
 
 template <>
 struct Wgmma<__half> {
-  static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,
+  static __device__ __forceinline__ void ss(float (&d)[8][4], SmemDesc a, SmemDesc b,
                                             int accumulate) {
     FTBERT_WGMMA_SS_N64("f16");
   }
-  static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b,
+  static __device__ __forceinline__ void ss(float (&d)[16][4], SmemDesc a, SmemDesc b,
                                             int accumulate) {
     FTBERT_WGMMA_SS_N128("f16");
   }
   static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],
-                                            uint64_t b) {
+                                            SmemDesc b) {
     FTBERT_WGMMA_RS_N64("f16");
   }
   static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],
-                                            uint64_t b) {
+                                            SmemDesc b) {
     FTBERT_WGMMA_RS_N128("f16");
   }
 };
 
 template <>
 struct Wgmma<__nv_bfloat16> {
-  static __device__ __forceinline__ void ss(float (&d)[8][4], uint64_t a, uint64_t b,
+  static __device__ __forceinline__ void ss(float (&d)[8][4], SmemDesc a, SmemDesc b,
                                             int accumulate) {
     FTBERT_WGMMA_SS_N64("bf16");
   }
-  static __device__ __forceinline__ void ss(float (&d)[16][4], uint64_t a, uint64_t b,
+  static __device__ __forceinline__ void ss(float (&d)[16][4], SmemDesc a, SmemDesc b,
                                             int accumulate) {
     FTBERT_WGMMA_SS_N128("bf16");
   }
   static __device__ __forceinline__ void rs(float (&d)[8][4], const uint32_t (&a)[4],
-                                            uint64_t b) {
+                                            SmemDesc b) {
     FTBERT_WGMMA_RS_N64("bf16");
   }
   static __device__ __forceinline__ void rs(float (&d)[16][4], const uint32_t (&a)[4],
-                                            uint64_t b) {
+                                            SmemDesc b) {
     FTBERT_WGMMA_RS_N128("bf16");
   }
 };
@@ -193,11 +207,12 @@ __device__ __forceinline__ void pin(uint32_t (&a)[N][4]) {
 
 // Shared-memory matrix descriptor of a 128-byte-swizzled tile (rows of 128 bytes, 8-row groups
 // 1024 bytes apart). `lead` is the leading-dimension byte offset, used by MN-major operands only.
-__device__ __forceinline__ uint64_t sw128_desc(const void* smem, uint32_t lead) {
-  uint64_t d = (smem_addr(smem) & 0x3FFFF) >> 4;  // start address, 16-byte units
-  d |= static_cast<uint64_t>(lead >> 4) << 16;    // leading-dimension byte offset
-  d |= static_cast<uint64_t>(1024 >> 4) << 32;    // stride byte offset: the next 8 rows
-  d |= static_cast<uint64_t>(1) << 62;            // 128-byte swizzle
+__device__ __forceinline__ SmemDesc sw128_desc(const void* smem, uint32_t lead) {
+  SmemDesc d;
+  d.lo = (smem_addr(smem) & 0x3FFFF) >> 4;  // start address, 16-byte units
+  d.lo |= (lead >> 4) << 16;                // leading-dimension byte offset
+  d.hi = 1024 >> 4;                         // bits 32-45: stride byte offset, the next 8 rows
+  d.hi |= 1u << (62 - 32);                  // bit 62: 128-byte swizzle
   return d;
 }
 
@@ -220,13 +235,13 @@ __device__ __forceinline__ void fence_proxy_async() {
 // bytes into a swizzled row, 4 per panel. q_panel / k_panel: the descriptor step from one 64-column
 // panel of the tile to the next (bytes / 16).
 template <typename T, int D, int Bc>
-__device__ __forceinline__ void issue_scores(float (&s)[Bc / 8][4], uint64_t q_desc,
-                                             uint64_t q_panel, uint64_t k_tile, uint64_t k_panel) {
+__device__ __forceinline__ void issue_scores(float (&s)[Bc / 8][4], SmemDesc q_desc,
+                                             uint32_t q_panel, SmemDesc k_tile, uint32_t k_panel) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const int panel = kk / 4, step = 2 * (kk % 4);
-    Wgmma<T>::ss(s, q_desc + panel * q_panel + step, k_tile + panel * k_panel + step, kk);
+    const uint32_t panel = kk / 4, step = 2 * (kk % 4);
+    Wgmma<T>::ss(s, q_desc + (panel * q_panel + step), k_tile + (panel * k_panel + step), kk);
   }
   wgmma_commit();
 }
@@ -235,10 +250,10 @@ __device__ __forceinline__ void issue_scores(float (&s)[Bc / 8][4], uint64_t q_d
 // each panel); issued and committed, not waited for.
 template <typename T, int D, int Bc>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&a)[Bc / 16][4],
-                                         uint64_t v_tile) {
+                                         SmemDesc v_tile) {
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128 * kk);
+  for (int kk = 0; kk < Bc / 16; ++kk) Wgmma<T>::rs(o, a[kk], v_tile + 128u * kk);
   wgmma_commit();
 }
 
@@ -335,10 +350,10 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   // Descriptors built once: a descriptor's low bits are the start address in 16-byte units, so
   // a tile or k-step further on is the same descriptor plus its byte offset / 16 (shared memory
   // ends well below where that field would carry).
-  const uint64_t q_desc = sw128_desc(q_tile, 16);
-  const uint64_t k_desc = sw128_desc(sK, 16);
-  const uint64_t v_desc = sw128_desc(sV, Tile::kKVPanel);
-  constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
+  const SmemDesc q_desc = sw128_desc(q_tile, 16);
+  const SmemDesc k_desc = sw128_desc(sK, 16);
+  const SmemDesc v_desc = sw128_desc(sV, Tile::kKVPanel);
+  constexpr uint32_t kTileStep = Tile::kKVBytes / 16;
 
   // The products of the tile in buffer `buf`.
   auto scores = [&](float (&s)[Bc / 8][4], int buf) {
@@ -589,6 +604,21 @@ __device__ __forceinline__ void registers_up() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// A position in a ring of buffers: the buffer, and the parity of the phase its full barriers
+// complete next (what a consumer waits for). Advanced tile by tile instead of derived from a
+// running count (a division by the ring's size per buffer and key tile).
+struct RingSlot {
+  int stage = 0;
+  uint32_t phase = 0;
+  template <int kStages>
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 // A block's work items, in an order that gives neighbouring blocks the same head of the same
 // sequence (its K and V stay in L2 for all its query blocks).
 struct WorkItem {
@@ -764,9 +794,9 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   const int c = wg - 1;
   const int ctid = threadIdx.x - 128 * wg;
   const int quad_col = 2 * (lane % 4);
-  const uint64_t k_desc = sw128_desc(sK, 16);
-  const uint64_t v_desc = sw128_desc(sV, Tile::kKVPanel);
-  constexpr uint64_t kTileStep = Tile::kKVBytes / 16;
+  const SmemDesc k_desc = sw128_desc(sK, 16);
+  const SmemDesc v_desc = sw128_desc(sV, Tile::kKVPanel);
+  constexpr uint32_t kTileStep = Tile::kKVBytes / 16;
   // This thread is done reading a buffer (its products have landed, its key-bias reads done).
   // Every consumer thread arrives, each releasing its own reads.
   auto release = [&](uint64_t* empty) { mbar_arrive(empty); };
@@ -777,7 +807,8 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   auto pass_turn = [&] {
     if constexpr (kPingPong) turn_pass<kConsumers>(c);
   };
-  int kv = 0, done = 0;
+  RingSlot kv;  // the ring buffer of the next key tile, and the phase its barriers are in
+  int done = 0;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const WorkItem w(item, q_blocks, p.heads);
     const SequenceRows<T, D> seq(p, w.b, w.head);
@@ -799,7 +830,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
       fence_proxy_async();
       consumer_sync<kConsumers>(c);
     }
-    const uint64_t q_desc = sw128_desc(q_tile, 16);
+    const SmemDesc q_desc = sw128_desc(q_tile, 16);
     float o[D / 8][4];
     float row_max[2] = {kNegInf, kNegInf};
     float row_sum[2] = {0.0f, 0.0f};
@@ -819,8 +850,8 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     if (tiles > 0) {
       float alpha[2];
       {
-        const int buf = kv % kStages;
-        mbar_wait(k_full + buf, (kv / kStages) & 1);
+        const int buf = kv.stage;
+        mbar_wait(k_full + buf, kv.phase);
         const bool tile_masked = sMasked[buf] != 0;
         float s[Bc / 8][4];
         my_turn();
@@ -834,13 +865,15 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 #pragma unroll
         for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
       }
+      RingSlot cur = kv;
       for (int i = 1; i < tiles; ++i) {
-        const int cur = kv + i, prev = cur - 1;
-        const int buf = cur % kStages, pbuf = prev % kStages;
-        mbar_wait(k_full + buf, (cur / kStages) & 1);
+        const RingSlot prev = cur;
+        cur.advance<kStages>();
+        const int buf = cur.stage, pbuf = prev.stage;
+        mbar_wait(k_full + buf, cur.phase);
         const bool tile_masked = sMasked[buf] != 0;
         float s[Bc / 8][4];
-        mbar_wait(v_full + pbuf, (prev / kStages) & 1);
+        mbar_wait(v_full + pbuf, prev.phase);
         my_turn();
         scores(s, buf);
         pv(a, pbuf);  // tile i - 1
@@ -858,15 +891,16 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 #pragma unroll
         for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
       }
-      const int last = kv + tiles - 1;
-      mbar_wait(v_full + last % kStages, (last / kStages) & 1);
+      const RingSlot last = cur;
+      mbar_wait(v_full + last.stage, last.phase);
       my_turn();
-      pv(a, last % kStages);
+      pv(a, last.stage);
       pass_turn();
       wgmma_wait<0>();
       pin(o);
-      release(v_empty + last % kStages);
-      kv += tiles;
+      release(v_empty + last.stage);
+      kv = last;
+      kv.advance<kStages>();
     }
 
     // ---- epilogue, staged through this warp's own 16 rows of the Q slot (the last wgmma

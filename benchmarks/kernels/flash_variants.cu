@@ -207,13 +207,15 @@ struct Hopper {
 };
 
 // The warp-specialized Hopper kernel: head dim, consumer warpgroups per block, Bc, ring stages,
-// consumer registers (0: as compiled), turns.
-template <int D_, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong>
+// consumer registers (0: as compiled), turns, row sums through the tensor cores.
+template <int D_, int kConsumers, int Bc, int kStages, int kConsumerRegs, bool kPingPong,
+          bool kMmaRowSums = false>
 struct HopperWs {
   static constexpr int D = D_;
   template <typename T>
   static void launch(const fc::flash_detail::FlashParams& p, int batch) {
-    fc::launch_sm90_ws<T, D, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>(p, batch, 0, 0);
+    fc::launch_sm90_ws<T, D, kConsumers, Bc, kStages, kConsumerRegs, kPingPong, kMmaRowSums>(
+        p, batch, 0, 0);
   }
 };
 
@@ -231,6 +233,10 @@ void run_shape(Shape s, bool profile = false, bool ragged = true) {
   bench.template variant<HopperWs<64, 2, 128, 2, 0, true>>("sm90 ws c2 st2 pingpong", profile);
   bench.template variant<HopperWs<64, 3, 128, 3, 160, true>>("sm90 ws c3 st3 r160 pingpong",
                                                               profile);
+  bench.template variant<HopperWs<64, 2, 128, 2, 0, true, true>>("sm90 ws c2 st2 pp mma-sums",
+                                                                 profile);
+  bench.template variant<HopperWs<64, 3, 128, 3, 160, true, true>>("sm90 ws c3 r160 pp mma-sums",
+                                                                   profile);
   bench.template variant<Portable<32, 128, 64, 4, 3, 2, true>>("d32 w128x64", profile);
   bench.template variant<Portable<32, 64, 64, 4, 4, 2, true>>("d32 n64x64", profile);
   bench.template variant<Portable<128, 64, 64, 4, 2, 2, true>>("d128 n64x64", profile);

@@ -173,8 +173,9 @@ __device__ __forceinline__ void add_key_bias(float (&s)[kBlocks][4], const float
 // thread's running sum move on, and alpha[r] = 2^(old max - new max) is what the accumulator must
 // be scaled by (`rescale_rows`; a kernel whose P·V is still in flight does that once it lands). A
 // row is spread over the 4 lanes of a quad; the max is kept in raw score units (scale > 0) so that
-// scale·log2(e) folds into the exponent's FMA. r = 0: row g, r = 1: row g + 8.
-template <int kBlocks>
+// scale·log2(e) folds into the exponent's FMA. r = 0: row g, r = 1: row g + 8. kRowSums = false:
+// the caller sums the weights elsewhere (row_sum is left alone).
+template <int kBlocks, bool kRowSums = true>
 __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&row_max)[2],
                                                float (&row_sum)[2], float scale_log2,
                                                float (&alpha)[2]) {
@@ -207,12 +208,14 @@ __device__ __forceinline__ void softmax_scores(float (&s)[kBlocks][4], float (&r
     for (int j = 0; j < kBlocks; ++j) {
       s[j][2 * r] = fast_exp2(fmaf(s[j][2 * r], scale_log2, -m_scaled));
       s[j][2 * r + 1] = fast_exp2(fmaf(s[j][2 * r + 1], scale_log2, -m_scaled));
-      part[j % kLanes] += s[j][2 * r] + s[j][2 * r + 1];
+      if (kRowSums) part[j % kLanes] += s[j][2 * r] + s[j][2 * r + 1];
     }
-    float sum = part[0];
+    if (kRowSums) {
+      float sum = part[0];
 #pragma unroll
-    for (int c = 1; c < kLanes; ++c) sum += part[c];
-    row_sum[r] = row_sum[r] * alpha[r] + sum;
+      for (int c = 1; c < kLanes; ++c) sum += part[c];
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
   }
 }
 
@@ -251,13 +254,17 @@ __device__ __forceinline__ void weights_fragment(const float (&p)[kBlocks][4], i
 
 // The row sums over the quad, and per row 1/l and whether the row saw any key (l > 0): rows with
 // no unmasked key stay exactly zero (no V bias either).
+// kQuadParts = false: each lane's row_sum is already the whole row's.
+template <bool kQuadParts = true>
 __device__ __forceinline__ void finish_rows(const float (&row_sum)[2], float (&inv_sum)[2],
                                             float (&has_keys)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (kQuadParts) {
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+    }
     inv_sum[r] = l > 0.0f ? 1.0f / l : 0.0f;
     has_keys[r] = l > 0.0f ? 1.0f : 0.0f;
   }

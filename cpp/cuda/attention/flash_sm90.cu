@@ -78,6 +78,8 @@ struct SmemDesc {
           "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define FTBERT_WGMMA_ACC9 \
+    FTBERT_WGMMA_ACC8, "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])
 #define FTBERT_WGMMA_ACC16 \
     FTBERT_WGMMA_ACC8, \
           "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
@@ -91,6 +93,7 @@ struct SmemDesc {
 #define FTBERT_WGMMA_REGS32 \
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FTBERT_WGMMA_REGS36 FTBERT_WGMMA_REGS32 ", %32, %33, %34, %35"
 #define FTBERT_WGMMA_REGS64 \
         FTBERT_WGMMA_REGS32 "," \
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
@@ -115,6 +118,13 @@ struct SmemDesc {
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY "\n" \
                  "{" FTBERT_WGMMA_REGS32 "}, {%32, %33, %34, %35}, db, p, 1, 1, 1;\n}\n" \
                  : FTBERT_WGMMA_ACC8 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.lo), "r"(b.hi), "r"(1))
+#define FTBERT_WGMMA_RS_N72(TY) \
+    asm volatile("{\n.reg .pred p;\n.reg .b64 db;\nsetp.ne.b32 p, %42, 0;\n" \
+                 "mov.b64 db, {%40, %41};\n" \
+                 "wgmma.mma_async.sync.aligned.m64n72k16.f32." TY "." TY "\n" \
+                 "{" FTBERT_WGMMA_REGS36 "}, {%36, %37, %38, %39}, db, p, 1, 1, 1;\n}\n" \
+                 : FTBERT_WGMMA_ACC9 \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.lo), "r"(b.hi), "r"(1))
 #define FTBERT_WGMMA_RS_N128(TY) \
     asm volatile("{\n.reg .pred p;\n.reg .b64 db;\nsetp.ne.b32 p, %70, 0;\n" \
@@ -142,6 +152,10 @@ struct Wgmma<__half> {
                                             SmemDesc b) {
     FTBERT_WGMMA_RS_N128("f16");
   }
+  static __device__ __forceinline__ void rs(float (&d)[9][4], const uint32_t (&a)[4],
+                                            SmemDesc b) {
+    FTBERT_WGMMA_RS_N72("f16");
+  }
 };
 
 template <>
@@ -162,12 +176,19 @@ struct Wgmma<__nv_bfloat16> {
                                             SmemDesc b) {
     FTBERT_WGMMA_RS_N128("bf16");
   }
+  static __device__ __forceinline__ void rs(float (&d)[9][4], const uint32_t (&a)[4],
+                                            SmemDesc b) {
+    FTBERT_WGMMA_RS_N72("bf16");
+  }
 };
 
 #undef FTBERT_WGMMA_SS_N64
 #undef FTBERT_WGMMA_SS_N128
 #undef FTBERT_WGMMA_RS_N64
 #undef FTBERT_WGMMA_RS_N128
+#undef FTBERT_WGMMA_RS_N72
+#undef FTBERT_WGMMA_ACC9
+#undef FTBERT_WGMMA_REGS36
 #undef FTBERT_WGMMA_ACC8
 #undef FTBERT_WGMMA_ACC16
 #undef FTBERT_WGMMA_REGS32
@@ -247,9 +268,10 @@ __device__ __forceinline__ void issue_scores(float (&s)[Bc / 8][4], SmemDesc q_d
 }
 // O += P V with P in `a`, over the keys of one tile (v_tile: its descriptor, whose leading
 // dimension offset steps from one 64-column panel to the next) in k-steps of 16 (2048 bytes of
-// each panel); issued and committed, not waited for.
-template <typename T, int D, int Bc>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&a)[Bc / 16][4],
+// each panel); issued and committed, not waited for. O's width is kOutBlocks x 8 columns: the
+// head dim, or 8 more when V is followed by a panel of ones (the row sums of P come out there).
+template <typename T, int kOutBlocks, int Bc>
+__device__ __forceinline__ void issue_pv(float (&o)[kOutBlocks][4], const uint32_t (&a)[Bc / 16][4],
                                          SmemDesc v_tile) {
   wgmma_fence();
 #pragma unroll
@@ -259,15 +281,18 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&
 
 // A warp's epilogue: O / l + b_v for its 16 rows, staged through shared memory the warp owns
 // (`at(row, chunk)`: 16 swizzled rows, so its 4-byte writes spread over the banks) for 16-byte
-// stores of the sequence's rows row0..row0+15.
-template <typename T, int D, typename At>
-__device__ __forceinline__ void store_output(const float (&o)[D / 8][4], const float (&row_sum)[2],
+// stores of the sequence's rows row0..row0+15. O's first D / 8 blocks are the output (a kernel
+// that sums rows through the tensor cores has one more); kQuadParts as finish_rows'.
+template <typename T, int D, bool kQuadParts = true, int kOutBlocks, typename At>
+__device__ __forceinline__ void store_output(const float (&o)[kOutBlocks][4],
+                                             const float (&row_sum)[2],
                                              const SequenceRows<T, D>& seq, At at, int row0,
                                              int lane) {
+  static_assert(kOutBlocks >= D / 8, "the output's columns");
   const int g = lane / 4, quad_col = 2 * (lane % 4);
   const T* bias_v = seq.bias + 2 * seq.H;
   float inv_sum[2], has_keys[2];
-  finish_rows(row_sum, inv_sum, has_keys);
+  finish_rows<kQuadParts>(row_sum, inv_sum, has_keys);
   __syncwarp();
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -361,7 +386,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
                            Tile::kKVPanel / 16);
   };
   auto pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
-    issue_pv<T, D, Bc>(o, a, v_desc + buf * kTileStep);
+    issue_pv<T, D / 8, Bc>(o, a, v_desc + buf * kTileStep);
   };
   // After this thread's copies of the tile in `buf` have landed: fences them (and the Q fix-up)
   // for wgmma and publishes them with a barrier, which also ORs the tile's masked-key bits.
@@ -547,7 +572,7 @@ __device__ __forceinline__ void consumer_sync(int c) {
 constexpr int kBoxRows = 64;
 constexpr int kBoxBytes = kBoxRows * 128;
 
-template <int D_, int kConsumers, int Bc, int kStages_>
+template <int D_, int kConsumers, int Bc, int kStages_, bool kMmaRowSums_>
 struct WsTile {
   static constexpr int D = D_;
   static_assert(D % 64 == 0, "whole 64-column panels");
@@ -561,11 +586,18 @@ struct WsTile {
   static constexpr int kQBytes = kPanels * kQPanel;
   static constexpr int kKVBytes = kPanels * kKVPanel;
   static_assert(Bc % kBoxRows == 0 && Br % kBoxRows == 0, "whole boxes per tile");
-  // [align pad] sQ [kQSlots] | sK [kStages] | sV [kStages] | mbarriers | key bias [kStages][Bc]
-  // fp32 | masked flag [kStages] | key tiles [kQSlots]
+  // kMmaRowSums: a panel of ones after the V ring, read by P·V as 8 more columns of V, so the
+  // row sums of P come out of the tensor cores with O instead of from 64 adds per thread and
+  // tile (head dim 64: m64n72).
+  static constexpr bool kMmaRowSums = kMmaRowSums_;
+  static_assert(!kMmaRowSums || D == 64, "row sums through the tensor cores at head dim 64");
+  static constexpr int kOnesBytes = kMmaRowSums ? kKVPanel : 0;
+  static constexpr int kOutBlocks = D / 8 + (kMmaRowSums ? 1 : 0);
+  // [align pad] sQ [kQSlots] | sK [kStages] | sV [kStages] | ones | mbarriers | key bias
+  // [kStages][Bc] fp32 | masked flag [kStages] | key tiles [kQSlots]
   static constexpr int kBarriers = 2 * kQSlots + 4 * kStages + 2;
   static constexpr size_t kSmemBytes = 1024 + kQSlots * kQBytes + 2 * kStages * kKVBytes +
-                                       kBarriers * 8 + kStages * Bc * sizeof(float) +
+                                       kOnesBytes + kBarriers * 8 + kStages * Bc * sizeof(float) +
                                        kStages * sizeof(int) + kQSlots * 2 * sizeof(int);
 };
 
@@ -628,11 +660,11 @@ struct WorkItem {
 };
 
 template <typename T, int D_, int kConsumers, int Bc, int kStages, int kConsumerRegs,
-          bool kPingPong>
+          bool kPingPong, bool kMmaRowSums>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     flash_attention_sm90_ws_kernel(const FlashParams p, int batch,
                                    const __grid_constant__ CUtensorMap qkv_map) {
-  using Tile = WsTile<D_, kConsumers, Bc, kStages>;
+  using Tile = WsTile<D_, kConsumers, Bc, kStages, kMmaRowSums>;
   constexpr int D = Tile::D, Br = Tile::Br, kQSlots = Tile::kQSlots;
   constexpr float kNegInf = -__builtin_huge_valf();
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -642,7 +674,8 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   unsigned char* sQ = smem;                              // [kQSlots][Br rows]
   unsigned char* sK = sQ + kQSlots * Tile::kQBytes;      // [kStages][Bc rows]
   unsigned char* sV = sK + kStages * Tile::kKVBytes;     // [kStages][Bc rows]
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(sV + kStages * Tile::kKVBytes);  // [kQSlots]
+  unsigned char* sOnes = sV + kStages * Tile::kKVBytes;  // kMmaRowSums: Bc rows of ones
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sOnes + Tile::kOnesBytes);  // [kQSlots]
   uint64_t* q_empty = q_full + kQSlots;                                           // [kQSlots]
   uint64_t* k_full = q_empty + kQSlots;                                           // [kStages]
   uint64_t* v_full = k_full + kStages;
@@ -675,7 +708,14 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     mbar_init(v_raw, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();  // the barriers are initialized
+  if constexpr (kMmaRowSums) {
+    const uint32_t one = Mma<T>::pack(1.0f, 1.0f);
+    for (int i = threadIdx.x; i < Tile::kOnesBytes / 16; i += blockDim.x) {
+      reinterpret_cast<uint4*>(sOnes)[i] = make_uint4(one, one, one, one);
+    }
+    fence_proxy_async();  // for wgmma
+  }
+  __syncthreads();  // the barriers are initialized (and the ones written)
 
   // The producer needs few registers; what the consumers gain keeps a tile's scores, P and O in
   // registers at kConsumers warpgroups per block.
@@ -795,8 +835,13 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   const int ctid = threadIdx.x - 128 * wg;
   const int quad_col = 2 * (lane % 4);
   const SmemDesc k_desc = sw128_desc(sK, 16);
-  const SmemDesc v_desc = sw128_desc(sV, Tile::kKVPanel);
   constexpr uint32_t kTileStep = Tile::kKVBytes / 16;
+  // V of ring buffer 0; its leading-dimension offset is the step to V's next 64 columns: the
+  // next panel (head dim 128), or the ones after the ring (kMmaRowSums, head dim 64).
+  const SmemDesc v_desc = sw128_desc(sV, kMmaRowSums ? kStages * Tile::kKVBytes : Tile::kKVPanel);
+  // From one buffer's V to the next: the start moves a tile on; with the ones at a fixed place,
+  // the leading offset (bits 16-29) shrinks by as much (the 32-bit difference does both).
+  constexpr uint32_t kVStep = kMmaRowSums ? kTileStep - (kTileStep << 16) : kTileStep;
   // This thread is done reading a buffer (its products have landed, its key-bias reads done).
   // Every consumer thread arrives, each releasing its own reads.
   auto release = [&](uint64_t* empty) { mbar_arrive(empty); };
@@ -831,17 +876,18 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
       consumer_sync<kConsumers>(c);
     }
     const SmemDesc q_desc = sw128_desc(q_tile, 16);
-    float o[D / 8][4];
+    constexpr int kOutBlocks = Tile::kOutBlocks;
+    float o[kOutBlocks][4];  // kMmaRowSums: block D / 8 holds the row sums (every column)
     float row_max[2] = {kNegInf, kNegInf};
     float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < kOutBlocks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     auto scores = [&](float (&s)[Bc / 8][4], int buf) {
       issue_scores<T, D, Bc>(s, q_desc, Tile::kQPanel / 16, k_desc + buf * kTileStep,
                              Tile::kKVPanel / 16);
     };
     auto pv = [&](const uint32_t (&a)[Bc / 16][4], int buf) {
-      issue_pv<T, D, Bc>(o, a, v_desc + buf * kTileStep);
+      issue_pv<T, kOutBlocks, Bc>(o, a, v_desc + buf * kVStep);
     };
 
     // The one-warpgroup kernel's schedule: tile i's scores are issued right behind P·V of tile
@@ -861,7 +907,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
         pin(s);
         if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
         release(k_empty + buf);
-        softmax_scores(s, row_max, row_sum, p.scale_log2, alpha);
+        softmax_scores<Bc / 8, !kMmaRowSums>(s, row_max, row_sum, p.scale_log2, alpha);
 #pragma unroll
         for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
       }
@@ -882,7 +928,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
         pin(s);
         if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
         release(k_empty + buf);
-        softmax_scores(s, row_max, row_sum, p.scale_log2, alpha);
+        softmax_scores<Bc / 8, !kMmaRowSums>(s, row_max, row_sum, p.scale_log2, alpha);
         wgmma_wait<0>();  // P·V of tile i - 1: o and a are free
         pin(o);
         pin(a);
@@ -907,7 +953,11 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     // reading them has landed); then the slot goes back to the producer.
     const int warp_row0 = c * 64 + (warp % 4) * 16;
     unsigned char* q_slot = sQ + qs * Tile::kQBytes;
-    store_output<T, D>(
+    if constexpr (kMmaRowSums) {
+      row_sum[0] = o[D / 8][0];  // each lane's column of the ones: the whole row
+      row_sum[1] = o[D / 8][2];
+    }
+    store_output<T, D, !kMmaRowSums>(
         o, row_sum, seq,
         [&](int row, int chunk) { return q_slot + panel_offset<Br>(warp_row0 + row, chunk); },
         q0 + warp_row0, lane);
@@ -956,13 +1006,13 @@ CUtensorMap qkv_tensor_map(const FlashParams& p, int head_dim) {
 
 // Persistent: one block per multiprocessor (at most one per work item).
 template <typename T, int D, int kConsumers, int Bc, int kStages, int kConsumerRegs,
-          bool kPingPong>
+          bool kPingPong, bool kMmaRowSums = false>
 void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = WsTile<D, kConsumers, Bc, kStages>;
+  using Tile = WsTile<D, kConsumers, Bc, kStages, kMmaRowSums>;
   constexpr size_t smem = Tile::kSmemBytes;
   const CUtensorMap map = qkv_tensor_map<T>(p, D);
-  auto kernel =
-      flash_attention_sm90_ws_kernel<T, D, kConsumers, Bc, kStages, kConsumerRegs, kPingPong>;
+  auto kernel = flash_attention_sm90_ws_kernel<T, D, kConsumers, Bc, kStages, kConsumerRegs,
+                                               kPingPong, kMmaRowSums>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   const int64_t items = static_cast<int64_t>((p.seq + Tile::Br - 1) / Tile::Br) * p.heads * batch;
@@ -976,11 +1026,14 @@ void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t st
 // The kernel by head dim and shape, from benchmarks/kernels/flash_variants.cu on an H100 (L2
 // flushed, medians of 100, float16). Head dim 64, one run (32 x 512 / 32 x 128 / 1 x 128 / 3 x 197
 // tokens, 12 heads, us):
-//   one warpgroup per block, 128-key tiles, 3 blocks per SM   95.4  19.0  8.2  11.0
-//   persistent, 2 consumers taking turns, 2-stage ring         95.2  18.4  9.1  12.3
-//     (the same without turns                                  97.4  18.4  9.2  12.6)
-//   persistent, 3 consumers of 160 registers taking turns,     89.8  19.9  9.9  13.7
+//   one warpgroup per block, 128-key tiles, 3 blocks per SM   94.8  18.9  8.0  10.8
+//   persistent, 2 consumers taking turns, 2-stage ring         92.4  18.0  8.9  12.1
+//     (the same without turns                                  92.4  18.2  8.9  12.3)
+//     (the same with row sums through the tensor cores         90.4  18.1  8.8  12.1)
+//   persistent, 3 consumers of 160 registers taking turns,     87.5  19.7  9.6  13.6
 //     3-stage ring
+//     (the same with row sums through the tensor cores         84.8  20.4 10.1  14.2)
+// The persistent kernels run with the row sums through the tensor cores (WsTile's kMmaRowSums).
 // The persistent kernels win once there are two work items per multiprocessor; three consumers
 // (192 query rows an item) only on long sequences, where an item's rows are mostly used. Below
 // that grid the one-warpgroup kernel's several independent blocks per multiprocessor win.
@@ -1013,9 +1066,9 @@ void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device
   }
   FTBERT_CHECK(head_dim == 64, "flash attention (Hopper): head dim " << head_dim);
   if (p.seq >= 384 && items(192) >= 2 * sms && items(192) <= INT32_MAX) {
-    launch_sm90_ws<T, 64, 3, 128, 3, 160, true>(p, batch, device, stream);
+    launch_sm90_ws<T, 64, 3, 128, 3, 160, true, true>(p, batch, device, stream);
   } else if (items(128) >= 2 * sms && items(128) <= INT32_MAX) {
-    launch_sm90_ws<T, 64, 2, 128, 2, 0, true>(p, batch, device, stream);
+    launch_sm90_ws<T, 64, 2, 128, 2, 0, true, true>(p, batch, device, stream);
   } else {
     launch_sm90<T, 64, 1, 128, 3>(p, batch, device, stream);
   }

@@ -154,6 +154,8 @@ class CudaBackend : public Backend {
     void operator()(LtShape* shape) const noexcept;  // where LtShape is complete
   };
   LtShape& lt_shape(DType dt, int m, int n, int k, Activation act);
+  // cuBLASLt's ranked algorithms for `shape` that fit in `workspace` bytes.
+  std::vector<cublasLtMatmulHeuristicResult_t> lt_heuristic(LtShape& shape, size_t workspace);
   GemmShapeKey gemm_key(const WeightGemm& g) const;
   std::vector<GemmPick> gemm_candidates(const WeightGemm& g);
   const GemmPick& fixed_gemm_choice(const WeightGemm& g) const;

@@ -132,10 +132,8 @@ GemmShapeKey CudaBackend::gemm_key(const WeightGemm& g) const {
   return {device_, g.dt, rows_bucket(g.m), g.n, g.k, g.act};
 }
 
-std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
-  std::vector<GemmPick> out;
-  out.push_back(kCublasPick);
-  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
+std::vector<cublasLtMatmulHeuristicResult_t> CudaBackend::lt_heuristic(LtShape& shape,
+                                                                      size_t workspace) {
   cublasLtMatmulPreference_t pref = nullptr;
   FTBERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   cublasLtMatmulHeuristicResult_t found[kCublasLtCandidates];
@@ -145,8 +143,7 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   const cublasStatus_t status = [&] {
     cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &cublas_workspace_bytes_,
-        sizeof(cublas_workspace_bytes_));
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                &schemes, sizeof(schemes));
@@ -158,11 +155,23 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   (void)cublasLtMatmulPreferenceDestroy(pref);
   // No heuristic result (an unsupported shape) leaves cuBLAS's own path; other errors are real.
   if (status != CUBLAS_STATUS_NOT_SUPPORTED) FTBERT_CUBLAS_CHECK(status);
+  std::vector<cublasLtMatmulHeuristicResult_t> out;
   for (int i = 0; i < count; ++i) {
-    if (found[i].state == CUBLAS_STATUS_SUCCESS &&
-        found[i].workspaceSize <= cublas_workspace_bytes_) {
-      out.push_back({kCublasLtPrefix + std::to_string(i), GemmKernel::kCublasLt, found[i].algo});
+    if (found[i].state == CUBLAS_STATUS_SUCCESS && found[i].workspaceSize <= workspace) {
+      out.push_back(found[i]);
     }
+  }
+  return out;
+}
+
+std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
+  std::vector<GemmPick> out;
+  out.push_back(kCublasPick);
+  LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
+  const std::vector<cublasLtMatmulHeuristicResult_t> found =
+      lt_heuristic(shape, cublas_workspace_bytes_);
+  for (size_t i = 0; i < found.size(); ++i) {
+    out.push_back({kCublasLtPrefix + std::to_string(i), GemmKernel::kCublasLt, found[i].algo});
   }
 #if FTBERT_GEMM_SM90
   // TMA needs 16-byte rows: k and n multiples of 8 (the pointers are checked at run time).

@@ -1,7 +1,9 @@
 """The weight GEMMs' measured kernel choice at BERT-base's shapes: for each of the layer's four
 GEMMs at a few row counts, the candidate the CUDA backend's "auto" mode picked and every
-candidate's kernel time (torch.profiler, the median launch of --reps), with model-like data
-(activations ~N(0, 1), weights ~N(0, 0.02)).
+candidate's kernel time (torch.profiler, the median launch of --reps) and whether it clears part
+of its workspace first (a memset, which in a CUDA graph costs a node and its edges: "auto" times
+the candidates in graphs, so a memset's cost is in its pick but not in this column), with
+model-like data (activations ~N(0, 1), weights ~N(0, 0.02)).
 
 Run on a GPU machine:
     python benchmarks/kernels/bench_gemm_choice.py [--rows 16384 4096 1024] [--dtype float16]
@@ -16,13 +18,14 @@ SHAPES = (("qkv", 2304, 768, False), ("attn-out", 768, 768, False), ("ffn-in", 3
 
 
 def kernel_us(fn, reps):
-    """Median over reps of one call's summed kernel time (copies and fills left out), in us."""
+    """Median over reps of one call's summed kernel time (copies and fills left out), in us, and
+    how many memsets one call issues."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
-    times = []
+    times, memsets = [], 0
     for _ in range(reps):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
@@ -31,7 +34,8 @@ def kernel_us(fn, reps):
             (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0))
             for e in prof.key_averages()
             if not any(s in e.key.lower() for s in ("memcpy", "memset", "fill"))))
-    return float(np.median(times))
+        memsets = sum(e.count for e in prof.key_averages() if "memset" in e.key.lower())
+    return float(np.median(times)), memsets
 
 
 def main() -> None:
@@ -54,12 +58,13 @@ def main() -> None:
             gpu.weight_gemm(args.dtype, a, w, bias=bias, act=act)  # "auto" measures and picks
             pick = gpu.weight_gemm_pick(args.dtype, m, n, k, act=act)
             rows = sorted(
-                (kernel_us(lambda c=c: gpu.weight_gemm_candidate(c, args.dtype, a, w, bias=bias,
-                                                                 act=act), args.reps), c)
+                (*kernel_us(lambda c=c: gpu.weight_gemm_candidate(c, args.dtype, a, w, bias=bias,
+                                                                  act=act), args.reps), c)
                 for c in gpu.weight_gemm_candidates(args.dtype, m, n, k, act=act))
             print(f"{name} {m} x {n} x {k}: auto picked {pick}")
-            for t, c in rows:
-                print(f"  {c:26s} {t:8.1f} us{'  <- picked' if c == pick else ''}", flush=True)
+            for t, memsets, c in rows:
+                print(f"  {c:26s} {t:8.1f} us{'  + memset' if memsets else '          '}"
+                      f"{'  <- picked' if c == pick else ''}", flush=True)
 
 
 if __name__ == "__main__":

@@ -162,7 +162,7 @@ class CudaBackend : public Backend {
   const GemmPick& measured_gemm_pick(const WeightGemm& g);
   // Enqueues g as `pick` says; false, enqueuing nothing, where that kernel cannot take it.
   bool run_gemm(const GemmPick& pick, const WeightGemm& g);
-  bool run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g);
+  bool run_cublaslt(const GemmPick& pick, const WeightGemm& g);
 
   void release() noexcept;
   // Points cuBLAS at `stream` and at our own workspace (cublasSetStream resets it to cuBLAS's

@@ -50,6 +50,9 @@ def test_every_candidate_matches_cpu(gpu, cpu, rng, dtype, act, m, n, k):
     names = gpu.weight_gemm_candidates(dtype, m, n, k, act=act)
     assert names[0] == "cublas"
     assert any(x.startswith("cublaslt:") for x in names), names
+    assert len(set(names)) == len(names), names
+    assert all(x == "cublas" or x.startswith(("cublaslt:", "cublaslt-nows:", "cutlass:"))
+               for x in names), names
     cutlass = {"cutlass:64x64", "cutlass:coop_128x256", "cutlass:pingpong_128x128"}
     if HOPPER_FUSED and act == "gelu":
         assert cutlass <= set(names)
@@ -102,6 +105,29 @@ def test_auto_runs_its_pick_and_shares_it(gpu, cpu, rng, dtype, act):
     assert np.array_equal(got2, other.weight_gemm_candidate(pick, dtype, a2, w, bias=bias, act=act))
     # The next bucket has not been measured.
     assert gpu.weight_gemm_pick(dtype, 2049, n, k, act=act) == ""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_no_workspace_candidates_clear_nothing_and_match_cpu(gpu, cpu, rng, dtype):
+    # BERT-base's attention output at 4,096 rows: cuBLASLt's algorithms run without a workspace
+    # (the memset-free candidates "auto" can pick for graphs) must issue no memset, and compute
+    # what the CPU does.
+    from torch.profiler import ProfilerActivity, profile
+
+    m, n, k = 4096, 768, 768
+    a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, "identity")
+    every = gpu.weight_gemm_candidates(dtype, m, n, k)
+    names = [x for x in every if x.startswith("cublaslt-nows:")]
+    assert names, every
+    for name in names:
+        gpu.weight_gemm_candidate(name, dtype, a, w)  # loads the kernel
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            got = gpu.weight_gemm_candidate(name, dtype, a, w)
+            torch.cuda.synchronize()
+        memsets = [e.key for e in prof.key_averages() if "memset" in e.key.lower()]
+        assert not memsets, (name, memsets)
+        check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
 def test_fewer_rows_and_fixed_mode_measure_nothing(gpu, rng):

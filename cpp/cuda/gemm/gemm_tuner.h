@@ -12,11 +12,13 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "cuda/gemm/gemm_sm90.h"
+#include "ftbert/backend.h"
 #include "ftbert/config.h"
 #include "ftbert/dtype.h"
 
@@ -52,6 +54,7 @@ struct GemmPick {
   GemmKernel kernel = GemmKernel::kCublas;
   cublasLtMatmulAlgo_t algo{};             // kCublasLt
   GemmTiles tiles = GemmTiles::k128x256;  // kCutlass
+  size_t workspace = 0;                   // kCublasLt: the workspace bytes it runs with
 };
 
 // The process-wide picks. A stored pick never changes or goes away, so the pointers find returns
@@ -67,10 +70,26 @@ class GemmPicks {
   static std::mutex& measuring();
 };
 
+// How fastest() runs a timed batch of one candidate: the way a forward runs it, captured once into
+// a CUDA graph and replayed, so that what is timed is the candidate's cost in a forward, graph
+// nodes and edges included. Some cuBLASLt algorithms clear part of their workspace before their
+// kernel: back to back on a stream the memset costs little, but in a graph it is a node with an
+// edge on each side (on an H100, BERT-base at 128 x 128 tokens: 36 such memsets per forward, a
+// memset -> GEMM edge alone 2.7 us; the same algorithms run without them took 0.12 ms off a
+// 6.3 ms forward). Timed on a stream, a memset-free twin ties with its original and either may be
+// picked. `record` returns null where the backend cannot capture; the batch is then launched as
+// it is.
+struct BatchRecorder {
+  std::function<std::unique_ptr<RecordedOps>(const std::function<void()>&)> record;
+  std::function<void(const RecordedOps&)> replay;
+};
+
 // The index of the fastest of `candidates` on `stream`, each of which enqueues one run of the
 // same GEMM and returns false, enqueuing nothing, when it cannot take the shape; -1 when none
 // can. Each is run once to warm up, then timed in rounds of batches between CUDA events (the
-// median round counts). Waits for the stream.
-int fastest(cudaStream_t stream, const std::vector<std::function<bool()>>& candidates);
+// median round counts), each batch recorded by `recorder` where one is given. Waits for the
+// stream.
+int fastest(cudaStream_t stream, const std::vector<std::function<bool()>>& candidates,
+            const BatchRecorder* recorder = nullptr);
 
 }  // namespace ftbert::cuda

@@ -18,6 +18,7 @@ namespace ftbert::cuda {
 namespace {
 
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
+constexpr const char* kCublasLtNoWorkspacePrefix = "cublaslt-nows:";  // ranked, run with none
 constexpr int kCublasLtCandidates = 8;
 
 // The epilogues the choice covers: none (no bias), or bias + one of these activations.
@@ -168,10 +169,19 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   std::vector<GemmPick> out;
   out.push_back(kCublasPick);
   LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
-  const std::vector<cublasLtMatmulHeuristicResult_t> found =
-      lt_heuristic(shape, cublas_workspace_bytes_);
-  for (size_t i = 0; i < found.size(); ++i) {
-    out.push_back({kCublasLtPrefix + std::to_string(i), GemmKernel::kCublasLt, found[i].algo});
+  // cuBLASLt's heuristic twice: with the workspace, and with none. At 4,096 rows and more most
+  // algorithms given a workspace clear part of it before every kernel (a memset: in a CUDA graph
+  // a node and two edges, BatchRecorder); given none, the same algorithms run without it, in the
+  // same kernel time (H100, BERT-base's GEMMs). Both are candidates and the measurement, in
+  // graphs, weighs them. The first keep the whole workspace: a pick serves every row count of
+  // its bucket, and a larger one may need more than the heuristic said for the measured one.
+  for (const size_t workspace : {cublas_workspace_bytes_, size_t{0}}) {
+    const char* prefix = workspace > 0 ? kCublasLtPrefix : kCublasLtNoWorkspacePrefix;
+    const std::vector<cublasLtMatmulHeuristicResult_t> found = lt_heuristic(shape, workspace);
+    for (size_t i = 0; i < found.size(); ++i) {
+      out.push_back({prefix + std::to_string(i), GemmKernel::kCublasLt, found[i].algo, {},
+                     workspace});
+    }
   }
 #if FTBERT_GEMM_SM90
   // TMA needs 16-byte rows: k and n multiples of 8 (the pointers are checked at run time).
@@ -209,11 +219,14 @@ const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     runs.push_back([&, i] { return run_gemm(candidates[i], g); });
   }
-  const int best = fastest(stream_, runs);
+  const BatchRecorder recorder{
+      [this](const std::function<void()>& enqueue) { return record(enqueue); },
+      [this](const RecordedOps& batch) { replay(batch); }};
+  const int best = fastest(stream_, runs, &recorder);
   return GemmPicks::store(key, best >= 0 ? candidates[best] : kCublasPick);
 }
 
-bool CudaBackend::run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGemm& g) {
+bool CudaBackend::run_cublaslt(const GemmPick& pick, const WeightGemm& g) {
   LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
   if (shape.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     FTBERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
@@ -222,8 +235,8 @@ bool CudaBackend::run_cublaslt(const cublasLtMatmulAlgo_t& algo, const WeightGem
   const float one = 1.0f, zero = 0.0f;
   const cublasStatus_t status =
       cublasLtMatmul(cublaslt_, shape.desc, &one, g.w, shape.w, g.a, shape.a, &zero, g.c,
-                     shape.c, g.c, shape.c, &algo, cublas_workspace_, cublas_workspace_bytes_,
-                     stream_);
+                     shape.c, g.c, shape.c, &pick.algo,
+                     pick.workspace > 0 ? cublas_workspace_ : nullptr, pick.workspace, stream_);
   // An algorithm picked at another row count of the bucket may not take this one.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) return false;
   FTBERT_CUBLAS_CHECK(status);
@@ -237,7 +250,7 @@ bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
       gemm(g.dt, false, false, g.m, g.n, g.k, g.a, g.k, g.w, g.n, g.c, g.n);
       break;
     case GemmKernel::kCublasLt:
-      if (!run_cublaslt(pick.algo, g)) return false;
+      if (!run_cublaslt(pick, g)) return false;
       separate_epilogue = lt_epilogue(g.act) == CUBLASLT_EPILOGUE_DEFAULT;
       break;
     case GemmKernel::kCutlass: {

@@ -317,6 +317,11 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
   const int splits = dense_layernorm_splits(m, n, k);
   if (splits <= 1 || workspace == nullptr ||
       workspace_bytes < dense_layernorm_partials_bytes(m, n, splits)) {
+    // Unsplit, the LayerNorm adds the bias and the residual. Adding them in the GEMM's epilogue
+    // instead (cuBLASLt, bias epilogue and the residual as C) spares the LayerNorm a read, but
+    // on an H100 at BERT-base's 16,384 x 768 the forward got no faster: the 24 LayerNorms went
+    // from 0.64 to 0.40 ms, while cuBLASLt's algorithms with a C operand ran slower (profiled:
+    // attention output ~49 us against 27, FFN output ~131 against 106).
     Backend::dense_residual_layernorm(dt, m, n, k, a, w, bias, residual, gamma, beta, out, eps,
                                       workspace, workspace_bytes, nonfinite);
     return;

@@ -177,16 +177,15 @@ def test_runs_on_torch_current_stream(hf_dir, rng):
 
 def test_stream_handle_is_torch_current_stream():
     # The encoder reads the current stream's raw handle (not torch.cuda.current_stream(), which is
-    # slower); it must be the same stream, in and out of a stream context, with or without index.
+    # slower); it must be the same stream, in and out of a stream context.
     from ftbert.encoder import _current_stream_handle
 
-    dev = torch.device("cuda", torch.cuda.current_device())
-    for device in (dev, torch.device("cuda")):
-        assert _current_stream_handle(device) == torch.cuda.current_stream(dev).cuda_stream
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            assert _current_stream_handle(device) == s.cuda_stream != 0
-        assert _current_stream_handle(device) == torch.cuda.current_stream(dev).cuda_stream
+    index = torch.cuda.current_device()
+    assert _current_stream_handle(index) == torch.cuda.current_stream(index).cuda_stream
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert _current_stream_handle(index) == s.cuda_stream != 0
+    assert _current_stream_handle(index) == torch.cuda.current_stream(index).cuda_stream
 
 
 def checked(enc, *args):

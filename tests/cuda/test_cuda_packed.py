@@ -514,6 +514,31 @@ def test_host_inputs_packed_match_padded(bert, rng, dtype, attention, graphs):
     assert on.recorded_shapes == (4 if graphs else 0)
 
 
+def test_padding_free_set_on_a_live_encoder_takes_effect_for_cuda_tensors(bert, rng):
+    # Set after construction, the mode governs the next forward as if given at construction:
+    # True packs (zeros at padding) and, since the count's read back waits for the GPU anyway,
+    # checks the values at the call, so a bad one raises there and then.
+    path, hf = bert
+    vocab = hf.config.vocab_size
+    enc = encoder(path, "float16", "auto")
+    ids, mask, types = host_batch(rng, vocab, 5, 67, "right")
+    pad = torch.from_numpy(mask).cuda() == 0
+
+    def run(ids):
+        return enc(*(torch.from_numpy(a).cuda() for a in (ids, mask, types)))
+
+    for mode, packed in [(True, True), (False, False), (True, True), ("auto", False)]:
+        enc.padding_free = mode
+        rows = run(ids).last_hidden_state[pad]
+        assert bool((rows == 0).all()) == packed, f"padding_free={mode!r}"
+    enc.padding_free = True
+    bad = ids.copy()
+    bad[1, 3] = vocab
+    with pytest.raises(ValueError, match=rf"^input_ids holds {vocab}, out of range for vocab_size"):
+        run(bad)
+    assert bool((run(ids).last_hidden_state[pad] == 0).all())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("attention", ["unfused", "flash"])
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "no-graphs"])

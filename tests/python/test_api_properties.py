@@ -734,6 +734,11 @@ def test_tensors_on_other_devices_than_the_encoder(model_path):
     np.testing.assert_allclose(b.numpy(), gpu(ids.numpy()).last_hidden_state, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="^input_ids is on the meta device"):
         gpu(ids.to("meta"))
+    # Arguments on different devices, either way round.
+    with pytest.raises(ValueError, match=r"^attention_mask is on cpu but input_ids is on cuda:0"):
+        gpu(ids.cuda(), torch.ones_like(ids))
+    with pytest.raises(ValueError, match=r"^token_type_ids is on cuda:0 but input_ids is on cpu"):
+        gpu(ids, None, torch.zeros_like(ids).cuda())
     if torch.cuda.device_count() > 1:
         with pytest.raises(ValueError, match=r"^input_ids is on cuda:1 but the encoder runs on cuda:0"):
             gpu(ids.to("cuda:1"))

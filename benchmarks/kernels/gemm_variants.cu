@@ -9,8 +9,9 @@
 //     nvcc -O3 -DNDEBUG -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$ve.o \
 //       benchmarks/kernels/gemm_variant.cu & done; wait
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/gemm_variants \
-//     benchmarks/kernels/gemm_variants.cu /tmp/gv_*.o -lcublas -lcublasLt && /tmp/gemm_variants
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icpp -o /tmp/gemm_variants \
+//     benchmarks/kernels/gemm_variants.cu cpp/cuda/launch.cu cpp/cuda/cuda_check.cu /tmp/gv_*.o \
+//     -lcublas -lcublasLt && /tmp/gemm_variants
 //
 // Times: 20 launches captured in a CUDA graph, the graph replayed 15 times between CUDA events
 // after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k.

@@ -80,6 +80,7 @@
 #include "cuda/attention/flash_common.cuh"
 #include "cuda/attention/flash_sm90.h"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "ftbert/check.h"
 
 namespace ftbert::cuda {
@@ -132,6 +133,7 @@ struct FlashTile {
 
 template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
+  begin_dependent_kernel();
   using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
   constexpr int kM = Tile::kMTiles;
   constexpr int kThreads = Tile::kThreads;
@@ -365,7 +367,7 @@ void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stre
                                        C::kStages, C::kQRegs>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
-  kernel<<<flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream>>>(p);
+  launch(kernel, flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream, p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
 

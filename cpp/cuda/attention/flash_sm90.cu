@@ -43,6 +43,7 @@
 
 #include "cuda/attention/flash_common.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "ftbert/check.h"
 
 namespace ftbert::cuda {
@@ -328,6 +329,7 @@ struct Sm90Tile {
 template <typename T, int D_, int kWarpgroups, int Bc, int kMinBlocks>
 __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     flash_attention_sm90_kernel(FlashParams p) {
+  begin_dependent_kernel();
   using Tile = Sm90Tile<D_, kWarpgroups, Bc>;
   constexpr int D = Tile::D, Br = Tile::Br, kThreads = Tile::kThreads, kStages = Tile::kStages;
   constexpr float kNegInf = -__builtin_huge_valf();
@@ -498,7 +500,7 @@ void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t strea
   auto kernel = flash_attention_sm90_kernel<T, D, kWarpgroups, Bc, kMinBlocks>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
-  kernel<<<flash_grid(p, batch, Tile::Br), Tile::kThreads, smem, stream>>>(p);
+  launch(kernel, flash_grid(p, batch, Tile::Br), Tile::kThreads, smem, stream, p);
   FTBERT_LAUNCH_CHECK("flash_attention_sm90_kernel", stream);
 }
 
@@ -664,6 +666,7 @@ template <typename T, int D_, int kConsumers, int Bc, int kStages, int kConsumer
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
     flash_attention_sm90_ws_kernel(const FlashParams p, int batch,
                                    const __grid_constant__ CUtensorMap qkv_map) {
+  begin_dependent_kernel();
   using Tile = WsTile<D_, kConsumers, Bc, kStages, kMmaRowSums>;
   constexpr int D = Tile::D, Br = Tile::Br, kQSlots = Tile::kQSlots;
   constexpr float kNegInf = -__builtin_huge_valf();
@@ -1017,7 +1020,7 @@ void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t st
   allow_shared_memory(kernel, smem, device, raised_on);
   const int64_t items = static_cast<int64_t>((p.seq + Tile::Br - 1) / Tile::Br) * p.heads * batch;
   const int blocks = static_cast<int>(std::min<int64_t>(items, multiprocessor_count(device)));
-  kernel<<<blocks, Tile::kThreads, smem, stream>>>(p, batch, map);
+  launch(kernel, blocks, Tile::kThreads, smem, stream, p, batch, map);
   FTBERT_LAUNCH_CHECK("flash_attention_sm90_ws_kernel", stream);
 }
 

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "cuda/gemm/gemm_sm90.h"
+#include "cuda/launch.cuh"
 
 namespace ftbert::cuda::sm90_gemm {
 
@@ -174,7 +175,9 @@ bool run(int m, int n, int k, const Ours* a, const Ours* w, const Ours* bias, Ou
   // different scheduler than the one chosen here.
   if (Adapter::get_workspace_size(args) != 0) return false;
   if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return false;
-  return gemm.run(stream) == cutlass::Status::kSuccess;
+  // Programmatic where ftbert's own kernels are: CUTLASS's wait for the previous kernel is built
+  // in (CUTLASS_ENABLE_GDC_FOR_SM90, CMakeLists.txt).
+  return gemm.run(stream, nullptr, dependent_launch_enabled()) == cutlass::Status::kSuccess;
 }
 
 }  // namespace ftbert::cuda::sm90_gemm

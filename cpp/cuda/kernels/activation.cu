@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
 
@@ -36,6 +37,7 @@ __device__ __forceinline__ float activate(float x) {
 template <typename T, int VEC, Activation A>
 __global__ void __launch_bounds__(256)
     add_bias_activation_kernel(T* __restrict__ x, const T* __restrict__ bias, int rows, int cols) {
+  begin_dependent_kernel();
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= rows) return;
   T* xr = x + static_cast<int64_t>(row) * cols;
@@ -66,24 +68,24 @@ void invoke_add_bias_activation(T* x, const T* bias, int rows, int cols, Activat
     const int grid = ceil_div(rows, block.y);
     switch (act) {
       case Activation::kGeluErf:
-        add_bias_activation_kernel<T, VEC, Activation::kGeluErf>
-            <<<grid, block, 0, stream>>>(x, bias, rows, cols);
+        launch(add_bias_activation_kernel<T, VEC, Activation::kGeluErf>, grid, block, 0, stream,
+               x, bias, rows, cols);
         break;
       case Activation::kGeluTanh:
-        add_bias_activation_kernel<T, VEC, Activation::kGeluTanh>
-            <<<grid, block, 0, stream>>>(x, bias, rows, cols);
+        launch(add_bias_activation_kernel<T, VEC, Activation::kGeluTanh>, grid, block, 0, stream,
+               x, bias, rows, cols);
         break;
       case Activation::kRelu:
-        add_bias_activation_kernel<T, VEC, Activation::kRelu>
-            <<<grid, block, 0, stream>>>(x, bias, rows, cols);
+        launch(add_bias_activation_kernel<T, VEC, Activation::kRelu>, grid, block, 0, stream, x,
+               bias, rows, cols);
         break;
       case Activation::kTanh:
-        add_bias_activation_kernel<T, VEC, Activation::kTanh>
-            <<<grid, block, 0, stream>>>(x, bias, rows, cols);
+        launch(add_bias_activation_kernel<T, VEC, Activation::kTanh>, grid, block, 0, stream, x,
+               bias, rows, cols);
         break;
       case Activation::kIdentity:
-        add_bias_activation_kernel<T, VEC, Activation::kIdentity>
-            <<<grid, block, 0, stream>>>(x, bias, rows, cols);
+        launch(add_bias_activation_kernel<T, VEC, Activation::kIdentity>, grid, block, 0, stream,
+               x, bias, rows, cols);
         break;
       default:
         FTBERT_FAIL("add_bias_activation: unknown activation " << static_cast<int>(act));

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "cuda/kernels/kernels.h"
 #include "ftbert/staged_inputs.h"
 
@@ -18,6 +19,7 @@ __global__ void __launch_bounds__(kStageThreads)
                         int32_t* __restrict__ ids_out, int32_t* __restrict__ mask_out,
                         int32_t* __restrict__ types_out, int vocab, int type_vocab,
                         BadInputValue* bad) {
+  begin_dependent_kernel();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t value = 0;
@@ -41,9 +43,9 @@ void invoke_stage_inputs(const void* ids, int ids_bytes, const void* mask, int m
                          BadInputValue* bad, cudaStream_t stream) {
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + kStageThreads - 1) / kStageThreads, 1024);
-  stage_inputs_kernel<<<static_cast<int>(blocks), kStageThreads, 0, stream>>>(
-      ids, ids_bytes, mask, mask_bytes, types, types_bytes, n, ids_out, mask_out, types_out, vocab,
-      type_vocab, bad);
+  launch(stage_inputs_kernel, static_cast<int>(blocks), kStageThreads, 0, stream, ids, ids_bytes,
+         mask, mask_bytes, types, types_bytes, n, ids_out, mask_out, types_out, vocab, type_vocab,
+         bad);
   FTBERT_LAUNCH_CHECK("stage_inputs_kernel", stream);
 }
 

@@ -9,6 +9,7 @@
 // With many rows, the residual LayerNorm of rows that fit a warp's registers (up to 1024 16-bit
 // values, BERT's sizes) runs one warp per row instead, with the same two-pass statistics.
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "cuda/gemm/split_k.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                                        const T* __restrict__ bias, const T* __restrict__ gamma,
                                        const T* __restrict__ beta, T* out, int hidden, float eps,
                                        int32_t* __restrict__ nonfinite) {
+  begin_dependent_kernel();
   extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
   __shared__ float scratch[32];
   float* row = reinterpret_cast<float*>(smem_row);
@@ -174,6 +176,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
                                             const T* __restrict__ beta, T* out, int rows,
                                             int hidden, float eps,
                                             int32_t* __restrict__ nonfinite) {
+  begin_dependent_kernel();
   const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
@@ -235,6 +238,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                            const T* __restrict__ gamma, const T* __restrict__ beta,
                            T* __restrict__ out, SequenceLayout layout, int hidden, int vocab,
                            int type_vocab, float eps, int position_pad_id) {
+  begin_dependent_kernel();
   extern __shared__ float4 smem_row[];
   __shared__ float scratch[32];
   float* row = reinterpret_cast<float*>(smem_row);
@@ -309,22 +313,22 @@ void launch_residual_layernorm(const Source& source, const T* residual, const T*
   const int per_lane = ceil_div(chunks, 32);
   if (rows >= kWarpMinRows && per_lane <= kWarpMaxChunks) {
     const int blocks = ceil_div(rows, kWarpRowsPerBlock);
-    auto launch = [&](auto chunks_c) {
+    auto run = [&](auto chunks_c) {
       constexpr int kChunks = decltype(chunks_c)::value;
-      add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source>
-          <<<blocks, 32 * kWarpRowsPerBlock, 0, stream>>>(source, residual, bias, gamma, beta,
-                                                          out, rows, hidden, eps, nonfinite);
+      launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source>, blocks,
+             32 * kWarpRowsPerBlock, 0, stream, source, residual, bias, gamma, beta, out, rows,
+             hidden, eps, nonfinite);
     };
-    if (per_lane == 1) launch(std::integral_constant<int, 1>{});
-    else if (per_lane == 2) launch(std::integral_constant<int, 2>{});
-    else if (per_lane == 3) launch(std::integral_constant<int, 3>{});
-    else launch(std::integral_constant<int, 4>{});
+    if (per_lane == 1) run(std::integral_constant<int, 1>{});
+    else if (per_lane == 2) run(std::integral_constant<int, 2>{});
+    else if (per_lane == 3) run(std::integral_constant<int, 3>{});
+    else run(std::integral_constant<int, 4>{});
     return;
   }
   auto kernel = add_bias_residual_layernorm_kernel<T, VEC, Source>;
   const size_t smem = row_smem_bytes(kernel, hidden);
-  kernel<<<rows, row_threads(chunks), smem, stream>>>(source, residual, bias, gamma, beta, out,
-                                                       hidden, eps, nonfinite);
+  launch(kernel, rows, row_threads(chunks), smem, stream, source, residual, bias, gamma, beta,
+         out, hidden, eps, nonfinite);
 }
 
 }  // namespace
@@ -381,9 +385,9 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
     constexpr int VEC = decltype(vec_c)::value;
     auto kernel = embed_layernorm_kernel<T, VEC>;
     const size_t smem = row_smem_bytes(kernel, hidden);
-    kernel<<<rows, row_threads(hidden / VEC), smem, stream>>>(
-        input_ids, token_type_ids, word, position, token_type, gamma, beta, out, layout, hidden,
-        vocab, type_vocab, eps, position_pad_id);
+    launch(kernel, rows, row_threads(hidden / VEC), smem, stream, input_ids, token_type_ids, word,
+           position, token_type, gamma, beta, out, layout, hidden, vocab, type_vocab, eps,
+           position_pad_id);
   });
   FTBERT_LAUNCH_CHECK("embed_layernorm_kernel", stream);
 }

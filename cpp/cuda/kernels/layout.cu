@@ -6,6 +6,7 @@
 // Packed rows come from / go to their padded positions (token_index), so the heads layout and the
 // mask are a padded batch's; its padding positions are zeroed first.
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
 
@@ -19,6 +20,7 @@ __global__ void __launch_bounds__(256)
     add_qkv_bias_transpose_kernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                                   T* __restrict__ q, T* __restrict__ k, T* __restrict__ v,
                                   SequenceLayout layout, int heads, int head_dim) {
+  begin_dependent_kernel();
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= layout.rows) return;
   const int token = layout.packed() ? layout.token_index[row] : row;  // b·S + s
@@ -48,6 +50,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     transpose_heads_kernel(const T* __restrict__ in, T* __restrict__ out, SequenceLayout layout,
                            int heads, int head_dim) {
+  begin_dependent_kernel();
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= layout.rows) return;
   const int token = layout.packed() ? layout.token_index[row] : row;  // b·S + s
@@ -86,8 +89,8 @@ void invoke_add_qkv_bias_transpose(const T* qkv, const T* bias, T* q, T* k, T* v
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(3 * heads * head_dim / VEC);
-    add_qkv_bias_transpose_kernel<T, VEC><<<ceil_div(rows, block.y), block, 0, stream>>>(
-        qkv, bias, q, k, v, layout, heads, head_dim);
+    launch(add_qkv_bias_transpose_kernel<T, VEC>, ceil_div(rows, block.y), block, 0, stream, qkv,
+           bias, q, k, v, layout, heads, head_dim);
   });
   FTBERT_LAUNCH_CHECK("add_qkv_bias_transpose_kernel", stream);
 }
@@ -101,8 +104,8 @@ void invoke_transpose_heads(const T* in, T* out, const SequenceLayout& layout, i
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(heads * head_dim / VEC);
-    transpose_heads_kernel<T, VEC><<<ceil_div(rows, block.y), block, 0, stream>>>(
-        in, out, layout, heads, head_dim);
+    launch(transpose_heads_kernel<T, VEC>, ceil_div(rows, block.y), block, 0, stream, in, out,
+           layout, heads, head_dim);
   });
   FTBERT_LAUNCH_CHECK("transpose_heads_kernel", stream);
 }

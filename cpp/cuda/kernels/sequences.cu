@@ -2,6 +2,7 @@
 // token_index, and the row moves around a packed forward: the first-token gather, the scatter back
 // to the padded layout, and the clearing of a bucket's rows past the tokens.
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
 
@@ -17,6 +18,7 @@ __global__ void __launch_bounds__(kPackThreads)
     pack_sequences_kernel(const int32_t* __restrict__ mask, int batch, int seq,
                           int32_t* __restrict__ cu_seqlens, int32_t* __restrict__ token_index,
                           int64_t capacity) {
+  begin_dependent_kernel();
   __shared__ int partial[kPackThreads];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
   for (int b = warp; b < batch; b += warps) {
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kPackThreads)
 template <typename T, int VEC>
 __global__ void first_tokens_kernel(const T* __restrict__ x, SequenceLayout layout,
                                     T* __restrict__ out, int hidden) {
+  begin_dependent_kernel();
   const int b = blockIdx.x;
   int64_t first = static_cast<int64_t>(b) * layout.max_seq;
   if (layout.packed()) {
@@ -90,6 +93,7 @@ __global__ void first_tokens_kernel(const T* __restrict__ x, SequenceLayout layo
 template <typename W>
 __global__ void scatter_rows_kernel(const W* __restrict__ in, SequenceLayout layout,
                                     W* __restrict__ out, int words) {
+  begin_dependent_kernel();
   const int r = blockIdx.x;
   const int dst = layout.token_index[r];
   if (dst < 0) return;  // past the tokens
@@ -100,6 +104,7 @@ __global__ void scatter_rows_kernel(const W* __restrict__ in, SequenceLayout lay
 
 template <typename W>
 __global__ void clear_rows_kernel(W* __restrict__ x, SequenceLayout layout, int words) {
+  begin_dependent_kernel();
   const int64_t begin = static_cast<int64_t>(layout.cu_seqlens[layout.batch]) * words;
   const int64_t end = static_cast<int64_t>(layout.rows) * words;
   for (int64_t i = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < end;
@@ -131,8 +136,8 @@ void with_word(size_t row_bytes, std::initializer_list<const void*> ptrs, F&& f)
 void invoke_pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
                            int32_t* token_index, int64_t capacity, cudaStream_t stream) {
   if (batch == 0) return;
-  pack_sequences_kernel<<<1, kPackThreads, 0, stream>>>(mask, batch, seq, cu_seqlens, token_index,
-                                                        capacity);
+  launch(pack_sequences_kernel, 1, kPackThreads, 0, stream, mask, batch, seq, cu_seqlens,
+         token_index, capacity);
   FTBERT_LAUNCH_CHECK("pack_sequences_kernel", stream);
 }
 
@@ -143,8 +148,8 @@ void invoke_first_tokens(const T* x, const SequenceLayout& layout, T* out, int h
   const int vec = pick_vec<T>(hidden, {x, out});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    first_tokens_kernel<T, VEC><<<layout.batch, round_up(std::min(hidden / VEC, 256), 32), 0,
-                                  stream>>>(x, layout, out, hidden);
+    launch(first_tokens_kernel<T, VEC>, layout.batch, round_up(std::min(hidden / VEC, 256), 32),
+           0, stream, x, layout, out, hidden);
   });
   FTBERT_LAUNCH_CHECK("first_tokens_kernel", stream);
 }
@@ -158,8 +163,8 @@ void invoke_unpack_rows(const void* in, const SequenceLayout& layout, void* out,
   with_word(row_bytes, {in, out}, [&](auto word) {
     using W = decltype(word);
     const int words = static_cast<int>(row_bytes / sizeof(W));
-    scatter_rows_kernel<W><<<layout.rows, round_up(std::min(words, 256), 32), 0, stream>>>(
-        static_cast<const W*>(in), layout, static_cast<W*>(out), words);
+    launch(scatter_rows_kernel<W>, layout.rows, round_up(std::min(words, 256), 32), 0, stream,
+           static_cast<const W*>(in), layout, static_cast<W*>(out), words);
   });
   FTBERT_LAUNCH_CHECK("scatter_rows_kernel", stream);
 }
@@ -172,7 +177,7 @@ void invoke_clear_rows_past_tokens(void* x, const SequenceLayout& layout, size_t
     const int words = static_cast<int>(row_bytes / sizeof(W));
     const int64_t total = static_cast<int64_t>(layout.rows) * words;
     const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 1024));
-    clear_rows_kernel<W><<<blocks, 256, 0, stream>>>(static_cast<W*>(x), layout, words);
+    launch(clear_rows_kernel<W>, blocks, 256, 0, stream, static_cast<W*>(x), layout, words);
   });
   FTBERT_LAUNCH_CHECK("clear_rows_kernel", stream);
 }

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
 
@@ -30,6 +31,7 @@ template <typename T, int ITERS, int VEC>
 __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     masked_softmax_warp_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask, int rows,
                                int rows_per_batch, int seq, float scale) {
+  begin_dependent_kernel();
   const int row = blockIdx.x * kWarpRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // uniform across the warp
   const int lane = threadIdx.x & 31;
@@ -88,6 +90,7 @@ template <typename T, int VEC, int ITEMS>
 __global__ void __launch_bounds__(kBlockThreads)
     masked_softmax_block_cached_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
                                        int rows_per_batch, int seq, float scale) {
+  begin_dependent_kernel();
   __shared__ float scratch[32];
   T* p = scores + static_cast<int64_t>(blockIdx.x) * seq;
   const int32_t* keep = mask + static_cast<int64_t>(blockIdx.x / rows_per_batch) * seq;
@@ -151,6 +154,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kBlockThreads)
     masked_softmax_block_streaming_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
                                 int rows_per_batch, int seq, float scale) {
+  begin_dependent_kernel();
   __shared__ float scratch_m[32];
   __shared__ float scratch_l[32];
   const int row = blockIdx.x;
@@ -242,20 +246,20 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
     const int grid = ceil_div(rows, kWarpRowsPerBlock);
     dispatch_vec<T>(vec, [&](auto vec_c) {
       constexpr int VEC = decltype(vec_c)::value;
-      auto launch = [&](auto iters_c) {
+      auto run = [&](auto iters_c) {
         constexpr int ITERS = decltype(iters_c)::value;
         if constexpr (ITERS * VEC <= 32) {
-          masked_softmax_warp_kernel<T, ITERS, VEC><<<grid, kWarpRowsPerBlock * 32, 0, stream>>>(
-              scores, mask, rows, heads * seq, seq, scale);
+          launch(masked_softmax_warp_kernel<T, ITERS, VEC>, grid, kWarpRowsPerBlock * 32, 0,
+                 stream, scores, mask, rows, heads * seq, seq, scale);
         }
       };
       switch (iters) {
-        case 1: launch(std::integral_constant<int, 1>{}); break;
-        case 2: launch(std::integral_constant<int, 2>{}); break;
-        case 4: launch(std::integral_constant<int, 4>{}); break;
-        case 8: launch(std::integral_constant<int, 8>{}); break;
-        case 16: launch(std::integral_constant<int, 16>{}); break;
-        default: launch(std::integral_constant<int, 32>{}); break;
+        case 1: run(std::integral_constant<int, 1>{}); break;
+        case 2: run(std::integral_constant<int, 2>{}); break;
+        case 4: run(std::integral_constant<int, 4>{}); break;
+        case 8: run(std::integral_constant<int, 8>{}); break;
+        case 16: run(std::integral_constant<int, 16>{}); break;
+        default: run(std::integral_constant<int, 32>{}); break;
       }
     });
     FTBERT_LAUNCH_CHECK("masked_softmax_warp_kernel", stream);
@@ -266,8 +270,8 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
     dispatch_vec<T>(vec, [&](auto vec_c) {
       constexpr int VEC = decltype(vec_c)::value;
       auto cached = [&](auto items_c) {
-        masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value>
-            <<<rows, kBlockThreads, 0, stream>>>(scores, mask, heads * seq, seq, scale);
+        launch(masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value>, rows,
+               kBlockThreads, 0, stream, scores, mask, heads * seq, seq, scale);
       };
       switch (items) {
         case 1: cached(std::integral_constant<int, 1>{}); break;
@@ -275,8 +279,8 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
         case 4: cached(std::integral_constant<int, 4>{}); break;
         case kBlockMaxItems: cached(std::integral_constant<int, kBlockMaxItems>{}); break;
         default:
-          masked_softmax_block_streaming_kernel<T, VEC><<<rows, kBlockThreads, 0, stream>>>(
-              scores, mask, heads * seq, seq, scale);
+          launch(masked_softmax_block_streaming_kernel<T, VEC>, rows, kBlockThreads, 0, stream,
+                 scores, mask, heads * seq, seq, scale);
       }
     });
     FTBERT_LAUNCH_CHECK("masked_softmax_block_kernel", stream);

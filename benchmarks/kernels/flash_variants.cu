@@ -4,7 +4,8 @@
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include \
 //        --expt-relaxed-constexpr -o /tmp/flash_variants \
-//        benchmarks/kernels/flash_variants.cu cpp/cuda/cuda_check.cu && /tmp/flash_variants
+//        benchmarks/kernels/flash_variants.cu cpp/cuda/cuda_check.cu cpp/cuda/launch.cu &&
+//        /tmp/flash_variants
 //
 // (`flash_variants profile` launches each configuration once at 32 x 512 tokens, for ncu;
 // `flash_variants small` once at small odd shapes of head dims 64 and 128, for compute-sanitizer;
@@ -80,6 +81,7 @@ struct Bench {
   int64_t n_out;
   float scale;
   bool profile_ragged = true;  // the mask of a profile-mode launch: ragged, or the timed all-ones
+  bool b2b = false;            // also time back to back, and print bytes per second
 
   explicit Bench(Shape s) : sh(s) {
     const int H = s.heads * s.d;
@@ -140,6 +142,27 @@ struct Bench {
     return e;
   }
 
+  // Back to back: `reps` launches between two events, per launch (no flush; launch costs hidden,
+  // as in a CUDA graph, each kernel's ramp and tail not).
+  float time_b2b_us(const std::function<void(const int32_t*)>& run) {
+    for (int i = 0; i < 10; ++i) run(mask_ones);
+    const int reps = 50;
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms(5);
+    for (float& m : ms) {
+      CHECK(cudaEventRecord(e0));
+      for (int i = 0; i < reps; ++i) run(mask_ones);
+      CHECK(cudaEventRecord(e1));
+      CHECK(cudaEventSynchronize(e1));
+      CHECK(cudaEventElapsedTime(&m, e0, e1));
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    std::nth_element(ms.begin(), ms.begin() + 2, ms.end());
+    return ms[2] * 1000.0f / reps;
+  }
+
   float time_us(const std::function<void(const int32_t*)>& run) {
     for (int i = 0; i < 10; ++i) run(mask_ones);
     const int reps = 100;
@@ -180,6 +203,14 @@ struct Bench {
     const float e_r = error(run, mask_ragged, ref_ragged);
     const float e_o = error(run, mask_ones, ref_ones);
     const float us = time_us(run);
+    if (b2b) {
+      const float bb = time_b2b_us(run);
+      // bytes a memory-bound kernel moves: q, k, v read once, out written once
+      const double gbs = (4.0 * sh.B * sh.S * sh.heads * sh.d * sizeof(T)) / (bb * 1e-6) / 1e9;
+      std::printf("%-10s B%-3d S%-4d d%-3d %-28s err %.2e  flushed %7.1f us  b2b %7.1f us  %6.0f GB/s\n",
+                  sh.name, sh.B, sh.S, sh.d, name, e_r, us, bb, gbs);
+      return;
+    }
     const double tflops = 4.0 * sh.B * sh.heads * double(sh.S) * sh.S * sh.d / (us * 1e-6) / 1e12;
     std::printf("%-10s %-5s B%-2d S%-4d d%-3d %-28s err %.2e / %.2e  %8.1f us  %6.1f TFLOP/s\n",
                 sh.name, sizeof(T) == 2 && std::is_same<T, __half>::value ? "fp16" : "bf16", sh.B,
@@ -216,6 +247,40 @@ struct HopperWs {
   static void launch(const fc::flash_detail::FlashParams& p, int batch) {
     fc::launch_sm90_ws<T, D, kConsumers, Bc, kStages, kConsumerRegs, kPingPong, kMmaRowSums>(
         p, batch, 0, 0);
+  }
+};
+
+// The kernel launch_flash_sm90 picks for the shape.
+template <int D_>
+struct Chosen {
+  static constexpr int D = D_;
+  template <typename T>
+  static void launch(const fc::flash_detail::FlashParams& p, int batch) {
+    fc::launch_flash_sm90<T>(p, batch, D, 0, 0);
+  }
+};
+
+// Not attention: reads q, k and v once and writes out, 16 bytes a thread, for the memory floor.
+template <typename T>
+__global__ void copy_floor(const uint4* qkv, uint4* out, int64_t rows, int h_chunks) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * h_chunks;
+       i += gridDim.x * int64_t(blockDim.x)) {
+    const int64_t r = i / h_chunks, c = i % h_chunks;
+    const uint4* src = qkv + r * 3 * h_chunks + c;
+    uint4 a = src[0], b = src[h_chunks], d = src[2 * h_chunks];
+    a.x ^= b.x ^ d.x, a.y ^= b.y ^ d.y, a.z ^= b.z ^ d.z, a.w ^= b.w ^ d.w;
+    out[i] = a;
+  }
+}
+template <int D_>
+struct Copy {
+  static constexpr int D = D_;
+  template <typename T>
+  static void launch(const fc::flash_detail::FlashParams& p, int batch) {
+    (void)batch;
+    const int h_chunks = p.heads * D * int(sizeof(T)) / 16;
+    copy_floor<T><<<132 * 8, 256>>>(static_cast<const uint4*>(p.qkv), static_cast<uint4*>(p.out),
+                                    p.rows, h_chunks);
   }
 };
 
@@ -270,6 +335,19 @@ int main(int argc, char** argv) {
     run_shape<__half>({"many-items", 3, 300, 24, 64}, true);  // persistent blocks: 2 items each
     run_shape<__half>({"small", 3, 77, 2, 128}, true);
     run_shape<__half>({"many-items", 3, 300, 24, 128}, true);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "scan") {  // short sequences by batch, d 64
+    for (int S : {64, 128, 256}) {
+      for (int B : {1, 8, 32, 64, 128}) {
+        Bench<__half> bench({"scan", B, S, 12, 64});
+        bench.b2b = true;
+        bench.template variant<Chosen<64>>("launcher's choice", false);
+        bench.template variant<Hopper<64, 1, 128, 3>>("sm90 wg1 bc128 min3", false);
+        bench.template variant<HopperWs<64, 2, 128, 2, 0, true, true>>("sm90 ws c2 st2 pp mma-sums", false);
+        bench.template variant<Copy<64>>("copy (memory floor)", false);
+      }
+    }
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "d128") {  // the head-dim-128 shapes only

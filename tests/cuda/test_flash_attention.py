@@ -129,6 +129,17 @@ def test_flash_wide_tiles_on_a_large_grid(gpu, rng, dtype, head_dim, padding, se
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("seq", [33, 64, 65])
+def test_flash_short_sequences_on_a_large_grid(gpu, rng, dtype, head_dim, seq):
+    # 48 x 12 heads of one query tile each: on Hopper at head dim 64, sequences of up to 64 keep
+    # the one-warpgroup kernel on a grid the persistent kernel takes from 65 on.
+    batch, heads = 48, 12
+    mask = np.concatenate([ragged_mask(rng, 24, seq), ragged_mask(rng, 24, seq, left=True)])
+    check_against_sdpa_error(gpu, rng, dtype, batch, seq, heads, head_dim, mask)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 def test_flash_masks_keys_scattered_inside_a_tile(gpu, rng, dtype, head_dim):
     # Holes in the middle of the sequence: masked keys inside the range the kernel visits.
     batch, seq = 4, 203

@@ -1039,7 +1039,11 @@ void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t st
 // The persistent kernels run with the row sums through the tensor cores (WsTile's kMmaRowSums).
 // The persistent kernels win once there are two work items per multiprocessor; three consumers
 // (192 query rows an item) only on long sequences, where an item's rows are mostly used. Below
-// that grid the one-warpgroup kernel's several independent blocks per multiprocessor win.
+// that grid the one-warpgroup kernel's several independent blocks per multiprocessor win, and so
+// they do at any grid when sequences are at most 64 long, where a 128-row item is half padding
+// (flash_variants scan, back to back, us: S = 64, batch 32 / 64 / 128: persistent 13.5 / 24.0 /
+// 51.7, one-warpgroup 7.1 / 11.8 / 27.1; at S = 128 the persistent kernel from batch 64: 25.0
+// against 27.6, 43.0 against 50.4 at 128).
 // Head dim 128, one run (32 x 512 / 32 x 128 tokens with 8 heads, 1 x 128 with 16, us):
 //   persistent, 2 consumers of 240 registers taking turns, 2-stage ring   90.0  22.5  11.1
 //     (the same with 64-key tiles and a 3-stage ring                      110.6  22.5  11.1)
@@ -1070,7 +1074,7 @@ void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device
   FTBERT_CHECK(head_dim == 64, "flash attention (Hopper): head dim " << head_dim);
   if (p.seq >= 384 && items(192) >= 2 * sms && items(192) <= INT32_MAX) {
     launch_sm90_ws<T, 64, 3, 128, 3, 160, true, true>(p, batch, device, stream);
-  } else if (items(128) >= 2 * sms && items(128) <= INT32_MAX) {
+  } else if (p.seq > 64 && items(128) >= 2 * sms && items(128) <= INT32_MAX) {
     launch_sm90_ws<T, 64, 2, 128, 2, 0, true, true>(p, batch, device, stream);
   } else {
     launch_sm90<T, 64, 1, 128, 3>(p, batch, device, stream);

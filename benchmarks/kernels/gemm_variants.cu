@@ -9,17 +9,21 @@
 //     nvcc -O3 -DNDEBUG -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$ve.o \
 //       benchmarks/kernels/gemm_variant.cu & done; wait
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icpp -o /tmp/gemm_variants \
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -o /tmp/gemm_variants \
 //     benchmarks/kernels/gemm_variants.cu cpp/cuda/launch.cu cpp/cuda/cuda_check.cu /tmp/gv_*.o \
 //     -lcublas -lcublasLt && /tmp/gemm_variants
 //
 // Times: 20 launches captured in a CUDA graph, the graph replayed 15 times between CUDA events
-// after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k.
+// after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k. `sustain [seconds]` runs the
+// FFN-in kernels back to back for that long instead (see sustain() below), e.g. beside
+//   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
+//     --format=csv -lms 100
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -161,6 +165,51 @@ void run_variants(const Shape& s, const Buffers& b, int sm_count, cudaStream_t s
   }
 }
 
+// `sustain` mode: enqueue's launches back to back for `seconds`, one line per half second with
+// the time per launch and the wall clock (to read beside a clock and power log: whether a
+// kernel's speed holds once the GPU is hot).
+void sustain(const std::string& name, cudaStream_t stream, const std::function<void()>& enqueue,
+             double seconds) {
+  constexpr int kLaunches = 20;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) enqueue();
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (double elapsed = 0; elapsed < seconds;) {
+    int replays = 0;
+    CHECK(cudaEventRecord(start, stream));
+    const auto w0 = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < 0.5) {
+      for (int i = 0; i < 8; ++i) CHECK(cudaGraphLaunch(exec, stream));
+      replays += 8;
+      CHECK(cudaStreamSynchronize(stream));
+    }
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+    std::printf("sustain %-40s t %5.2f s  wall_ms %lld  %8.1f us per launch\n", name.c_str(),
+                elapsed, static_cast<long long>(wall), ms * 1e3 / (replays * kLaunches));
+    std::fflush(stdout);
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+}
+
+double g_sustain_seconds = 0;  // > 0: sustain mode (main)
+
 void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* workspace,
                size_t workspace_bytes, int sm_count, cudaStream_t stream) {
   Buffers b{};
@@ -237,6 +286,17 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
                                            "bias + ReLU"};
   std::printf("%s %d x %d x %d (%s)\n", s.name, s.m, s.n, s.k, kEpilogues[s.epilogue]);
   for (auto& [name, enqueue] : candidates) {
+    if (g_sustain_seconds > 0) {
+      // The engine's FFN-in kernel and cuBLASLt's fastest at this shape (gemm-variants-h100.txt).
+      if (name == "cutlass pingpong 128x128 c2x1" || name == "cublasLt heuristic #6") {
+        // cuBLASLt's GELU epilogue is the tanh form, whatever this shape's epilogue says.
+        const bool lt_gelu = name.rfind("cublasLt", 0) == 0 && (s.epilogue == 1 || s.epilogue == 2);
+        sustain(std::string(s.name) + " " + kEpilogues[s.epilogue] + (lt_gelu ? " (tanh form)" : "") +
+                    " " + name,
+                stream, enqueue, g_sustain_seconds);
+      }
+      continue;
+    }
     const double err = rel_error(s, b, stream, enqueue);
     const double ms = time_ms(stream, enqueue);
     std::printf("  %-34s %8.1f us %6.0f TFLOP/s  rel err %.1e%s\n", name.c_str(), ms * 1e3,
@@ -268,6 +328,13 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "small") shapes = {{"odd", 333, 200, 72, 0},
                                                              {"odd", 333, 200, 72, 1}};
+  // sustain [seconds]: FFN-in at 16,384 rows, plain, bias + ReLU and bias + erf-GELU, each
+  // kernel run back to back for that long (default 4 s), for a clock and power log beside it.
+  if (argc > 1 && std::string(argv[1]) == "sustain") {
+    g_sustain_seconds = argc > 2 ? std::atof(argv[2]) : 4.0;
+    shapes = {{"ffn-in", 16384, 3072, 768, 0}, {"ffn-in", 16384, 3072, 768, 3},
+              {"ffn-in", 16384, 3072, 768, 1}};
+  }
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t blas;

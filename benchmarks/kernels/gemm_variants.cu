@@ -89,33 +89,55 @@ struct Buffers {
   unsigned* err;
 };
 
-// Milliseconds per launch of enqueue (see the header comment).
-double time_ms(cudaStream_t stream, const std::function<void()>& enqueue) {
-  constexpr int kLaunches = 20, kReplays = 15;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) enqueue();
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+// kLaunches launches of enqueue captured into a CUDA graph (destroyed with this).
+constexpr int kLaunches = 20;
+struct Recorded {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Recorded(cudaStream_t stream, const std::function<void()>& enqueue) {
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kLaunches; ++i) enqueue();
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  ~Recorded() {
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+  }
+};
+
+// Two events around work on a stream; ms() waits for the second.
+struct Events {
   cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<float> ms;
-  for (int r = 0; r < kReplays; ++r) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
+  Events() {
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+  }
+  ~Events() {
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
+  }
+  float ms() const {
     CHECK(cudaEventSynchronize(stop));
     float t = 0;
     CHECK(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t / kLaunches);
+    return t;
   }
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
+};
+
+// Milliseconds per launch of enqueue (see the header comment).
+double time_ms(cudaStream_t stream, const std::function<void()>& enqueue) {
+  constexpr int kReplays = 15;
+  const Recorded recorded(stream, enqueue);
+  const Events events;
+  CHECK(cudaGraphLaunch(recorded.exec, stream));
+  std::vector<float> ms;
+  for (int r = 0; r < kReplays; ++r) {
+    CHECK(cudaEventRecord(events.start, stream));
+    CHECK(cudaGraphLaunch(recorded.exec, stream));
+    CHECK(cudaEventRecord(events.stop, stream));
+    ms.push_back(events.ms() / kLaunches);
+  }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
@@ -170,30 +192,20 @@ void run_variants(const Shape& s, const Buffers& b, int sm_count, cudaStream_t s
 // kernel's speed holds once the GPU is hot).
 void sustain(const std::string& name, cudaStream_t stream, const std::function<void()>& enqueue,
              double seconds) {
-  constexpr int kLaunches = 20;
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) enqueue();
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  const Recorded recorded(stream, enqueue);
+  const Events events;
   const auto t0 = std::chrono::steady_clock::now();
   for (double elapsed = 0; elapsed < seconds;) {
     int replays = 0;
-    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaEventRecord(events.start, stream));
     const auto w0 = std::chrono::steady_clock::now();
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() < 0.5) {
-      for (int i = 0; i < 8; ++i) CHECK(cudaGraphLaunch(exec, stream));
+      for (int i = 0; i < 8; ++i) CHECK(cudaGraphLaunch(recorded.exec, stream));
       replays += 8;
       CHECK(cudaStreamSynchronize(stream));
     }
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK(cudaEventRecord(events.stop, stream));
+    const float ms = events.ms();
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto wall = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
@@ -202,10 +214,6 @@ void sustain(const std::string& name, cudaStream_t stream, const std::function<v
                 elapsed, static_cast<long long>(wall), ms * 1e3 / (replays * kLaunches));
     std::fflush(stdout);
   }
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
 }
 
 double g_sustain_seconds = 0;  // > 0: sustain mode (main)
@@ -291,9 +299,11 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
       if (name == "cutlass pingpong 128x128 c2x1" || name == "cublasLt heuristic #6") {
         // cuBLASLt's GELU epilogue is the tanh form, whatever this shape's epilogue says.
         const bool lt_gelu = name.rfind("cublasLt", 0) == 0 && (s.epilogue == 1 || s.epilogue == 2);
-        sustain(std::string(s.name) + " " + kEpilogues[s.epilogue] + (lt_gelu ? " (tanh form)" : "") +
-                    " " + name,
-                stream, enqueue, g_sustain_seconds);
+        const std::string epilogue = !lt_gelu          ? kEpilogues[s.epilogue]
+                                     : s.epilogue == 1 ? "bias + GELU, tanh form"
+                                                       : "GELU, tanh form, no bias";
+        sustain(std::string(s.name) + " " + epilogue + " " + name, stream, enqueue,
+                g_sustain_seconds);
       }
       continue;
     }

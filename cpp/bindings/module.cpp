@@ -2,6 +2,7 @@
 // (InputError -> ValueError, every other ftbert::Error -> RuntimeError).
 #include "bindings/bindings.h"
 
+#include "cpu/cpu_backend.h"
 #include "cpu/isa.h"
 #include "ftbert/backend.h"
 
@@ -15,7 +16,12 @@ PYBIND11_MODULE(_C, m) {
         "Whether this build has the CUDA backend library (it may still lack a GPU to run on).");
   m.attr("built_with_cuda") = py::bool_(FTBERT_HAS_CUDA_BUILD);
   m.def("cpu_has_bf16_instructions", &cpu::has_bf16_instructions,
-        "Whether this CPU has AMX-BF16 or AVX512-BF16 (what a bfloat16 CPU path would need).");
+        "Whether this CPU has AVX512-BF16 (what the CPU backend's bfloat16 GEMMs run on).");
+  m.def("cpu_dtype_unsupported_reason",
+        [](const std::string& dtype) {
+          return cpu_dtype_unsupported_reason(bindings::dtype_from_string(dtype));
+        },
+        "Why the CPU backend cannot compute in `dtype` on this machine ('' when it can).");
 
   bindings::register_encoder(m);
 }

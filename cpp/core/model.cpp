@@ -11,9 +11,8 @@ Model::Model(const ModelConfig& config, const HostWeights& weights, Backend* bac
              DType compute)
     : config_(config), dtype_(compute) {
   config_.validate();
-  FTBERT_CHECK(backend->supports_dtype(compute),
-               "the " << backend->name() << " backend does not compute in " << dtype_name(compute)
-                      << (backend->name() == "cpu" ? " (the CPU backend is float32 only)" : ""));
+  const std::string unsupported = backend->dtype_unsupported_reason(compute);
+  FTBERT_CHECK(unsupported.empty(), unsupported);
   weights_ = upload_weights(backend, config_, weights, compute);
 }
 

@@ -3,6 +3,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace ftbert {
 
@@ -12,12 +13,16 @@ using cpu::parallel_for;
 void CpuBackend::add_bias_activation(DType dt, void* x,  // [M, N]
                                      const void* bias,   // [N]
                                      int rows, int cols, Activation act) {
-  require_cpu_float32(dt, "add_bias_activation");
-  auto* xs = static_cast<float*>(x);
-  const auto* b = static_cast<const float*>(bias);
+  require_cpu_dtype(dt, "add_bias_activation");
+  const cpu::Floats b(dt, bias, cols);
   const auto kernel = cpu::kernels().bias_activation;
   parallel_for(rows, int64_t{rows} * cols, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) kernel(xs + r * cols, b, cols, act);
+    float* buf = cpu::scratch_rows(1, cols);
+    for (int64_t r = begin; r < end; ++r) {
+      float* xr = cpu::load_row(dt, x, r, cols, buf);
+      kernel(xr, b.data(), cols, act);
+      cpu::store_row(dt, x, r, cols, xr);
+    }
   });
 }
 

@@ -2,11 +2,13 @@
 // Q|K|V bias and split heads, masked softmax, merge heads; its batched GEMMs are in gemm.cpp).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace ftbert {
 
@@ -16,28 +18,30 @@ void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [rows, 3H
                                         const void* bias,            // [3H]
                                         void* q, void* k, void* v,   // [B, heads, S, d]
                                         const SequenceLayout& l, int heads, int head_dim) {
-  require_cpu_float32(dt, "add_qkv_bias_transpose");
-  const auto* in = static_cast<const float*>(qkv);
-  const auto* b = static_cast<const float*>(bias);
-  float* outs[3] = {static_cast<float*>(q), static_cast<float*>(k), static_cast<float*>(v)};
+  require_cpu_dtype(dt, "add_qkv_bias_transpose");
+  void* outs[3] = {q, k, v};
   const int hidden = heads * head_dim;
+  const cpu::Floats b(dt, bias, 3 * hidden);
   const int64_t seq = l.max_seq, padded = static_cast<int64_t>(l.batch) * seq;
   // Packed: row r goes to its padded position token_index[r]; padding stays zero (a masked key's
   // V is multiplied by a zero weight, which must not meet a NaN).
   const int64_t rows = l.packed() ? l.cu_seqlens[l.batch] : padded;
   if (l.packed()) {
-    for (float* o : outs) std::fill(o, o + padded * hidden, 0.0f);
+    for (void* o : outs) std::memset(o, 0, padded * hidden * dtype_size(dt));
   }
   parallel_for(rows, rows * 3 * hidden, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(2, 3 * hidden);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t t = l.packed() ? l.token_index[r] : r;  // b * S + s
       const int64_t bi = t / seq, s = t % seq;
-      const float* row = in + r * 3 * hidden;
+      const float* row = cpu::load_row(dt, qkv, r, 3 * hidden, buf);
+      float* sum = buf + 3 * hidden;  // row + bias, whole, then cut into heads
+      for (int c = 0; c < 3 * hidden; ++c) sum[c] = row[c] + b.data()[c];
       for (int part = 0; part < 3; ++part) {
         for (int h = 0; h < heads; ++h) {
-          float* dst = outs[part] + ((bi * heads + h) * seq + s) * head_dim;
-          const int col = part * hidden + h * head_dim;
-          for (int j = 0; j < head_dim; ++j) dst[j] = row[col + j] + b[col + j];
+          // Row (bi, h, s) of the [B, heads, S, d] output, head_dim wide.
+          cpu::store_row(dt, outs[part], (bi * heads + h) * seq + s, head_dim,
+                         sum + part * hidden + h * head_dim);
         }
       }
     }
@@ -46,15 +50,17 @@ void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [rows, 3H
 
 void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
                                 const SequenceLayout& l, int heads, float scale) {
-  require_cpu_float32(dt, "masked_softmax");
-  auto* x = static_cast<float*>(scores);
+  require_cpu_dtype(dt, "masked_softmax");
   const int seq = l.max_seq;
   const int64_t rows = static_cast<int64_t>(l.batch) * heads * seq;
   const auto kernel = cpu::kernels().masked_softmax;
   parallel_for(rows, rows * seq, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(1, seq);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t bi = r / (static_cast<int64_t>(heads) * seq);
-      kernel(x + r * seq, l.mask + bi * seq, seq, scale);
+      float* row = cpu::load_row(dt, scores, r, seq, buf);
+      kernel(row, l.mask + bi * seq, seq, scale);
+      cpu::store_row(dt, scores, r, seq, row);
     }
   });
 }
@@ -62,10 +68,11 @@ void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
 void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
                                  void* out,                  // [rows, H]
                                  const SequenceLayout& l, int heads, int head_dim) {
-  require_cpu_float32(dt, "transpose_heads");
-  const auto* src = static_cast<const float*>(in);
-  auto* dst = static_cast<float*>(out);
+  require_cpu_dtype(dt, "transpose_heads");
+  const auto* src = static_cast<const unsigned char*>(in);
+  auto* dst = static_cast<unsigned char*>(out);
   const int hidden = heads * head_dim;
+  const size_t e = dtype_size(dt), head_bytes = head_dim * e;
   const int64_t seq = l.max_seq;
   // Packed: row r gathers its padded position token_index[r]; rows past T are left alone.
   const int64_t rows = l.packed() ? l.cu_seqlens[l.batch] : static_cast<int64_t>(l.batch) * seq;
@@ -73,10 +80,10 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
     for (int64_t r = begin; r < end; ++r) {
       const int64_t t = l.packed() ? l.token_index[r] : r;
       const int64_t bi = t / seq, s = t % seq;
-      float* row = dst + r * hidden;
+      unsigned char* row = dst + r * hidden * e;
       for (int h = 0; h < heads; ++h) {
-        const float* head = src + ((bi * heads + h) * seq + s) * head_dim;
-        std::copy(head, head + head_dim, row + h * head_dim);
+        std::memcpy(row + h * head_bytes, src + ((bi * heads + h) * seq + s) * head_bytes,
+                    head_bytes);
       }
     }
   });
@@ -98,9 +105,8 @@ bool CpuBackend::supports_attention(AttentionKind kind, DType dt, int head_dim) 
 
 std::string CpuBackend::attention_unsupported_reason(AttentionKind kind, DType dt,
                                                      int head_dim) const {
-  if (dt != DType::kFloat32) {
-    return std::string("the CPU backend computes in float32 only, not ") + dtype_name(dt);
-  }
+  const std::string dtype_reason = cpu_dtype_unsupported_reason(dt);
+  if (!dtype_reason.empty()) return dtype_reason;
   if (head_dim < 1) return "head dim " + std::to_string(head_dim) + " is not positive";
   (void)kind;  // both kinds run every head dim
   return "";
@@ -116,12 +122,14 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
                                  const void* qkv_bias,        // [3H]
                                  void* out,                   // [rows, H]
                                  const SequenceLayout& l, int heads, int head_dim, float scale) {
-  require_cpu_float32(dt, "flash_attention");
+  require_cpu_dtype(dt, "flash_attention");
   FTBERT_CHECK(head_dim >= 1, "flash_attention: head dim " << head_dim << " is not positive");
   const int B = l.batch, S = l.max_seq, H = heads * head_dim;
-  const auto* in = static_cast<const float*>(qkv);
-  const auto* bias = static_cast<const float*>(qkv_bias);
-  auto* o = static_cast<float*>(out);
+  // bfloat16: the kernel reads float32 rows, so Q|K|V is widened once (every tile reads its keys
+  // again) and the output gathered in float32, then narrowed row by row.
+  const cpu::Floats in(dt, qkv, static_cast<int64_t>(l.rows) * 3 * H), bias(dt, qkv_bias, 3 * H);
+  std::vector<float> out_floats(dt == DType::kFloat32 ? 0 : static_cast<size_t>(l.rows) * H);
+  float* o = dt == DType::kFloat32 ? static_cast<float*>(out) : out_floats.data();
   // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering.
   std::vector<int32_t> queries, keys;
   std::vector<int64_t> q_begin(B + 1), k_begin(B + 1);
@@ -167,13 +175,13 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       const Tile& t = tiles[i];
       const int hd = t.h * head_dim;
       cpu::AttentionTile a;
-      a.q = in + hd;
-      a.k = in + H + hd;
-      a.v = in + 2 * H + hd;
+      a.q = in.data() + hd;
+      a.k = in.data() + H + hd;
+      a.v = in.data() + 2 * H + hd;
       a.ld = 3 * H;
-      a.q_bias = bias + hd;
-      a.k_bias = bias + H + hd;
-      a.v_bias = bias + 2 * H + hd;
+      a.q_bias = bias.data() + hd;
+      a.k_bias = bias.data() + H + hd;
+      a.v_bias = bias.data() + 2 * H + hd;
       a.query_rows = queries.data() + t.q0;
       a.key_rows = keys.data() + k_begin[t.b];
       a.n_queries = t.nq;
@@ -185,6 +193,14 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       kernel(a, scratch.data());
     }
   });
+  if (dt != DType::kFloat32) {  // the rows attention wrote: every query's (packed: no others)
+    const int64_t n = static_cast<int64_t>(queries.size());
+    cpu::parallel_for(n, n * H, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        cpu::store_row(dt, out, queries[i], H, o + queries[i] * int64_t{H});
+      }
+    });
+  }
 }
 
 }  // namespace ftbert

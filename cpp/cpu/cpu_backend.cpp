@@ -39,9 +39,23 @@ void CpuBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memmove(dst, src, bytes);
 }
 
-void require_cpu_float32(DType dt, const char* op) {
-  FTBERT_CHECK(dt == DType::kFloat32, "the CPU backend computes in float32 only ("
-                                          << op << " called with " << dtype_name(dt) << ")");
+std::string cpu_dtype_unsupported_reason(DType dt) {
+  switch (dt) {
+    case DType::kFloat32: return "";
+    case DType::kBFloat16: {
+      const std::string why = cpu::bf16_unsupported_reason();
+      return why.empty() ? "" : "the CPU backend cannot compute in bfloat16 here: " + why;
+    }
+    case DType::kFloat16: break;
+  }
+  return std::string("the CPU backend computes in float32 and bfloat16 only, not ") +
+         dtype_name(dt);
+}
+
+void require_cpu_dtype(DType dt, const char* op) {
+  if (dt == DType::kFloat32) return;
+  const std::string why = cpu_dtype_unsupported_reason(dt);
+  FTBERT_CHECK(why.empty(), why << " (" << op << " called with " << dtype_name(dt) << ")");
 }
 
 }  // namespace ftbert

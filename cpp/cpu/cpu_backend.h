@@ -1,12 +1,19 @@
-// The CPU backend: every op in C++ (float32); the layers' weight GEMMs by our own panel kernel over
-// weights packed at load, the other GEMMs through OpenBLAS; the row loops, attention and the panel
-// kernel vectorized per instruction set (kernels.h, chosen at run time), all of it threaded by one
-// small pool (parallel.h). It runs everywhere and is the readable reference for the CUDA kernels.
+// The CPU backend: every op in C++, computing in float32; the layers' weight GEMMs by our own panel
+// kernel over weights packed at load, the other GEMMs through OpenBLAS; the row loops, attention
+// and the panel kernel vectorized per instruction set (kernels.h, chosen at run time), all of it
+// threaded by one small pool (parallel.h). It runs everywhere and is the readable reference for
+// the CUDA kernels. bfloat16, where the CPU has AVX512-BF16: tensors kept in bfloat16, the weight
+// GEMMs on bfloat16 dot products with float32 accumulation, every other op in float32 on rows
+// widened as it reads them (rows.h).
 #pragma once
 
 #include "ftbert/backend.h"
 
 namespace ftbert {
+
+// Why dt cannot run on the CPU backend ("" when it can): float32 always; bfloat16 where the CPU
+// has AVX512-BF16 and FTBERT_CPU_ISA leaves it in.
+std::string cpu_dtype_unsupported_reason(DType dt);
 
 class CpuBackend final : public Backend {
  public:
@@ -14,7 +21,10 @@ class CpuBackend final : public Backend {
   CpuBackend();
   std::string name() const override { return "cpu"; }
   std::string device_name() const override;
-  bool supports_dtype(DType dt) const override { return dt == DType::kFloat32; }
+  bool supports_dtype(DType dt) const override { return dtype_unsupported_reason(dt).empty(); }
+  std::string dtype_unsupported_reason(DType dt) const override {
+    return cpu_dtype_unsupported_reason(dt);
+  }
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) noexcept override;
@@ -68,7 +78,7 @@ class CpuBackend final : public Backend {
                        float scale) override;
 };
 
-// Shared by the CPU ops: only float32 runs here.
-void require_cpu_float32(DType dt, const char* op);
+// Shared by the CPU ops: throws, naming the op, for a dtype that cannot run here.
+void require_cpu_dtype(DType dt, const char* op);
 
 }  // namespace ftbert

@@ -1,10 +1,12 @@
 // Embeddings on the CPU: word + position + token-type lookup, then LayerNorm, one row per token.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace ftbert {
 
@@ -19,11 +21,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
                                  void* out,                            // [rows, H]
                                  const SequenceLayout& l, int hidden, int vocab, int type_vocab,
                                  float eps, int position_pad_id) {
-  require_cpu_float32(dt, "embed_layernorm");
-  const auto* w = static_cast<const float*>(word);
-  const auto* p = static_cast<const float*>(position);
-  const auto* t = static_cast<const float*>(token_type);
-  auto* o = static_cast<float*>(out);
+  require_cpu_dtype(dt, "embed_layernorm");
   const int64_t seq = l.max_seq, padded = static_cast<int64_t>(l.batch) * seq;
   // Positions of every padded position first (a running count per row), so that the parallel
   // rows below need no prefix scans and packing cannot change a position.
@@ -42,21 +40,26 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
     }
   }
   const int64_t rows = l.rows;
-  const auto* g = static_cast<const float*>(gamma);
-  const auto* be = static_cast<const float*>(beta);
+  const cpu::Floats g(dt, gamma, hidden), be(dt, beta, hidden);
   const auto kernel = cpu::kernels().sum3_layernorm;
   parallel_for(rows, rows * hidden, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(4, hidden);  // the three table rows and the output
     for (int64_t r = begin; r < end; ++r) {
       const int64_t i = l.packed() ? l.token_index[r] : r;
-      if (i < 0) {  // a row past the tokens of a packed batch
-        std::fill(o + r * hidden, o + (r + 1) * hidden, 0.0f);
+      if (i < 0) {  // a row past the tokens of a packed batch: zeros (all bits clear in any dtype)
+        std::memset(cpu::element(dt, out, r * hidden), 0, hidden * dtype_size(dt));
         continue;
       }
       // Values are checked by the Python API; clamping keeps any other caller memory-safe.
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);
       const int64_t s = pos[i];
-      kernel(w + id * hidden, p + s * hidden, t + tt * hidden, g, be, o + r * hidden, hidden, eps);
+      float* o = cpu::out_row(dt, out, r, hidden, buf + 3 * hidden);
+      kernel(cpu::load_row(dt, word, id, hidden, buf),
+             cpu::load_row(dt, position, s, hidden, buf + hidden),
+             cpu::load_row(dt, token_type, tt, hidden, buf + 2 * hidden), g.data(), be.data(), o,
+             hidden, eps);
+      cpu::store_row(dt, out, r, hidden, o);
     }
   });
 }

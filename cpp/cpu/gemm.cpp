@@ -1,5 +1,7 @@
 // GEMMs on the CPU: OpenBLAS sgemm (row-major), single-threaded inside, threaded by our own pool;
 // the layers' weight GEMMs by our own kernel over weights packed at load (weight_gemm, below).
+// bfloat16: the weight GEMMs on AVX512-BF16 dot products over bfloat16 panels; the others (the
+// heads' and the unfused attention's) in float32 on widened copies, their results rounded once.
 //
 // Why not OpenBLAS's threads: they spin between calls and, beside the pool that runs the other
 // ops, put two busy threads on every core; on a 2-core machine that cost more than the GEMMs'
@@ -11,6 +13,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/rows.h"
 
 namespace ftbert {
 
@@ -35,15 +38,9 @@ void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, i
                n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-}  // namespace
-
-void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
-                      int lda, const void* b, int ldb, void* c, int ldc, float alpha, float beta) {
-  require_cpu_float32(dt, "gemm");
-  openblas_one_thread();
-  const auto* A = static_cast<const float*>(a);
-  const auto* Bm = static_cast<const float*>(b);
-  auto* C = static_cast<float*>(c);
+// C = alpha op(A) op(B) + beta C in float32, cut into slices for the pool.
+void sliced_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* A,
+                  int lda, const float* Bm, int ldb, float beta, float* C, int ldc) {
   const int threads = cpu::num_threads();
   const int64_t macs = int64_t{m} * n * k;
   if (threads == 1 || macs < kMinParallelMacs || m == 0 || n == 0) {
@@ -79,6 +76,57 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
   });
 }
 
+// Elements from a matrix's first to its last, `rows` rows of `cols` at row stride ld.
+int64_t span(int rows, int cols, int ld) {
+  return rows == 0 || cols == 0 ? 0 : int64_t{rows - 1} * ld + cols;
+}
+
+// C as float32 for a GEMM that writes it: C itself, or a widened copy (only read when beta != 0)
+// that narrow_back() rounds into C's m rows of n.
+class GemmOutput {
+ public:
+  GemmOutput(DType dt, void* c, int64_t elements, float beta)
+      : dt_(dt), c_(c), copy_(dt == DType::kFloat32 ? 0 : elements) {
+    if (dt != DType::kFloat32 && beta != 0.0f) {
+      const cpu::Floats old(dt, c, elements);
+      std::copy(old.data(), old.data() + elements, copy_.begin());
+    }
+  }
+  float* data() { return dt_ == DType::kFloat32 ? static_cast<float*>(c_) : copy_.data(); }
+  // Rounds the matrix at element `at`, rows of cols at stride ld, back into C (bfloat16);
+  // nothing for float32.
+  void narrow_back(int64_t at, int rows, int cols, int ld) {
+    if (dt_ == DType::kFloat32) return;
+    if (ld == cols) return cpu::store_floats(dt_, cpu::element(dt_, c_, at), copy_.data() + at,
+                                             int64_t{rows} * cols);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t e = at + i * ld;
+      cpu::store_floats(dt_, cpu::element(dt_, c_, e), copy_.data() + e, cols);
+    }
+  }
+
+ private:
+  DType dt_;
+  void* c_;
+  std::vector<float> copy_;
+};
+
+}  // namespace
+
+void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
+                      int lda, const void* b, int ldb, void* c, int ldc, float alpha, float beta) {
+  require_cpu_dtype(dt, "gemm");
+  openblas_one_thread();
+  const cpu::Floats a_floats(dt, a, trans_a ? span(k, m, lda) : span(m, k, lda));
+  const cpu::Floats b_floats(dt, b, trans_b ? span(n, k, ldb) : span(k, n, ldb));
+  GemmOutput out(dt, c, span(m, n, ldc), beta);
+  const float* A = a_floats.data();
+  const float* Bm = b_floats.data();
+  float* C = out.data();
+  sliced_sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, Bm, ldb, beta, C, ldc);
+  out.narrow_back(0, m, n, ldc);
+}
+
 // ---- weight GEMMs: our own kernel over weights packed once ------------------------------------
 // OpenBLAS packs B into panels on every call; for the layers' weights that is the same work each
 // forward, and at batch 1 (tens of rows) it is a large share of the GEMM. So the weights are
@@ -91,14 +139,32 @@ constexpr int kPanel = cpu::kGemmPanel;
 // every panel of the thread's share streams past them.
 constexpr int kRowBlock = 192;
 int panels_of(int n) { return (n + kPanel - 1) / kPanel; }
+// bfloat16 panels hold rows in pairs (kernels.h): an odd k gets a zero row.
+int panel_rows_of(DType dt, int k) { return dt == DType::kBFloat16 ? (k + 1) / 2 * 2 : k; }
 }  // namespace
 
-size_t CpuBackend::weight_bytes(DType, int k, int n) const {
-  return static_cast<size_t>(k) * panels_of(n) * kPanel * sizeof(float);
+size_t CpuBackend::weight_bytes(DType dt, int k, int n) const {
+  return static_cast<size_t>(panel_rows_of(dt, k)) * panels_of(n) * kPanel * dtype_size(dt);
 }
 
 void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void* dst) {
-  require_cpu_float32(dt, "upload_weight");
+  require_cpu_dtype(dt, "upload_weight");
+  if (dt == DType::kBFloat16) {
+    // [panels, ceil(k / 2), kPanel, 2]: column j's values of rows 2q and 2q + 1 side by side.
+    const auto* w = static_cast<const uint16_t*>(host_w);  // [k, n]
+    auto* out = static_cast<uint16_t*>(dst);
+    const int kp = panel_rows_of(dt, k);
+    for (int j = 0; j < panels_of(n); ++j) {
+      for (int p = 0; p < kp; ++p) {
+        uint16_t* pair = out + (static_cast<int64_t>(j) * kp + p / 2 * 2) * kPanel + p % 2;
+        for (int c = 0; c < kPanel; ++c) {
+          const int col = j * kPanel + c;
+          pair[2 * c] = p < k && col < n ? w[static_cast<int64_t>(p) * n + col] : 0;
+        }
+      }
+    }
+    return;
+  }
   const auto* w = static_cast<const float*>(host_w);  // [k, n]
   auto* out = static_cast<float*>(dst);               // [panels, k, kPanel]
   for (int j = 0; j < panels_of(n); ++j) {
@@ -113,21 +179,29 @@ void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void*
 
 void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
                              void* c, int ldc, const void* bias, Activation act) {
-  require_cpu_float32(dt, "weight_gemm");
-  const auto* A = static_cast<const float*>(a);
-  const auto* panels = static_cast<const float*>(w);
-  const auto* B = static_cast<const float*>(bias);  // applied in the kernel's epilogue
-  auto* C = static_cast<float*>(c);
+  require_cpu_dtype(dt, "weight_gemm");
+  const cpu::Floats bias_floats(dt, bias, n);  // applied in the kernel's epilogue, in float32
+  const float* B = bias_floats.data();
   const auto& kernels = cpu::kernels();
+  const bool bf16 = dt == DType::kBFloat16;
+  const int64_t panel_elements = int64_t{panel_rows_of(dt, k)} * kPanel;
   // Threads take whole panels (columns): each reads all of A and only its own weights.
   cpu::parallel_for(panels_of(n), int64_t{m} * n * k, [&](int64_t begin, int64_t end) {
     for (int i0 = 0; i0 < m; i0 += kRowBlock) {
       const int rows = std::min(kRowBlock, m - i0);
       for (int64_t j = begin; j < end; ++j) {
-        const int c0 = static_cast<int>(j) * kPanel;
-        kernels.panel_gemm(A + static_cast<int64_t>(i0) * lda, lda, panels + j * k * kPanel, k,
-                           C + static_cast<int64_t>(i0) * ldc + c0, ldc, rows,
-                           std::min(kPanel, n - c0), B == nullptr ? nullptr : B + c0, act);
+        const int c0 = static_cast<int>(j) * kPanel, cols = std::min(kPanel, n - c0);
+        const int64_t a0 = int64_t{i0} * lda, c_at = int64_t{i0} * ldc + c0;
+        const float* bias_j = B == nullptr ? nullptr : B + c0;
+        if (bf16) {
+          kernels.panel_gemm_bf16(static_cast<const uint16_t*>(a) + a0, lda,
+                                  static_cast<const uint16_t*>(w) + j * panel_elements, k,
+                                  static_cast<uint16_t*>(c) + c_at, ldc, rows, cols, bias_j, act);
+        } else {
+          kernels.panel_gemm(static_cast<const float*>(a) + a0, lda,
+                             static_cast<const float*>(w) + j * panel_elements, k,
+                             static_cast<float*>(c) + c_at, ldc, rows, cols, bias_j, act);
+        }
       }
     }
   });
@@ -137,11 +211,18 @@ void CpuBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n
                               const void* a, int lda, int64_t stride_a, const void* b, int ldb,
                               int64_t stride_b, void* c, int ldc, int64_t stride_c, int batch,
                               float alpha, float beta) {
-  require_cpu_float32(dt, "batched_gemm");
+  require_cpu_dtype(dt, "batched_gemm");
   openblas_one_thread();
-  const auto* A = static_cast<const float*>(a);
-  const auto* Bm = static_cast<const float*>(b);
-  auto* C = static_cast<float*>(c);
+  // Elements from the first matrix's first to the last one's last.
+  auto whole = [batch](int64_t stride, int64_t one) {
+    return batch == 0 ? 0 : (batch - 1) * stride + one;
+  };
+  const cpu::Floats a_floats(dt, a, whole(stride_a, trans_a ? span(k, m, lda) : span(m, k, lda)));
+  const cpu::Floats b_floats(dt, b, whole(stride_b, trans_b ? span(n, k, ldb) : span(k, n, ldb)));
+  GemmOutput out(dt, c, whole(stride_c, span(m, n, ldc)), beta);
+  const float* A = a_floats.data();
+  const float* Bm = b_floats.data();
+  float* C = out.data();
   // Attention's products are small (S x S x d per head): the batch is spread over the pool, one
   // whole product per step.
   cpu::parallel_for(batch, int64_t{batch} * m * n * k / 32, [&](int64_t begin, int64_t end) {
@@ -150,6 +231,7 @@ void CpuBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n
             C + i * stride_c, ldc);
     }
   });
+  for (int i = 0; i < batch; ++i) out.narrow_back(i * stride_c, m, n, ldc);
 }
 
 }  // namespace ftbert

@@ -16,7 +16,7 @@ Isa detect() {
   // The AVX-512 kernels use F (and the compiler may emit BW/DQ/VL forms of the same loops).
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
-    return Isa::kAvx512;
+    return has_bf16_instructions() ? Isa::kAvx512Bf16 : Isa::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
 #endif
@@ -28,14 +28,17 @@ Isa choose() {
   const char* env = std::getenv("FTBERT_CPU_ISA");
   if (env == nullptr || *env == '\0') return best;
   Isa cap;
-  if (std::strcmp(env, "avx512") == 0) {
+  if (std::strcmp(env, "avx512_bf16") == 0) {
+    cap = Isa::kAvx512Bf16;
+  } else if (std::strcmp(env, "avx512") == 0) {
     cap = Isa::kAvx512;
   } else if (std::strcmp(env, "avx2") == 0) {
     cap = Isa::kAvx2;
   } else if (std::strcmp(env, "baseline") == 0) {
     cap = Isa::kBaseline;
   } else {
-    FTBERT_FAIL("FTBERT_CPU_ISA='" << env << "' is not one of avx512, avx2, baseline");
+    FTBERT_FAIL("FTBERT_CPU_ISA='" << env
+                                    << "' is not one of avx512_bf16, avx512, avx2, baseline");
   }
   // A cap above what the CPU has runs what it has: asking for AVX-512 must not crash a CPU
   // without it.
@@ -52,14 +55,28 @@ Isa isa() {
 bool has_bf16_instructions() {
 #if defined(FTBERT_CPU_MULTI_ISA)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("amx-bf16") || __builtin_cpu_supports("avx512bf16");
+  return __builtin_cpu_supports("avx512bf16");
 #else
   return false;
 #endif
 }
 
+std::string bf16_unsupported_reason() {
+  if (isa() == Isa::kAvx512Bf16) return "";
+  if (!has_bf16_instructions()) {
+    return "this CPU lacks AVX512-BF16, the instructions the CPU backend's bfloat16 GEMMs run on";
+  }
+  const char* cap = std::getenv("FTBERT_CPU_ISA");
+  if (cap == nullptr) {  // AVX512-BF16 without the AVX-512 subsets the other kernels use
+    return "this CPU has AVX512-BF16 but not all of AVX-512 F, BW, DQ and VL";
+  }
+  return std::string("FTBERT_CPU_ISA=") + cap +
+         " leaves out AVX512-BF16, the instructions the CPU backend's bfloat16 GEMMs run on";
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16: return "avx512_bf16";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx2: return "avx2";
     case Isa::kBaseline: return "baseline";
@@ -77,6 +94,7 @@ namespace ftbert::cpu {
 const Kernels& kernels() {
   static const Kernels* chosen = [] {
     switch (isa()) {
+      case Isa::kAvx512Bf16: return &avx512_bf16::table();
       case Isa::kAvx512: return &avx512::table();
       case Isa::kAvx2: return &avx2::table();
       case Isa::kBaseline: break;

@@ -1,18 +1,25 @@
 // Which vector instruction set the CPU ops run with, chosen once per process at run time: the
-// widest the CPU has (AVX-512, else AVX2 + FMA, else the baseline), capped by FTBERT_CPU_ISA
-// ("avx512", "avx2" or "baseline") so that a narrower path can be run and tested on any machine.
+// widest the CPU has (AVX-512 with the bfloat16 dot product, else AVX-512, else AVX2 + FMA, else
+// the baseline), capped by FTBERT_CPU_ISA ("avx512_bf16", "avx512", "avx2" or "baseline") so
+// that a narrower path can be run and tested on any machine. bfloat16 runs only on avx512_bf16.
 #pragma once
+
+#include <string>
 
 namespace ftbert::cpu {
 
-enum class Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+enum class Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 // Throws naming FTBERT_CPU_ISA's value if it is not one of the names above.
 Isa isa();
 const char* isa_name(Isa isa);
 
-// Whether the CPU has AMX-BF16 or AVX512-BF16, the instructions a bfloat16 CPU path needs (the
-// CPU backend computes in float32; errors for bfloat16 name what is missing).
+// Whether the CPU has AVX512-BF16, the instructions the bfloat16 path's GEMMs run on (every CPU
+// with AMX-BF16 has them too).
 bool has_bf16_instructions();
+
+// Why bfloat16 cannot run here ("" when it can): the CPU lacks AVX512-BF16, or FTBERT_CPU_ISA
+// leaves it out.
+std::string bf16_unsupported_reason();
 
 }  // namespace ftbert::cpu

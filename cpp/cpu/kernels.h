@@ -1,5 +1,6 @@
 // The CPU ops' inner loops, compiled once per instruction set (kernels_impl.h is included by
-// kernels_baseline.cpp, kernels_avx2.cpp and kernels_avx512.cpp with different compiler flags)
+// kernels_baseline.cpp, kernels_avx2.cpp, kernels_avx512.cpp and kernels_avx512_bf16.cpp with
+// different compiler flags)
 // and picked at run time by kernels() from cpu::isa(). The ops in cpp/cpu/<family>.cpp do the
 // layout and threading and call these on one row or one tile at a time.
 #pragma once
@@ -50,6 +51,17 @@ struct Kernels {
   // (cols floats) may be null: no bias, no activation.
   void (*panel_gemm)(const float* a, int64_t lda, const float* panel, int k, float* c,
                      int64_t ldc, int m, int cols, const float* bias, Activation act);
+  // n bfloat16 values (their bits) to float32, exactly; n float32 values to bfloat16, rounded to
+  // nearest even (NaN stays NaN, values past bfloat16's range become ±inf).
+  void (*widen_bf16)(const uint16_t* in, float* out, int n);
+  void (*narrow_bf16)(const float* in, uint16_t* out, int n);
+  // panel_gemm over bfloat16: a and c bfloat16, the panel in upload_weight's bfloat16 layout
+  // ([ceil(k / 2), kGemmPanel, 2]: rows p and p + 1 interleaved, a zero row past an odd k),
+  // float32 accumulation, bias (float32) and activation, c rounded once. Null where the
+  // instruction set has no bfloat16 dot product (every table but avx512_bf16's).
+  void (*panel_gemm_bf16)(const uint16_t* a, int64_t lda, const uint16_t* panel, int k,
+                          uint16_t* c, int64_t ldc, int m, int cols, const float* bias,
+                          Activation act);
 };
 
 // Floats of scratch one attention tile needs (same for every instruction set).
@@ -64,5 +76,6 @@ const Kernels& kernels();
 namespace baseline { const Kernels& table(); }
 namespace avx2 { const Kernels& table(); }
 namespace avx512 { const Kernels& table(); }
+namespace avx512_bf16 { const Kernels& table(); }
 
 }  // namespace ftbert::cpu

@@ -10,20 +10,21 @@ void CpuBackend::first_tokens(DType dt, const void* x,  // [rows, H]
                               const SequenceLayout& l,
                               void* out,  // [B, H]
                               int hidden) {
-  require_cpu_float32(dt, "first_tokens");
-  const auto* src = static_cast<const float*>(x);
-  auto* dst = static_cast<float*>(out);
+  require_cpu_dtype(dt, "first_tokens");
+  const size_t row_bytes = hidden * dtype_size(dt);
+  const auto* src = static_cast<const unsigned char*>(x);
+  auto* dst = static_cast<unsigned char*>(out);
   for (int64_t b = 0; b < l.batch; ++b) {
-    float* row = dst + b * hidden;
+    unsigned char* row = dst + b * row_bytes;
     int64_t first = b * l.max_seq;
     if (l.packed()) {
       if (l.cu_seqlens[b + 1] == l.cu_seqlens[b]) {  // an empty sequence has no first token
-        std::fill(row, row + hidden, 0.0f);
+        std::memset(row, 0, row_bytes);
         continue;
       }
       first = l.cu_seqlens[b];
     }
-    std::copy(src + first * hidden, src + (first + 1) * hidden, row);
+    std::memcpy(row, src + first * row_bytes, row_bytes);
   }
 }
 

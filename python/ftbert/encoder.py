@@ -7,7 +7,7 @@ Rules for inputs and outputs:
   torch tensors on that GPU in the encoder's dtype.
 - torch tensors on the CPU given to a CUDA encoder (and numpy arrays) are copied to the GPU and the
   outputs copied back: torch CPU tensors (encoder dtype) or numpy arrays (float32; float16 for a float16
-  encoder). A CPU encoder given CUDA tensors runs on copies and returns tensors on the inputs' GPU.
+  encoder; a bfloat16 encoder's values widened to float32 exactly). A CPU encoder given CUDA tensors runs on copies and returns tensors on the inputs' GPU.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class Encoder:
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
 
-        device: "cpu", "cuda" or "cuda:N". dtype: "float32", "float16" or "bfloat16" (CPU: float32).
+        device: "cpu", "cuda" or "cuda:N". dtype: "float32", "float16" or "bfloat16" (CPU: float32,
+        and bfloat16 where the CPU has AVX512-BF16).
         attention: "auto", "unfused" or "flash" (see `Encoder.attention`). allow_tf32: let float32
         GEMMs use TF32 tensor cores on the GPU (faster, about 1e-3 relative error; off by default).
         cuda_graphs: replay repeated input shapes as CUDA graphs (see `Encoder.cuda_graphs`).
@@ -149,8 +150,8 @@ class Encoder:
             raise ValueError(f"unknown attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
         _check_nonfinite(nonfinite)
         kind, index = _parse_device(device)
-        if kind == "cpu" and dtype != "float32":
-            raise ValueError(_cpu_dtype_message(dtype))
+        if kind == "cpu" and (reason := _C.cpu_dtype_unsupported_reason(dtype)):
+            raise ValueError(reason)
         if kind == "cuda":
             _check_cuda_available(index)
         if is_converted(path):
@@ -662,14 +663,6 @@ class Encoder:
 # ---- argument and input conversion helpers --------------------------------------------------
 class NonFiniteError(FloatingPointError):
     """The encoder's output holds NaN or Inf (raised when `Encoder.nonfinite` is "raise")."""
-
-
-def _cpu_dtype_message(dtype: str) -> str:
-    message = f"the CPU backend computes in float32 only (asked for {dtype})"
-    if dtype == "bfloat16" and not _C.cpu_has_bf16_instructions():
-        message += ("; this CPU also lacks AMX-BF16 and AVX512-BF16, the instructions a bfloat16 "
-                    "CPU path needs")
-    return message
 
 
 def _check_nonfinite(mode) -> str:

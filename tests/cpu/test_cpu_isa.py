@@ -1,5 +1,6 @@
 """The CPU kernels' run-time dispatch: each instruction-set path computes the same ops (forced with
-FTBERT_CPU_ISA, as on a CPU without AVX-512 or AVX2), and a bad value is refused by name.
+FTBERT_CPU_ISA, as on a CPU without AVX-512 or AVX2), bfloat16 runs on the avx512_bf16 path only
+and is refused elsewhere by what is missing, and a bad value is refused by name.
 
 Each case runs in a fresh process: the choice is made once per process.
 """
@@ -59,15 +60,17 @@ def run_with_isa(value):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+ORDER = ["baseline", "avx2", "avx512", "avx512_bf16"]
+
+
+@pytest.mark.parametrize("isa", ORDER)
 def test_each_instruction_set_path_matches_the_references(isa):
     out = run_with_isa(isa)
     assert out.returncode == 0, out.stderr
     chosen, bad = out.stdout.split(" ", 1)
     # A path the CPU lacks is capped to what it has: never a crash, never a wider path.
-    order = ["baseline", "avx2", "avx512"]
-    assert order.index(chosen) <= order.index(isa)
-    assert order.index(chosen) <= order.index(_ops.cpu_isa())
+    assert ORDER.index(chosen) <= ORDER.index(isa)
+    assert ORDER.index(chosen) <= ORDER.index(_ops.cpu_isa())
     if isa == "baseline":
         assert chosen == "baseline"
     assert bad.strip() == "{}", f"{chosen}: errors above 2e-5: {bad}"
@@ -78,4 +81,41 @@ def test_bad_isa_value_is_refused_by_name():
     code = "from ftbert import _ops\n_ops.OpRunner('cpu')"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
-    assert "FTBERT_CPU_ISA='avx9000' is not one of avx512, avx2, baseline" in out.stderr
+    assert "FTBERT_CPU_ISA='avx9000' is not one of avx512_bf16, avx512, avx2, baseline" in out.stderr
+
+
+# The bfloat16 answer of each path: the reason it cannot run (empty on avx512_bf16) and, where it
+# cannot, the error an op gives.
+BF16_CHECK = textwrap.dedent("""
+    import numpy as np
+    from ftbert import _C, _ops
+    reason = _C.cpu_dtype_unsupported_reason("bfloat16")
+    print(_ops.cpu_isa())
+    print(reason)
+    cpu = _ops.OpRunner("cpu")
+    try:
+        cpu.weight_gemm("bfloat16", np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
+        print("ran")
+    except RuntimeError as e:
+        print(e)
+""")
+
+
+@pytest.mark.parametrize("isa", ORDER)
+def test_bfloat16_runs_on_the_avx512_bf16_path_only(isa):
+    env = dict(os.environ, FTBERT_CPU_ISA=isa)
+    out = subprocess.run([sys.executable, "-c", BF16_CHECK], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    chosen, reason, result = out.stdout.splitlines()
+    if chosen == "avx512_bf16":
+        assert reason == "" and result == "ran"
+        return
+    if _ops.cpu_isa() == "avx512_bf16":  # the CPU has it: the cap left it out
+        assert reason.endswith(f"FTBERT_CPU_ISA={isa} leaves out AVX512-BF16, the instructions the "
+                               "CPU backend's bfloat16 GEMMs run on")
+    else:
+        assert reason.endswith("this CPU lacks AVX512-BF16, the instructions the CPU backend's "
+                               "bfloat16 GEMMs run on")
+    assert reason.startswith("the CPU backend cannot compute in bfloat16 here: ")
+    assert result.startswith(f"{reason} (upload_weight called with bfloat16)")

@@ -64,7 +64,7 @@ def test_weight_gemm_refuses_mismatched_shapes(cpu, rng):
         cpu.weight_gemm("float32", a, np.zeros((5, 3), np.float32))
     with pytest.raises(ValueError, match=r"weight_gemm: bias must be \[3\]"):
         cpu.weight_gemm("float32", a, np.zeros((6, 3), np.float32), bias=np.zeros(4, np.float32))
-    with pytest.raises(RuntimeError, match=r"float32 only \(upload_weight called with float16\)"):
+    with pytest.raises(RuntimeError, match=r"float32 and bfloat16 only, not float16 \(upload_weight called"):
         cpu.weight_gemm("float16", a, np.zeros((6, 3), np.float32))
 
 
@@ -243,9 +243,9 @@ def test_first_token_dense_refuses_mismatched_weights(cpu, rng):
         cpu.first_token_dense("float32", hidden, np.zeros((9, 4), np.float32), np.zeros(4, np.float32), "tanh")
 
 
-def test_cpu_rejects_half_precision_with_clear_error(cpu, rng):
+def test_cpu_rejects_float16_with_clear_error(cpu, rng):
     a = rng.standard_normal((4, 4)).astype(np.float32)
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 and bfloat16 only, not float16"):
         cpu.gemm("float16", a, a)
 
 
@@ -315,5 +315,5 @@ def test_cpu_attention_support_and_reasons(cpu, rng):
     assert cpu.supports_attention("flash", "float32", 7)
     assert not cpu.supports_attention("flash", "float16", 64)
     qkv = rng.standard_normal((1, 3, 96)).astype(np.float32)
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="float32 and bfloat16 only, not float16"):
         cpu.flash_attention("float16", qkv, np.zeros(96, np.float32), np.ones((1, 3), np.int32), 1, 0.1)

@@ -17,6 +17,7 @@ import ftbert
 import ftbert.bench.rerank as bench_rerank
 import ftbert.bench.sweep as bench_sweep
 import ftbert.bench.varlen as bench_varlen
+from ftbert import _C
 from ftbert.bench import main
 from ftbert.bench.args import SHIPPED_PRESETS, BenchError, parse_case, parse_options
 from ftbert.bench.breakdown import aggregate, classify, label_in_order, short_name
@@ -181,17 +182,25 @@ def test_min_len_batch_is_right_padded_and_counts_only_valid_tokens(tiny, tmp_pa
         assert r["max_abs_err"] < 1e-4  # padded rows are left out of the error, not hidden by it
 
 
-def test_cpu_rows_in_half_precision_are_skipped_with_a_note(tiny, tmp_path):
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cpu_rows_in_half_precision_run_or_are_skipped_with_the_reason(tiny, tmp_path, dtype):
+    # float16 never runs on the CPU; bfloat16 where the CPU has AVX512-BF16, else it is skipped
+    # with the engine's reason.
     out = tmp_path / "h"
-    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "6", "--dtype", "bfloat16",
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "6", "--dtype", dtype,
                  "--attention", "unfused", "--quiet"], out) == 0
     doc, _ = _read(out)
     status = {r["engine"]: r for r in doc["results"]}
-    assert status["ftbert-unfused"]["status"] == "skipped"
-    assert "float32 only" in status["ftbert-unfused"]["note"]
-    assert any("float32 only" in n for n in doc["notes"])
-    # transformers does run bfloat16 on the CPU; its error shows what the dtype costs.
-    assert status["hf-sdpa"]["status"] == "ok" and 0 < status["hf-sdpa"]["max_abs_err"] < 0.5
+    reason = _C.cpu_dtype_unsupported_reason(dtype)
+    if reason:
+        assert status["ftbert-unfused"]["status"] == "skipped"
+        assert status["ftbert-unfused"]["note"] == reason
+        assert any(n.endswith(reason) for n in doc["notes"])
+    else:
+        assert status["ftbert-unfused"]["status"] == "ok"
+        assert 0 < status["ftbert-unfused"]["max_abs_err"] < 0.5
+    if dtype == "bfloat16":  # transformers runs it on the CPU; its error shows what the dtype costs
+        assert status["hf-sdpa"]["status"] == "ok" and 0 < status["hf-sdpa"]["max_abs_err"] < 0.5
 
 
 def test_peers_get_exactly_the_checkpoint_weights(tmp_path):

@@ -56,6 +56,11 @@ class Backend {
   virtual std::string name() const = 0;          // "cpu", "cuda"
   virtual std::string device_name() const = 0;   // e.g. "NVIDIA H100 80GB HBM3"
   virtual bool supports_dtype(DType dt) const = 0;
+  // Why dt cannot run here ("" when it can), for the error that refuses it.
+  virtual std::string dtype_unsupported_reason(DType dt) const {
+    if (supports_dtype(dt)) return "";
+    return "the " + name() + " backend does not compute in " + dtype_name(dt);
+  }
 
   // ---- memory -------------------------------------------------------------------------------
   virtual void* allocate(size_t bytes) = 0;

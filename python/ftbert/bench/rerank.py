@@ -30,7 +30,7 @@ import torch
 
 from .args import BenchError, Options
 from .models import BERT_BASE, TORCH_DTYPES
-from .sweep import CPU_DTYPE_NOTE, ProgressRun, _free, _one_line, failed_row, on_device_stream
+from .sweep import ProgressRun, cpu_dtype_note, _free, _one_line, failed_row, on_device_stream
 from .timing import summarize, time_forward
 
 STAGES = ("end-to-end", "model")
@@ -419,9 +419,9 @@ class Rerank(ProgressRun):
         engines: dict[str, object] = {}
         failed: dict[str, dict] = {}
         for name in dict.fromkeys([REFERENCE, *o.engines]):  # the reference first: the check needs it
-            if name == "ftbert" and device == "cpu" and dtype != "float32":
-                self._note(f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped")
-                failed[name] = {"status": "skipped", "note": CPU_DTYPE_NOTE}
+            if name == "ftbert" and (why := cpu_dtype_note(device, dtype)):
+                self._note(f"ftbert's {dtype} rows on cpu are skipped: {why}")
+                failed[name] = {"status": "skipped", "note": why}
                 continue
             try:
                 engines[name] = self._build(name, device, dtype)

@@ -20,7 +20,16 @@ MIB = 1024 * 1024
 MEM_SOURCE_FTBERT = ("estimate: weights (parameters x dtype size) + enc.workspace_bytes + "
                      "torch.cuda.max_memory_allocated delta of the forward (outputs)")
 MEM_SOURCE_TORCH = "parameter+buffer bytes + torch.cuda.max_memory_allocated delta of the forward"
-CPU_DTYPE_NOTE = "ftbert's CPU backend computes in float32 only"
+
+
+def cpu_dtype_note(device: str, dtype: str) -> str | None:
+    """Why ftbert's rows of `dtype` cannot run on `device` when it is the CPU (None when they can):
+    the engine's own reason (float16; bfloat16 without AVX512-BF16)."""
+    if device != "cpu":
+        return None
+    from .. import _C
+
+    return _C.cpu_dtype_unsupported_reason(dtype) or None
 
 
 def engine_list(opts: Options) -> list[str]:
@@ -256,11 +265,11 @@ class Sweep:
         """The engine built and ready: {"res": fields so far, "fn": one forward, "runner"}; or a
         finished row (status skipped or failed) when it cannot run here."""
         o = self.opts
-        if engine.startswith("ftbert") and device == "cpu" and dtype != "float32":
-            note = f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped"
+        if engine.startswith("ftbert") and (why := cpu_dtype_note(device, dtype)):
+            note = f"ftbert's {dtype} rows on cpu are skipped: {why}"
             if note not in o.notes:
                 o.notes.append(note)
-            return {"status": "skipped", "note": CPU_DTYPE_NOTE}
+            return {"status": "skipped", "note": why}
         if engine in ONNX_ENGINES and (device != "cpu" or dtype != "float32"):
             return {"status": "skipped", "note": "onnxruntime rows run on the cpu in float32"}
         is_cuda = device.startswith("cuda")

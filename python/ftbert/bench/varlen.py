@@ -37,7 +37,7 @@ import torch
 
 from .args import ST_DEFAULT_BATCH, BenchError, Case, Options, parse_case
 from .models import HF_IMPL, TORCH_DTYPES, Model, Peers, compile_model, make_ftbert
-from .sweep import CPU_DTYPE_NOTE, ProgressRun, _free, _one_line, failed_row, no_tf32, on_device_stream
+from .sweep import ProgressRun, cpu_dtype_note, _free, _one_line, failed_row, no_tf32, on_device_stream
 from .timing import summarize, time_interleaved
 
 # CSV columns, in order; a row holds those of its part (model or encode).
@@ -277,9 +277,9 @@ class Varlen(ProgressRun):
                    "tokens": B * S if is_full else tokens,
                    "padded_frac": 0.0 if is_full else 1 - tokens / (B * S)}
             rows[engine] = row
-            if engine.startswith("ftbert") and device == "cpu" and dtype != "float32":
-                self._note(f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped")
-                row.update(status="skipped", note=CPU_DTYPE_NOTE)
+            if engine.startswith("ftbert") and (why := cpu_dtype_note(device, dtype)):
+                self._note(f"ftbert's {dtype} rows on cpu are skipped: {why}")
+                row.update(status="skipped", note=why)
                 continue
             try:
                 fn = self._build(engine, device, dtype, row, encoders, ft_in, ft_full, hf_in,
@@ -420,10 +420,10 @@ class Varlen(ProgressRun):
                 r.update(status="skipped", note=self.encode_missing)
             self._note(self.encode_missing)
             return finish()
-        if device == "cpu" and dtype != "float32":
+        if why := cpu_dtype_note(device, dtype):
             for r in rows.values():
-                r.update(status="skipped", note=CPU_DTYPE_NOTE)
-            self._note(f"{CPU_DTYPE_NOTE}: its {dtype} rows on cpu are skipped")
+                r.update(status="skipped", note=why)
+            self._note(f"ftbert's {dtype} rows on cpu are skipped: {why}")
             return finish()
 
         self._describe(f"{device} {dtype} encode: loading")

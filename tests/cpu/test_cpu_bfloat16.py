@@ -1,0 +1,194 @@
+"""The CPU ops in bfloat16 (where the CPU has AVX512-BF16): each against a float64 reference on
+the same bfloat16-rounded inputs, on random inputs and odd sizes. The ops compute in float32 and
+round their result once, so each may differ from the reference by half a bfloat16 ulp (2^-9
+relative, 2^-8 with margin) plus float32's own rounding; the weight GEMMs' products are exact
+(bfloat16 x bfloat16 fits a float32) and accumulate in float32."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ftbert import _C, _ops
+from tests._util import layernorm64, ragged_mask
+from tests.cpu.test_cpu_ops import ACTS, attention64
+
+pytestmark = pytest.mark.skipif(bool(_C.cpu_dtype_unsupported_reason("bfloat16")),
+                                reason=_C.cpu_dtype_unsupported_reason("bfloat16") or "runs")
+
+BF = "bfloat16"
+HALF_ULP = 2.0**-8  # relative, with a factor 2 of margin
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return _ops.OpRunner("cpu")
+
+
+def bf16(x):
+    """x rounded to bfloat16 (nearest even), as float32: what the ops see after the upload."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32) << 16
+    return rounded.view(np.float32)
+
+
+def assert_rounded_once(got, ref, floor):
+    """got (bfloat16 values) within half an ulp of the float64 reference, plus `floor`
+    (float32 rounding in the computation, scaled by the caller)."""
+    assert got.shape == ref.shape
+    assert np.isfinite(got).all()
+    assert np.array_equal(bf16(got), got), "not bfloat16 values"
+    excess = np.abs(got.astype(np.float64) - ref) - HALF_ULP * np.abs(ref) - floor
+    i = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess[i] <= 0, f"at {i}: got {got[i]!r}, want {ref[i]!r}"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (5, 15, 7), (6, 16, 9), (13, 17, 33), (25, 47, 64),
+                                   (193, 33, 5), (401, 100, 31), (32, 1152, 384), (7, 384, 1536)])
+def test_weight_gemm_matches_float64_matmul(cpu, rng, m, n, k):
+    # Around the 12-row tile and the 16-column panel, past a 192-row block, odd k (the last row
+    # of a's pairs taken alone), and the model's shapes.
+    a, w = bf16(rng.standard_normal((m, k))), bf16(rng.standard_normal((k, n)))
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    floor = 1e-6 * math.sqrt(k) * (np.abs(a).astype(np.float64) @ np.abs(w))
+    assert_rounded_once(cpu.weight_gemm(BF, a, w), ref, floor)
+    assert_rounded_once(cpu.weight_gemm(BF, a, w, repeat=3), ref, floor)  # overwrites
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("m,n,k", [(1, 5, 3), (13, 37, 29), (200, 48, 64)])
+def test_weight_gemm_epilogue_is_applied_before_the_one_rounding(cpu, rng, act, m, n, k):
+    a = bf16(rng.standard_normal((m, k)))
+    w = bf16(rng.standard_normal((k, n)) / math.sqrt(k))
+    bias = bf16(rng.standard_normal(n))
+    ref = ACTS[act](a.astype(np.float64) @ w + bias)
+    got = cpu.weight_gemm(BF, a, w, bias=bias, act=act)
+    assert_rounded_once(got, ref, 1e-5)
+
+
+def test_weight_gemm_odd_k_ignores_what_follows_a_row(cpu):
+    # With k odd, a row's last value pairs with a zero: the next row's value (here inf) must not
+    # reach it (inf x 0 is NaN).
+    a = np.array([[1.0, 2.0, 3.0], [np.inf, 1.0, 1.0]], np.float32)
+    w = np.ones((3, 2), np.float32)
+    got = cpu.weight_gemm(BF, a, w)
+    assert np.array_equal(got[0], [6.0, 6.0])
+    assert np.isinf(got[1]).all()
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 13, 5), (97, 129, 33)])
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_gemm_matches_float64_matmul(cpu, rng, m, n, k, ta, tb):
+    a = bf16(rng.standard_normal((k, m) if ta else (m, k)))
+    b = bf16(rng.standard_normal((n, k) if tb else (k, n)))
+    opa, opb = (a.T if ta else a).astype(np.float64), (b.T if tb else b).astype(np.float64)
+    ref = opa @ opb * 0.5
+    floor = 1e-6 * math.sqrt(k) * (np.abs(opa) @ np.abs(opb))
+    assert_rounded_once(cpu.gemm(BF, a, b, ta, tb, 0.5), ref, floor)
+
+
+@pytest.mark.parametrize("batch,m,n,k", [(1, 1, 1, 1), (6, 7, 9, 32), (24, 97, 97, 48)])
+@pytest.mark.parametrize("tb", [False, True])
+def test_batched_gemm_matches_per_matrix_matmul(cpu, rng, batch, m, n, k, tb):
+    a = bf16(rng.standard_normal((batch, m, k)))
+    b = bf16(rng.standard_normal((batch, n, k) if tb else (batch, k, n)))
+    bb = np.swapaxes(b, 1, 2) if tb else b
+    ref = np.einsum("bmk,bkn->bmn", a.astype(np.float64), bb.astype(np.float64))
+    floor = 1e-6 * math.sqrt(k) * np.einsum("bmk,bkn->bmn", np.abs(a), np.abs(bb)).astype(np.float64)
+    assert_rounded_once(cpu.batched_gemm(BF, a, b, False, tb), ref, floor)
+
+
+@pytest.mark.parametrize("batch,seq,hidden", [(1, 1, 32), (3, 7, 48), (2, 129, 336)])
+def test_embed_layernorm_matches_lookup_and_layernorm(cpu, rng, batch, seq, hidden):
+    vocab, positions, types = 53, seq + 5, 3
+    ids = rng.integers(0, vocab, (batch, seq)).astype(np.int32)
+    tt = rng.integers(0, types, (batch, seq)).astype(np.int32)
+    word, pos, typ = (bf16(rng.standard_normal((r, hidden))) for r in (vocab, positions, types))
+    gamma, beta = bf16(rng.standard_normal(hidden)), bf16(rng.standard_normal(hidden))
+    ref = layernorm64(word[ids].astype(np.float64) + pos[None, :seq] + typ[tt], gamma, beta, 1e-12)
+    got = cpu.embed_layernorm(BF, ids, tt, word, pos, typ, gamma, beta, 1e-12)
+    assert_rounded_once(got, ref, 1e-5)
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 32), (7, 48), (97, 336), (3, 1000)])
+def test_add_bias_residual_layernorm_matches_reference(cpu, rng, rows, hidden):
+    x, res = (bf16(rng.standard_normal((rows, hidden)) * 3) for _ in range(2))
+    bias, gamma, beta = (bf16(rng.standard_normal(hidden)) for _ in range(3))
+    ref = layernorm64(x.astype(np.float64) + bias + res, gamma, beta, 1e-5)
+    got = cpu.add_bias_residual_layernorm(BF, x, res, bias, gamma, beta, 1e-5)
+    assert_rounded_once(got, ref, 2e-5)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 130), (33, 1000)])
+def test_add_bias_activation_matches_reference(cpu, rng, act, rows, cols):
+    x = bf16(rng.standard_normal((rows, cols)) * 3)
+    bias = bf16(rng.standard_normal(cols))
+    ref = ACTS[act](x.astype(np.float64) + bias)
+    assert_rounded_once(cpu.add_bias_activation(BF, x, bias, act), ref, 2e-6)
+
+
+def test_results_round_to_nearest_even_and_keep_nan_and_inf(cpu):
+    # 1 + 2^-8 lies halfway between bfloat16's 1 and 1 + 2^-7: the even one (1) wins; 1 + 3 * 2^-8
+    # lies halfway between 1 + 2^-7 and 1 + 2^-6: 1 + 2^-6 wins. A NaN stays NaN; past the
+    # largest bfloat16 is inf.
+    x = np.array([[1.0, 1.0 + 2**-7, -1.0, np.nan, 3e38, 1.0 + 2**-7]], np.float32)
+    bias = np.array([2**-8, 2**-8, -(2**-8), 0.0, 3e38, 2**-9], np.float32)
+    got = cpu.add_bias_activation(BF, x, bias, "identity")[0]
+    assert got[0] == 1.0 and got[1] == 1.0 + 2**-6 and got[2] == -1.0
+    assert np.isnan(got[3]) and got[4] == np.inf and got[5] == 1.0 + 2**-7
+
+
+@pytest.mark.parametrize("batch,heads,seq", [(1, 1, 1), (2, 3, 7), (3, 2, 129)])
+@pytest.mark.parametrize("left", [False, True])
+def test_masked_softmax_matches_reference_and_excludes_padding(cpu, rng, batch, heads, seq, left):
+    scores = bf16(rng.standard_normal((batch, heads, seq, seq)) * 4)
+    mask = ragged_mask(rng, batch, seq, left=left)
+    x = np.where(mask[:, None, None, :] == 1, scores.astype(np.float64) * 0.125, -np.inf)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True)
+    assert_rounded_once(cpu.masked_softmax(BF, scores, mask, 0.125), ref, 1e-7)
+
+
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 32), (2, 7, 3, 48), (3, 97, 2, 64)])
+def test_add_qkv_bias_transpose_and_transpose_heads(cpu, rng, batch, seq, heads, d):
+    # The split: the float32 sum, rounded once, exactly; the merge: a copy, exactly.
+    H = heads * d
+    qkv = bf16(rng.standard_normal((batch, seq, 3 * H)))
+    bias = bf16(rng.standard_normal(3 * H))
+    q, k, v = cpu.add_qkv_bias_transpose(BF, qkv, bias, heads)
+    full = bf16(qkv + bias).reshape(batch, seq, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    for got, want in zip((q, k, v), full):
+        assert np.array_equal(got, want)
+    assert np.array_equal(cpu.transpose_heads(BF, q), full[0].transpose(0, 2, 1, 3).reshape(batch, seq, H))
+
+
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 1), (2, 7, 3, 5), (3, 97, 2, 48),
+                                               (2, 300, 2, 64)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_flash_attention_matches_float64_reference(cpu, rng, batch, seq, heads, d, packed):
+    qkv = bf16(rng.standard_normal((batch, seq, 3 * heads * d)))
+    bias = bf16(rng.standard_normal(3 * heads * d))
+    mask = ragged_mask(rng, batch, seq, left=not packed)
+    ref = attention64(qkv, bias, mask, heads, 1.0 / math.sqrt(d))
+    got = cpu.flash_attention(BF, qkv, bias, mask, heads, 1.0 / math.sqrt(d), packed=packed)
+    if packed:
+        ref = ref[mask == 1]
+    assert_rounded_once(got, ref, 2e-5)
+
+
+@pytest.mark.parametrize("act", ["tanh", "identity"])
+@pytest.mark.parametrize("out", [48, 1, 5])
+def test_first_token_dense_is_act_of_dense_on_token_0(cpu, rng, act, out):
+    # Two roundings: the GEMM's result, then the bias and activation's (tanh's slope is <= 1).
+    hidden = bf16(rng.standard_normal((3, 7, 48)))
+    w = bf16(rng.standard_normal((48, out)) * 0.2)
+    b = bf16(rng.standard_normal(out))
+    dense = hidden[:, 0].astype(np.float64) @ w
+    ref = ACTS[act](dense + b)
+    got = cpu.first_token_dense(BF, hidden, w, b, act)
+    assert_rounded_once(got, ref, HALF_ULP * np.abs(dense) + 1e-5)
+
+
+def test_both_attention_kinds_run_bfloat16(cpu):
+    assert cpu.supports_attention("flash", BF, 64) and cpu.supports_attention("unfused", BF, 7)

@@ -488,6 +488,20 @@ void rows_tail(int m, Args... args) {
   }
 }
 
+// A panel's m rows in tiles of R (Tile<R>::run), the last m % R rows in one tile of that height.
+// T is the element type of a, the panel and c.
+template <template <int> class Tile, int R, typename T>
+void panel_tiles(const T* a, int64_t lda, const T* panel, int k, T* c, int64_t ldc, int m,
+                 int cols, const float* bias, Activation act) {
+  int i = 0;
+  for (; i + R <= m; i += R) {
+    Tile<R>::run(a + i * lda, lda, panel, k, c + i * ldc, ldc, cols, bias, act);
+  }
+  if (i < m) {
+    rows_tail<Tile, R - 1>(m - i, a + i * lda, lda, panel, k, c + i * ldc, ldc, cols, bias, act);
+  }
+}
+
 template <int R>
 struct PanelRows {
   static void run(const float* a, int64_t lda, const float* panel, int k, float* c, int64_t ldc,
@@ -498,14 +512,7 @@ struct PanelRows {
 
 void panel_gemm(const float* a, int64_t lda, const float* panel, int k, float* c, int64_t ldc,
                 int m, int cols, const float* bias, Activation act) {
-  int i = 0;
-  for (; i + kPanelRows <= m; i += kPanelRows) {
-    panel_rows<kPanelRows>(a + i * lda, lda, panel, k, c + i * ldc, ldc, cols, bias, act);
-  }
-  if (i < m) {
-    rows_tail<PanelRows, kPanelRows - 1>(m - i, a + i * lda, lda, panel, k, c + i * ldc, ldc,
-                                         cols, bias, act);
-  }
+  panel_tiles<PanelRows, kPanelRows>(a, lda, panel, k, c, ldc, m, cols, bias, act);
 }
 
 #if defined(__AVX512BF16__)
@@ -565,14 +572,7 @@ struct PanelRowsBf16 {
 
 void panel_gemm_bf16(const uint16_t* a, int64_t lda, const uint16_t* panel, int k, uint16_t* c,
                      int64_t ldc, int m, int cols, const float* bias, Activation act) {
-  int i = 0;
-  for (; i + kBf16Rows <= m; i += kBf16Rows) {
-    panel_rows_bf16<kBf16Rows>(a + i * lda, lda, panel, k, c + i * ldc, ldc, cols, bias, act);
-  }
-  if (i < m) {
-    rows_tail<PanelRowsBf16, kBf16Rows - 1>(m - i, a + i * lda, lda, panel, k, c + i * ldc, ldc,
-                                            cols, bias, act);
-  }
+  panel_tiles<PanelRowsBf16, kBf16Rows>(a, lda, panel, k, c, ldc, m, cols, bias, act);
 }
 constexpr auto kPanelGemmBf16 = panel_gemm_bf16;
 #else

@@ -4,6 +4,8 @@
 // slices, the GEMM runs as one strided-batched product per slice into fp32 partials (more tiles,
 // each a slice long), and the LayerNorm that follows anyway sums them as it reads its row: the
 // split's reduction costs no pass of its own, and the sum is rounded once, as an unsplit GEMM's.
+// (What such GEMMs wait on is not their weights' reads from HBM: fetched into L2 a layer ahead,
+// they ran no faster; benchmarks/results/levers-tried-h100.txt.)
 #pragma once
 
 #include <cstddef>

@@ -33,6 +33,18 @@ def run_in_threads(n, work, timeout):
         return [f.result(timeout=timeout) for f in futures]
 
 
+def assert_threads_match_sequential(enc, rng, vocab_size, max_len, threads=4):
+    """Eight batches of random lengths through `enc` one at a time, then from `threads` threads at
+    once: each threaded call's last_hidden_state must equal its sequential one exactly (forwards
+    hold no Python lock; each must still get its own, correct result)."""
+    batches = [rng.integers(0, vocab_size, (3, int(n))) for n in rng.integers(20, max_len, 8)]
+    expected = [enc(ids).last_hidden_state for ids in batches]
+    with ThreadPoolExecutor(threads) as pool:
+        got = list(pool.map(lambda ids: enc(ids).last_hidden_state, batches))
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(e, g)
+
+
 # LayerNorm in float64: the reference of the CPU ops tests.
 def layernorm64(x, gamma, beta, eps):
     x = x.astype(np.float64)

@@ -9,7 +9,7 @@ import torch
 import ftbert
 from ftbert import _C
 from tests._models import make_bert
-from tests._util import ragged_mask
+from tests._util import assert_threads_match_sequential, ragged_mask
 
 pytestmark = pytest.mark.skipif(bool(_C.cpu_dtype_unsupported_reason("bfloat16")),
                                 reason=_C.cpu_dtype_unsupported_reason("bfloat16") or "runs")
@@ -70,14 +70,7 @@ def test_outputs_are_bfloat16_values_in_the_caller_s_kind(models, rng):
 
 
 def test_concurrent_forwards_from_threads_match_sequential(models, rng):
-    from concurrent.futures import ThreadPoolExecutor
-
     path, hf, _ = models
     enc = ftbert.Encoder.from_pretrained(path, device="cpu", dtype="bfloat16", concurrency=4)
-    batches = [rng.integers(0, hf.config.vocab_size, (3, int(n))) for n in rng.integers(20, 150, 8)]
-    expected = [enc(ids).last_hidden_state for ids in batches]
-    with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda ids: enc(ids).last_hidden_state, batches))
-    for e, g in zip(expected, got):
-        np.testing.assert_array_equal(e, g)
+    assert_threads_match_sequential(enc, rng, hf.config.vocab_size, max_len=150)
 

@@ -6,7 +6,7 @@ import torch
 
 import ftbert
 from tests._models import make_bert
-from tests._util import ragged_mask
+from tests._util import assert_threads_match_sequential, ragged_mask
 
 TOL = 1e-4
 
@@ -108,17 +108,9 @@ def test_shapes_in_any_order_stay_correct(model_pair, rng):
 
 
 def test_concurrent_forwards_from_threads_match_sequential(model_pair, rng):
-    # Forwards hold no Python lock: several threads on one encoder (serialized inside) and on the
-    # shared CPU thread pool must each get their own, correct result.
-    from concurrent.futures import ThreadPoolExecutor
-
+    # Several threads on one encoder (serialized inside) and on the shared CPU thread pool.
     hf, enc = model_pair
-    batches = [rng.integers(0, hf.config.vocab_size, (3, int(n))) for n in rng.integers(20, 200, 8)]
-    expected = [enc(ids).last_hidden_state for ids in batches]
-    with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda ids: enc(ids).last_hidden_state, batches))
-    for e, g in zip(expected, got):
-        np.testing.assert_array_equal(e, g)
+    assert_threads_match_sequential(enc, rng, hf.config.vocab_size, max_len=200)
 
 
 def test_cuda_graphs_setting_records_nothing_on_the_cpu(model_pair, rng):

@@ -119,9 +119,10 @@ __device__ __forceinline__ void add_bias_chunk(uint4* chunk, const uint4& bias) 
 // 2^x on the SFU. exp2f compiles to the same instruction plus a subnormal fix-up; here every
 // argument is <= 0 (weights relative to the row max's 1), and a weight below 2^-126 is lost in
 // the row sum anyway, so flushing it to zero changes nothing. exp2(-inf) = 0.
-// Every weight of a tile takes this one instruction: on an H100 the Hopper kernels ran slower
-// with a share of them computed on the FMA pipe instead, and slower with the rescale skipped
-// while the max stays put; each added instruction costs them (levers-tried-h100.txt).
+// Every weight of a tile takes this one instruction: on an H100 the persistent Hopper kernel ran
+// slower with a share of them computed on the FMA pipe instead (its softmax's instruction
+// stream, not the SFU, is what it waits on), and the Hopper kernels ran slower with the rescale
+// skipped while the max stays put (benchmarks/results/levers-tried-h100.txt).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

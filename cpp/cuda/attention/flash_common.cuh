@@ -122,7 +122,9 @@ __device__ __forceinline__ void add_bias_chunk(uint4* chunk, const uint4& bias) 
 // Every weight of a tile takes this one instruction: on an H100 the persistent Hopper kernel ran
 // slower with a share of them computed on the FMA pipe instead (its softmax's instruction
 // stream, not the SFU, is what it waits on), and the Hopper kernels ran slower with the rescale
-// skipped while the max stays put (benchmarks/results/levers-tried-h100.txt).
+// skipped while the max stays put (benchmarks/results/levers-tried-h100.txt). MUFU work beside
+// the other warpgroup's wgmma costs the tensor cores nothing; FP32 FMAs cost them about a cycle
+// each (benchmarks/kernels/wgmma_overlap.cu).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

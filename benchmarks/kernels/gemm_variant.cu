@@ -17,6 +17,10 @@ struct Pingpong {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
 };
+struct Ws {  // one consumer warpgroup, not persistent: the engine's small-tile kernel
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecialized;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
 
 template <int kVariant>
 struct Tiles;

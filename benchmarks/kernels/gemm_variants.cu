@@ -5,7 +5,8 @@
 // builds in parallel):
 //
 //   CUTLASS=$(python3 -c 'import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))')/source/include
-//   for ve in 00 01 02 03 10 11 20 21 30 31 40 41 42 43 50 51 52 53 60 61 70 71 80 81; do v=${ve:0:1} e=${ve:1:1}
+//   for ve in 0_0 0_1 0_2 0_3 1_0 1_1 2_0 2_1 3_0 3_1 4_0 4_1 4_2 4_3 5_0 5_1 5_2 5_3 6_0 6_1 \
+//             7_0 7_1 8_0 8_1 9_0 9_1 10_0 10_1 11_0 11_1 12_0 12_1 13_0 13_1; do v=${ve%_*} e=${ve#*_}
 //     nvcc -O3 -DNDEBUG -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$ve.o \
 //       benchmarks/kernels/gemm_variant.cu & done; wait
@@ -14,7 +15,9 @@
 //     -lcublas -lcublasLt && /tmp/gemm_variants
 //
 // Times: 20 launches captured in a CUDA graph, the graph replayed 15 times between CUDA events
-// after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k. `sustain [seconds]` runs the
+// after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k. `rows128` times the four
+// GEMMs at 128 and 256 rows instead (built with -DFTBERT_FIRST_VARIANT=9, only the small-tile
+// configurations 9-13 are needed). `sustain [seconds]` runs the
 // FFN-in kernels back to back for that long instead (see sustain() below), e.g. beside
 //   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
 //     --format=csv -lms 100
@@ -37,6 +40,13 @@
 #include "harness_check.h"
 
 namespace fb = ftbert::bench;
+
+// -DFTBERT_FIRST_VARIANT=n builds and times only the CUTLASS configurations from n on (the
+// others' translation units are then not needed), e.g. 9 for the small-tile ones with `rows128`.
+#ifndef FTBERT_FIRST_VARIANT
+#define FTBERT_FIRST_VARIANT 0
+#endif
+constexpr int kFirstVariant = FTBERT_FIRST_VARIANT;
 
 namespace {
 
@@ -287,7 +297,7 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
       });
     }
   }
-  run_variants<0>(s, b, sm_count, stream, candidates);
+  run_variants<kFirstVariant>(s, b, sm_count, stream, candidates);
 
   const double flop = 2.0 * s.m * s.n * s.k;
   static const char* const kEpilogues[] = {"plain", "bias + erf-GELU", "erf-GELU, no bias",
@@ -335,6 +345,16 @@ int main(int argc, char** argv) {
     shapes.push_back({"ffn-in", m, 3072, 768, 3});
     shapes.push_back({"ffn-in", m, 3072, 768, 0});
     shapes.push_back({"ffn-out", m, 768, 3072, 0});
+  }
+  // rows128: the layer's GEMMs at 128 and 256 rows (batch 1-2 x 128), where few tiles fill the GPU.
+  if (argc > 1 && std::string(argv[1]) == "rows128") {
+    shapes.clear();
+    for (int m : {128, 256}) {
+      shapes.push_back({"qkv", m, 2304, 768, 0});
+      shapes.push_back({"attn-out", m, 768, 768, 0});
+      shapes.push_back({"ffn-in", m, 3072, 768, 1});
+      shapes.push_back({"ffn-out", m, 768, 3072, 0});
+    }
   }
   if (argc > 1 && std::string(argv[1]) == "small") shapes = {{"odd", 333, 200, 72, 0},
                                                              {"odd", 333, 200, 72, 1}};

@@ -14,7 +14,8 @@ namespace ftbert::bench {
 // Coop (two consumer warpgroups share a tile) or Pingpong (each consumer warpgroup owns a tile;
 // one's epilogue runs while the other's MMAs do); an epilogue tile of 0 x 0 is CUTLASS's choice
 // (64 x 32 for ping-pong, 128 x 32 for cooperative, 16-bit outputs), which the epilogue stores
-// one at a time through shared memory.
+// one at a time through shared memory. Ws: one consumer warpgroup, not persistent (the engine's
+// 64 x 64 tiles for few rows); a 48-column tile needs the 64 x 16 epilogue tile.
 #define FTBERT_GEMM_VARIANTS(X)                                       \
   X(0, "coop 128x256 c2x1", 128, 256, 2, 1, Coop, 0, 0)               \
   X(1, "coop 256x128 c1x2", 256, 128, 1, 2, Coop, 0, 0)               \
@@ -24,9 +25,14 @@ namespace ftbert::bench {
   X(5, "pingpong 128x128 c1x2", 128, 128, 1, 2, Pingpong, 0, 0)       \
   X(6, "pingpong 64x256 c2x1", 64, 256, 2, 1, Pingpong, 0, 0)         \
   X(7, "pingpong 128x128 c1x2 epi 64x64", 128, 128, 1, 2, Pingpong, 64, 64) \
-  X(8, "pingpong 128x128 c1x2 epi 64x128", 128, 128, 1, 2, Pingpong, 64, 128)
+  X(8, "pingpong 128x128 c1x2 epi 64x128", 128, 128, 1, 2, Pingpong, 64, 128) \
+  X(9, "ws 64x64 c1x1", 64, 64, 1, 1, Ws, 0, 0)                       \
+  X(10, "ws 64x64 c2x1", 64, 64, 2, 1, Ws, 0, 0)                      \
+  X(11, "ws 64x48 c1x1 epi 64x16", 64, 48, 1, 1, Ws, 64, 16)         \
+  X(12, "ws 64x48 c2x1 epi 64x16", 64, 48, 2, 1, Ws, 64, 16)         \
+  X(13, "ws 64x32 c2x1", 64, 32, 2, 1, Ws, 0, 0)
 
-constexpr int kGemmVariants = 9;
+constexpr int kGemmVariants = 14;
 
 // The configurations also built with epilogues 2 (erf-GELU without the bias: what the bias
 // costs) and 3 (bias + ReLU: what the activation's arithmetic costs, against an activation of

@@ -98,7 +98,9 @@ struct Tiling<GemmTiles::k128x128Pingpong>
     : TilingOf<Shape<_128, _128, _64>, Shape<_2, _1, _1>,
                cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                cutlass::epilogue::TmaWarpSpecialized> {};
-// 64 x 64 tiles, one consumer warpgroup: with few rows, enough tiles to fill the GPU.
+// 64 x 64 tiles, one consumer warpgroup: with few rows, enough tiles to fill the GPU. (At 128
+// rows on an H100, 64 x 48 and 64 x 32 tiles ran slower, and clusters of 2 along M no faster:
+// benchmarks/results/gemm-variants-rows128-h100.txt.)
 template <>
 struct Tiling<GemmTiles::k64x64>
     : TilingOf<Shape<_64, _64, _64>, Shape<_1, _1, _1>, cutlass::gemm::KernelTmaWarpSpecialized,

@@ -6,7 +6,7 @@
 // epilogue and the attention softmax are such code beside wgmma (cpp/cuda/gemm/gemm_sm90.cuh,
 // cpp/cuda/attention/flash_sm90.cu). On a GPU machine:
 //
-//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/wgmma_overlap \
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Icpp -o /tmp/wgmma_overlap \
 //        benchmarks/kernels/wgmma_overlap.cu && /tmp/wgmma_overlap
 //
 // The shared-memory operands are fixed small values (no swizzle; the products are not checked:
@@ -19,6 +19,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "cuda/gemm/erf_gelu.cuh"
 
 #define CHECK(x)                                                                  \
   do {                                                                            \
@@ -68,22 +70,8 @@ __device__ unsigned long long descriptor(const void* p, int lead, int stride) {
          (static_cast<unsigned long long>((stride >> 4) & 0x3fff) << 32);
 }
 
-// The FFN-in epilogue's erf-GELU (gemm_sm90.cuh): 9 FFMA, one MUFU.EX2, one FMNMX an element.
-__device__ __forceinline__ float gelu(float x) {
-  const float a = fabsf(x);
-  float p = -1.8348245e-06f;
-  p = fmaf(p, a, 6.1598548e-05f);
-  p = fmaf(p, a, -0.00093052676f);
-  p = fmaf(p, a, 0.0085078981f);
-  p = fmaf(p, a, -0.053960081f);
-  p = fmaf(p, a, -0.45846438f);
-  p = fmaf(p, a, -1.1512511f);
-  p = fmaf(p, a, -0.99999529f);
-  float q;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(p));
-  return fmaf(-a, q, fmaxf(x, 0.f));
-}
-
+// Warpgroup 1's kinds of work; kGelu is the FFN-in epilogue's erf-GELU (erf_gelu.cuh): 8 FFMA,
+// one MUFU.EX2 and one FMNMX an element.
 enum Work { kNone, kFfma, kGelu, kIalu, kMufu, kHfma2, kFmnmx };
 constexpr const char* kWorkNames[] = {"none", "FFMA", "erf-GELU", "IADD3/LOP3", "MUFU.EX2",
                                       "HFMA2", "FMNMX"};
@@ -109,7 +97,7 @@ __device__ float side_work(Work work, int iters) {
       for (int i = 0; i < 16; ++i) x[i] = (threadIdx.x % 13) * 0.3f - 2.f + i * 0.1f;
       for (int it = 0; it < iters; ++it)
 #pragma unroll
-        for (int i = 0; i < 16; ++i) x[i] = gelu(x[i]) - 0.5f;
+        for (int i = 0; i < 16; ++i) x[i] = ftbert::cuda::erf_gelu(x[i]) - 0.5f;
       for (int i = 0; i < 16; ++i) sink += x[i];
       break;
     }

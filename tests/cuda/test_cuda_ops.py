@@ -115,6 +115,44 @@ def test_ffn_in_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
+# Hopper runs a weight GEMM without a bias (BERT's QKV) of up to 128 rows as the CUTLASS kernel
+# without its epilogue (gemm_sm90.h), larger ones and shapes TMA cannot take as cuBLAS: each
+# against the CPU in float32, on both sides of the switch and of the 64 x 64 tiles' edges.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (37, 136, 200), (65, 72, 8), (128, 2304, 768),
+                                   (129, 136, 72), (100, 92, 64), (96, 64, 60)])
+def test_plain_weight_gemm_matches_cpu_on_both_sides_of_the_switch(gpu, cpu, rng, dtype, m, n, k):
+    a = randn(rng, (m, k), dtype)
+    w = randn(rng, (k, n), dtype, scale=k**-0.5)
+    want = cpu.weight_gemm("float32", a, w)
+    bound = np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    check(gpu.weight_gemm(dtype, a, w), want, dtype, atol=FP32_NOISE * bound)
+
+
+@pytest.mark.skipif(not _ops.cuda_fused_gemm_built(),
+                    reason="this build has no Hopper CUTLASS GEMMs (no CUTLASS headers at build time)")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Hopper CUTLASS GEMMs are sm_90a code")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("choice", ["fixed", "auto"])
+def test_plain_weight_gemm_runs_as_gemm_sm90_h_says(gpu, rng, dtype, choice):
+    # Up to 128 rows with n and k multiples of 8: one CUTLASS kernel; otherwise cuBLAS. A path
+    # that silently fell back would pass the value tests. Below 512 rows "auto" keeps the rule.
+    gpu.set_gemm_choice(choice)
+    try:
+        for m, n, k, cutlass in ((1, 96, 64, True), (128, 96, 64, True), (129, 96, 64, False),
+                                 (100, 92, 64, False), (100, 96, 60, False)):
+            a = randn(rng, (m, k), dtype)
+            w = randn(rng, (k, n), dtype)
+            names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w))
+            kernels = [x for x in names if "Memcpy" not in x and "Memset" not in x]
+            ours = [x for x in kernels if "GemmUniversal" in x]  # CUTLASS 3's kernel
+            assert len(ours) == int(cutlass), (m, n, k, kernels)
+            assert len(kernels) == 1, (m, n, k, kernels)
+    finally:
+        gpu.set_gemm_choice("auto")
+
+
 @pytest.mark.skipif(not _ops.cuda_fused_gemm_built(),
                     reason="this build has no Hopper FFN-in GEMM (no CUTLASS headers at build time)")
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),

@@ -126,6 +126,9 @@ using GemmOf = GemmWith<T, Tiles, typename FusionOf<T, kEpilogue>::type,
 // The FFN-in GEMM of gemm_sm90.h: GELU(acc + bias[col]) in fp32, rounded once to T.
 template <typename T, GemmTiles kTiles>
 using BiasGelu = GemmOf<T, Tiling<kTiles>, Epilogue::kBiasGelu>;
+// The plain GEMM of gemm_sm90.h: acc rounded to T.
+template <typename T, GemmTiles kTiles>
+using Plain = GemmOf<T, Tiling<kTiles>, Epilogue::kPlain>;
 
 // Enqueues one GEMM of kind G (a GemmOf) with bias [n] (nullptr for kPlain); false, enqueuing
 // nothing, if G cannot take the shape.

@@ -1,4 +1,5 @@
-// The FFN-in GEMM with its bias and erf-GELU in the epilogue, for Hopper (sm_90a):
+// The FFN-in GEMM with its bias and erf-GELU in the epilogue, for Hopper (sm_90a), and the same
+// GEMM plain for few rows (gemm_sm90_tiled below):
 // c = gelu(a · w + bias) as one kernel, CUTLASS's TMA warp-specialized GEMM with the bias and the
 // activation applied to the fp32 accumulators before the single rounding to T. cuBLASLt has bias
 // epilogues, but its GELU is the tanh approximation (4.8e-4 from erf-GELU), and BERT-family
@@ -33,6 +34,26 @@ constexpr int kGemmLargeTileMinRows = 4096;
 template <typename T, GemmTiles kTiles>
 bool gemm_bias_gelu_sm90_tiled(int m, int n, int k, const T* a, const T* w, const T* bias, T* c,
                                int sm_count, cudaStream_t stream);
+
+// c [m, n] = a [m, k] · w [k, n], nothing else: the same kernel without the epilogue's bias and
+// activation, built in 64 x 64 tiles only, for the weight GEMMs without a bias (BERT's QKV) of up
+// to kGemmPlainMaxRows rows. Launched programmatically like ftbert's own kernels, it is scheduled
+// while the LayerNorm before it finishes, and lets the attention after it be scheduled early,
+// which cuBLAS's kernels do not. On an H100, BERT-base forwards back to back (CUDA graphs), QKV
+// as cuBLAS -> as this kernel: 1 x 128 0.356 -> 0.330 ms (float16 and bfloat16), 1 x 64 0.340 ->
+// 0.314, 1 x 32 0.335 -> 0.312, 2 x 64 0.355 -> 0.329; alone, in a graph, 3.8 -> 3.5 us at 128
+// rows but 4.0 -> 6.0 us at 256 (benchmarks/results/gemm-variants-rows128-h100.txt), hence the
+// bound. The forwards' outputs in those runs equalled the cuBLAS build's bit for bit.
+template <typename T, GemmTiles kTiles>
+bool gemm_sm90_tiled(int m, int n, int k, const T* a, const T* w, T* c, int sm_count,
+                     cudaStream_t stream);
+constexpr int kGemmPlainMaxRows = 128;
+
+// Whether the plain kernel runs a weight GEMM of this shape without a bias (TMA needs 16-byte
+// rows: k and n multiples of 8; the pointers are checked when it runs).
+inline bool gemm_sm90_plain_pays(int m, int n, int k) {
+  return m >= 1 && m <= kGemmPlainMaxRows && n % 8 == 0 && k % 8 == 0;
+}
 
 // Whether the fused kernel is the faster way for m rows (else cuBLAS + add_bias_activation).
 inline bool gemm_bias_gelu_sm90_pays(int m) {

@@ -44,8 +44,9 @@ struct GemmShapeKey {
   bool operator<(const GemmShapeKey& o) const;
 };
 
-// Which library's kernel a candidate runs.
-enum class GemmKernel { kCublas, kCublasLt, kCutlass };
+// Which library's kernel a candidate runs: kCutlass the fused bias + erf-GELU GEMM, kCutlassPlain
+// the plain one (gemm_sm90.h).
+enum class GemmKernel { kCublas, kCublasLt, kCutlass, kCutlassPlain };
 
 // A pick: the candidate's name (CudaBackend names them; for tests and reports) and what it runs,
 // resolved once, so that running it compares no names. cuBLASLt's carry the algorithm (the
@@ -55,7 +56,7 @@ struct GemmPick {
   std::string name;
   GemmKernel kernel = GemmKernel::kCublas;
   cublasLtMatmulAlgo_t algo{};             // kCublasLt
-  GemmTiles tiles = GemmTiles::k128x256;  // kCutlass
+  GemmTiles tiles = GemmTiles::k128x256;  // kCutlass, kCutlassPlain
   size_t workspace = 0;                   // kCublasLt: the workspace bytes it runs with
 };
 

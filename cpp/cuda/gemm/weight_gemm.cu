@@ -51,11 +51,22 @@ const GemmPick kCutlassPicks[] = {
     {"cutlass:coop_128x256", GemmKernel::kCutlass, {}, GemmTiles::k128x256},
     {"cutlass:pingpong_128x128", GemmKernel::kCutlass, {}, GemmTiles::k128x128Pingpong},
 };
+// The plain kernel, the fixed choice for few rows without a bias (gemm_sm90.h).
+const GemmPick kCutlassPlainPick{"cutlass:64x64_plain", GemmKernel::kCutlassPlain, {},
+                                 GemmTiles::k64x64};
 const GemmPick& cutlass_pick(GemmTiles tiles) {
   for (const GemmPick& p : kCutlassPicks) {
     if (p.tiles == tiles) return p;
   }
   return kCublasPick;  // not reached: every tiling has a pick
+}
+
+template <typename T>
+bool run_cutlass_plain(int m, int n, int k, const void* a, const void* w, void* c, int sm_count,
+                       cudaStream_t stream) {
+  return gemm_sm90_tiled<T, GemmTiles::k64x64>(m, n, k, static_cast<const T*>(a),
+                                               static_cast<const T*>(w), static_cast<T*>(c),
+                                               sm_count, stream);
 }
 
 template <typename T>
@@ -188,6 +199,9 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   if (fused_gemm_sm90_ && g.bias_gelu() && g.n % 8 == 0 && g.k % 8 == 0) {
     for (const GemmPick& p : kCutlassPicks) out.push_back(p);
   }
+  if (fused_gemm_sm90_ && g.bias == nullptr && gemm_sm90_plain_pays(g.m, g.n, g.k)) {
+    out.push_back(kCutlassPlainPick);
+  }
 #endif
   return out;
 }
@@ -196,6 +210,9 @@ const GemmPick& CudaBackend::fixed_gemm_choice(const WeightGemm& g) const {
 #if FTBERT_GEMM_SM90
   if (fused_gemm_sm90_ && g.bias_gelu() && gemm_bias_gelu_sm90_pays(g.m)) {
     return cutlass_pick(g.m <= kGemmSmallTileMaxRows ? GemmTiles::k64x64 : GemmTiles::k128x256);
+  }
+  if (fused_gemm_sm90_ && g.bias == nullptr && gemm_sm90_plain_pays(g.m, g.n, g.k)) {
+    return kCutlassPlainPick;
   }
 #endif
   (void)g;
@@ -253,6 +270,17 @@ bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
       if (!run_cublaslt(pick, g)) return false;
       separate_epilogue = lt_epilogue(g.act) == CUBLASLT_EPILOGUE_DEFAULT;
       break;
+    case GemmKernel::kCutlassPlain: {
+#if FTBERT_GEMM_SM90
+      if (!fused_gemm_sm90_ || g.bias != nullptr) return false;
+      return g.dt == DType::kFloat16
+                 ? run_cutlass_plain<__half>(g.m, g.n, g.k, g.a, g.w, g.c, sm_count_, stream_)
+                 : run_cutlass_plain<__nv_bfloat16>(g.m, g.n, g.k, g.a, g.w, g.c, sm_count_,
+                                                    stream_);
+#else
+      return false;
+#endif
+    }
     case GemmKernel::kCutlass: {
 #if FTBERT_GEMM_SM90
       if (!fused_gemm_sm90_ || !g.bias_gelu()) return false;

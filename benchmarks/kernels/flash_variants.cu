@@ -9,7 +9,9 @@
 //
 // (`flash_variants profile` launches each configuration once at 32 x 512 tokens, for ncu;
 // `flash_variants small` once at small odd shapes of head dims 64 and 128, for compute-sanitizer;
-// `flash_variants d128` times the head-dim-128 shapes only.)
+// `flash_variants d128` times the head-dim-128 shapes only; `flash_variants ws` the persistent
+// head-dim-64 kernels against the launcher's choice at BERT shapes in both dtypes, with
+// FLASH_B2B=1 also back to back, for A/B builds of one change.)
 //
 // Times: median of 100 launches between CUDA events, L2 flushed before each, after 10 warm-ups.
 // TFLOP/s counts the two matrix products, 4 * B * heads * S * S * d.
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <vector>
@@ -207,8 +210,9 @@ struct Bench {
       const float bb = time_b2b_us(run);
       // bytes a memory-bound kernel moves: q, k, v read once, out written once
       const double gbs = (4.0 * sh.B * sh.S * sh.heads * sh.d * sizeof(T)) / (bb * 1e-6) / 1e9;
-      std::printf("%-10s B%-3d S%-4d d%-3d %-28s err %.2e  flushed %7.1f us  b2b %7.1f us  %6.0f GB/s\n",
-                  sh.name, sh.B, sh.S, sh.d, name, e_r, us, bb, gbs);
+      std::printf("%-10s %-5s B%-3d S%-4d d%-3d %-28s err %.2e  flushed %7.1f us  b2b %7.1f us  %6.0f GB/s\n",
+                  sh.name, std::is_same<T, __half>::value ? "fp16" : "bf16", sh.B, sh.S, sh.d,
+                  name, e_r, us, bb, gbs);
       return;
     }
     const double tflops = 4.0 * sh.B * sh.heads * double(sh.S) * sh.S * sh.d / (us * 1e-6) / 1e12;
@@ -347,6 +351,24 @@ int main(int argc, char** argv) {
         bench.template variant<HopperWs<64, 2, 128, 2, 0, true, true>>("sm90 ws c2 st2 pp mma-sums", false);
         bench.template variant<Copy<64>>("copy (memory floor)", false);
       }
+    }
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "ws") {  // the persistent d64 kernels, both dtypes
+    const bool b2b = std::getenv("FLASH_B2B") != nullptr;  // also back to back: inputs in L2
+    auto run = [&](const Shape& s, auto dtype) {
+      Bench<decltype(dtype)> bench(s);
+      bench.b2b = b2b;
+      bench.template variant<HopperWs<64, 2, 128, 2, 0, true, true>>("ws c2 st2 pp mma-sums", false);
+      bench.template variant<HopperWs<64, 3, 128, 3, 160, true, true>>("ws c3 r160 pp mma-sums",
+                                                                       false);
+      bench.template variant<Hopper<64, 1, 128, 3>>("sm90 wg1 bc128 min3", false);
+      bench.template variant<Chosen<64>>("launcher's choice", false);
+    };
+    for (const Shape& s : {Shape{"bert-base", 32, 512, 12, 64}, Shape{"bert-base", 32, 128, 12, 64},
+                           Shape{"bert-base", 128, 128, 12, 64}, Shape{"odd", 3, 197, 12, 64}}) {
+      run(s, __half{});
+      run(s, __nv_bfloat16{});
     }
     return 0;
   }

@@ -17,7 +17,8 @@
 // Times: 20 launches captured in a CUDA graph, the graph replayed 15 times between CUDA events
 // after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k. `rows128` times the four
 // GEMMs at 128 and 256 rows instead (built with -DFTBERT_FIRST_VARIANT=9, only the small-tile
-// configurations 9-13 are needed). `sustain [seconds]` runs the
+// configurations 9-13 are needed); `ffn-in` FFN-in alone (bias + erf-GELU, bias + ReLU, plain)
+// at both row counts. `sustain [seconds]` runs the
 // FFN-in kernels back to back for that long instead (see sustain() below), e.g. beside
 //   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
 //     --format=csv -lms 100
@@ -42,11 +43,17 @@
 namespace fb = ftbert::bench;
 
 // -DFTBERT_FIRST_VARIANT=n builds and times only the CUTLASS configurations from n on (the
-// others' translation units are then not needed), e.g. 9 for the small-tile ones with `rows128`.
+// others' translation units are then not needed), e.g. 9 for the small-tile ones with `rows128`;
+// -DFTBERT_LAST_VARIANT=n up to n: with both at 4, only the engine's FFN-in kernel (four
+// translation units), e.g. to compare builds of its epilogue with `ffn-in`.
 #ifndef FTBERT_FIRST_VARIANT
 #define FTBERT_FIRST_VARIANT 0
 #endif
 constexpr int kFirstVariant = FTBERT_FIRST_VARIANT;
+#ifndef FTBERT_LAST_VARIANT
+#define FTBERT_LAST_VARIANT (ftbert::bench::kGemmVariants - 1)
+#endif
+constexpr int kLastVariant = FTBERT_LAST_VARIANT;
 
 namespace {
 
@@ -171,7 +178,7 @@ double rel_error(const Shape& s, const Buffers& b, cudaStream_t stream,
 template <int kVariant>
 void run_variants(const Shape& s, const Buffers& b, int sm_count, cudaStream_t stream,
                   std::vector<std::pair<std::string, std::function<void()>>>& out) {
-  if constexpr (kVariant < fb::kGemmVariants) {
+  if constexpr (kVariant <= kLastVariant && kVariant < fb::kGemmVariants) {
     static const char* const kNames[] = {
 #define FTBERT_NAME(index, name, ...) name,
         FTBERT_GEMM_VARIANTS(FTBERT_NAME)
@@ -354,6 +361,13 @@ int main(int argc, char** argv) {
       shapes.push_back({"attn-out", m, 768, 768, 0});
       shapes.push_back({"ffn-in", m, 3072, 768, 1});
       shapes.push_back({"ffn-out", m, 768, 3072, 0});
+    }
+  }
+  // ffn-in: FFN-in alone, bias + erf-GELU, bias + ReLU and plain, at both row counts.
+  if (argc > 1 && std::string(argv[1]) == "ffn-in") {
+    shapes.clear();
+    for (int m : {16384, 4096}) {
+      for (int epilogue : {1, 3, 0}) shapes.push_back({"ffn-in", m, 3072, 768, epilogue});
     }
   }
   if (argc > 1 && std::string(argv[1]) == "small") shapes = {{"odd", 333, 200, 72, 0},

@@ -6,7 +6,10 @@
 // once the previous kernel has completed and its writes are visible, and lets the next kernel
 // be scheduled early in turn (it waits the same way). Every ftbert kernel does so on every path,
 // early returns included: a kernel that finished without waiting would let the one after it
-// overlap the one before it.
+// overlap the one before it. The one exception to "before any access": a model's weights (and
+// an op's uploaded operands) reach the device by copies, which keep their full ordering, and no
+// kernel writes them, so a kernel may load those before it waits, to overlap the loads with the
+// kernel before (the LayerNorms' bias, gamma and beta: layernorm.cu).
 //
 // The other kernels of a stream (cuBLAS's, torch's) are launched as usual and wait for their
 // predecessor in full; copies and cross-stream events keep their full ordering too. Recorded

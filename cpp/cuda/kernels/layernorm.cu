@@ -46,14 +46,30 @@ __device__ __forceinline__ void load_row(const float* row, float (&v)[VEC]) {
   }
 }
 
+// A thread's first VEC-vector of a weight row (at c = threadIdx.x; with BERT's sizes its only
+// one), loaded before the kernel's begin_dependent_kernel(): weights are uploaded by copies and
+// no kernel writes them (launch.cuh), so the load overlaps the wait for the kernel before, and
+// the value is in registers when the row needs it instead of costing a memory round trip then.
+template <typename T, int VEC>
+struct WeightAhead {
+  const T* p;
+  Vec<T, VEC> first;
+  __device__ __forceinline__ WeightAhead(const T* weights, int chunks) : p(weights), first{} {
+    if (static_cast<int>(threadIdx.x) < chunks) first = load_vec<VEC>(p + threadIdx.x * VEC);
+  }
+  __device__ __forceinline__ Vec<T, VEC> at(int c) const {
+    return c == static_cast<int>(threadIdx.x) ? first : load_vec<VEC>(p + c * VEC);
+  }
+};
+
 // Given this row's pre-norm values in `row` (fp32, written by the calling thread at the vectors it
 // visits) and this thread's partial sum, writes LN(row) · gamma + beta to out. A NaN or Inf
 // among the values stored (after rounding to T, where fp16 overflows) sets *nonfinite when given.
 template <typename T, int VEC>
 __device__ __forceinline__ void layernorm_row(const float* row, float partial_sum, int hidden,
-                                              const T* __restrict__ gamma,
-                                              const T* __restrict__ beta, T* __restrict__ out,
-                                              float eps, float* scratch,
+                                              const WeightAhead<T, VEC>& gamma,
+                                              const WeightAhead<T, VEC>& beta,
+                                              T* __restrict__ out, float eps, float* scratch,
                                               int32_t* nonfinite = nullptr) {
   const int chunks = hidden / VEC;
   const float mean = block_sum(partial_sum, scratch) / hidden;
@@ -72,8 +88,8 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     float v[VEC];
     load_row<VEC>(row + c * VEC, v);
-    const Vec<T, VEC> g = load_vec<VEC>(gamma + c * VEC);
-    const Vec<T, VEC> b = load_vec<VEC>(beta + c * VEC);
+    const Vec<T, VEC> g = gamma.at(c);
+    const Vec<T, VEC> b = beta.at(c);
     Vec<T, VEC> y;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
@@ -131,6 +147,9 @@ __global__ void __launch_bounds__(kMaxThreads)
                                        const T* __restrict__ bias, const T* __restrict__ gamma,
                                        const T* __restrict__ beta, T* out, int hidden, float eps,
                                        int32_t* __restrict__ nonfinite) {
+  const int chunks = hidden / VEC;
+  const WeightAhead<T, VEC> bias_ahead(bias, chunks), gamma_ahead(gamma, chunks),
+      beta_ahead(beta, chunks);
   begin_dependent_kernel();
   extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
   __shared__ float scratch[32];
@@ -141,9 +160,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   // The whole row is read before layernorm_row's first barrier and written after it, so `out`
   // may be the source's own memory (in place).
   float sum = 0.0f;
-  for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     const Vec<T, VEC> r = load_vec<VEC>(rr + c * VEC);
-    const Vec<T, VEC> b = load_vec<VEC>(bias + c * VEC);
+    const Vec<T, VEC> b = bias_ahead.at(c);
     float v[VEC];
     source.template load<VEC>(offset + c * VEC, v);
 #pragma unroll
@@ -153,7 +172,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     store_row<VEC>(row + c * VEC, v);
   }
-  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, out + offset, eps, scratch, nonfinite);
+  layernorm_row<T, VEC>(row, sum, hidden, gamma_ahead, beta_ahead, out + offset, eps, scratch,
+                        nonfinite);
 }
 
 // The same op with one warp per row and the row in registers (kChunks vectors per lane), for
@@ -176,11 +196,22 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
                                             const T* __restrict__ beta, T* out, int rows,
                                             int hidden, float eps,
                                             int32_t* __restrict__ nonfinite) {
-  begin_dependent_kernel();
   const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
   const int chunks = hidden / VEC;
+  // The lane's bias, gamma and beta, loaded before the wait (as WeightAhead's).
+  Vec<T, VEC> bias_v[kChunks], gamma_v[kChunks], beta_v[kChunks];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = lane + 32 * j;
+    if (c < chunks) {
+      bias_v[j] = load_vec<VEC>(bias + c * VEC);
+      gamma_v[j] = load_vec<VEC>(gamma + c * VEC);
+      beta_v[j] = load_vec<VEC>(beta + c * VEC);
+    }
+  }
+  begin_dependent_kernel();
+  if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
   const int64_t offset = static_cast<int64_t>(row) * hidden;
   float v[kChunks][VEC];
   float sum = 0.0f;
@@ -189,7 +220,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
     const int c = lane + 32 * j;
     if (c < chunks) {
       const Vec<T, VEC> r = load_vec<VEC>(residual + offset + c * VEC);
-      const Vec<T, VEC> b = load_vec<VEC>(bias + c * VEC);
+      const Vec<T, VEC>& b = bias_v[j];
       source.template load<VEC>(offset + c * VEC, v[j]);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -216,8 +247,8 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
     if (c < chunks) {
-      const Vec<T, VEC> g = load_vec<VEC>(gamma + c * VEC);
-      const Vec<T, VEC> b = load_vec<VEC>(beta + c * VEC);
+      const Vec<T, VEC>& g = gamma_v[j];
+      const Vec<T, VEC>& b = beta_v[j];
       Vec<T, VEC> y;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
@@ -238,6 +269,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                            const T* __restrict__ gamma, const T* __restrict__ beta,
                            T* __restrict__ out, SequenceLayout layout, int hidden, int vocab,
                            int type_vocab, float eps, int position_pad_id) {
+  const WeightAhead<T, VEC> gamma_ahead(gamma, hidden / VEC), beta_ahead(beta, hidden / VEC);
   begin_dependent_kernel();
   extern __shared__ float4 smem_row[];
   __shared__ float scratch[32];
@@ -278,7 +310,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     store_row<VEC>(row + c * VEC, v);
   }
-  layernorm_row<T, VEC>(row, sum, hidden, gamma, beta, out_row, eps, scratch);
+  layernorm_row<T, VEC>(row, sum, hidden, gamma_ahead, beta_ahead, out_row, eps, scratch);
 }
 
 // Dynamic shared memory for one row; above the 48 KiB default the kernel must opt in, up to what

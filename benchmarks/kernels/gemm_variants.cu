@@ -18,7 +18,9 @@
 // after a warm-up, the median replay / 20. TFLOP/s counts 2 m n k. `rows128` times the four
 // GEMMs at 128 and 256 rows instead (built with -DFTBERT_FIRST_VARIANT=9, only the small-tile
 // configurations 9-13 are needed); `ffn-in` FFN-in alone (bias + erf-GELU, bias + ReLU, plain)
-// at both row counts. `sustain [seconds]` runs the
+// at both row counts; `residual` the output projections plain and with the bias and the residual
+// in cuBLASLt's epilogue (C = the residual, beta = 1; no CUTLASS configuration, so
+// -DFTBERT_FIRST_VARIANT=14 builds it without their units). `sustain [seconds]` runs the
 // FFN-in kernels back to back for that long instead (see sustain() below), e.g. beside
 //   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
 //     --format=csv -lms 100
@@ -70,12 +72,16 @@ __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
 }
 
 // ref [m, n] (fp32 accumulators of the fp16 product) -> act(ref + bias) in place (no bias:
-// nullptr), act erf-GELU or ReLU.
+// nullptr), act erf-GELU or ReLU; with a residual, ref + bias + residual instead.
 __global__ void bias_act_reference(float* ref, const __half* bias, bool relu, int64_t rows,
-                                   int n) {
+                                   int n, const __half* residual = nullptr) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * n;
        i += gridDim.x * int64_t(blockDim.x)) {
     const float x = ref[i] + (bias ? __half2float(bias[i % n]) : 0.0f);
+    if (residual) {
+      ref[i] = x + __half2float(residual[i]);
+      continue;
+    }
     ref[i] = relu ? fmaxf(x, 0.0f) : 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
   }
 }
@@ -97,11 +103,12 @@ __global__ void max_error(const __half* out, const float* ref, int64_t n, unsign
 struct Shape {
   const char* name;
   int m, n, k;
-  int epilogue;  // 0 plain, 1 bias + erf-GELU, 2 erf-GELU alone, 3 bias + ReLU
+  int epilogue;  // 0 plain, 1 bias + erf-GELU, 2 erf-GELU alone, 3 bias + ReLU,
+                // 4 bias + residual (C, beta = 1; cuBLASLt only)
 };
 
 struct Buffers {
-  __half *a, *w, *bias, *c;
+  __half *a, *w, *bias, *c, *residual;
   float* ref;
   unsigned* err;
 };
@@ -242,6 +249,8 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
   CHECK(cudaMalloc(&b.w, size_t(s.k) * s.n * sizeof(__half)));
   CHECK(cudaMalloc(&b.bias, size_t(s.n) * sizeof(__half)));
   CHECK(cudaMalloc(&b.c, size_t(s.m) * s.n * sizeof(__half)));
+  CHECK(cudaMalloc(&b.residual, size_t(s.m) * s.n * sizeof(__half)));
+  fill<<<264, 256, 0, stream>>>(b.residual, int64_t(s.m) * s.n, 4, 2.0f);
   CHECK(cudaMalloc(&b.ref, size_t(s.m) * s.n * sizeof(float)));
   CHECK(cudaMalloc(&b.err, 2 * sizeof(unsigned)));
   fill<<<264, 256, 0, stream>>>(b.a, int64_t(s.m) * s.k, 1, 1.0f);
@@ -256,7 +265,8 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   if (s.epilogue) {
     bias_act_reference<<<528, 256, 0, stream>>>(b.ref, s.epilogue == 2 ? nullptr : b.bias,
-                                                s.epilogue == 3, s.m, s.n);
+                                                s.epilogue == 3, s.m, s.n,
+                                                s.epilogue == 4 ? b.residual : nullptr);
   }
   CHECK(cudaGetLastError());
 
@@ -280,11 +290,11 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
     CHECK_BLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasLtEpilogue_t kLtEpilogues[] = {
         CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_GELU_BIAS, CUBLASLT_EPILOGUE_GELU,
-        CUBLASLT_EPILOGUE_RELU_BIAS};
+        CUBLASLT_EPILOGUE_RELU_BIAS, CUBLASLT_EPILOGUE_BIAS};
     const cublasLtEpilogue_t epilogue = kLtEpilogues[s.epilogue];
     CHECK_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof(epilogue)));
-    if (s.epilogue == 1 || s.epilogue == 3) {  // along cᵀ's rows: one per column of c
+    if (s.epilogue == 1 || s.epilogue >= 3) {  // along cᵀ's rows: one per column of c
       CHECK_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b.bias,
                                                 sizeof(b.bias)));
     }
@@ -296,19 +306,22 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
     CHECK_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, lw, la, lc, lc, pref, int(heur.size()),
                                               heur.data(), &found));
+    // With a residual: C = residual (beta = 1), D = c, both laid out as c.
+    const float* beta = s.epilogue == 4 ? &one : &zero;
+    const __half* source = s.epilogue == 4 ? b.residual : b.c;
     for (int i = 0; i < found; ++i) {
       const cublasLtMatmulAlgo_t* algo = &heur[i].algo;
-      candidates.emplace_back("cublasLt heuristic #" + std::to_string(i), [&, algo] {
-        CHECK_BLAS(cublasLtMatmul(lt, desc, &one, b.w, lw, b.a, la, &zero, b.c, lc, b.c, lc, algo,
-                                  workspace, workspace_bytes, stream));
+      candidates.emplace_back("cublasLt heuristic #" + std::to_string(i), [&, algo, beta, source] {
+        CHECK_BLAS(cublasLtMatmul(lt, desc, &one, b.w, lw, b.a, la, beta, source, lc, b.c, lc,
+                                  algo, workspace, workspace_bytes, stream));
       });
     }
   }
-  run_variants<kFirstVariant>(s, b, sm_count, stream, candidates);
+  if (s.epilogue != 4) run_variants<kFirstVariant>(s, b, sm_count, stream, candidates);
 
   const double flop = 2.0 * s.m * s.n * s.k;
   static const char* const kEpilogues[] = {"plain", "bias + erf-GELU", "erf-GELU, no bias",
-                                           "bias + ReLU"};
+                                           "bias + ReLU", "bias + residual"};
   std::printf("%s %d x %d x %d (%s)\n", s.name, s.m, s.n, s.k, kEpilogues[s.epilogue]);
   for (auto& [name, enqueue] : candidates) {
     if (g_sustain_seconds > 0) {
@@ -334,7 +347,8 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
   for (auto l : {lw, la, lc})
     if (l) cublasLtMatrixLayoutDestroy(l);
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  for (void* p : {(void*)b.a, (void*)b.w, (void*)b.bias, (void*)b.c, (void*)b.ref, (void*)b.err})
+  for (void* p : {(void*)b.a, (void*)b.w, (void*)b.bias, (void*)b.c, (void*)b.residual,
+                  (void*)b.ref, (void*)b.err})
     CHECK(cudaFree(p));
 }
 
@@ -368,6 +382,17 @@ int main(int argc, char** argv) {
     shapes.clear();
     for (int m : {16384, 4096}) {
       for (int epilogue : {1, 3, 0}) shapes.push_back({"ffn-in", m, 3072, 768, epilogue});
+    }
+  }
+  // residual: the output projections (attention output, FFN output) plain and with the bias and
+  // the residual in cuBLASLt's epilogue, at 16,384, 8,192 and 4,096 rows.
+  if (argc > 1 && std::string(argv[1]) == "residual") {
+    shapes.clear();
+    for (int m : {16384, 8192, 4096}) {
+      for (int epilogue : {0, 4}) {
+        shapes.push_back({"attn-out", m, 768, 768, epilogue});
+        shapes.push_back({"ffn-out", m, 768, 3072, epilogue});
+      }
     }
   }
   if (argc > 1 && std::string(argv[1]) == "small") shapes = {{"odd", 333, 200, 72, 0},

@@ -97,14 +97,16 @@ def test_auto_runs_its_pick_and_shares_it(gpu, cpu, rng, dtype, act):
     assert pick in gpu.weight_gemm_candidates(dtype, m, n, k, act=act)
     assert np.array_equal(got, gpu.weight_gemm_candidate(pick, dtype, a, w, bias=bias, act=act))
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
-    # Another row count of the same bucket (up to 2,048) and another backend: the same pick.
+    # Another row count of the same bucket (1,281 to 1,536: gemm_tuner.h's rows_bucket) and
+    # another backend: the same pick.
     other = _ops.OpRunner("cuda")
-    assert other.weight_gemm_pick(dtype, 1025, n, k, act=act) == pick
-    a2 = a[:1025]
+    assert other.weight_gemm_pick(dtype, 1281, n, k, act=act) == pick
+    a2 = a[:1281]
     got2 = other.weight_gemm(dtype, a2, w, bias=bias, act=act)
     assert np.array_equal(got2, other.weight_gemm_candidate(pick, dtype, a2, w, bias=bias, act=act))
-    # The next bucket has not been measured.
-    assert gpu.weight_gemm_pick(dtype, 2049, n, k, act=act) == ""
+    # The buckets on either side have not been measured.
+    assert gpu.weight_gemm_pick(dtype, 1280, n, k, act=act) == ""
+    assert gpu.weight_gemm_pick(dtype, 1537, n, k, act=act) == ""
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

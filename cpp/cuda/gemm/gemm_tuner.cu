@@ -10,9 +10,10 @@
 namespace ftbert::cuda {
 
 int rows_bucket(int m) {
-  int bucket = 1;
-  while (bucket < m && bucket < (1 << 30)) bucket <<= 1;
-  return bucket;
+  int octave_top = 1;  // the power of two at or above m
+  while (octave_top < m && octave_top < (1 << 30)) octave_top <<= 1;
+  const int step = octave_top >= 8 ? octave_top / 8 : 1;  // (top/2, top] in 4 steps of top/8
+  return (m + step - 1) / step * step;
 }
 
 bool GemmShapeKey::operator<(const GemmShapeKey& o) const {

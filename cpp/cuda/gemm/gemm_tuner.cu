@@ -1,6 +1,7 @@
 #include "cuda/gemm/gemm_tuner.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -10,10 +11,11 @@
 namespace ftbert::cuda {
 
 int rows_bucket(int m) {
-  int octave_top = 1;  // the power of two at or above m
-  while (octave_top < m && octave_top < (1 << 30)) octave_top <<= 1;
-  const int step = octave_top >= 8 ? octave_top / 8 : 1;  // (top/2, top] in 4 steps of top/8
-  return (m + step - 1) / step * step;
+  int64_t octave_top = 1;  // the power of two at or above m
+  while (octave_top < m) octave_top <<= 1;
+  const int64_t step = octave_top >= 8 ? octave_top / 8 : 1;  // (top/2, top] in 4 steps of top/8
+  const int64_t bucket = (m + step - 1) / step * step;
+  return static_cast<int>(std::min<int64_t>(bucket, std::numeric_limits<int>::max()));
 }
 
 bool GemmShapeKey::operator<(const GemmShapeKey& o) const {

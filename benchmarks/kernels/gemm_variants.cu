@@ -19,8 +19,9 @@
 // GEMMs at 128 and 256 rows instead (built with -DFTBERT_FIRST_VARIANT=9, only the small-tile
 // configurations 9-13 are needed); `ffn-in` FFN-in alone (bias + erf-GELU, bias + ReLU, plain)
 // at both row counts; `residual` the output projections plain and with the bias and the residual
-// in cuBLASLt's epilogue (C = the residual, beta = 1; no CUTLASS configuration, so
-// -DFTBERT_FIRST_VARIANT=14 builds it without their units). `sustain [seconds]` runs the
+// in cuBLASLt's epilogue (C = the residual, beta = 1), `qkv-bias` QKV plain and with its bias in
+// cuBLASLt's epilogue (no CUTLASS configuration in these two, so -DFTBERT_FIRST_VARIANT=14 builds
+// them without their units). `sustain [seconds]` runs the
 // FFN-in kernels back to back for that long instead (see sustain() below), e.g. beside
 //   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active \
 //     --format=csv -lms 100
@@ -72,14 +73,14 @@ __global__ void fill(__half* x, int64_t n, uint32_t seed, float scale) {
 }
 
 // ref [m, n] (fp32 accumulators of the fp16 product) -> act(ref + bias) in place (no bias:
-// nullptr), act erf-GELU or ReLU; with a residual, ref + bias + residual instead.
+// nullptr), act erf-GELU, ReLU or (none) the identity; with a residual, ref + bias + residual.
 __global__ void bias_act_reference(float* ref, const __half* bias, bool relu, int64_t rows,
-                                   int n, const __half* residual = nullptr) {
+                                   int n, const __half* residual = nullptr, bool none = false) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < rows * n;
        i += gridDim.x * int64_t(blockDim.x)) {
     const float x = ref[i] + (bias ? __half2float(bias[i % n]) : 0.0f);
-    if (residual) {
-      ref[i] = x + __half2float(residual[i]);
+    if (residual || none) {
+      ref[i] = x + (residual ? __half2float(residual[i]) : 0.0f);
       continue;
     }
     ref[i] = relu ? fmaxf(x, 0.0f) : 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
@@ -104,7 +105,7 @@ struct Shape {
   const char* name;
   int m, n, k;
   int epilogue;  // 0 plain, 1 bias + erf-GELU, 2 erf-GELU alone, 3 bias + ReLU,
-                // 4 bias + residual (C, beta = 1; cuBLASLt only)
+                // 4 bias + residual (C, beta = 1), 5 bias alone (both cuBLASLt only)
 };
 
 struct Buffers {
@@ -266,7 +267,8 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
   if (s.epilogue) {
     bias_act_reference<<<528, 256, 0, stream>>>(b.ref, s.epilogue == 2 ? nullptr : b.bias,
                                                 s.epilogue == 3, s.m, s.n,
-                                                s.epilogue == 4 ? b.residual : nullptr);
+                                                s.epilogue == 4 ? b.residual : nullptr,
+                                                s.epilogue == 5);
   }
   CHECK(cudaGetLastError());
 
@@ -290,7 +292,7 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
     CHECK_BLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasLtEpilogue_t kLtEpilogues[] = {
         CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_GELU_BIAS, CUBLASLT_EPILOGUE_GELU,
-        CUBLASLT_EPILOGUE_RELU_BIAS, CUBLASLT_EPILOGUE_BIAS};
+        CUBLASLT_EPILOGUE_RELU_BIAS, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_BIAS};
     const cublasLtEpilogue_t epilogue = kLtEpilogues[s.epilogue];
     CHECK_BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof(epilogue)));
@@ -317,11 +319,11 @@ void run_shape(const Shape& s, cublasHandle_t blas, cublasLtHandle_t lt, void* w
       });
     }
   }
-  if (s.epilogue != 4) run_variants<kFirstVariant>(s, b, sm_count, stream, candidates);
+  if (s.epilogue < 4) run_variants<kFirstVariant>(s, b, sm_count, stream, candidates);
 
   const double flop = 2.0 * s.m * s.n * s.k;
   static const char* const kEpilogues[] = {"plain", "bias + erf-GELU", "erf-GELU, no bias",
-                                           "bias + ReLU", "bias + residual"};
+                                           "bias + ReLU", "bias + residual", "bias"};
   std::printf("%s %d x %d x %d (%s)\n", s.name, s.m, s.n, s.k, kEpilogues[s.epilogue]);
   for (auto& [name, enqueue] : candidates) {
     if (g_sustain_seconds > 0) {
@@ -385,7 +387,8 @@ int main(int argc, char** argv) {
     }
   }
   // residual: the output projections (attention output, FFN output) plain and with the bias and
-  // the residual in cuBLASLt's epilogue, at 16,384, 8,192 and 4,096 rows.
+  // the residual in cuBLASLt's epilogue, at 16,384, 8,192 and 4,096 rows; qkv-bias: QKV plain and
+  // with its bias in cuBLASLt's epilogue (what taking the bias out of attention would cost it).
   if (argc > 1 && std::string(argv[1]) == "residual") {
     shapes.clear();
     for (int m : {16384, 8192, 4096}) {
@@ -393,6 +396,12 @@ int main(int argc, char** argv) {
         shapes.push_back({"attn-out", m, 768, 768, epilogue});
         shapes.push_back({"ffn-out", m, 768, 3072, epilogue});
       }
+    }
+  }
+  if (argc > 1 && std::string(argv[1]) == "qkv-bias") {
+    shapes.clear();
+    for (int m : {16384, 4096, 128}) {
+      for (int epilogue : {0, 5}) shapes.push_back({"qkv", m, 2304, 768, epilogue});
     }
   }
   if (argc > 1 && std::string(argv[1]) == "small") shapes = {{"odd", 333, 200, 72, 0},

@@ -303,7 +303,7 @@ def numpy_layout(src: np.ndarray, layout: str) -> np.ndarray:
         out[...] = src
         return out
     if layout == "readonly":
-        out = src.copy()
+        out = np.array(src, copy=True)  # 0-d for a numpy scalar source, which has no flags to set
         out.flags.writeable = False
         return out
     return np.ascontiguousarray(src)

@@ -189,6 +189,25 @@ def test_add_bias_residual_layernorm_matches_reference(cpu, rng, rows, hidden):
     assert_close(cpu.add_bias_residual_layernorm("float32", x, res, bias, gamma, beta, 1e-5), ref, 2e-5)
 
 
+@pytest.mark.parametrize("bad", [None, "x", "gamma", "overflow"])
+def test_add_bias_residual_layernorm_reports_nonfinite_outputs(cpu, rng, bad):
+    rows, hidden = 5, 64
+    x, res = (rng.standard_normal((rows, hidden)).astype(np.float32) for _ in range(2))
+    bias, beta = (rng.standard_normal(hidden).astype(np.float32) for _ in range(2))
+    gamma = np.ones(hidden, np.float32)
+    if bad == "x":
+        x[3, 9] = np.nan
+    elif bad == "gamma":
+        gamma[40] = np.nan
+    elif bad == "overflow":
+        x[2, 0] = 1e3  # normalizes to ~sqrt(hidden - 1) = 7.9: times 1e38 past float32's range
+        gamma[:] = 1e38
+    out, flagged = cpu.add_bias_residual_layernorm("float32", x, res, bias, gamma, beta, 1e-5,
+                                                   report_nonfinite=True)
+    assert flagged == (bad is not None)
+    assert np.isfinite(out).all() == (bad is None)
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 32, 32), (77, 48, 130), (130, 40, 512)])
 def test_dense_residual_layernorm_matches_reference(cpu, rng, m, n, k):
     a = rng.standard_normal((m, k)).astype(np.float32)

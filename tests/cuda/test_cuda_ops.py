@@ -428,6 +428,66 @@ def test_add_bias_residual_layernorm_matches_cpu(gpu, cpu, rng, dtype, rows, hid
     check(got, want, dtype, atol=FP32_NOISE * np.abs(want).max())
 
 
+def spike_rows(rows, hidden, gain, dtype):
+    """x, residual, bias, gamma, beta whose every row normalizes to one spike: x[r, 0] = hidden
+    and zeros elsewhere, so element 0 of each row comes out as gain * sqrt(hidden - 1) (the rest
+    as -gain / sqrt(hidden - 1)); gamma = gain, everything else zero."""
+    x = np.zeros((rows, hidden), np.float32)
+    x[:, 0] = hidden
+    zeros = np.zeros(hidden, np.float32)
+    gamma = rounded(np.full(hidden, gain, np.float32), dtype)
+    return x, np.zeros_like(x), zeros, gamma, zeros
+
+
+# Outputs just either side of where rounding to the dtype overflows: float16 65,520 (the spike
+# at 65,477 / 65,533), bfloat16 (2 - 2^-8) * 2^127 ~ 3.3962e38 (at 3.377e38 / 3.3998e38, finite in
+# float32), float32 past its own range; through the block kernel (1 row) and the warp-per-row one
+# (4,096 rows).
+BF16_GAIN = 2.0**116  # bfloat16's spacing at 2^123: 146 and 147 of them are exact
+
+
+@pytest.mark.parametrize("rows", [1, 4096])
+@pytest.mark.parametrize("dtype,gain,overflows", [("float16", 2352.0, False),
+                                                  ("float16", 2354.0, True),
+                                                  ("bfloat16", 146 * BF16_GAIN, False),
+                                                  ("bfloat16", 147 * BF16_GAIN, True),
+                                                  ("float32", 1.2e37, False),
+                                                  ("float32", 1.23e37, True)])
+def test_add_bias_residual_layernorm_flags_outputs_that_overflow_the_dtype(gpu, dtype, rows, gain,
+                                                                           overflows):
+    hidden = 776  # the spike comes out as gain * sqrt(775) = gain * 27.84
+    args = spike_rows(rows, hidden, gain, dtype)
+    out, flagged = gpu.add_bias_residual_layernorm(dtype, *args, 1e-5, report_nonfinite=True)
+    assert flagged == overflows
+    assert np.isinf(out[:, 0]).all() == overflows
+    assert np.isfinite(out[:, 1:]).all()
+    if not overflows:
+        assert out[0, 0] == pytest.approx(gain * math.sqrt(hidden - 1), rel=1e-2)
+    else:  # what the value rounds from is finite in float32 (but for float32 itself)
+        assert (gain * math.sqrt(hidden - 1) < 3.4e38) == (dtype != "float32")
+
+
+@pytest.mark.parametrize("rows", [1, 4096])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", ["x", "gamma"])
+def test_add_bias_residual_layernorm_flags_nan(gpu, rng, dtype, rows, where):
+    # A NaN input poisons its whole row; a NaN gamma only its own column.
+    x = randn(rng, (rows, 96), dtype)
+    residual = randn(rng, (rows, 96), dtype)
+    bias, gamma, beta = randn(rng, 96, dtype), randn(rng, 96, dtype, 0.3, 1.0), randn(rng, 96, dtype)
+    _, flagged = gpu.add_bias_residual_layernorm(dtype, x, residual, bias, gamma, beta, 1e-5,
+                                                 report_nonfinite=True)
+    assert not flagged
+    if where == "x":
+        x[rows - 1, 7] = np.nan
+    else:
+        gamma[50] = np.nan
+    out, flagged = gpu.add_bias_residual_layernorm(dtype, x, residual, bias, gamma, beta, 1e-5,
+                                                   report_nonfinite=True)
+    assert flagged
+    assert np.isnan(out).any()
+
+
 # (m, n, k) on both sides of each split rule of gemm/split_k.h (splits in the comment), k that
 # allows fewer splits than the rule asks (slices stay multiples of 8), and odd n.
 DENSE_LN_SHAPES = [(1, 768, 3072),     # 4

@@ -391,16 +391,28 @@ void register_op_runner(py::module_& m) {
            py::arg("dtype"), py::arg("x"), py::arg("mask") = py::none())
       .def("add_bias_residual_layernorm",
            [](OpRunner& r, const std::string& dtype, const F32Array& x, const F32Array& residual,
-              const F32Array& bias, const F32Array& gamma, const F32Array& beta, float eps) {
+              const F32Array& bias, const F32Array& gamma, const F32Array& beta, float eps,
+              bool report_nonfinite) -> py::object {
              const DType dt = dtype_from_string(dtype);
              require_ndim(x, 2, "x");
              const int M = x.shape(0), H = x.shape(1);
              auto dx = r.upload(x, dt), dr = r.upload(residual, dt), db = r.upload(bias, dt);
              auto dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
+             // report_nonfinite: also the op's non-finite flag, (out, flagged).
+             int32_t flagged = 0;
+             DeviceBuffer flag(&r.backend(), sizeof(flagged));
+             r.backend().copy_to_device(flag.data(), &flagged, sizeof(flagged));
              r.backend().add_bias_residual_layernorm(dt, dx.data(), dr.data(), db.data(), dg.data(),
-                                                     dbe.data(), M, H, eps);
-             return r.download(dx, dt, {M, H});
-           })
+                                                     dbe.data(), M, H, eps,
+                                                     report_nonfinite ? flag.as<int32_t>() : nullptr);
+             py::array_t<float> out = r.download(dx, dt, {M, H});
+             if (!report_nonfinite) return out;
+             r.backend().copy_to_host(&flagged, flag.data(), sizeof(flagged));
+             r.backend().synchronize();
+             return py::make_tuple(out, flagged != 0);
+           },
+           py::arg("dtype"), py::arg("x"), py::arg("residual"), py::arg("bias"), py::arg("gamma"),
+           py::arg("beta"), py::arg("eps"), py::arg("report_nonfinite") = false)
       .def("add_bias_activation",
            [](OpRunner& r, const std::string& dtype, const F32Array& x, const F32Array& bias,
               const std::string& act) {

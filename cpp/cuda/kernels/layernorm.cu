@@ -62,6 +62,30 @@ struct WeightAhead {
   }
 };
 
+// Whether a row's outputs stored as T are finite, from the NaN-propagating max of their |y| in
+// fp32 before rounding: the rounded value is ±inf exactly when |y| reaches kOverflow (round to
+// nearest even), and a NaN stays NaN. One max per element, where converting each stored value
+// back and testing it took three instructions (on an H100, BERT-base float16 at 16,384 rows:
+// 24.9-25.0 -> 24.5-24.6 us a LayerNorm).
+template <typename T>
+struct FiniteCheck {
+  // The smallest |y| that rounds to ±inf in T: halfway between T's largest finite value and the
+  // next power of two.
+  static constexpr float kOverflow = std::is_same<T, __half>::value ? 65520.0f
+                                     : std::is_same<T, __nv_bfloat16>::value
+                                         ? 0x1.ffp+127f  // (2 - 2^-8) * 2^127
+                                         : __builtin_huge_valf();
+  float max_abs = 0.0f;
+  __device__ __forceinline__ void add(float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(max_abs) : "f"(fabsf(y)));
+#else
+    max_abs = isnan(y) || isnan(max_abs) ? __int_as_float(0x7fffffff) : fmaxf(max_abs, fabsf(y));
+#endif
+  }
+  __device__ __forceinline__ bool finite() const { return max_abs < kOverflow; }  // false on NaN
+};
+
 // Given this row's pre-norm values in `row` (fp32, written by the calling thread at the vectors it
 // visits) and this thread's partial sum, writes LN(row) · gamma + beta to out. A NaN or Inf
 // among the values stored (after rounding to T, where fp16 overflows) sets *nonfinite when given.
@@ -84,7 +108,7 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
     }
   }
   const float rstd = rsqrtf(block_sum(sq, scratch) / hidden + eps);
-  bool finite = true;
+  FiniteCheck<T> check;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     float v[VEC];
     load_row<VEC>(row + c * VEC, v);
@@ -93,13 +117,14 @@ __device__ __forceinline__ void layernorm_row(const float* row, float partial_su
     Vec<T, VEC> y;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      y.v[i] = from_float<T>((v[i] - mean) * rstd * to_float(g.v[i]) + to_float(b.v[i]));
-      finite = finite && isfinite(to_float(y.v[i]));
+      const float yi = (v[i] - mean) * rstd * to_float(g.v[i]) + to_float(b.v[i]);
+      check.add(yi);
+      y.v[i] = from_float<T>(yi);
     }
     store_vec<VEC>(out + c * VEC, y);
   }
   // Any thread may set it; all write the same value, so no atomic is needed.
-  if (nonfinite != nullptr && !finite) *nonfinite = 1;
+  if (nonfinite != nullptr && !check.finite()) *nonfinite = 1;
 }
 
 // Where the residual LayerNorm kernels read the GEMM output they normalize: the VEC values from
@@ -242,7 +267,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
     }
   }
   const float rstd = rsqrtf(warp_sum(sq) / hidden + eps);
-  bool finite = true;
+  FiniteCheck<T> check;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
@@ -252,13 +277,14 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock)
       Vec<T, VEC> y;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        y.v[i] = from_float<T>((v[j][i] - mean) * rstd * to_float(g.v[i]) + to_float(b.v[i]));
-        finite = finite && isfinite(to_float(y.v[i]));
+        const float yi = (v[j][i] - mean) * rstd * to_float(g.v[i]) + to_float(b.v[i]);
+        check.add(yi);
+        y.v[i] = from_float<T>(yi);
       }
       store_vec<VEC>(out + offset + c * VEC, y);
     }
   }
-  if (nonfinite != nullptr && !finite) *nonfinite = 1;
+  if (nonfinite != nullptr && !check.finite()) *nonfinite = 1;
 }
 
 template <typename T, int VEC>

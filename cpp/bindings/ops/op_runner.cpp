@@ -400,11 +400,13 @@ void register_op_runner(py::module_& m) {
              auto dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
              // report_nonfinite: also the op's non-finite flag, (out, flagged).
              int32_t flagged = 0;
-             DeviceBuffer flag(&r.backend(), sizeof(flagged));
-             r.backend().copy_to_device(flag.data(), &flagged, sizeof(flagged));
+             DeviceBuffer flag;
+             if (report_nonfinite) {
+               flag = DeviceBuffer(&r.backend(), sizeof(flagged));
+               r.backend().copy_to_device(flag.data(), &flagged, sizeof(flagged));
+             }
              r.backend().add_bias_residual_layernorm(dt, dx.data(), dr.data(), db.data(), dg.data(),
-                                                     dbe.data(), M, H, eps,
-                                                     report_nonfinite ? flag.as<int32_t>() : nullptr);
+                                                     dbe.data(), M, H, eps, flag.as<int32_t>());
              py::array_t<float> out = r.download(dx, dt, {M, H});
              if (!report_nonfinite) return out;
              r.backend().copy_to_host(&flagged, flag.data(), sizeof(flagged));

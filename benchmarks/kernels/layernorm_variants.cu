@@ -256,12 +256,59 @@ void run_rows(int rows, int k, cublasHandle_t blas, cudaStream_t s, bool engine_
   CHECK(cudaFree(b.nonfinite));
 }
 
+// Few rows (batch 1 to 16 x 128), where the engine's kernel is picked by row count: its residual
+// LayerNorm from the GEMM's output, and from a k-split GEMM's fp32 partials (2 and 4 splits, as the
+// output projections at up to 256 rows), us per LayerNorm back to back. Builds that move
+// kWarpMinRows compare the block and warp-per-row kernels here.
+void run_small(cudaStream_t s) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int rows : {128, 256, 1024, 2048}) {
+    const size_t n = static_cast<size_t>(rows) * kHidden;
+    std::vector<float> host(4 * n);
+    for (auto& x : host) x = nd(gen);
+    half *x = upload(std::vector<float>(host.begin(), host.begin() + n));
+    half *residual = upload(std::vector<float>(host.begin() + n, host.begin() + 2 * n));
+    std::vector<float> w(kHidden);
+    for (auto& v : w) v = 1.0f + 0.1f * nd(gen);
+    half *bias = upload(w), *gamma = upload(w), *beta = upload(w);
+    float* partials = nullptr;
+    CHECK(cudaMalloc(&partials, 4 * n * sizeof(float)));
+    CHECK(cudaMemcpy(partials, host.data(), 4 * n * sizeof(float), cudaMemcpyHostToDevice));
+    half* out = nullptr;
+    CHECK(cudaMalloc(&out, n * sizeof(half)));
+    const float dense = graph_us(s, [&] {
+      fc::invoke_add_bias_residual_layernorm<half>(x, residual, bias, gamma, beta, rows, kHidden,
+                                                   kEps, nullptr, s);
+    }, 20);
+    float split[2];
+    for (int i = 0; i < 2; ++i) {
+      split[i] = graph_us(s, [&] {
+        fc::invoke_partials_residual_layernorm<half>(partials, 2 + 2 * i, residual, bias, gamma,
+                                                     beta, out, rows, kHidden, kEps, nullptr, s);
+      }, 20);
+    }
+    CHECK(cudaGetLastError());
+    std::printf("rows %5d: us per LayerNorm  dense %6.2f   2 splits %6.2f   4 splits %6.2f\n", rows,
+                dense, split[0], split[1]);
+    for (half* p : {x, residual, bias, gamma, beta, out}) CHECK(cudaFree(p));
+    CHECK(cudaFree(partials));
+  }
+}
+
 }  // namespace
 
+// `layernorm_variants small` times the engine's kernel at 128 to 2,048 rows (run_small above);
 // `layernorm_variants engine` times the engine's kernel only (without and with the flag), for
 // A/B builds of one change to it.
 int main(int argc, char** argv) {
   const bool engine_only = argc > 1 && std::string(argv[1]) == "engine";
+  if (argc > 1 && std::string(argv[1]) == "small") {
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    run_small(s);
+    return 0;
+  }
   cublasHandle_t blas;
   CHECK_BLAS(cublasCreate(&blas));
   cudaStream_t s;

@@ -6,8 +6,9 @@
 // The pre-norm row is summed in fp32 and kept in shared memory (hidden·4 bytes), so the statistics
 // are exact two-pass ones (mean, then Σ(v - mean)²) for any hidden size, and the row is read from
 // global memory once. Each thread only revisits the shared-memory vectors it wrote itself.
-// With many rows, the residual LayerNorm of rows that fit a warp's registers (up to 1024 16-bit
-// values, BERT's sizes) runs one warp per row instead, with the same two-pass statistics.
+// From 128 rows, the residual LayerNorm of a GEMM's own output whose rows fit a warp's registers
+// (up to 1024 16-bit values, BERT's sizes) runs one warp per row instead, with the same two-pass
+// statistics.
 #include "cuda/cuda_check.h"
 #include "cuda/launch.cuh"
 #include "cuda/gemm/split_k.h"
@@ -202,13 +203,12 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 
 // The same op with one warp per row and the row in registers (kChunks vectors per lane), for
-// rows of up to 32 * kChunks vectors: no shared memory and no block barriers. It pays with many
-// rows, where the block kernel's two barrier-separated block sums per row cost more than the
-// row's reads; with few, the block kernel's one vector per thread has the shorter latency.
-// Measured on an H100, BERT-base float16, residual LayerNorm time per forward (24 of them), block
-// kernel against this one: 128 rows 65 vs 102 us, 1,024 rows 82 vs 102, 4,096 rows 214 vs 172,
-// 16,384 rows 700-712 vs 641-645 with 4 rows a block (2 rows a block: 179 us at 4,096 rows,
-// 627 at 16,384; 1 row: 208 and 641).
+// rows of up to 32 * kChunks vectors: no shared memory and no block barriers. With all of a row's
+// loads in flight (below) it is the faster of the two on the GEMM's own output from 128 rows on
+// (BERT-base float16 on an H100, us per LayerNorm, block kernel against this one: 128 rows 1.81
+// vs 1.55, 1,024 rows 2.75 vs 2.19, 2,048 rows 3.9 vs 3.35; benchmarks/kernels/layernorm_variants.cu
+// `small`). A k-split GEMM's partials keep the block kernel, whose threads share each row's
+// split loads (128 rows, 4 splits: 2.05 vs 3.5 us).
 constexpr int kWarpRowsPerBlock = 4;
 // Blocks a multiprocessor must hold (__launch_bounds__): 6 lets ptxas use 72 registers instead
 // of the 64 it chose by itself, which it met by reusing the first vectors' registers for the last
@@ -217,7 +217,7 @@ constexpr int kWarpRowsPerBlock = 4;
 // the two inputs takes; 4.25 -> 4.2 at 4,096).
 constexpr int kWarpMinBlocks = 6;
 constexpr int kWarpMaxChunks = 4;   // hidden up to 1024 in 16-bit dtypes, 512 in float32
-constexpr int kWarpMinRows = 4096;  // from here on a warp per row
+constexpr int kWarpMinRows = 128;   // from here on a warp per row (the GEMM's own output)
 
 template <typename T, int VEC, int kChunks, typename Source>
 __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
@@ -373,27 +373,30 @@ size_t row_smem_bytes(Kernel kernel, int hidden) {
 
 int row_threads(int chunks) { return round_up(chunks < kMaxThreads ? chunks : kMaxThreads, 32); }
 
-// Runs the residual LayerNorm over `source` with VEC-wide vectors: a warp per row when there are
-// many rows and each fits kWarpMaxChunks vectors per lane, else a block per row.
+// Runs the residual LayerNorm over `source` with VEC-wide vectors: a warp per row for the GEMM's
+// own output from kWarpMinRows rows when each row fits kWarpMaxChunks vectors per lane, else a
+// block per row.
 template <typename T, int VEC, typename Source>
 void launch_residual_layernorm(const Source& source, const T* residual, const T* bias,
                                const T* gamma, const T* beta, T* out, int rows, int hidden,
                                float eps, int32_t* nonfinite, cudaStream_t stream) {
   const int chunks = hidden / VEC;
-  const int per_lane = ceil_div(chunks, 32);
-  if (rows >= kWarpMinRows && per_lane <= kWarpMaxChunks) {
-    const int blocks = ceil_div(rows, kWarpRowsPerBlock);
-    auto run = [&](auto chunks_c) {
-      constexpr int kChunks = decltype(chunks_c)::value;
-      launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source>, blocks,
-             32 * kWarpRowsPerBlock, 0, stream, source, residual, bias, gamma, beta, out, rows,
-             hidden, eps, nonfinite);
-    };
-    if (per_lane == 1) run(std::integral_constant<int, 1>{});
-    else if (per_lane == 2) run(std::integral_constant<int, 2>{});
-    else if (per_lane == 3) run(std::integral_constant<int, 3>{});
-    else run(std::integral_constant<int, 4>{});
-    return;
+  if constexpr (!std::is_same<Source, SplitPartials>::value) {
+    const int per_lane = ceil_div(chunks, 32);
+    if (rows >= kWarpMinRows && per_lane <= kWarpMaxChunks) {
+      const int blocks = ceil_div(rows, kWarpRowsPerBlock);
+      auto run = [&](auto chunks_c) {
+        constexpr int kChunks = decltype(chunks_c)::value;
+        launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source>, blocks,
+               32 * kWarpRowsPerBlock, 0, stream, source, residual, bias, gamma, beta, out, rows,
+               hidden, eps, nonfinite);
+      };
+      if (per_lane == 1) run(std::integral_constant<int, 1>{});
+      else if (per_lane == 2) run(std::integral_constant<int, 2>{});
+      else if (per_lane == 3) run(std::integral_constant<int, 3>{});
+      else run(std::integral_constant<int, 4>{});
+      return;
+    }
   }
   auto kernel = add_bias_residual_layernorm_kernel<T, VEC, Source>;
   const size_t smem = row_smem_bytes(kernel, hidden);

@@ -48,13 +48,11 @@ bool run_variant<FTBERT_VARIANT, FTBERT_EPILOGUE>(int m, int n, int k, const __h
                                                   int sm_count, cudaStream_t stream) {
   using T = cutlass::half_t;
 #if FTBERT_EPILOGUE == 2  // erf-GELU without the bias: what the bias's loads cost
-  using G = g::GemmWith<T, Tiles<FTBERT_VARIANT>,
-                        cutlass::epilogue::fusion::LinCombEltAct<g::ErfGelu, T, float, T, float>,
-                        false>;
+  using G = g::GemmWith<T, Tiles<FTBERT_VARIANT>, g::ActTree<g::ErfGelu, T>, false>;
 #elif FTBERT_EPILOGUE == 3  // bias + ReLU: the activation's arithmetic against one instruction
   using G = g::GemmWith<T, Tiles<FTBERT_VARIANT>,
-                        cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-                            cutlass::epilogue::thread::ReLu, T, float, T, T, float>,
+                        g::BiasActTree<cutlass::epilogue::thread::ReLu, T,
+                                       typename Tiles<FTBERT_VARIANT>::TileShape>,
                         true>;
 #else
   constexpr auto kEpilogue = FTBERT_EPILOGUE ? g::Epilogue::kBiasGelu : g::Epilogue::kPlain;

@@ -86,28 +86,54 @@ enum class Epilogue {
   kBiasGelu,  // gelu_erf(acc + bias[col])
 };
 
-template <typename T, Epilogue kEpilogue>
-struct FusionOf {
-  using type = cutlass::epilogue::fusion::LinearCombination<T, float, T, float>;
-};
+namespace fusion = cutlass::epilogue::fusion;
+constexpr auto kRoundToNearest = cutlass::FloatRoundStyle::round_to_nearest;
+
+// The epilogues as CUTLASS visitor trees that compute only what they name. CUTLASS's own fusions
+// (LinearCombination, LinCombPerColBiasEltAct) compute alpha · acc + beta · C, and without a C
+// still issue the multiply by beta: an FP32 FMA an element, each of which costs the other
+// warpgroup's MMAs about a cycle (benchmarks/results/wgmma-overlap-h100.txt). Without it, on an
+// H100 at the FFN-in shape (ping-pong 128 x 128, bias + erf-GELU, 9 FP32 instructions an element
+// instead of 10): 4,096 rows 36.4-36.6 -> 34.9-35.0 us (benchmarks/results/gelu-forms-h100.txt).
+// acc, rounded to T.
 template <typename T>
-struct FusionOf<T, Epilogue::kBiasGelu> {
-  using type = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ErfGelu, T, float, T, T, float>;
+using AccTree = fusion::Sm90EVT<
+    fusion::Sm90Compute<cutlass::epilogue::thread::Identity, T, float, kRoundToNearest>,
+    fusion::Sm90AccFetch>;
+// act(acc), rounded to T.
+template <template <class> class Act, typename T>
+using ActTree = fusion::Sm90EVT<fusion::Sm90Compute<Act, T, float, kRoundToNearest>,
+                                fusion::Sm90AccFetch>;
+// act(acc + bias[col]), rounded to T; bias [n] in T (a row of the tile's width, read once a tile).
+template <template <class> class Act, typename T, class TileShape>
+using BiasActTree = fusion::Sm90EVT<
+    fusion::Sm90Compute<Act, T, float, kRoundToNearest>,
+    fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRoundToNearest>,
+                    fusion::Sm90AccFetch,
+                    fusion::Sm90RowBroadcast<0, TileShape, T, float, Stride<_0, _1, int64_t>,
+                                             /*alignment*/ 8>>>;
+
+template <typename T, class Tiles, Epilogue kEpilogue>
+struct TreeOf {
+  using type = AccTree<T>;
+};
+template <typename T, class Tiles>
+struct TreeOf<T, Tiles, Epilogue::kBiasGelu> {
+  using type = BiasActTree<ErfGelu, T, typename Tiles::TileShape>;
 };
 
-// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; no C operand
-// (beta = 0). Tiles: a TilingOf; Fusion: CUTLASS's epilogue fusion, with a bias_ptr argument
-// when kHasBias.
-template <typename T, class Tiles, class Fusion_, bool kHasBias_>
+// Row-major A [m, k], W [k, n] (CUTLASS's B, n-major), D [m, n]; fp32 accumulation; no C operand.
+// Tiles: a TilingOf; Tree: the epilogue's visitor tree, a BiasActTree when kHasBias (its bias is
+// run()'s), else one without arguments.
+template <typename T, class Tiles, class Tree, bool kHasBias_>
 struct GemmWith {
   using Row = cutlass::layout::RowMajor;
   static constexpr int kAlign = 8;  // elements per 16 bytes
   static constexpr bool kHasBias = kHasBias_;
-  using Fusion = Fusion_;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Tiles::TileShape,
       typename Tiles::ClusterShape, typename Tiles::EpilogueTile, float, float,
-      void, Row, kAlign, T, Row, kAlign, typename Tiles::EpilogueSchedule, Fusion>::CollectiveOp;
+      void, Row, kAlign, T, Row, kAlign, typename Tiles::EpilogueSchedule, Tree>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Row, kAlign, T, Row, kAlign, float,
       typename Tiles::TileShape, typename Tiles::ClusterShape,
@@ -120,7 +146,7 @@ struct GemmWith {
 };
 
 template <typename T, class Tiles, Epilogue kEpilogue>
-using GemmOf = GemmWith<T, Tiles, typename FusionOf<T, kEpilogue>::type,
+using GemmOf = GemmWith<T, Tiles, typename TreeOf<T, Tiles, kEpilogue>::type,
                         kEpilogue == Epilogue::kBiasGelu>;
 
 // The FFN-in GEMM of gemm_sm90.h: GELU(acc + bias[col]) in fp32, rounded once to T.
@@ -147,9 +173,9 @@ bool run(int m, int n, int k, const Ours* a, const Ours* w, const Ours* bias, Ou
       {m, n, k, 1},
       {reinterpret_cast<const T*>(a), stride_a, reinterpret_cast<const T*>(w), stride_b},
       {{}, nullptr, stride_d, reinterpret_cast<T*>(c), stride_d}};
-  args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  if constexpr (G::kHasBias) args.epilogue.thread.bias_ptr = reinterpret_cast<const T*>(bias);
+  if constexpr (G::kHasBias) {  // BiasActTree's: {{acc, bias, plus}, act}
+    args.epilogue.thread = {{{}, {reinterpret_cast<const T*>(bias)}, {}}, {}};
+  }
   args.hw_info.sm_count = sm_count;
   Adapter gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;

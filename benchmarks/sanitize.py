@@ -4,7 +4,8 @@
                          float32, float16 and bfloat16, both attentions, op by op and replayed as a
                          CUDA graph
   sanitize.py ops      - the softmax (both variants), the residual LayerNorm (block and warp per
-                         row, and after a k-split GEMM) and both flash attention kernels
+                         row, and after a k-split GEMM), both flash attention kernels and the
+                         Hopper CUTLASS GEMMs
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one
@@ -151,6 +152,14 @@ def ops() -> None:
             assert np.isfinite(r.first_token_dense(dtype, x, w, np.zeros(5, np.float32), "tanh", mask=mask)).all()
             cu, index = r.pack_sequences(mask)
             assert cu[-1] == mask.sum() and (index[cu[-1]:] == -1).all()
+            # The Hopper CUTLASS GEMMs where this build has them (every tiling the measured choice
+            # times, plain and with the bias + erf-GELU epilogue).
+            a = rng.standard_normal((200, 72)).astype(np.float32)
+            w = (rng.standard_normal((72, 136)) / 72**0.5).astype(np.float32)
+            for act, b in (("identity", None), ("gelu", rng.standard_normal(136).astype(np.float32))):
+                for name in r.weight_gemm_candidates(dtype, 200, 136, 72, act=act):
+                    if name.startswith("cutlass"):
+                        assert np.isfinite(r.weight_gemm_candidate(name, dtype, a, w, bias=b, act=act)).all()
         print(dtype, "ok")
 
 

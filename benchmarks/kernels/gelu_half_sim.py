@@ -14,6 +14,11 @@ instruction as the GPU would (a fused multiply-add rounds once); ex2's own error
 Result (levers-tried-h100.txt, item 14): float16 outputs err by up to 24-34 ulps on the negative
 tail (mean 0.75-0.79 ulp against 0.22), where test_fused_gemm_gelu_is_erf_gelu_rounded_once holds
 the kernel to one ulp; so it was not built.
+
+A second form keeps one ulp (item 21): P(a) = -1 + k2 a² + k1 a + q(u), the quadratic in fp32 (two
+FMAs), q a degree-7 polynomial in float16 on u = min(a, 8) / 4 - 1/2 (its coefficients rounded to
+float16 one at a time from the top, the rest refitted), the -1 an exponent decrement of the
+result. Built, it made the FFN-in GEMM slower (gelu-forms-h100.txt).
 """
 import numpy as np
 import torch
@@ -66,6 +71,36 @@ def fit_half(degree):
     return np.polyfit(a / 4.0, log_ndtr(-a) / np.log(2.0), degree).astype(F16)
 
 
+def fit_hybrid(amax=8.0, degree=7):
+    """The second form's fp32 k2, k1 and float16 coefficients of q (highest degree first)."""
+    a = (amax / 2) * (1 - np.cos(np.linspace(0.0, np.pi, 20001)))
+    target = log_ndtr(-a) / np.log(2.0) + 1.0
+    k2, k1, _ = np.polyfit(a, target, 2)
+    k2, k1 = F32(k2), F32(k1)
+    rest = target - (F64(k2) * a * a + F64(k1) * a)
+    u = hybrid_u(a.astype(F32), amax).astype(F64)
+    weight = np.where(a < 4.4, 1.0, 0.1)  # float16 outputs are subnormal past a ~ 4.4
+    coeffs = []
+    for d in range(degree, -1, -1):
+        c = np.linalg.lstsq(np.vander(u, d + 1) * weight[:, None], rest * weight, rcond=None)[0][0]
+        coeffs.append(F16(c))
+        rest = rest - F64(coeffs[-1]) * u**d
+    return k2, k1, np.array(coeffs, F16)
+
+
+def hybrid_u(a, amax):  # min(a, amax) in float16, then a / 4 - 1/2 as one HFMA2
+    h = np.minimum(a, F32(amax)).astype(F16)
+    return fma(h, np.full_like(h, F16(0.25)), np.full_like(h, F16(-0.5)), F16)
+
+
+def gelu_hybrid(x, k2, k1, coeffs16, amax=8.0):  # [n] float32 -> float32
+    a = np.abs(x)
+    q = horner(coeffs16, hybrid_u(a, amax), F16).astype(F32)
+    p = fma(fma(np.full_like(a, k2), a, np.full_like(a, k1), F32), a, q, F32)  # log2 Φ(-a) + 1
+    phi = (np.exp2(p.astype(F64)) / 2).astype(F32)
+    return fma(-a, phi, np.maximum(x, F32(0)), F32)
+
+
 def report(name, got, exact, x, out_dtype):
     got = got.astype(out_dtype).astype(F64)
     err = np.abs(got - exact)
@@ -85,6 +120,7 @@ def main():
     report("exact, rounded once", exact, exact, x, F16)
     for degree in (5, 6, 7):
         report(f"float16 P, degree {degree}", gelu_half_poly(x, fit_half(degree)), exact, x, F16)
+    report("fp32 quadratic + float16 q", gelu_hybrid(x, *fit_hybrid()), exact, x, F16)
 
 
 if __name__ == "__main__":

@@ -219,45 +219,37 @@ constexpr int kWarpMinBlocks = 6;
 constexpr int kWarpMaxChunks = 4;   // hidden up to 1024 in 16-bit dtypes, 512 in float32
 constexpr int kWarpMinRows = 128;   // from here on a warp per row (the GEMM's own output)
 
-template <typename T, int VEC, int kChunks, typename Source>
-__global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
-    add_bias_residual_layernorm_warp_kernel(Source source, const T* __restrict__ residual,
-                                            const T* __restrict__ bias,
-                                            const T* __restrict__ gamma,
-                                            const T* __restrict__ beta, T* out, int rows,
-                                            int hidden, float eps,
-                                            int32_t* __restrict__ nonfinite) {
-  const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int chunks = hidden / VEC;
-  // A lane's vectors are c = lane + 32 j; a lane past the row's end (c >= chunks) works on the
-  // row's last vector instead (clamped, never out of bounds) and drops the result. So no load
-  // sits behind a branch, and all of a row's loads are in flight before the first is used. Behind
-  // `if (c < chunks)`, each vector's block used its values before the next one loaded: a memory
-  // round trip per vector (on an H100, BERT-base float16 at 16,384 rows: 24.5 -> 22.4-22.7 us;
-  // 4,096 rows: 4.4 -> 4.25).
-  auto vector_at = [&](int j) { return min(lane + 32 * j, chunks - 1); };
-  // The lane's bias, gamma and beta, loaded before the wait (as WeightAhead's).
-  Vec<T, VEC> bias_v[kChunks], gamma_v[kChunks], beta_v[kChunks];
+// A lane's vectors of a row held in registers are c = lane + 32 j (j < kChunks); a lane past
+// the row's end (c >= chunks) works on the row's last vector instead (clamped, never out of
+// bounds) and drops the result. So no load sits behind a branch, and all of a row's loads are in
+// flight before the first is used. Behind `if (c < chunks)`, each vector's block used its values
+// before the next one loaded: a memory round trip per vector (on an H100, BERT-base float16 at
+// 16,384 rows: 24.5 -> 22.4-22.7 us; 4,096 rows: 4.4 -> 4.25).
+__device__ __forceinline__ int lane_vector(int lane, int j, int chunks) {
+  return min(lane + 32 * j, chunks - 1);
+}
+
+// The lane's vectors of a weight row (bias, gamma, beta), loaded before the kernel's
+// begin_dependent_kernel() as WeightAhead's are.
+template <typename T, int VEC, int kChunks>
+__device__ __forceinline__ void load_lane_vectors(const T* __restrict__ weights, int lane,
+                                                  int chunks, Vec<T, VEC> (&out)[kChunks]) {
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
-    const int c = vector_at(j);
-    bias_v[j] = load_vec<VEC>(bias + c * VEC);
-    gamma_v[j] = load_vec<VEC>(gamma + c * VEC);
-    beta_v[j] = load_vec<VEC>(beta + c * VEC);
+    out[j] = load_vec<VEC>(weights + lane_vector(lane, j, chunks) * VEC);
   }
-  begin_dependent_kernel();
-  if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
-  const int64_t offset = static_cast<int64_t>(row) * hidden;
-  float v[kChunks][VEC];
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int c = vector_at(j);
-    const Vec<T, VEC> r = load_vec<VEC>(residual + offset + c * VEC);
-    source.template load<VEC>(offset + c * VEC, v[j]);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) v[j][i] = v[j][i] + to_float(bias_v[j].v[i]) + to_float(r.v[i]);
-  }
+}
+
+// Given a row's pre-norm values spread over a warp (lane vectors as above, in fp32), writes
+// LN(row) · gamma + beta to out_row with exact two-pass statistics from warp shuffles. A NaN or
+// Inf among the values stored sets *nonfinite when given.
+template <typename T, int VEC, int kChunks>
+__device__ __forceinline__ void warp_layernorm_row(const float (&v)[kChunks][VEC], int lane,
+                                                   int chunks, int hidden,
+                                                   const Vec<T, VEC> (&gamma_v)[kChunks],
+                                                   const Vec<T, VEC> (&beta_v)[kChunks],
+                                                   T* __restrict__ out_row, float eps,
+                                                   int32_t* __restrict__ nonfinite) {
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
@@ -293,10 +285,41 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
         check.add(yi);
         y.v[i] = from_float<T>(yi);
       }
-      store_vec<VEC>(out + offset + c * VEC, y);
+      store_vec<VEC>(out_row + c * VEC, y);
     }
   }
   if (nonfinite != nullptr && !check.finite()) *nonfinite = 1;
+}
+
+template <typename T, int VEC, int kChunks, typename Source>
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
+    add_bias_residual_layernorm_warp_kernel(Source source, const T* __restrict__ residual,
+                                            const T* __restrict__ bias,
+                                            const T* __restrict__ gamma,
+                                            const T* __restrict__ beta, T* out, int rows,
+                                            int hidden, float eps,
+                                            int32_t* __restrict__ nonfinite) {
+  const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int chunks = hidden / VEC;
+  Vec<T, VEC> bias_v[kChunks], gamma_v[kChunks], beta_v[kChunks];
+  load_lane_vectors<T, VEC, kChunks>(bias, lane, chunks, bias_v);
+  load_lane_vectors<T, VEC, kChunks>(gamma, lane, chunks, gamma_v);
+  load_lane_vectors<T, VEC, kChunks>(beta, lane, chunks, beta_v);
+  begin_dependent_kernel();
+  if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
+  const int64_t offset = static_cast<int64_t>(row) * hidden;
+  float v[kChunks][VEC];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = lane_vector(lane, j, chunks);
+    const Vec<T, VEC> r = load_vec<VEC>(residual + offset + c * VEC);
+    source.template load<VEC>(offset + c * VEC, v[j]);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[j][i] = v[j][i] + to_float(bias_v[j].v[i]) + to_float(r.v[i]);
+  }
+  warp_layernorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, beta_v, out + offset, eps,
+                                      nonfinite);
 }
 
 template <typename T, int VEC>
@@ -373,6 +396,17 @@ size_t row_smem_bytes(Kernel kernel, int hidden) {
 
 int row_threads(int chunks) { return round_up(chunks < kMaxThreads ? chunks : kMaxThreads, 32); }
 
+// f(std::integral_constant<int, per_lane>) for the warp kernels' vectors per lane, 1 to
+// kWarpMaxChunks.
+template <typename F>
+void with_warp_chunks(int per_lane, F&& f) {
+  static_assert(kWarpMaxChunks == 4, "one case per count");
+  if (per_lane == 1) f(std::integral_constant<int, 1>{});
+  else if (per_lane == 2) f(std::integral_constant<int, 2>{});
+  else if (per_lane == 3) f(std::integral_constant<int, 3>{});
+  else f(std::integral_constant<int, 4>{});
+}
+
 // Runs the residual LayerNorm over `source` with VEC-wide vectors: a warp per row for the GEMM's
 // own output from kWarpMinRows rows when each row fits kWarpMaxChunks vectors per lane, else a
 // block per row.
@@ -385,16 +419,12 @@ void launch_residual_layernorm(const Source& source, const T* residual, const T*
     const int per_lane = ceil_div(chunks, 32);
     if (rows >= kWarpMinRows && per_lane <= kWarpMaxChunks) {
       const int blocks = ceil_div(rows, kWarpRowsPerBlock);
-      auto run = [&](auto chunks_c) {
+      with_warp_chunks(per_lane, [&](auto chunks_c) {
         constexpr int kChunks = decltype(chunks_c)::value;
         launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source>, blocks,
                32 * kWarpRowsPerBlock, 0, stream, source, residual, bias, gamma, beta, out, rows,
                hidden, eps, nonfinite);
-      };
-      if (per_lane == 1) run(std::integral_constant<int, 1>{});
-      else if (per_lane == 2) run(std::integral_constant<int, 2>{});
-      else if (per_lane == 3) run(std::integral_constant<int, 3>{});
-      else run(std::integral_constant<int, 4>{});
+      });
       return;
     }
   }

@@ -4,8 +4,9 @@
                          float32, float16 and bfloat16, both attentions, op by op and replayed as a
                          CUDA graph
   sanitize.py ops      - the softmax (both variants), the residual LayerNorm (block and warp per
-                         row, and after a k-split GEMM), both flash attention kernels and the
-                         Hopper CUTLASS GEMMs
+                         row, and after a k-split GEMM), the embedding LayerNorm (both kernels,
+                         padded and packed, the RoBERTa family's counted positions), both flash
+                         attention kernels and the Hopper CUTLASS GEMMs
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one
@@ -112,6 +113,19 @@ def ops() -> None:
             x = rng.standard_normal((rows, hidden)).astype(np.float32)
             v = rng.standard_normal(hidden).astype(np.float32)
             assert np.isfinite(r.add_bias_residual_layernorm(dtype, x, x, v, v, v, 1e-12)).all()
+        # The embedding: a warp per row where the row fits 4 vectors a lane (48; 768 in 16 bits),
+        # else a block (768 in float32; 1030); padded and packed rows, positions counted past pad
+        # ids.
+        for hidden in (48, 768, 1030):
+            ids = rng.integers(0, 50, (3, 77)).astype(np.int32)
+            ids[0, :20] = 1
+            tt = rng.integers(0, 2, (3, 77)).astype(np.int32)
+            tables = [rng.standard_normal(shape).astype(np.float32)
+                      for shape in ((50, hidden), (79, hidden), (2, hidden), (hidden,), (hidden,))]
+            mask = np.ones((3, 77), np.int32)
+            mask[1, 40:] = 0
+            for kwargs in ({}, {"position_pad_id": 1}, {"position_pad_id": 1, "mask": mask}):
+                assert np.isfinite(r.embed_layernorm(dtype, ids, tt, *tables, 1e-12, **kwargs)).all()
         # k split 4 and 2 ways. The unsplit path is weight_gemm + the LayerNorm above; at 300 rows
         # racecheck reported hazards inside cuBLAS's own nvjet_sm90 32x64 GEMM kernel (480, none
         # in ftbert's kernels), which is not ours to judge, so this workload leaves it out.

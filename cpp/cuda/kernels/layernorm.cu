@@ -322,6 +322,27 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
                                       nonfinite);
 }
 
+// The three table rows a token's embedding sums: its word's, its position s's and its token
+// type's (0 without types). Ids and types are clamped so that bad input on the device reads a
+// valid row instead of out of bounds.
+template <typename T>
+struct EmbeddingRows {
+  const T* word;
+  const T* position;
+  const T* type;
+};
+
+template <typename T>
+__device__ __forceinline__ EmbeddingRows<T> embedding_rows(
+    const int32_t* __restrict__ input_ids, const int32_t* __restrict__ token_type_ids,
+    const T* word, const T* position, const T* token_type, int token, int s, int hidden, int vocab,
+    int type_vocab) {
+  const int id = min(max(input_ids[token], 0), vocab - 1);
+  const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
+  return {word + static_cast<int64_t>(id) * hidden, position + static_cast<int64_t>(s) * hidden,
+          token_type + static_cast<int64_t>(type) * hidden};
+}
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kMaxThreads)
     embed_layernorm_kernel(const int32_t* __restrict__ input_ids,
@@ -351,12 +372,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int counted = static_cast<int>(block_sum(real, scratch));
     s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
   }
-  // Clamped so that a bad id on the device reads a valid row instead of out of bounds.
-  const int id = min(max(input_ids[token], 0), vocab - 1);
-  const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
-  const T* w = word + static_cast<int64_t>(id) * hidden;
-  const T* p = position + static_cast<int64_t>(s) * hidden;
-  const T* t = token_type + static_cast<int64_t>(type) * hidden;
+  const EmbeddingRows<T> tables = embedding_rows(input_ids, token_type_ids, word, position,
+                                                  token_type, token, s, hidden, vocab, type_vocab);
+  const T *w = tables.word, *p = tables.position, *t = tables.type;
 
   float sum = 0.0f;
   for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
@@ -421,12 +439,9 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     }
     s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
   }
-  // Clamped so that a bad id on the device reads a valid row instead of out of bounds.
-  const int id = min(max(input_ids[token], 0), vocab - 1);
-  const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
-  const T* w = word + static_cast<int64_t>(id) * hidden;
-  const T* p = position + static_cast<int64_t>(s) * hidden;
-  const T* t = token_type + static_cast<int64_t>(type) * hidden;
+  const EmbeddingRows<T> tables = embedding_rows(input_ids, token_type_ids, word, position,
+                                                  token_type, token, s, hidden, vocab, type_vocab);
+  const T *w = tables.word, *p = tables.position, *t = tables.type;
   float v[kChunks][VEC];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {

@@ -96,15 +96,13 @@ constexpr auto kRoundToNearest = cutlass::FloatRoundStyle::round_to_nearest;
 // H100 at the FFN-in shape (ping-pong 128 x 128, bias + erf-GELU, 9 FP32 instructions an element
 // instead of 10): 4,096 rows 36.4-36.6 -> 34.9-35.0 us (benchmarks/results/gelu-forms-h100.txt).
 
-// acc, rounded to T.
-template <typename T>
-using AccTree = fusion::Sm90EVT<
-    fusion::Sm90Compute<cutlass::epilogue::thread::Identity, T, float, kRoundToNearest>,
-    fusion::Sm90AccFetch>;
 // act(acc), rounded to T (the kernel harness's GELU without a bias).
 template <template <class> class Act, typename T>
 using ActTree = fusion::Sm90EVT<fusion::Sm90Compute<Act, T, float, kRoundToNearest>,
                                 fusion::Sm90AccFetch>;
+// acc, rounded to T.
+template <typename T>
+using AccTree = ActTree<cutlass::epilogue::thread::Identity, T>;
 // act(acc + bias[col]), rounded to T; bias [n] in T (a row of the tile's width, read once a tile).
 template <template <class> class Act, typename T, class TileShape>
 using BiasActTree = fusion::Sm90EVT<

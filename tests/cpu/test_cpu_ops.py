@@ -218,6 +218,24 @@ def test_dense_residual_layernorm_matches_reference(cpu, rng, m, n, k):
     assert_close(cpu.dense_residual_layernorm("float32", a, w, bias, res, gamma, beta, 1e-5), ref, 5e-5)
 
 
+@pytest.mark.parametrize("bad", [None, "a", "gamma"])
+def test_dense_residual_layernorm_reports_nonfinite_outputs(cpu, rng, bad):
+    m, n, k = 6, 40, 24
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    bias, beta = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    gamma = np.ones(n, np.float32)
+    if bad == "a":
+        a[4, 2] = np.nan  # its row
+    elif bad == "gamma":
+        gamma[9] = np.nan  # its column
+    out, flagged = cpu.dense_residual_layernorm("float32", a, w, bias, res, gamma, beta, 1e-5,
+                                                report_nonfinite=True)
+    assert flagged == (bad is not None)
+    assert np.isfinite(out).sum() == m * n - {None: 0, "a": n, "gamma": m}[bad]
+
+
 def test_dense_residual_layernorm_names_bad_shapes(cpu):
     a, w, v = np.ones((4, 6), np.float32), np.ones((6, 3), np.float32), np.ones(3, np.float32)
     with pytest.raises(ValueError, match=r"dense_residual_layernorm: inner dimensions differ \(6 vs 5\)"):

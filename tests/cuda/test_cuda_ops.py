@@ -545,6 +545,39 @@ def test_dense_residual_layernorm_splits_as_split_k_h_says(gpu, rng, dtype):
         assert ("SplitPartials" in norms[0]) == split, (m, k, workspace, kernels)
 
 
+# k split 2 ways (128 rows; split_k.h) and unsplit, at widths 768 and 392.
+@pytest.mark.parametrize("m,n", [(128, 768), (300, 768), (1000, 768), (600, 392)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("where", ["a", "gamma", "overflow"])
+def test_dense_residual_layernorm_flags_nonfinite(gpu, rng, dtype, m, n, where):
+    # A NaN in a row of `a` poisons that row; a NaN gamma its column; a gamma that scales a
+    # spike past the dtype's range overflows its one value.
+    k = 768
+    a, w = randn(rng, (m, k), dtype), randn(rng, (k, n), dtype, 1.0 / math.sqrt(k))
+    residual, bias = randn(rng, (m, n), dtype), randn(rng, n, dtype)
+    gamma, beta = randn(rng, n, dtype, 0.3, offset=1.0), randn(rng, n, dtype)
+    args = (a, w, bias, residual, gamma, beta, 1e-5)
+    out, flagged = gpu.dense_residual_layernorm(dtype, *args, report_nonfinite=True)
+    assert not flagged and np.isfinite(out).all()
+    if where == "a":
+        a[m - 1, 3] = np.nan
+        bad = np.zeros((m, n), bool)
+        bad[m - 1] = True
+    elif where == "gamma":
+        gamma[n - 5] = np.nan
+        bad = np.zeros((m, n), bool)
+        bad[:, n - 5] = True
+    else:
+        residual[m // 2, 7] = 1000.0  # about sqrt(n) standard deviations of its row
+        gamma[7] = 3600.0 if dtype == "float16" else 3e37  # other rows' |z| < 5 stay finite
+        bad = np.zeros((m, n), bool)
+        bad[m // 2, 7] = True
+    out, flagged = gpu.dense_residual_layernorm(dtype, *args, report_nonfinite=True)
+    assert flagged
+    assert not np.isfinite(out[bad]).any()
+    assert np.isfinite(out[~bad]).all()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity"])
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 130), (33, 1000), (5, 3072), (3, 333)])

@@ -122,6 +122,31 @@ void require_ndim(const py::array& a, int ndim, const char* what) {
   FTBERT_CHECK_INPUT(a.ndim() == ndim, what << " must be " << ndim << "-D, got " << a.ndim() << "-D");
 }
 
+// An op's non-finite flag when a test asks for it (report_nonfinite): a device int32 zeroed
+// before the op and read after it; none otherwise (the op's nullptr).
+class NonfiniteFlag {
+ public:
+  NonfiniteFlag(OpRunner& r, bool wanted) : r_(r) {
+    if (!wanted) return;
+    const int32_t zero = 0;
+    flag_ = DeviceBuffer(&r.backend(), sizeof(zero));
+    r.backend().copy_to_device(flag_.data(), &zero, sizeof(zero));
+  }
+  int32_t* device() const { return flag_.as<int32_t>(); }
+  // out, or (out, flagged) when the flag was asked for.
+  py::object result(py::array_t<float> out) const {
+    if (flag_.bytes() == 0) return out;
+    int32_t flagged = 0;
+    r_.backend().copy_to_host(&flagged, flag_.data(), sizeof(flagged));
+    r_.backend().synchronize();
+    return py::make_tuple(out, flagged != 0);
+  }
+
+ private:
+  OpRunner& r_;
+  DeviceBuffer flag_;
+};
+
 // A weight GEMM's operands on the device: a [m, k] and bias [n] uploaded, W [k, n] through
 // upload_weight (the backend's layout), c [m, n] allocated. `op` names the caller in errors.
 struct WeightGemmOperands {
@@ -258,11 +283,12 @@ void register_op_runner(py::module_& m) {
            py::arg("name"), py::arg("dtype"), py::arg("a"), py::arg("w"),
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
       // out = LN(a · w + bias + residual) · gamma + beta through the backend's weight path, with
-      // the workspace the backend asks for (`workspace` false: none, the unsplit path).
+      // the workspace the backend asks for (`workspace` false: none, the unsplit path);
+      // report_nonfinite: (out, flagged) as add_bias_residual_layernorm.
       .def("dense_residual_layernorm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w,
               const F32Array& bias, const F32Array& residual, const F32Array& gamma,
-              const F32Array& beta, float eps, bool workspace) {
+              const F32Array& beta, float eps, bool workspace, bool report_nonfinite) -> py::object {
              const DType dt = dtype_from_string(dtype);
              require_ndim(a, 2, "a");
              require_ndim(w, 2, "w");
@@ -273,23 +299,22 @@ void register_op_runner(py::module_& m) {
              for (const F32Array* v : {&bias, &gamma, &beta}) {
                FTBERT_CHECK_INPUT(v->ndim() == 1 && v->shape(0) == n, "dense_residual_layernorm: bias, gamma and beta must be [" << n << "]");
              }
-             std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
-             convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
-             DeviceBuffer dw(&r.backend(), r.backend().weight_bytes(dt, k, n));
-             r.backend().upload_weight(dt, host.data(), k, n, dw.data());
-             auto da = r.upload(a, dt), dr = r.upload(residual, dt), db = r.upload(bias, dt);
-             auto dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
-             auto out = r.empty(static_cast<size_t>(m) * n, dt);
+             WeightGemmOperands o =
+                 weight_gemm_operands(r, "dense_residual_layernorm", dt, a, w, bias);
+             auto dr = r.upload(residual, dt), dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
              const size_t ws_bytes =
                  workspace ? r.backend().dense_residual_layernorm_workspace_bytes(m, n) : 0;
              DeviceBuffer ws = ws_bytes > 0 ? DeviceBuffer(&r.backend(), ws_bytes) : DeviceBuffer();
-             r.backend().dense_residual_layernorm(dt, m, n, k, da.data(), dw.data(), db.data(),
-                                                  dr.data(), dg.data(), dbe.data(), out.data(),
-                                                  eps, ws.data(), ws.bytes());
-             return r.download(out, dt, {m, n});
+             const NonfiniteFlag flag(r, report_nonfinite);
+             r.backend().dense_residual_layernorm(dt, m, n, k, o.a.data(), o.w.data(),
+                                                  o.bias.data(), dr.data(), dg.data(), dbe.data(),
+                                                  o.c.data(), eps, ws.data(), ws.bytes(),
+                                                  flag.device());
+             return flag.result(r.download(o.c, dt, {m, n}));
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("bias"), py::arg("residual"),
-           py::arg("gamma"), py::arg("beta"), py::arg("eps") = 1e-12f, py::arg("workspace") = true)
+           py::arg("gamma"), py::arg("beta"), py::arg("eps") = 1e-12f, py::arg("workspace") = true,
+           py::arg("report_nonfinite") = false)
       .def("batched_gemm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
               bool trans_a, bool trans_b, float alpha) {
@@ -398,20 +423,10 @@ void register_op_runner(py::module_& m) {
              const int M = x.shape(0), H = x.shape(1);
              auto dx = r.upload(x, dt), dr = r.upload(residual, dt), db = r.upload(bias, dt);
              auto dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
-             // report_nonfinite: also the op's non-finite flag, (out, flagged).
-             int32_t flagged = 0;
-             DeviceBuffer flag;
-             if (report_nonfinite) {
-               flag = DeviceBuffer(&r.backend(), sizeof(flagged));
-               r.backend().copy_to_device(flag.data(), &flagged, sizeof(flagged));
-             }
+             const NonfiniteFlag flag(r, report_nonfinite);  // (out, flagged) when asked
              r.backend().add_bias_residual_layernorm(dt, dx.data(), dr.data(), db.data(), dg.data(),
-                                                     dbe.data(), M, H, eps, flag.as<int32_t>());
-             py::array_t<float> out = r.download(dx, dt, {M, H});
-             if (!report_nonfinite) return out;
-             r.backend().copy_to_host(&flagged, flag.data(), sizeof(flagged));
-             r.backend().synchronize();
-             return py::make_tuple(out, flagged != 0);
+                                                     dbe.data(), M, H, eps, flag.device());
+             return flag.result(r.download(dx, dt, {M, H}));
            },
            py::arg("dtype"), py::arg("x"), py::arg("residual"), py::arg("bias"), py::arg("gamma"),
            py::arg("beta"), py::arg("eps"), py::arg("report_nonfinite") = false)

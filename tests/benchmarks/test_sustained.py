@@ -56,3 +56,42 @@ def test_forward_flops_counts_the_gemms_and_attention():
     assert sustained.forward_flops(1, 2, layers=1, hidden=4, inter=8) == 192 + 64 + 256 + 64
     base = sustained.forward_flops(32, 512)
     assert base == 12 * (2 * 16384 * 768 * (4 * 768 + 2 * 3072) + 4 * 32 * 512 * 512 * 768)
+
+
+def test_gemm_operands_are_the_forwards_products_without_bias():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                     intermediate_size=40, vocab_size=50, max_position_embeddings=16)
+    hf = BertModel(cfg).eval()
+    ids = torch.randint(0, 50, (2, 5), dtype=torch.int32)
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        operands = sustained.gemm_operands(torch, hf, ids, mask)
+        assert [(tuple(x.shape), tuple(w.shape)) for x, w in operands] == \
+            [((10, 24), (24, 72)), ((10, 24), (24, 24)), ((10, 24), (24, 40)),
+             ((10, 40), (40, 24))] * 2
+        # Layer 1's FFN-in input is layer 1's attention LayerNorm output, taken from the forward.
+        layer = hf.encoder.layer[1]
+        x, w = operands[6]
+        want = layer.intermediate.dense(x) - layer.intermediate.dense.bias
+        torch.testing.assert_close(x @ w, want)
+        # The QKV weight is query, key and value side by side.
+        x, w = operands[4]
+        sa = layer.attention.self
+        torch.testing.assert_close((x @ w)[:, 24:48], sa.key(x) - sa.key.bias)
+        # Layer 0's QKV input is the embeddings' output.
+        emb = hf.embeddings(input_ids=ids.long())
+        torch.testing.assert_close(operands[0][0], emb.reshape(10, 24))
+
+
+def test_joules_per_call_is_the_counters_rise_over_the_window():
+    groups = [(100.0, 5_000), (101.0, 7_000), (102.0, 9_500), (103.0, 12_500), (104.0, 15_000)]
+    # Groups ending at 102, 103 and 104: from the counter after the group at 101.
+    assert sustained.joules_per_call(groups, 101.5, 104.0, 20) == pytest.approx(8.0 / 60)
+    assert sustained.joules_per_call(groups, 110.0, 120.0, 20) is None  # no group inside
+    assert sustained.joules_per_call(groups, 99.0, 101.0, 20) is None  # no reading before
+    unread = [(t, None) for t, _ in groups]
+    assert sustained.joules_per_call(unread, 101.5, 104.0, 20) is None

@@ -8,7 +8,7 @@
 //   for ve in 0_0 0_1 0_2 0_3 1_0 1_1 2_0 2_1 3_0 3_1 4_0 4_1 4_2 4_3 5_0 5_1 5_2 5_3 6_0 6_1 \
 //             7_0 7_1 8_0 8_1 9_0 9_1 10_0 10_1 11_0 11_1 12_0 12_1 13_0 13_1; do v=${ve%_*} e=${ve#*_}
 //     nvcc -O3 -DNDEBUG -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//       -Icpp -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$ve.o \
+//       -Icpp -Icpp/include -I$CUTLASS -DFTBERT_VARIANT=$v -DFTBERT_EPILOGUE=$e -c -o /tmp/gv_$ve.o \
 //       benchmarks/kernels/gemm_variant.cu & done; wait
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Icpp -Icpp/include -o /tmp/gemm_variants \
 //     benchmarks/kernels/gemm_variants.cu cpp/cuda/launch.cu cpp/cuda/cuda_check.cu /tmp/gv_*.o \

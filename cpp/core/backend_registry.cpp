@@ -40,7 +40,7 @@ int32_t* Backend::allocate_host_flag(size_t words) { return new int32_t[words]()
 
 void Backend::free_host_flag(int32_t* flag) noexcept { delete[] flag; }
 
-void Backend::replay(const RecordedOps&) {
+void Backend::replay(const RecordedOps&, const std::vector<Redirect>&) {
   FTBERT_FAIL("the " << name() << " backend records no ops, so it has nothing to replay");
 }
 

@@ -17,6 +17,7 @@
 #include "cuda/gemm/gemm_sm90.h"
 #endif
 #include "cuda/kernels/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace ftbert::cuda {
 namespace {
@@ -224,22 +225,52 @@ void CudaBackend::set_stream(uintptr_t stream) {
 // ---- recording ----------------------------------------------------------------------------------
 
 namespace {
+// The executable graph, the graph it came from (whose nodes the noted launches name) and, for a
+// redirectable recording, its noted launches and the addresses they were last given.
 class CudaGraph final : public RecordedOps {
  public:
-  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
-  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  CudaGraph(cudaGraph_t graph, cudaGraphExec_t exec, std::vector<const void*> redirectable,
+            std::vector<std::unique_ptr<NotedLaunch>> launches)
+      : graph_(graph), exec_(exec), redirectable_(std::move(redirectable)),
+        launches_(std::move(launches)), applied_(redirectable_.size(), nullptr) {}
+  ~CudaGraph() override {
+    (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGraphDestroy(graph_);
+  }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
   cudaGraphExec_t exec() const { return exec_; }
 
+  // Gives the noted launches this replay's addresses (when they differ from the last ones).
+  void redirect(const std::vector<Redirect>& redirects) const {
+    bool changed = false;
+    for (size_t i = 0; i < redirectable_.size(); ++i) {
+      void* to = nullptr;
+      for (const Redirect& r : redirects) {
+        if (r.recorded == redirectable_[i]) to = r.replayed;
+      }
+      FTBERT_CHECK(to != nullptr, "replay: the recording's redirectable address "
+                                      << redirectable_[i] << " was given no replay address");
+      changed = changed || to != applied_[i];
+      applied_[i] = to;
+    }
+    if (!changed) return;
+    for (const auto& launch : launches_) FTBERT_CUDA_CHECK(launch->apply(exec_, redirects));
+  }
+
  private:
+  cudaGraph_t graph_;
   cudaGraphExec_t exec_;
+  std::vector<const void*> redirectable_;
+  std::vector<std::unique_ptr<NotedLaunch>> launches_;
+  mutable std::vector<void*> applied_;  // replays run one at a time (the session's)
 };
 }  // namespace
 
 bool CudaBackend::records() const { return !sync_debug_enabled(); }
 
-std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& enqueue) {
+std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& enqueue,
+                                                 const std::vector<const void*>& redirectable) {
   if (sync_debug_enabled()) return nullptr;  // a stream cannot be synchronized while captured
   DeviceScope scope(device_);
   if (capture_stream_ == nullptr) {
@@ -248,12 +279,14 @@ std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& en
   cudaStream_t caller = stream_;
   bind_cublas(capture_stream_);
   stream_ = capture_stream_;
+  LaunchNotes notes(redirectable);
   // Thread-local: work other threads (e.g. torch's) issue meanwhile is neither captured nor
   // restricted.
   cudaError_t err = cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal);
   cudaGraph_t graph = nullptr;
   if (err == cudaSuccess) {
     try {
+      LaunchNotes::Scope noting(notes);
       enqueue();
     } catch (...) {
       (void)cudaStreamEndCapture(capture_stream_, &graph);
@@ -269,17 +302,22 @@ std::unique_ptr<RecordedOps> CudaBackend::record(const std::function<void()>& en
   stream_ = caller;
   bind_cublas(caller);
   FTBERT_CUDA_CHECK(err);
+  if (notes.failed()) {
+    (void)cudaGraphDestroy(graph);
+    FTBERT_FAIL("recording: a kernel that takes a redirectable address was not found in the graph");
+  }
   cudaGraphExec_t exec = nullptr;
   err = cudaGraphInstantiate(&exec, graph, 0);
-  (void)cudaGraphDestroy(graph);
+  if (err != cudaSuccess) (void)cudaGraphDestroy(graph);
   FTBERT_CUDA_CHECK(err);
-  return std::make_unique<CudaGraph>(exec);
+  return std::make_unique<CudaGraph>(graph, exec, redirectable, notes.take());
 }
 
-void CudaBackend::replay(const RecordedOps& ops) {
+void CudaBackend::replay(const RecordedOps& ops, const std::vector<Redirect>& redirects) {
   const auto* graph = dynamic_cast<const CudaGraph*>(&ops);
   FTBERT_CHECK(graph != nullptr, "replay: not a recording of the CUDA backend");
   DeviceScope scope(device_);
+  graph->redirect(redirects);
   FTBERT_CUDA_CHECK(cudaGraphLaunch(graph->exec(), stream_));
 }
 

@@ -50,10 +50,14 @@ class CudaBackend : public Backend {
 
   // ---- recording: CUDA graphs ---------------------------------------------------------------
   // Captured on a private stream (capture cannot run on the legacy default stream, torch's
-  // default), replayed on the current one.
-  std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) override;
+  // default), replayed on the current one. Redirects set the noted kernels' parameters in the
+  // executable graph before its launch (launch.cuh).
+  using Backend::record;
+  using Backend::replay;
+  std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue,
+                                      const std::vector<const void*>& redirectable) override;
   bool records() const override;
-  void replay(const RecordedOps& ops) override;
+  void replay(const RecordedOps& ops, const std::vector<Redirect>& redirects) override;
 
   // ---- GEMMs ----------------------------------------------------------------------------------
   void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,

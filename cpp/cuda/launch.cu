@@ -47,4 +47,27 @@ bool dependent_launch_enabled() {
   return (allowed.load(std::memory_order_relaxed) & bit) != 0;
 }
 
+namespace {
+thread_local LaunchNotes* active_notes = nullptr;
+}  // namespace
+
+LaunchNotes* LaunchNotes::active() { return active_notes; }
+
+LaunchNotes::Scope::Scope(LaunchNotes& notes) : outer_(active_notes) { active_notes = &notes; }
+
+LaunchNotes::Scope::~Scope() { active_notes = outer_; }
+
+bool LaunchNotes::last_node(cudaStream_t stream, cudaGraphNode_t* node) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* dependencies = nullptr;
+  size_t count = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &dependencies, nullptr,
+                               &count) != cudaSuccess ||
+      status != cudaStreamCaptureStatusActive || count != 1) {
+    return false;
+  }
+  *node = dependencies[0];
+  return true;
+}
+
 }  // namespace ftbert::cuda

@@ -49,6 +49,13 @@ class RecordedOps {
   virtual ~RecordedOps() = default;
 };
 
+// An address a recording's ops were recorded with (one of record()'s `redirectable`) and the one a
+// replay gives them instead.
+struct Redirect {
+  const void* recorded = nullptr;
+  void* replayed = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -91,14 +98,25 @@ class Backend {
   // launch: per-op launch costs are paid once instead of every time. Returns null where the
   // backend does not record (the CPU; CUDA with FTBERT_CUDA_SYNC_DEBUG, which synchronizes after
   // every launch); the caller then runs the ops itself.
-  virtual std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) {
+  // `redirectable`: addresses each replay places anew (a forward's output, which is the caller's
+  // tensor each time); every replay of the recording must then redirect each of them. Such an
+  // address may reach the ops only as the plain pointer parameter of one of this backend's own
+  // kernels (CUDA: launch.cuh), never as a GEMM's operand.
+  virtual std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue,
+                                              const std::vector<const void*>& redirectable) {
     (void)enqueue;
+    (void)redirectable;
     return nullptr;
+  }
+  std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) {
+    return record(enqueue, {});
   }
   // Whether record() records (the CPU: never), so that callers may shape work for replays.
   virtual bool records() const { return false; }
-  // Runs a recording of this backend's, in order with the ops around it.
-  virtual void replay(const RecordedOps& ops);
+  // Runs a recording of this backend's, in order with the ops around it, with its redirectable
+  // addresses replaced as `redirects` say.
+  virtual void replay(const RecordedOps& ops, const std::vector<Redirect>& redirects);
+  void replay(const RecordedOps& ops) { replay(ops, {}); }
 
   // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
   // C = alpha * op(A) · op(B) + beta * C, where op(X) = Xᵀ if trans_x.
@@ -315,19 +333,20 @@ class Backend {
   // ---- composed ops --------------------------------------------------------------------------
   // out = act(x_b · W + b) for each sequence's first token x_b: the pooler (tanh) or a
   // classification head's dense. Padded, the GEMM reads the first-token rows in place (row stride
-  // S·H); packed, they are gathered into `scratch` first.
+  // S·H); packed, or with `gather`, they are gathered into `scratch` first (first_tokens), so that
+  // `hidden` reaches the device only as a kernel's pointer parameter (a redirectable address).
   void first_token_dense(DType dt,
                          const void* hidden,  // [rows, H]
                          const SequenceLayout& layout,
                          const void* weight,  // [H, N] (in, out)
                          const void* bias,    // [N]
                          void* out,           // [B, N]
-                         void* scratch,       // [B, H], packed only
-                         int hidden_size, int out_size, Activation act) {
+                         void* scratch,       // [B, H], packed or gather only
+                         int hidden_size, int out_size, Activation act, bool gather = false) {
     const int B = layout.batch;
     const void* x = hidden;
     int ldx = layout.max_seq * hidden_size;
-    if (layout.packed()) {
+    if (layout.packed() || gather) {
       first_tokens(dt, hidden, layout, scratch, hidden_size);
       x = scratch;
       ldx = hidden_size;

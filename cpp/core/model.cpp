@@ -35,33 +35,41 @@ void Model::forward(Backend& be, const Activations& act, const int32_t* ids, con
   // Rows past the tokens (a bucketed recording): the embeddings made them zeros and the per-row
   // ops keep them finite; attention never writes them, so its output there is zeroed once.
   if (L.bounded) be.clear_rows_past_tokens(act.ctx, L, static_cast<size_t>(H) * dtype_size(dtype_));
+  void* const out = act.output != nullptr ? act.output : act.hidden;
   for (const LayerWeights& l : w.layers) {
-    layer(be, act, l, L, attention, &l == &w.layers.back() ? act.nonfinite : nullptr);
+    const bool last = &l == &w.layers.back();
+    layer(be, act, l, L, attention, last ? out : act.hidden, last ? act.nonfinite : nullptr);
   }
   const HeadConfig& hc = config_.head;
   const bool logits = outputs.logits && hc.kind != HeadKind::kNone;
+  // act.output is read through first_tokens only (model.h).
+  const bool gather = act.output != nullptr;
+  FTBERT_CHECK(!(logits && gather && hc.kind == HeadKind::kToken),
+               "forward: a per-token head reads the final hidden states in a GEMM, so they cannot "
+               "go to act.output");
   if (outputs.pooled || (logits && hc.reads_pooler)) {
-    be.first_token_dense(dtype_, act.hidden, L, w.pooler_weight.data(), w.pooler_bias.data(),
-                         act.pooled, act.first_tokens, H, H, Activation::kTanh);
+    be.first_token_dense(dtype_, out, L, w.pooler_weight.data(), w.pooler_bias.data(),
+                         act.pooled, act.first_tokens, H, H, Activation::kTanh, gather);
   }
-  if (logits) head(be, act, L);
+  if (logits) head(be, act, out, L);
 }
 
-void Model::head(Backend& be, const Activations& act, const SequenceLayout& L) const {
+void Model::head(Backend& be, const Activations& act, const void* hidden,
+                 const SequenceLayout& L) const {
   const ModelWeights& w = weights_;
   const HeadConfig& hc = config_.head;
   const int H = config_.hidden_size, N = hc.num_labels;
   // x [rows, H]: every token, the pooler output, or token 0 through the head's own dense.
-  const void* x = act.hidden;
+  const void* x = hidden;
   int rows = L.rows;
   if (hc.kind == HeadKind::kSequence) {
     rows = L.batch;
     if (hc.reads_pooler) {
       x = act.pooled;
     } else {
-      be.first_token_dense(dtype_, act.hidden, L, w.head_dense_weight.data(),
+      be.first_token_dense(dtype_, hidden, L, w.head_dense_weight.data(),
                            w.head_dense_bias.data(), act.head_hidden, act.first_tokens, H, H,
-                           hc.dense_activation);
+                           hc.dense_activation, act.output != nullptr);
       x = act.head_hidden;
     }
   }
@@ -72,7 +80,8 @@ void Model::head(Backend& be, const Activations& act, const SequenceLayout& L) c
 }
 
 void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
-                  const SequenceLayout& L, AttentionKind attention, int32_t* nonfinite) const {
+                  const SequenceLayout& L, AttentionKind attention, void* out,
+                  int32_t* nonfinite) const {
   const DType dt = dtype_;
   const int M = L.rows, H = config_.hidden_size, I = config_.intermediate_size;
   const float eps = config_.layer_norm_eps;
@@ -89,10 +98,10 @@ void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
   // inter = act(hidden2 · W1 + b1)
   be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I,
                  w.ffn_in_bias.data(), config_.activation);
-  // hidden = LN(inter · W2 + b2 + hidden2)
+  // out = LN(inter · W2 + b2 + hidden2)
   be.dense_residual_layernorm(dt, M, H, I, act.inter, w.ffn_out_weight.data(),
                               w.ffn_out_bias.data(), act.hidden2, w.ffn_ln_gamma.data(),
-                              w.ffn_ln_beta.data(), act.hidden, eps, act.dense_workspace,
+                              w.ffn_ln_beta.data(), out, eps, act.dense_workspace,
                               act.dense_workspace_bytes, nonfinite);
 }
 

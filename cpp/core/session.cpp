@@ -39,7 +39,7 @@ bool Session::take_nonfinite() {
 size_t Session::workspace_bytes() const {
   return ids_.bytes() + mask_.bytes() + types_.bytes() + cu_seqlens_.bytes() +
          token_index_.bytes() + first_tokens_.bytes() + hidden_.bytes() + hidden2_.bytes() +
-         embedded_.bytes() +
+         embedded_.bytes() + recorded_output_.bytes() +
          qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() + head_hidden_.bytes() +
          logits_.bytes() + attention_scratch_.bytes() + dense_workspace_.bytes();
 }
@@ -70,7 +70,8 @@ Activations Session::activations() const {
 }
 
 const RecordedOps* Session::recording_for(const ShapeKey& key,
-                                          const std::function<void()>& enqueue) {
+                                          const std::function<void()>& enqueue,
+                                          const std::vector<const void*>& redirectable) {
   if (!backend_records_) return nullptr;
   ++forwards_;
   if (auto it = recordings_.find(key); it != recordings_.end()) {
@@ -86,7 +87,7 @@ const RecordedOps* Session::recording_for(const ShapeKey& key,
   }
   std::unique_ptr<RecordedOps> ops;
   try {
-    ops = backend_->record(enqueue);
+    ops = backend_->record(enqueue, redirectable);
   } catch (const Error& e) {
     FTBERT_FAIL("recording the forward for replay (CUDA graph) failed: "
                 << e.what() << "; cuda_graphs=False runs the forward op by op");
@@ -221,16 +222,39 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     layout.rows = static_cast<int>(layout.bounded ? packed_rows_bucket(tokens, B, S) : tokens);
   }
 
-  const int32_t *ids = ids_.as<int32_t>(), *types = types_.as<int32_t>();
-  const auto run = [&] { model_.forward(*backend_, act, ids, types, layout, attention, outputs); };
-  const RecordedOps* recording =
-      graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs}, run) : nullptr;
-  if (recording != nullptr) {
-    backend_->replay(*recording);
-  } else {
-    run();
+  // The final hidden states go straight to their destination where nothing after the last layer
+  // reads them in a GEMM (no per-token head) and they have the caller's layout (padded): to the
+  // caller's tensor when it is on the device, which saves the copy. Recordings write them to
+  // recorded_output_, which each replay redirects.
+  const bool token_logits = outputs.logits && c.head.kind == HeadKind::kToken;
+  const bool direct = !layout.packed() && !token_logits;
+  void* const destination =
+      direct && a.outputs_on_device ? a.last_hidden_state : hidden_.data();
+  Activations now = act;
+  Activations recorded = act;
+  if (direct) {
+    now.output = destination;
+    if (recorded_output_.bytes() == 0) recorded_output_ = DeviceBuffer(backend_, 256);
+    recorded.output = recorded_output_.data();
   }
-  copy_outputs(a, layout, tokens, outputs);
+  const int32_t *ids = ids_.as<int32_t>(), *types = types_.as<int32_t>();
+  const auto run = [&](const Activations& to) {
+    model_.forward(*backend_, to, ids, types, layout, attention, outputs);
+  };
+  std::vector<const void*> redirectable;
+  if (direct) redirectable.push_back(recorded.output);
+  const RecordedOps* recording =
+      graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs},
+                             [&] { run(recorded); }, redirectable)
+             : nullptr;
+  if (recording != nullptr) {
+    std::vector<Redirect> redirects;
+    if (direct) redirects.push_back({recorded.output, destination});
+    backend_->replay(*recording, redirects);
+  } else {
+    run(now);
+  }
+  copy_outputs(a, layout, tokens, outputs, destination == a.last_hidden_state);
   if (exact) {
     backend_->synchronize();
     result.nonfinite = take_nonfinite();
@@ -253,7 +277,7 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
 }
 
 void Session::copy_outputs(const ForwardArgs& a, const SequenceLayout& layout, int64_t tokens,
-                           Model::Outputs outputs) {
+                           Model::Outputs outputs, bool hidden_delivered) {
   const ModelConfig& c = model_.config();
   const int B = a.batch, H = c.hidden_size, N = c.head.num_labels;
   const size_t es = dtype_size(model_.dtype());
@@ -266,7 +290,9 @@ void Session::copy_outputs(const ForwardArgs& a, const SequenceLayout& layout, i
       backend_->unpack_rows(hidden_.data(), layout, a.last_hidden_state, H * es);
       if (token_logits) backend_->unpack_rows(logits_.data(), layout, a.logits, N * es);
     } else {
-      backend_->copy_on_device(a.last_hidden_state, hidden_.data(), rows * H * es);
+      if (!hidden_delivered) {
+        backend_->copy_on_device(a.last_hidden_state, hidden_.data(), rows * H * es);
+      }
       if (token_logits) backend_->copy_on_device(a.logits, logits_.data(), rows * N * es);
     }
     if (outputs.pooled) backend_->copy_on_device(a.pooler_output, pooled_.data(), B * H * es);

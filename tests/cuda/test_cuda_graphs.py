@@ -157,3 +157,50 @@ def test_replay_is_ordered_on_torch_current_stream(model_dir, rng):
         torch.cuda.synchronize()
         assert torch.equal(out, ref)
         assert torch.isfinite(res)
+
+
+def test_each_replay_writes_only_its_own_callers_tensors(model_dir, rng):
+    # A replay writes the final hidden states straight into the caller's tensor: every call's
+    # outputs are kept alive (so each has its own address), one call in between has host outputs
+    # (the replay then writes the session's buffer), and at the end each output must still be its
+    # own call's: a replay that wrote an earlier caller's tensor would leave a wrong one behind.
+    graphs, plain = pair(model_dir, "float16")
+    kept = []
+    for call in range(6):
+        ids, mask, types = inputs(rng, 3, 40, left=call % 2 == 1)
+        if call == 3:
+            host = [t.cpu().numpy() for t in (ids, mask, types)]
+            out, ref = graphs(*host), plain(*host)
+            np.testing.assert_array_equal(out.last_hidden_state, ref.last_hidden_state)
+            np.testing.assert_array_equal(out.pooler_output, ref.pooler_output)
+            continue
+        kept.append((graphs(ids, mask, types), plain(ids, mask, types)))
+    assert len({out.last_hidden_state.data_ptr() for out, _ in kept}) == len(kept)
+    for out, ref in kept:
+        same(out, ref)
+    assert graphs.recorded_shapes == 1
+
+
+@pytest.mark.parametrize("case", [
+    dict(family="bert", kind="cls", num_labels=3),        # the head reads the pooler
+    dict(family="roberta", kind="cls", num_labels=2),     # the head's own dense on token 0
+    dict(family="distilbert", kind="cls", num_labels=5),  # no pooler
+    dict(family="bert", kind="token", num_labels=4),      # every row: not written in place
+], ids=["bert-cls", "roberta-cls", "distilbert-cls", "bert-token"])
+def test_head_outputs_of_kept_replays_match_op_by_op(case, tmp_path, rng):
+    from tests._models import make_model
+
+    make_model(tmp_path, hidden=64, heads=2, layers=2, seed=71, **case)
+    graphs, plain = pair(tmp_path, "float16")
+    kept = []
+    for _ in range(4):
+        ids, mask, types = inputs(rng, 2, 33)
+        kept.append((graphs(ids, mask, types), plain(ids, mask, types)))
+    for out, ref in kept:
+        assert torch.equal(out.last_hidden_state, ref.last_hidden_state)
+        assert torch.equal(out.logits, ref.logits)
+        if ref.pooler_output is None:
+            assert out.pooler_output is None
+        else:
+            assert torch.equal(out.pooler_output, ref.pooler_output)
+    assert graphs.recorded_shapes == 1

@@ -26,7 +26,7 @@ struct Activations {
   void* qkv = nullptr;                // [M, 3H]
   void* ctx = nullptr;                // [M, H]
   void* inter = nullptr;              // [M, I]
-  void* first_tokens = nullptr;       // [B, H]  packed only: the first tokens, gathered
+  void* first_tokens = nullptr;       // [B, H]  the first tokens, gathered (packed, or `output`)
   void* pooled = nullptr;             // [B, H]
   void* head_hidden = nullptr;        // [B, H]  a sequence head's own dense (else null)
   void* logits = nullptr;             // [B, N] or [M, N] (else null)
@@ -34,6 +34,11 @@ struct Activations {
   void* dense_workspace = nullptr;    // dense_workspace_bytes bytes for dense_residual_layernorm
   size_t dense_workspace_bytes = 0;   //   (at least the backend's ask for M rows, or 0)
   int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
+  // [M, H] where the last layer writes the final hidden states (null: `hidden`). After the last
+  // layer it is read only through Backend::first_tokens, never as a GEMM operand, so that a
+  // recording may redirect it to each caller's tensor (Backend::record); the per-token head,
+  // whose GEMM reads every row, takes no output here.
+  void* output = nullptr;
 };
 
 class Model {
@@ -55,19 +60,23 @@ class Model {
   };
 
   // Enqueues embeddings, layers, and the pooler and head as `outputs` asks, on `be`, from device
-  // ids and token types into act.hidden (and act.pooled, act.logits), one row per layout row.
+  // ids and token types into act.output or act.hidden (and act.pooled, act.logits), one row per
+  // layout row.
   void forward(Backend& be, const Activations& act,
                const int32_t* ids,    // [B, S]
                const int32_t* types,  // [B, S]
                const SequenceLayout& layout, AttentionKind attention, Outputs outputs) const;
 
  private:
-  // One post-LN layer; reads and leaves the layer's input/output in act.hidden.
+  // One post-LN layer: reads its input in act.hidden and writes its output to `out`.
   // `nonfinite`: given to the layer's last LayerNorm (the last layer's is the model's output).
   void layer(Backend& be, const Activations& act, const LayerWeights& w,
-             const SequenceLayout& layout, AttentionKind attention, int32_t* nonfinite) const;
-  // The task head: act.hidden (and act.pooled for a head on the pooler) -> act.logits.
-  void head(Backend& be, const Activations& act, const SequenceLayout& layout) const;
+             const SequenceLayout& layout, AttentionKind attention, void* out,
+             int32_t* nonfinite) const;
+  // The task head: the final hidden states `hidden` (and act.pooled for a head on the pooler)
+  // -> act.logits.
+  void head(Backend& be, const Activations& act, const void* hidden,
+            const SequenceLayout& layout) const;
 
   ModelConfig config_;
   DType dtype_;

@@ -104,8 +104,9 @@ class Session {
     uint64_t last_use = 0;
   };
   // The recording for `key`: the held one, or a new one of `enqueue` on the key's second
-  // forward; null when the forward should run op by op.
-  const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue);
+  // forward; null when the forward should run op by op. `redirectable` as Backend::record's.
+  const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue,
+                                   const std::vector<const void*>& redirectable);
   void ensure_workspace(int batch, int seq, size_t attention_bytes);
   // Puts the inputs into ids_ / mask_ / types_, where the ops (and recordings) read them: host
   // inputs copied, device inputs staged as int32 and checked (Backend::stage_inputs).
@@ -114,9 +115,9 @@ class Session {
   // the device otherwise) and returns T, reading it back from the device when not given.
   int64_t pack(const ForwardArgs& args);
   // Copies the outputs to the caller, scattering packed rows back to the padded layout unless the
-  // caller asked for them packed.
+  // caller asked for them packed; the hidden states not when they went to the caller's tensor.
   void copy_outputs(const ForwardArgs& args, const SequenceLayout& layout, int64_t tokens,
-                    Model::Outputs outputs);
+                    Model::Outputs outputs, bool hidden_delivered);
   Activations activations() const;
   // Reads and clears the non-finite flag.
   bool take_nonfinite();
@@ -142,7 +143,7 @@ class Session {
   DeviceBuffer ids_, mask_, types_;   // [B, S] int32
   DeviceBuffer cu_seqlens_;           // [B + 1] int32, packed forwards
   DeviceBuffer token_index_;          // [B, S] int32, packed forwards
-  DeviceBuffer first_tokens_;         // [B, H], packed forwards with a pooler or sequence head
+  DeviceBuffer first_tokens_;         // [B, H], the first tokens gathered for a pooler or head
   std::vector<int32_t> host_cu_seqlens_, host_token_index_;  // host inputs' packing
   DeviceBuffer hidden_, hidden2_;     // [B, S, H]
   DeviceBuffer embedded_;             // [B, S, E], only with a projection
@@ -154,6 +155,9 @@ class Session {
   DeviceBuffer logits_;               // [B, N] or [B, S, N], only with a head
   DeviceBuffer attention_scratch_;    // run_attention's workspace (unfused: q, k, v, scores)
   DeviceBuffer dense_workspace_;      // dense_residual_layernorm's (the backend's ask; may be empty)
+  // Recordings write the final hidden states here, an address no op reads or writes: each replay
+  // redirects it to the forward's own destination (the caller's device tensor, or hidden_).
+  DeviceBuffer recorded_output_;
 };
 
 }  // namespace ftbert

@@ -98,11 +98,13 @@ void Model::layer(Backend& be, const Activations& act, const LayerWeights& w,
   // inter = act(hidden2 · W1 + b1)
   be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I,
                  w.ffn_in_bias.data(), config_.activation);
-  // out = LN(inter · W2 + b2 + hidden2)
+  // out = LN(inter · W2 + b2 + hidden2); into act.output, only the LayerNorm writes it (model.h):
+  // the product goes to ctx, free once the attention output above has read it.
   be.dense_residual_layernorm(dt, M, H, I, act.inter, w.ffn_out_weight.data(),
                               w.ffn_out_bias.data(), act.hidden2, w.ffn_ln_gamma.data(),
                               w.ffn_ln_beta.data(), out, eps, act.dense_workspace,
-                              act.dense_workspace_bytes, nonfinite);
+                              act.dense_workspace_bytes, nonfinite,
+                              out == act.hidden ? nullptr : act.ctx);
 }
 
 }  // namespace ftbert

@@ -351,7 +351,7 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
                                            const void* w, const void* bias, const void* residual,
                                            const void* gamma, const void* beta, void* out,
                                            float eps, void* workspace, size_t workspace_bytes,
-                                           int32_t* nonfinite) {
+                                           int32_t* nonfinite, void* product) {
   const int splits = dense_layernorm_splits(m, n, k);
   if (splits <= 1 || workspace == nullptr ||
       workspace_bytes < dense_layernorm_partials_bytes(m, n, splits)) {
@@ -360,8 +360,16 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
     // on an H100 at BERT-base's 16,384 x 768 the forward got no faster: the 24 LayerNorms went
     // from 0.64 to 0.40 ms, while cuBLASLt's algorithms with a C operand ran slower (profiled:
     // attention output ~49 us against 27, FFN output ~131 against 106).
-    Backend::dense_residual_layernorm(dt, m, n, k, a, w, bias, residual, gamma, beta, out, eps,
-                                      workspace, workspace_bytes, nonfinite);
+    if (product == nullptr) product = out;
+    weight_gemm(dt, m, n, k, a, k, w, product, n);
+    DeviceScope scope(device_);
+    dispatch_dtype(dt, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      invoke_dense_residual_layernorm<T>(
+          static_cast<const T*>(product), static_cast<const T*>(residual),
+          static_cast<const T*>(bias), static_cast<const T*>(gamma), static_cast<const T*>(beta),
+          static_cast<T*>(out), m, n, eps, nonfinite, stream_);
+    });
     return;
   }
   DeviceScope scope(device_);

@@ -83,7 +83,8 @@ class CudaBackend : public Backend {
   void dense_residual_layernorm(DType dt, int m, int n, int k, const void* a, const void* w,
                                 const void* bias, const void* residual, const void* gamma,
                                 const void* beta, void* out, float eps, void* workspace,
-                                size_t workspace_bytes, int32_t* nonfinite = nullptr) override;
+                                size_t workspace_bytes, int32_t* nonfinite = nullptr,
+                                void* product = nullptr) override;
   void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
                     int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, void* c,
                     int ldc, int64_t stride_c, int batch, float alpha = 1.0f,

@@ -82,7 +82,19 @@ void invoke_masked_softmax(T* scores,             // [B, heads, S, S]
 // "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
 const char* masked_softmax_variant(int seq);
 
-// In place, per row: x = LayerNorm(x + bias + residual) · gamma + beta, statistics in fp32.
+// Per row: out = LayerNorm(x + bias + residual) · gamma + beta, statistics in fp32 (out may be x).
+template <typename T>
+void invoke_dense_residual_layernorm(const T* x,         // [M, H]
+                                     const T* residual,  // [M, H]
+                                     const T* bias,      // [H]
+                                     const T* gamma,     // [H]
+                                     const T* beta,      // [H]
+                                     T* out,             // [M, H]
+                                     int rows, int hidden, float eps,
+                                     int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
+                                     cudaStream_t stream);
+
+// The same in place: x = LayerNorm(x + bias + residual) · gamma + beta.
 template <typename T>
 void invoke_add_bias_residual_layernorm(T* x,               // [M, H]
                                         const T* residual,  // [M, H]

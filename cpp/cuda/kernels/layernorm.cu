@@ -521,17 +521,25 @@ void launch_residual_layernorm(const Source& source, const T* residual, const T*
 // launchers
 
 template <typename T>
-void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, const T* gamma,
-                                        const T* beta, int rows, int hidden, float eps,
-                                        int32_t* nonfinite, cudaStream_t stream) {
+void invoke_dense_residual_layernorm(const T* x, const T* residual, const T* bias, const T* gamma,
+                                     const T* beta, T* out, int rows, int hidden, float eps,
+                                     int32_t* nonfinite, cudaStream_t stream) {
   if (rows == 0 || hidden == 0) return;
-  const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta});
+  const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta, out});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
-    launch_residual_layernorm<T, VEC>(DenseOutput<T>{x}, residual, bias, gamma, beta, x, rows,
+    launch_residual_layernorm<T, VEC>(DenseOutput<T>{x}, residual, bias, gamma, beta, out, rows,
                                       hidden, eps, nonfinite, stream);
   });
   FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel", stream);
+}
+
+template <typename T>
+void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, const T* gamma,
+                                        const T* beta, int rows, int hidden, float eps,
+                                        int32_t* nonfinite, cudaStream_t stream) {
+  invoke_dense_residual_layernorm(x, residual, bias, gamma, beta, x, rows, hidden, eps, nonfinite,
+                                  stream);
 }
 
 template <typename T>
@@ -589,6 +597,9 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
 }
 
 #define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
+  template void invoke_dense_residual_layernorm<T>(const T*, const T*, const T*, const T*,        \
+                                                   const T*, T*, int, int, float, int32_t*,       \
+                                                   cudaStream_t);                                 \
   template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
                                                       int, int, float, int32_t*, cudaStream_t);   \
   template void invoke_partials_residual_layernorm<T>(const float*, int, const T*, const T*,      \

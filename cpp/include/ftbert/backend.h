@@ -198,11 +198,20 @@ class Backend {
                                         const void* beta,      // [n]
                                         void* out,             // [m, n]
                                         float eps, void* workspace, size_t workspace_bytes,
-                                        int32_t* nonfinite = nullptr) {
+                                        int32_t* nonfinite = nullptr,
+                                        void* product = nullptr) {  // [m, n] or null
     (void)workspace;
     (void)workspace_bytes;
-    weight_gemm(dt, m, n, k, a, k, w, out, n);
-    add_bias_residual_layernorm(dt, out, residual, bias, gamma, beta, m, n, eps, nonfinite);
+    // `product`: where a GEMM and a LayerNorm run as two steps put the GEMM's output (null: `out`
+    // itself), so that only the LayerNorm writes `out` (a redirectable address: record()).
+    if (product == nullptr || product == out) {
+      weight_gemm(dt, m, n, k, a, k, w, out, n);
+      add_bias_residual_layernorm(dt, out, residual, bias, gamma, beta, m, n, eps, nonfinite);
+      return;
+    }
+    weight_gemm(dt, m, n, k, a, k, w, product, n);
+    add_bias_residual_layernorm(dt, product, residual, bias, gamma, beta, m, n, eps, nonfinite);
+    copy_on_device(out, product, static_cast<size_t>(m) * n * dtype_size(dt));
   }
 
   // ---- inputs --------------------------------------------------------------------------------

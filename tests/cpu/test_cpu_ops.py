@@ -218,6 +218,18 @@ def test_dense_residual_layernorm_matches_reference(cpu, rng, m, n, k):
     assert_close(cpu.dense_residual_layernorm("float32", a, w, bias, res, gamma, beta, 1e-5), ref, 5e-5)
 
 
+def test_dense_residual_layernorm_into_its_own_product_buffer_is_the_same(cpu, rng):
+    m, n, k = 37, 48, 70
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    bias, gamma, beta = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    for dtype in ("float32", "bfloat16"):
+        want = cpu.dense_residual_layernorm(dtype, a, w, bias, res, gamma, beta, 1e-5)
+        got = cpu.dense_residual_layernorm(dtype, a, w, bias, res, gamma, beta, 1e-5, product=True)
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("bad", [None, "a", "gamma"])
 def test_dense_residual_layernorm_reports_nonfinite_outputs(cpu, rng, bad):
     m, n, k = 6, 40, 24

@@ -527,6 +527,23 @@ def test_dense_residual_layernorm_matches_cpu(gpu, cpu, rng, dtype, m, n, k, wor
     check(got, want, dtype, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(128, 768, 3072), (300, 768, 768), (33, 96, 1000)])
+def test_dense_residual_layernorm_into_its_own_product_buffer_is_the_same(gpu, rng, dtype, m, n, k):
+    # With a product buffer (a forward's redirectable output), the GEMM writes there and only the
+    # LayerNorm writes out: the same values as in place, split (128 rows) or not.
+    a = randn(rng, (m, k), dtype)
+    w = randn(rng, (k, n), dtype, 1.0 / math.sqrt(k))
+    residual = randn(rng, (m, n), dtype, 2.0)
+    bias, beta, gamma = randn(rng, n, dtype), randn(rng, n, dtype), randn(rng, n, dtype)
+    for workspace in (True, False):
+        want = gpu.dense_residual_layernorm(dtype, a, w, bias, residual, gamma, beta,
+                                            workspace=workspace)
+        got = gpu.dense_residual_layernorm(dtype, a, w, bias, residual, gamma, beta,
+                                           workspace=workspace, product=True)
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_dense_residual_layernorm_splits_as_split_k_h_says(gpu, rng, dtype):
     # The split path is one GEMM and the LayerNorm that reads the partials; without a workspace,

@@ -284,11 +284,13 @@ void register_op_runner(py::module_& m) {
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
       // out = LN(a · w + bias + residual) · gamma + beta through the backend's weight path, with
       // the workspace the backend asks for (`workspace` false: none, the unsplit path);
-      // report_nonfinite: (out, flagged) as add_bias_residual_layernorm.
+      // report_nonfinite: (out, flagged) as add_bias_residual_layernorm; product: the GEMM's
+      // output in a buffer of its own, so that only the LayerNorm writes out.
       .def("dense_residual_layernorm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w,
               const F32Array& bias, const F32Array& residual, const F32Array& gamma,
-              const F32Array& beta, float eps, bool workspace, bool report_nonfinite) -> py::object {
+              const F32Array& beta, float eps, bool workspace, bool report_nonfinite,
+              bool product) -> py::object {
              const DType dt = dtype_from_string(dtype);
              require_ndim(a, 2, "a");
              require_ndim(w, 2, "w");
@@ -305,16 +307,19 @@ void register_op_runner(py::module_& m) {
              const size_t ws_bytes =
                  workspace ? r.backend().dense_residual_layernorm_workspace_bytes(m, n) : 0;
              DeviceBuffer ws = ws_bytes > 0 ? DeviceBuffer(&r.backend(), ws_bytes) : DeviceBuffer();
+             DeviceBuffer prod = product ? DeviceBuffer(&r.backend(),
+                                                        static_cast<size_t>(m) * n * dtype_size(dt))
+                                         : DeviceBuffer();
              const NonfiniteFlag flag(r, report_nonfinite);
              r.backend().dense_residual_layernorm(dt, m, n, k, o.a.data(), o.w.data(),
                                                   o.bias.data(), dr.data(), dg.data(), dbe.data(),
                                                   o.c.data(), eps, ws.data(), ws.bytes(),
-                                                  flag.device());
+                                                  flag.device(), prod.data());
              return flag.result(r.download(o.c, dt, {m, n}));
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("bias"), py::arg("residual"),
            py::arg("gamma"), py::arg("beta"), py::arg("eps") = 1e-12f, py::arg("workspace") = true,
-           py::arg("report_nonfinite") = false)
+           py::arg("report_nonfinite") = false, py::arg("product") = false)
       .def("batched_gemm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
               bool trans_a, bool trans_b, float alpha) {

@@ -71,7 +71,7 @@ Activations Session::activations() const {
 
 const RecordedOps* Session::recording_for(const ShapeKey& key,
                                           const std::function<void()>& enqueue,
-                                          const std::vector<const void*>& redirectable) {
+                                          const void* redirectable) {
   if (!backend_records_) return nullptr;
   ++forwards_;
   if (auto it = recordings_.find(key); it != recordings_.end()) {
@@ -87,7 +87,9 @@ const RecordedOps* Session::recording_for(const ShapeKey& key,
   }
   std::unique_ptr<RecordedOps> ops;
   try {
-    ops = backend_->record(enqueue, redirectable);
+    std::vector<const void*> addresses;
+    if (redirectable != nullptr) addresses.push_back(redirectable);
+    ops = backend_->record(enqueue, addresses);
   } catch (const Error& e) {
     FTBERT_FAIL("recording the forward for replay (CUDA graph) failed: "
                 << e.what() << "; cuda_graphs=False runs the forward op by op");
@@ -244,16 +246,14 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   const auto run = [&](const Activations& to) {
     model_.forward(*backend_, to, ids, types, layout, attention, outputs);
   };
-  std::vector<const void*> redirectable;
-  if (direct) redirectable.push_back(recorded.output);
   const RecordedOps* recording =
       graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs},
-                             [&] { run(recorded); }, redirectable)
+                             [&] { run(recorded); }, recorded.output)
              : nullptr;
   if (recording != nullptr) {
-    std::vector<Redirect> redirects;
-    if (direct) redirects.push_back({recorded.output, destination});
-    backend_->replay(*recording, redirects);
+    redirects_.clear();  // kept across forwards: no allocation per replay
+    if (direct) redirects_.push_back({recorded.output, destination});
+    backend_->replay(*recording, redirects_);
   } else {
     run(now);
   }

@@ -104,9 +104,10 @@ class Session {
     uint64_t last_use = 0;
   };
   // The recording for `key`: the held one, or a new one of `enqueue` on the key's second
-  // forward; null when the forward should run op by op. `redirectable` as Backend::record's.
+  // forward; null when the forward should run op by op. `redirectable`: the one address
+  // Backend::record may redirect, or null.
   const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue,
-                                   const std::vector<const void*>& redirectable);
+                                   const void* redirectable);
   void ensure_workspace(int batch, int seq, size_t attention_bytes);
   // Puts the inputs into ids_ / mask_ / types_, where the ops (and recordings) read them: host
   // inputs copied, device inputs staged as int32 and checked (Backend::stage_inputs).
@@ -158,6 +159,7 @@ class Session {
   // Recordings write the final hidden states here, an address no op reads or writes: each replay
   // redirects it to the forward's own destination (the caller's device tensor, or hidden_).
   DeviceBuffer recorded_output_;
+  std::vector<Redirect> redirects_;  // a replay's, reused
 };
 
 }  // namespace ftbert

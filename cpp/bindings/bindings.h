@@ -19,5 +19,6 @@ void register_error_translation();
 
 void register_encoder(py::module_& m);     // in _C
 void register_op_runner(py::module_& m);   // in _ops
+void register_pick_store(py::module_& m);  // in _ops
 
 }  // namespace ftbert::bindings

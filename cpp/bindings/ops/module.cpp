@@ -16,4 +16,5 @@ PYBIND11_MODULE(_ops, m) {
   m.def("cpu_isa", [] { return ftbert::cpu::isa_name(ftbert::cpu::isa()); },
         "The instruction set the CPU kernels run with (FTBERT_CPU_ISA caps it).");
   ftbert::bindings::register_op_runner(m);
+  ftbert::bindings::register_pick_store(m);
 }

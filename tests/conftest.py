@@ -1,8 +1,20 @@
+import atexit
 import os
+import shutil
+import tempfile
 import zlib
 
 import numpy as np
 import pytest
+
+# Set before any backend exists (they read both once). Measured GEMM picks go to a cache of the
+# run's own, never the user's. Forwards wait for the picks of shapes they meet untuned
+# ("inline"), so that results compared across forwards never straddle a pick landing; the default
+# background tuning has tests of its own (tests/cuda/test_gemm_tuning.py), in processes of their own.
+_CACHE = tempfile.mkdtemp(prefix="ftbert-test-cache-")
+atexit.register(shutil.rmtree, _CACHE, True)
+os.environ.setdefault("FTBERT_CACHE_DIR", _CACHE)
+os.environ.setdefault("FTBERT_GEMM_TUNING", "inline")
 
 # Fresh random inputs on every run; FTBERT_TEST_SEED=N replays a run (the header prints N).
 RUN_SEED = int(os.environ.get("FTBERT_TEST_SEED", np.random.SeedSequence().entropy % (2**31)))

@@ -148,6 +148,12 @@ void register_encoder(py::module_& m) {
       .def_property_readonly("recorded_shapes",
                              py::cpp_function(&Encoder::recorded_shapes,
                                               py::call_guard<py::gil_scoped_release>()))
+      // The measured GEMM choice (Backend::wait_for_tuning, tuning_counters); the wait without
+      // the GIL, which the tuner's thread never needs.
+      .def("wait_for_tuning", [](Encoder& e) { e.backend().wait_for_tuning(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("tuning_counters",
+                             [](const Encoder& e) { return e.backend().tuning_counters(); })
       // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to
       // view), then the ForwardResult's two flags.
       // packed_outputs: last_hidden_state [T, H] and token logits [T, N], the attended tokens in

@@ -194,6 +194,17 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   const ModelConfig& c = model_.config();
   const int B = a.batch, S = a.seq;
   if (a.stream) backend_->set_stream(*a.stream);
+  // The backend's measured picks hold still until every forward enqueuing now is done; the
+  // recordings made before they last changed run kernels no forward runs now.
+  const uint64_t picks = backend_->begin_forward();
+  struct ForwardEnds {
+    Backend* backend;
+    ~ForwardEnds() { backend->end_forward(); }
+  } ends{backend_};
+  if (picks != picks_generation_) {
+    drop_recordings();
+    picks_generation_ = picks;
+  }
   ForwardResult result;
   // An exact check reads the flag once this forward is done; what earlier forwards set must be
   // taken out first, once they are done too.

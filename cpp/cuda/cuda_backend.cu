@@ -83,6 +83,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
                        "FTBERT_GEMM_CHOICE must be 'auto' or 'fixed', got '" << choice << "'");
     measure_gemms_ = std::string(choice) == "auto";
   }
+  (void)gemm_tuning_inline();  // checks FTBERT_GEMM_TUNING now rather than at a first forward
   DeviceScope scope(device_);
   cudaDeviceProp prop{};
   FTBERT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -110,6 +111,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
     release();  // the destructor does not run for a constructor that throws
     throw;
   }
+  if (measure_gemms_) load_gemm_picks();
 }
 
 CudaBackend::~CudaBackend() {

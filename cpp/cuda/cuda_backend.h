@@ -16,6 +16,7 @@
 
 #include "cuda/gemm/gemm_tuner.h"
 #include "ftbert/backend.h"
+#include "ftbert/weights.h"
 
 namespace ftbert::cuda {
 
@@ -78,6 +79,17 @@ class CudaBackend : public Backend {
   bool weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
                              const void* a, const void* w, void* c, const void* bias,
                              Activation act) override;
+  // ---- forwards and measured choices (gemm_tuner.h) ---------------------------------------
+  uint64_t begin_forward() override;
+  void end_forward() override;
+  void wait_for_tuning() override;
+  std::map<std::string, int64_t> tuning_counters() const override;
+  // The tuner's side: times the candidates of `key` at its bucket's row count, on this backend's
+  // stream and operands of its own, and keeps the fixed rule's kernel unless one is kRuleMargin
+  // faster; and the cache file this backend's picks go to.
+  GemmPick measure_gemm(const GemmShapeKey& key);
+  GemmCacheFile gemm_cache_file() const;
+
   // Few rows (gemm/split_k.h): the GEMM split over k into fp32 partials that the LayerNorm sums.
   size_t dense_residual_layernorm_workspace_bytes(int rows, int n) const override;
   void dense_residual_layernorm(DType dt, int m, int n, int k, const void* a, const void* w,
@@ -164,7 +176,13 @@ class CudaBackend : public Backend {
   GemmShapeKey gemm_key(const WeightGemm& g) const;
   std::vector<GemmPick> gemm_candidates(const WeightGemm& g);
   const GemmPick& fixed_gemm_choice(const WeightGemm& g) const;
+  // The published pick; where there is none yet, the fixed rule while the tuner measures the
+  // shape (or, FTBERT_GEMM_TUNING=inline, the pick once measured).
   const GemmPick& measured_gemm_pick(const WeightGemm& g);
+  // Stages the cache file's picks, once per device and process; entries this build cannot run
+  // (runs_loaded_pick) are skipped with a warning.
+  void load_gemm_picks();
+  bool runs_loaded_pick(const GemmShapeKey& key, const GemmPick& pick) const;
   // Enqueues g as `pick` says; false, enqueuing nothing, where that kernel cannot take it.
   bool run_gemm(const GemmPick& pick, const WeightGemm& g);
   bool run_cublaslt(const GemmPick& pick, const WeightGemm& g);
@@ -193,6 +211,7 @@ class CudaBackend : public Backend {
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;
+  DeviceBuffer tuning_operands_[4];  // measure_gemm's a [m, k], W [k, n], bias [n], c [m, n]
 };
 
 }  // namespace ftbert::cuda

@@ -1,4 +1,4 @@
-"""The `ftbert` command: convert, run, bench, serve, bench-serve."""
+"""The `ftbert` command: convert, run, tune, bench, serve, bench-serve."""
 
 from __future__ import annotations
 
@@ -43,6 +43,44 @@ def _run(args: argparse.Namespace) -> int:
         print("      " + " ".join(f"{j:>6d}" for j in range(len(texts))))
         for i in range(len(texts)):
             print(f"  {i:>3d} " + " ".join(f"{sims[i, j]:6.3f}" for j in range(len(texts))))
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import os
+
+    import ftbert
+
+    if args.max_tokens < 512:
+        print(f"ftbert: error: --max-tokens must be at least 512 (fewer rows run the fixed rule), "
+              f"got {args.max_tokens}", file=sys.stderr)
+        return 1
+    if os.environ.get("FTBERT_GEMM_CHOICE") == "fixed":
+        print("ftbert: error: FTBERT_GEMM_CHOICE=fixed: the fixed rule is not measured; unset it to "
+              "tune", file=sys.stderr)
+        return 1
+    from pathlib import Path
+
+    if not Path(args.model).is_dir():
+        print(f"ftbert: error: model {args.model!r} is not a checkpoint directory", file=sys.stderr)
+        return 1
+    if not args.device.startswith("cuda"):
+        print(f"nothing to tune: the measured GEMM choice is for float16/bfloat16 on CUDA "
+              f"(got --device {args.device})")
+        return 0
+    t0 = time.perf_counter()
+    enc = ftbert.Encoder.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+    print(f"tuning {args.model} ({enc.dtype}) on {enc._native.device_name}, 512 to "
+          f"{args.max_tokens} tokens")
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % 16 == 0:
+            print(f"  forwards {done}/{total}", flush=True)
+
+    counters = enc.tune(args.max_tokens, progress)
+    print(f"done in {time.perf_counter() - t0:.1f} s: {counters.get('measured', 0)} shapes measured, "
+          f"{counters.get('loaded', 0)} found in the cache, {counters.get('cache_writes', 0)} written to "
+          f"{os.environ.get('FTBERT_CACHE_DIR') or 'the user cache folder'}")
     return 0
 
 
@@ -93,7 +131,20 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     run.add_argument("--attention", default="auto", choices=["auto", "unfused", "flash"])
     run.add_argument("--no-normalize", action="store_true", help="print raw (unnormalized) embeddings")
+    tune = sub.add_parser("tune", help="measure the GPU GEMM kernels of a model ahead of time, into the "
+                          "cache later processes read (FTBERT_CACHE_DIR)")
+    tune.add_argument("model", help="HF or converted checkpoint dir")
+    tune.add_argument("--device", default="cuda", help="cuda or cuda:N (default cuda)")
+    tune.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    tune.add_argument("--max-tokens", type=int, default=16384,
+                      help="the largest batch in tokens to tune for (default 16384, encode's batch budget)")
     args = parser.parse_args(argv)
+    if args.command == "tune":
+        try:
+            return _tune(args)
+        except (ValueError, RuntimeError, FileNotFoundError) as e:
+            print(f"ftbert: error: {e}", file=sys.stderr)
+            return 1
     # `ftbert run "some text"`: a first positional that is not a directory is text, not a model.
     if args.model is not None:
         from pathlib import Path

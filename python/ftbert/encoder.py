@@ -354,6 +354,42 @@ class Encoder:
     def workspace_bytes(self) -> int:
         return self._native.workspace_bytes
 
+    def tune(self, max_tokens: int = 16384, progress=None) -> dict:
+        """Measures the GEMM kernels of every token count from 512 to `max_tokens` now, rather than
+        when forwards first meet them, and waits until the picks are in use and written to the
+        cache (`FTBERT_CACHE_DIR`, default ~/.cache/ftbert), where later processes on the same GPU,
+        driver and libraries find them. What `ftbert tune` runs. Only CUDA float16/bfloat16
+        encoders under the measured GEMM choice (FTBERT_GEMM_CHOICE=auto, the default) measure
+        anything. Returns the tuner's counters ("measured", "loaded", "cache_writes", "on_caller").
+        progress(done, total), when given, is called after each forward.
+
+        One padded forward per multiple of 128 tokens (full sequences of 128, or of the model's
+        limit where that is shorter) reaches every row bucket of the choice; each forward runs at
+        once with the fixed rule while the tuner measures its shapes on a thread of its own."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if not self.device.startswith("cuda") or self.dtype == "float32":
+            return self.gemm_tuning  # one kernel per shape: nothing to measure
+        seq = min(128, usable_seq_length(self.config))
+        first = -(-512 // seq)  # fewer rows are never measured
+        batches = list(range(first, max(first, max_tokens // seq) + 1))
+        rng = np.random.default_rng(0)
+        vocab = int(self.config["vocab_size"])
+        for i, batch in enumerate(batches):
+            ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int32)
+            self(ids, np.ones_like(ids))
+            if progress is not None:
+                progress(i + 1, len(batches))
+        self._native.wait_for_tuning()
+        return dict(self._native.tuning_counters)
+
+    @property
+    def gemm_tuning(self) -> dict:
+        """The measured GEMM choice's counters for this process and device (see `tune`): shapes
+        "measured" by the tuner, picks "loaded" from the cache file, "cache_writes", and
+        "on_caller" (timings that ran on a forward's own thread: 0 by design). Empty on the CPU."""
+        return dict(self._native.tuning_counters)
+
     def __repr__(self) -> str:
         c = self.config
         return (

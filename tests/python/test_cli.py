@@ -38,3 +38,41 @@ def test_unknown_command_exits_with_usage():
     with pytest.raises(SystemExit) as e:
         main(["frobnicate"])
     assert e.value.code == 2
+
+
+@pytest.fixture(scope="module")
+def small_bert(tmp_path_factory):
+    from tests._models import make_bert
+
+    path = tmp_path_factory.mktemp("bert-cli")
+    make_bert(path, hidden=32, heads=2, layers=1, seed=3)
+    return path
+
+
+def test_tune_on_the_cpu_says_there_is_nothing_to_tune(small_bert, capsys):
+    assert main(["tune", str(small_bert), "--device", "cpu"]) == 0
+    assert "nothing to tune" in capsys.readouterr().out
+
+
+def test_tune_refuses_too_few_tokens_and_the_fixed_choice(small_bert, capsys, monkeypatch):
+    assert main(["tune", str(small_bert), "--device", "cpu", "--max-tokens", "100"]) == 1
+    assert "--max-tokens must be at least 512" in capsys.readouterr().err
+    monkeypatch.setenv("FTBERT_GEMM_CHOICE", "fixed")
+    assert main(["tune", str(small_bert), "--device", "cpu"]) == 1
+    assert "FTBERT_GEMM_CHOICE=fixed" in capsys.readouterr().err
+
+
+def test_tune_of_a_missing_model_fails_cleanly(tmp_path, capsys):
+    assert main(["tune", str(tmp_path / "nope"), "--device", "cpu"]) == 1
+    assert "is not a checkpoint directory" in capsys.readouterr().err
+
+
+def test_encoder_tune_measures_nothing_on_the_cpu_and_checks_its_argument(small_bert):
+    import ftbert
+
+    enc = ftbert.Encoder.from_pretrained(small_bert, device="cpu")
+    assert enc.tune(1024) == {}
+    assert enc.gemm_tuning == {}
+    for bad in (0, -5, 1.5, True, "1024"):
+        with pytest.raises(ValueError, match="max_tokens must be a positive int"):
+            enc.tune(bad)

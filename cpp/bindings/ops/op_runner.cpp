@@ -245,6 +245,10 @@ void register_op_runner(py::module_& m) {
            py::arg("mode"))
       .def_property_readonly("gemm_choice",
                              [](OpRunner& r) { return r.backend().gemm_choice(); })
+      .def("wait_for_tuning", [](OpRunner& r) { r.backend().wait_for_tuning(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("tuning_counters",
+                             [](OpRunner& r) { return r.backend().tuning_counters(); })
       .def("weight_gemm_candidates",
            [](OpRunner& r, const std::string& dtype, int m, int n, int k, const std::string& act) {
              return r.backend().weight_gemm_candidates(dtype_from_string(dtype), m, n, k,

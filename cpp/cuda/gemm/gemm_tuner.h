@@ -4,8 +4,11 @@
 // best of cuBLASLt's heuristic candidates 77.5; attention output 30.6 / 27.5; FFN-in with its
 // bias + erf-GELU epilogue, CUTLASS cooperative 128 x 256 tiles 150.5, ping-pong 128 x 128 143.6
 // (while at 4,096 rows the cooperative one is the faster). So the CUDA backend times the
-// candidates of a shape on its first use and keeps the fastest, for the whole process and every
-// backend on the device: all sessions run the same kernels, so their outputs agree bit for bit.
+// candidates of a shape and keeps the fastest, for the whole process and every backend on the
+// device (all sessions run the same kernels, so their outputs agree bit for bit), and in a cache
+// file for later processes. The timing runs off the request path, on a thread and stream of its
+// own: a forward that meets a shape not measured yet runs the fixed rule at once and a later
+// forward runs the pick.
 #pragma once
 
 #include <cublasLt.h>
@@ -14,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -65,20 +69,70 @@ struct GemmPick {
   size_t workspace = 0;                   // kCublasLt: the workspace bytes it runs with
 };
 
-// The process-wide picks. A stored pick never changes or goes away, so the pointers find returns
-// stay valid for the life of the process (and the hot path copies nothing).
+// The process-wide picks, in three stages: requested (a forward met the shape untuned and ran the
+// fixed rule), staged (measured, waiting), published (what find() returns). Staged picks are
+// published only while no forward of their device is being enqueued (forward_begins ..
+// forward_ends), so forwards that overlap in time always run the same kernels. A published pick
+// never changes or goes away, so the pointers find returns stay valid for the life of the process
+// (and the hot path copies nothing).
 class GemmPicks {
  public:
-  // The pick for `key`; nullptr when none was made yet.
+  // The pick for `key`; nullptr when none is published yet.
   static const GemmPick* find(const GemmShapeKey& key);
-  // Stores `pick` for `key` unless one is there already; returns the one kept.
-  static const GemmPick& store(const GemmShapeKey& key, const GemmPick& pick);
-  // Held while a shape's candidates are timed: one measurement at a time in the process, and
-  // a second backend asking for the same shape meanwhile waits for the first's pick.
-  static std::mutex& measuring();
+
+  // A forward of `device` starts enqueuing ops; returns the picks' generation, which changes
+  // whenever a pick is published for a shape that forwards ran by the rule before (recordings of
+  // an older generation hold the rule's kernels there).
+  static uint64_t forward_begins(int device);
+  // ... and is done enqueuing: the last one out publishes what was staged meanwhile.
+  static void forward_ends(int device);
+
+  // Asks the tuner to measure `key` (once; later calls do nothing) off the caller's path; the
+  // caller runs the fixed rule meanwhile.
+  static void request(const GemmShapeKey& key);
+  // Measures `key` (if it was not) and waits until its pick is published; for the inline tuning
+  // mode (gemm_tuning_inline()), where a forward waits for its picks instead of running the rule.
+  static const GemmPick& measure_and_wait(const GemmShapeKey& key);
+  // Waits until every shape of `device` requested so far is measured and published.
+  static void wait_idle(int device);
+
+  // Picks read from the cache file, staged as measured ones are (and not written back).
+  static void stage_loaded(const GemmShapeKey& key, const GemmPick& pick);
+  // Claims the one load of `device`'s cache file in this process: true for the first caller.
+  static bool claim_load(int device);
+
+  // For tests and reports.
+  struct Counters {
+    int64_t measured = 0;   // shapes the tuner timed
+    int64_t on_caller = 0;  // timings run on a thread other than the tuner's (0 by design)
+    int64_t loaded = 0;     // picks taken from the cache file
+    int64_t cache_writes = 0;
+  };
+  static Counters counters();
 };
 
-// How fastest() runs a timed batch of one candidate: the way a forward runs it, captured once into
+// Whether forwards wait for the measurement of a shape they meet untuned (FTBERT_GEMM_TUNING=
+// inline: deterministic from the first forward, at its cost) instead of running the fixed rule
+// while the tuner measures it in the background (the default).
+bool gemm_tuning_inline();
+
+// The cache file of measured picks for the GPU a backend runs on (pick_store.h): where it lives
+// and what its entries are valid for (GPU, driver, CUDA, cuBLASLt and CUTLASS versions).
+struct GemmCacheFile {
+  std::string path;      // "" when no cache folder can be named: nothing is persisted
+  std::string identity;
+};
+// A pick and its key as the cache file's text; parse_* return false on anything malformed.
+std::string gemm_key_text(const GemmShapeKey& key);
+std::string gemm_pick_text(const GemmPick& pick);
+bool parse_gemm_key(const std::string& text, int device, GemmShapeKey* key);
+bool parse_gemm_pick(const std::string& text, GemmPick* pick);
+
+// Measures `key` on the tuner's thread (weight_gemm.cu: on a backend of the tuner's own, with
+// buffers of its own) and says which cache file the pick goes to.
+GemmPick measure_gemm_shape(const GemmShapeKey& key, GemmCacheFile* cache);
+
+// How time_candidates() runs a timed batch of one candidate: the way a forward runs it, captured once into
 // a CUDA graph and replayed, so that what is timed is the candidate's cost in a forward, graph
 // nodes and edges included. Some cuBLASLt algorithms clear part of their workspace before their
 // kernel: back to back on a stream the memset costs little, but in a graph it is a node with an
@@ -92,12 +146,18 @@ struct BatchRecorder {
   std::function<void(const RecordedOps&)> replay;
 };
 
-// The index of the fastest of `candidates` on `stream`, each of which enqueues one run of the
-// same GEMM and returns false, enqueuing nothing, when it cannot take the shape; -1 when none
-// can. Each is run once to warm up, then timed in rounds of batches between CUDA events (the
-// median round counts), each batch recorded by `recorder` where one is given. Waits for the
-// stream.
-int fastest(cudaStream_t stream, const std::vector<std::function<bool()>>& candidates,
-            const BatchRecorder* recorder = nullptr);
+// The time per run (ms) of each of `candidates` on `stream`, each of which enqueues one run of the
+// same GEMM and returns false, enqueuing nothing, when it cannot take the shape (its time is then
+// infinity). Each is run once to warm up, then timed in rounds of batches between CUDA events
+// (the median round counts), each batch recorded by `recorder` where one is given. Waits for the
+// stream. Counted in GemmPicks::counters().on_caller unless it runs on the tuner's thread.
+std::vector<float> time_candidates(cudaStream_t stream,
+                                   const std::vector<std::function<bool()>>& candidates,
+                                   const BatchRecorder* recorder = nullptr);
+
+// A measured candidate replaces the fixed rule's kernel only when it is at least this much faster
+// in the same measurement: candidates within noise of each other keep the rule, so that "auto"
+// never runs a kernel that was not clearly faster when measured.
+constexpr float kRuleMargin = 0.03f;
 
 }  // namespace ftbert::cuda

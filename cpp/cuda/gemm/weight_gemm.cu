@@ -4,18 +4,31 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <tuple>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "ftbert/pick_store.h"
 #if FTBERT_GEMM_SM90
 #include "cuda/gemm/gemm_sm90.h"
 #endif
 
+#ifndef FTBERT_CUTLASS_VERSION_TEXT
+#define FTBERT_CUTLASS_VERSION_TEXT "none"
+#endif
+
 namespace ftbert::cuda {
 namespace {
+
+// The cache file's format and candidate set: a change to either makes older files foreign.
+constexpr int kGemmCacheFormat = 1;
 
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
 constexpr const char* kCublasLtNoWorkspacePrefix = "cublaslt-nows:";  // ranked, run with none
@@ -222,15 +235,62 @@ const GemmPick& CudaBackend::fixed_gemm_choice(const WeightGemm& g) const {
 const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
   const GemmShapeKey key = gemm_key(g);
   if (const GemmPick* found = GemmPicks::find(key)) return *found;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FTBERT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
-    // Nothing can be timed inside a capture: the fixed rule, kept, so that the graph and the
-    // forwards outside it run the same kernels.
-    return GemmPicks::store(key, fixed_gemm_choice(g));
+  if (gemm_tuning_inline()) return GemmPicks::measure_and_wait(key);
+  GemmPicks::request(key);  // measured on the tuner's thread; this forward runs the rule
+  return fixed_gemm_choice(g);
+}
+
+namespace {
+// Uniform values in [-scale, scale), a hash of the index: data for timing candidates, with the
+// magnitudes of a model's (LayerNorm outputs ~1, weights ~0.05), since a GEMM's power draw and so
+// its clock under the power cap depend on the bits it multiplies.
+template <typename T>
+__global__ void fill_uniform(T* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    p[i] = static_cast<T>(scale * (static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
   }
-  std::lock_guard<std::mutex> lock(GemmPicks::measuring());
-  if (const GemmPick* found = GemmPicks::find(key)) return *found;  // measured meanwhile
+}
+
+void fill(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<size_t>((n + 255) / 256, 4096));
+  if (dt == DType::kFloat16) {
+    fill_uniform<<<blocks, 256, 0, stream>>>(static_cast<__half*>(p), n, seed, scale);
+  } else {
+    fill_uniform<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale);
+  }
+  FTBERT_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
+  DeviceScope scope(device_);
+  const int m = key.rows_bucket, n = key.n, k = key.k;
+  const bool has_bias = key.act != Activation::kIdentity;
+  const size_t es = dtype_size(key.dt);
+  // The operands, grown as larger shapes come (freeing memory would wait for the whole device).
+  const size_t need[4] = {static_cast<size_t>(m) * k, static_cast<size_t>(k) * n,
+                          static_cast<size_t>(n), static_cast<size_t>(m) * n};
+  for (int i = 0; i < 4; ++i) {
+    if (tuning_operands_[i].bytes() < need[i] * es) {
+      synchronize();
+      tuning_operands_[i] = DeviceBuffer(this, need[i] * es);
+    }
+  }
+  const float scales[4] = {1.7f, 0.05f, 0.1f, 0.0f};
+  for (int i = 0; i < 3; ++i) {
+    fill(key.dt, tuning_operands_[i].data(), need[i], 0x9e3779b9u * (i + 1), scales[i], stream_);
+  }
+  const WeightGemm g{key.dt, m, n, k, tuning_operands_[0].data(), tuning_operands_[1].data(),
+                     has_bias ? tuning_operands_[2].data() : nullptr, tuning_operands_[3].data(),
+                     key.act};
+  const GemmPick& rule = fixed_gemm_choice(g);
   const std::vector<GemmPick> candidates = gemm_candidates(g);
   std::vector<std::function<bool()>> runs;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -239,8 +299,83 @@ const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
   const BatchRecorder recorder{
       [this](const std::function<void()>& enqueue) { return record(enqueue); },
       [this](const RecordedOps& batch) { replay(batch); }};
-  const int best = fastest(stream_, runs, &recorder);
-  return GemmPicks::store(key, best >= 0 ? candidates[best] : kCublasPick);
+  const std::vector<float> ms = time_candidates(stream_, runs, &recorder);
+  // The rule's time: its kernel's, or cuBLAS's where its kernel cannot take the shape (run_gemm
+  // then falls back to cuBLAS, candidate 0).
+  float rule_ms = ms[0];
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].name == rule.name && std::isfinite(ms[i])) rule_ms = ms[i];
+  }
+  const size_t best = std::min_element(ms.begin(), ms.end()) - ms.begin();
+  return ms[best] < (1.0f - kRuleMargin) * rule_ms ? candidates[best] : rule;
+}
+
+GemmCacheFile CudaBackend::gemm_cache_file() const {
+  GemmCacheFile file;
+  const std::string dir = PickStore::default_dir();
+  if (dir.empty()) return file;
+  int minor = 0, driver = 0, runtime = 0;
+  FTBERT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_));
+  FTBERT_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  FTBERT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  std::ostringstream id;
+  // Everything a pick depends on: the GPU, the libraries whose kernels are candidates, the
+  // workspace they were given, and the candidate set (kGemmCacheFormat changes with it).
+  id << "gemm-picks " << kGemmCacheFormat << "; " << device_name_ << "; sm_"
+     << compute_capability_major_ << minor << "; " << sm_count_ << " SMs; driver " << driver
+     << "; CUDA runtime " << runtime << "; cuBLASLt " << cublasLtGetVersion() << "; CUTLASS "
+     << FTBERT_CUTLASS_VERSION_TEXT << (fused_gemm_sm90_ ? " (fused GEMMs on)" : "")
+     << "; workspace " << cublas_workspace_bytes_;
+  file.identity = id.str();
+  std::string gpu;
+  for (const char ch : device_name_) {
+    gpu += std::isalnum(static_cast<unsigned char>(ch)) ? static_cast<char>(std::tolower(ch)) : '-';
+  }
+  file.path = dir + "/gemm-picks-" + gpu + ".txt";
+  return file;
+}
+
+bool CudaBackend::runs_loaded_pick(const GemmShapeKey& key, const GemmPick& pick) const {
+  // The file's identity names this cuBLASLt, CUTLASS and GPU, and its checksums hold, so a
+  // cuBLASLt algorithm in it is one this library gave for the shape; it only needs the workspace
+  // it ran with. (Should it still not take a row count, run_gemm falls back to cuBLAS.)
+  switch (pick.kernel) {
+    case GemmKernel::kCublas: return true;
+    case GemmKernel::kCublasLt: return pick.workspace <= cublas_workspace_bytes_;
+    case GemmKernel::kCutlass: return fused_gemm_sm90_ && key.act == Activation::kGeluErf;
+    case GemmKernel::kCutlassPlain: return fused_gemm_sm90_ && key.act == Activation::kIdentity;
+  }
+  return false;
+}
+
+void CudaBackend::load_gemm_picks() {
+  if (!GemmPicks::claim_load(device_)) return;  // once per device and process
+  const GemmCacheFile file = gemm_cache_file();
+  if (file.path.empty()) return;
+  DeviceScope scope(device_);
+  for (const auto& [key_text, pick_text] : PickStore(file.path, file.identity).load()) {
+    GemmShapeKey key{};
+    GemmPick pick;
+    if (!parse_gemm_key(key_text, device_, &key) || !parse_gemm_pick(pick_text, &pick) ||
+        !runs_loaded_pick(key, pick)) {
+      std::fprintf(stderr,
+                   "ftbert: warning: %s: ignoring the entry for %s, which this build cannot "
+                   "run (it will be measured again)\n",
+                   file.path.c_str(), key_text.c_str());
+      continue;
+    }
+    GemmPicks::stage_loaded(key, pick);
+  }
+}
+
+GemmPick measure_gemm_shape(const GemmShapeKey& key, GemmCacheFile* cache) {
+  // The tuner's own backend per device (its stream, handles and operands), on its thread only.
+  // Leaked: the tuner may still run while static destructors do.
+  static auto* backends = new std::map<int, std::unique_ptr<CudaBackend>>();
+  std::unique_ptr<CudaBackend>& backend = (*backends)[key.device];
+  if (!backend) backend = std::make_unique<CudaBackend>(key.device);
+  *cache = backend->gemm_cache_file();
+  return backend->measure_gemm(key);
 }
 
 bool CudaBackend::run_cublaslt(const GemmPick& pick, const WeightGemm& g) {
@@ -324,6 +459,21 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
 void CudaBackend::set_gemm_choice(const std::string& mode) {
   Backend::set_gemm_choice(mode);  // checks it
   measure_gemms_ = mode == "auto";
+  if (measure_gemms_) load_gemm_picks();
+}
+
+uint64_t CudaBackend::begin_forward() { return GemmPicks::forward_begins(device_); }
+
+void CudaBackend::end_forward() { GemmPicks::forward_ends(device_); }
+
+void CudaBackend::wait_for_tuning() { GemmPicks::wait_idle(device_); }
+
+std::map<std::string, int64_t> CudaBackend::tuning_counters() const {
+  const GemmPicks::Counters c = GemmPicks::counters();
+  return {{"measured", c.measured},
+          {"on_caller", c.on_caller},
+          {"loaded", c.loaded},
+          {"cache_writes", c.cache_writes}};
 }
 
 std::vector<std::string> CudaBackend::weight_gemm_candidates(DType dt, int m, int n, int k,

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -178,6 +179,22 @@ class Backend {
                                      void* /*c*/, const void* /*bias*/, Activation /*act*/) {
     return false;
   }
+
+  // ---- forwards and measured choices ---------------------------------------------------------
+  // Session::forward brackets each forward's ops with these. What a backend picks per op by
+  // measurement (CUDA: the weight GEMMs' kernels under "auto") changes only while no forward of
+  // its device is between the two, so that forwards overlapping in time run the same kernels.
+  // begin_forward returns the generation of those picks: a recording made under another one
+  // holds kernels that forwards no longer run.
+  virtual uint64_t begin_forward() { return 0; }
+  virtual void end_forward() {}
+  // Waits until every measurement that ops asked for so far is done and in use: the next forward
+  // runs its picks.
+  virtual void wait_for_tuning() {}
+  // For tests and reports: "measured" (shapes timed), "on_caller" (timings that ran on a
+  // forward's own thread: none by design), "loaded" (picks read from the cache file),
+  // "cache_writes". Empty where nothing is measured.
+  virtual std::map<std::string, int64_t> tuning_counters() const { return {}; }
 
   // out [m, n] = LayerNorm(a [m, k] · W + bias + residual) · gamma + beta: a post-LN residual
   // block's output projection and its LayerNorm as one op, W as upload_weight left it. A backend

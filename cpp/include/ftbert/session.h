@@ -131,6 +131,7 @@ class Session {
   std::map<ShapeKey, Recording> recordings_;
   std::set<ShapeKey> seen_once_;  // shapes run once, op by op
   uint64_t forwards_ = 0;         // the clock of Recording::last_use
+  uint64_t picks_generation_ = 0;  // Backend::begin_forward's when the recordings were made
 
   // Set by the last LayerNorm when the output holds a NaN or Inf; host memory the device writes.
   int32_t* nonfinite_host_ = nullptr;

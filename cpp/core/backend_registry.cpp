@@ -32,8 +32,12 @@ void Backend::set_gemm_choice(const std::string& mode) {
 }
 
 void Backend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
-                             int32_t* token_index, int64_t capacity) {
+                             int32_t* token_index, int64_t capacity, int32_t* first_unattended) {
   pack_sequences_host(mask, batch, seq, cu_seqlens, token_index, capacity);
+  if (first_unattended != nullptr) {
+    *first_unattended = 0;
+    for (int64_t b = 0; b < batch; ++b) *first_unattended |= mask[b * seq] == 0;
+  }
 }
 
 int32_t* Backend::allocate_host_flag(size_t words) { return new int32_t[words](); }

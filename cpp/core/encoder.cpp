@@ -57,22 +57,23 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
   return select_attention(attention_mode_, *backend_, dtype(), config().head_dim(), batch, seq);
 }
 
-// The padding-free rule. `auto` packs once padding is at least kAutoPackedPadding of the batch's
-// positions and the token count is known on the host (host inputs, or packed callers): packing
-// costs an upload of the sequence offsets and a scatter of the outputs, and device inputs would
-// need their count read back, which waits for the device. It never packs where packing would
-// change a first-token output. See README "Padding-free execution".
-constexpr double kAutoPackedPadding = 0.1;
-
+// The padding-free rule. `auto` packs where packing pays (packing_pays: enough padding) and the
+// token count is known on the host (host inputs, or packed callers), and never where packing
+// would change a first-token output. Device inputs are counted on the device instead, where the
+// batch is large enough for the read back to pay (auto_counts_on_device). See README
+// "Padding-free execution".
 bool Encoder::padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs) const {
   switch (padding_free_.load()) {
     case PaddingFree::kOff: return false;
     case PaddingFree::kOn: return true;
     case PaddingFree::kAuto: break;
   }
-  const double padded = static_cast<double>(batch) * seq;
-  return tokens >= 0 && !first_token_differs &&
-         padded - static_cast<double>(tokens) >= kAutoPackedPadding * padded;
+  return !first_token_differs && packing_pays(batch, seq, tokens);
+}
+
+bool Encoder::auto_counts_on_device(int batch, int seq) const {
+  return padding_free_.load() == PaddingFree::kAuto && batch >= 2 &&
+         static_cast<int64_t>(batch) * seq >= kAutoDeviceCountMinPositions;
 }
 
 // ---- the session pool ---------------------------------------------------------------------------
@@ -232,13 +233,16 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
   const bool first_token_output =
       (args.pooler_output != nullptr && config().has_pooler) ||
       (args.logits != nullptr && head.kind == HeadKind::kSequence);
-  // Device inputs stay padded under auto even when their caller counted them (a count read back
-  // with a value check serves padding_free=True only), so auto's results for device inputs never
-  // depend on whether anyone counted.
+  // Device inputs under auto are counted on the device (the session decides) or stay padded,
+  // even when their caller counted them (a count read back with a value check serves
+  // padding_free=True only), so auto's results for device inputs never depend on whether anyone
+  // counted.
   const int64_t counted = args.inputs_on_device ? -1 : args.tokens;
   args.packed = args.packed_outputs ||
                 padding_free_for(args.batch, args.seq, counted,
                                  first_token_output && !first_positions_attended);
+  args.pack_if_it_pays = !args.packed && args.inputs_on_device && args.outputs_on_device &&
+                         auto_counts_on_device(args.batch, args.seq);
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);
   Slot& slot = acquire(stream);

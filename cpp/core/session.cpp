@@ -122,7 +122,7 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     drop_recordings();
     pooled_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
     first_tokens_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
-    cu_seqlens_ = DeviceBuffer(b, (static_cast<size_t>(batch) + 1) * sizeof(int32_t));
+    cu_seqlens_ = DeviceBuffer(b, (static_cast<size_t>(batch) + 2) * sizeof(int32_t));
     if (c.head.has_dense()) head_hidden_ = DeviceBuffer(b, static_cast<size_t>(batch) * H * es);
     if (c.head.kind == HeadKind::kSequence) logits_ = DeviceBuffer(b, static_cast<size_t>(batch) * N * es);
     capacity_batch_ = batch;
@@ -179,15 +179,17 @@ int64_t Session::pack(const ForwardArgs& a) {
     backend_->copy_to_device(token_index_.data(), host_token_index_.data(), padded * sizeof(int32_t));
     return t;
   }
+  // cu_seqlens_ holds B + 2 words: the offsets, then whether a first position is padding.
+  int32_t* const first_unattended = cu_seqlens_.as<int32_t>() + B + 1;
   backend_->pack_sequences(mask_.as<int32_t>(), B, S, cu_seqlens_.as<int32_t>(),
-                           token_index_.as<int32_t>(), padded);
-  if (a.tokens >= 0) return a.tokens;
-  // T decides the GEMMs' sizes, which the host sets: read it back once (this waits for the
-  // caller's stream up to the packing).
-  int32_t t = 0;
-  backend_->copy_to_host(&t, cu_seqlens_.as<int32_t>() + B, sizeof(int32_t));
+                           token_index_.as<int32_t>(), padded,
+                           a.pack_if_it_pays ? first_unattended : nullptr);
+  if (a.tokens >= 0 && !a.pack_if_it_pays) return a.tokens;
+  // T decides the GEMMs' sizes, which the host sets: read it back once, with the flag (this waits
+  // for the caller's stream up to the packing).
+  backend_->copy_to_host(tally_, cu_seqlens_.as<int32_t>() + B, sizeof(tally_));
   backend_->synchronize();
-  return t;
+  return tally_[0];
 }
 
 ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs) {
@@ -222,11 +224,20 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   const Activations act = activations();
   stage_inputs(a);
 
-  // The layout: padded, or packed over T rows (or T's bucket, rows past T zeros).
+  // The layout: padded, or packed over T rows (or T's bucket, rows past T zeros). Device inputs
+  // under padding_free="auto" are packed first, then kept so where packing pays.
   SequenceLayout layout = SequenceLayout::padded(B, S, mask_.as<int32_t>());
   int64_t tokens = static_cast<int64_t>(B) * S;
-  if (a.packed) {
-    tokens = pack(a);
+  bool packed = a.packed;
+  int64_t counted = -1;
+  if (a.pack_if_it_pays) {
+    counted = pack(a);
+    const bool first_token_output =
+        outputs.pooled || (outputs.logits && c.head.kind == HeadKind::kSequence);
+    packed = packing_pays(B, S, counted) && !(first_token_output && tally_[1] != 0);
+  }
+  if (packed) {
+    tokens = counted >= 0 ? counted : pack(a);
     layout.cu_seqlens = cu_seqlens_.as<int32_t>();
     layout.token_index = token_index_.as<int32_t>();
     // Where forwards may be recorded, rows are always the bucket's, graphs on or off: the GEMMs
@@ -258,7 +269,7 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     model_.forward(*backend_, to, ids, types, layout, attention, outputs);
   };
   const RecordedOps* recording =
-      graphs ? recording_for({B, S, layout.rows, a.packed, attention, outputs},
+      graphs ? recording_for({B, S, layout.rows, packed, attention, outputs},
                              [&] { run(recorded); }, recorded.output)
              : nullptr;
   if (recording != nullptr) {

@@ -428,9 +428,11 @@ void CudaBackend::stage_inputs(const void* ids, int ids_bytes, const void* mask,
 }
 
 void CudaBackend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
-                                 int32_t* token_index, int64_t capacity) {
+                                 int32_t* token_index, int64_t capacity,
+                                 int32_t* first_unattended) {
   DeviceScope scope(device_);
-  invoke_pack_sequences(mask, batch, seq, cu_seqlens, token_index, capacity, stream_);
+  invoke_pack_sequences(mask, batch, seq, cu_seqlens, token_index, capacity, first_unattended,
+                        stream_);
 }
 
 void CudaBackend::first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,

@@ -108,7 +108,8 @@ class CudaBackend : public Backend {
                     int32_t* mask_out, int32_t* types_out, int vocab, int type_vocab,
                     BadInputValue* bad) override;
   void pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
-                      int32_t* token_index, int64_t capacity) override;
+                      int32_t* token_index, int64_t capacity,
+                      int32_t* first_unattended = nullptr) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
   void unpack_rows(const void* in, const SequenceLayout& layout, void* out,

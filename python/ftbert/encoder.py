@@ -272,11 +272,12 @@ class Encoder:
         another (every GEMM, LayerNorm and activation on [tokens, H]; attention per sequence), and
         the outputs are the same at every attended position, zeros at padding.
 
-        "auto" (the default) packs a batch when at least 10% of its positions are padding and its
-        mask is on the host (numpy arrays, CPU tensors, or CUDA tensors given to a CPU encoder); it
-        stays padded for CUDA tensors given to a CUDA encoder (their count is known only once the
-        GPU has run what writes them) and where packing would change a
-        first-token output (a pooler or sequence head, with a sequence whose position 0 is padding:
+        "auto" (the default) packs a batch when at least 10% of its positions are padding. Host
+        masks (numpy arrays, CPU tensors, or CUDA tensors given to a CPU encoder) are counted on
+        the host; CUDA tensors given to a CUDA encoder are counted on the GPU with one small read
+        back (a wait for the caller's stream up to the inputs), from 4,096 positions and 2
+        sequences on, smaller ones staying padded. Auto stays padded too where packing would change
+        a first-token output (a pooler or sequence head, with a sequence whose position 0 is padding:
         padded, that position is the first token, as in transformers; packed, the first real token
         is). True packs every batch (CUDA tensors: counted in the same read back as their value
         check), False none.

@@ -44,6 +44,19 @@ def test_pack_sequences_matches_numpy(cpu, rng, style, batch, seq):
         assert ((rows // seq) == b).all() and (np.diff(rows) > 0).all()
 
 
+@pytest.mark.parametrize("style", MASK_STYLES)
+@pytest.mark.parametrize("batch,seq", [(1, 1), (4, 1), (5, 13), (37, 33)])
+def test_pack_sequences_says_whether_a_first_position_is_padding(cpu, rng, style, batch, seq):
+    # padding_free="auto" reads it back with the token count: packing would move such a sequence's
+    # first-token output (pooler, sequence head) from its padding to its first token.
+    mask = sequence_mask(rng, batch, seq, style)
+    assert cpu.pack_sequences_first_unattended(mask) == int((mask[:, 0] == 0).any())
+    one_left = np.ones((batch, seq), np.int32)
+    one_left[int(rng.integers(batch)), 0] = 0
+    assert cpu.pack_sequences_first_unattended(one_left) == 1
+    assert cpu.pack_sequences_first_unattended(np.ones((batch, seq), np.int32)) == 0
+
+
 def test_pack_sequences_of_an_all_padding_batch_and_a_full_batch(cpu):
     cu, index = cpu.pack_sequences(np.zeros((3, 4), np.int32))
     np.testing.assert_array_equal(cu, [0, 0, 0, 0])

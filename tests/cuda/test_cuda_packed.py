@@ -58,6 +58,19 @@ def test_pack_sequences_matches_cpu_exactly(gpu, cpu, rng, style, batch, seq):
     np.testing.assert_array_equal(index, ref_index)
 
 
+@pytest.mark.parametrize("style", SEQUENCE_MASK_STYLES)
+@pytest.mark.parametrize("batch,seq", [(1, 1), (5, 13), (33, 33), (40, 520), (3000, 5)])
+def test_pack_sequences_first_unattended_matches_cpu(gpu, cpu, rng, style, batch, seq):
+    mask = sequence_mask(rng, batch, seq, style)
+    want = int((mask[:, 0] == 0).any())
+    assert gpu.pack_sequences_first_unattended(mask) == want
+    assert cpu.pack_sequences_first_unattended(mask) == want
+    one_left = np.ones((batch, seq), np.int32)
+    one_left[int(rng.integers(batch)), 0] = 0  # one row among many
+    assert gpu.pack_sequences_first_unattended(one_left) == 1
+    assert gpu.pack_sequences_first_unattended(np.ones((batch, seq), np.int32)) == 0
+
+
 @pytest.mark.parametrize("batch,seq", [(3, 4), (1100, 2)])
 def test_pack_sequences_all_padding_and_all_tokens(gpu, batch, seq):
     cu, index = gpu.pack_sequences(np.zeros((batch, seq), np.int32))
@@ -560,10 +573,50 @@ def test_cuda_tensors_with_padding_free_true_match_padded(bert, rng, dtype, atte
             assert_pooler_reads_first_tokens(out, hf, mask, dtype)
             outs.append(out)
         same_outputs(outs[0], outs[2])
-        # auto never packs CUDA tensors (their count exists only once the GPU has written them).
+        # auto keeps CUDA tensors of fewer than 4,096 positions padded (Encoder::
+        # auto_counts_on_device: their count exists only once the GPU has written them).
         padded = auto(*(torch.from_numpy(a).cuda() for a in (ids, mask, types)))
         assert (padded.last_hidden_state[torch.from_numpy(mask).cuda() == 0] != 0).any()
         same_outputs(padded, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "no-graphs"])
+def test_cuda_tensors_under_auto_pack_where_the_device_count_says_it_pays(bert, rng, dtype, graphs):
+    # From 4,096 positions and 2 sequences, auto counts CUDA tensors on the device: packed (the
+    # outputs of padding_free=True, bit for bit) with 10% padding or more, unless a sequence starts
+    # with padding and the pooler reads its first token; padded (padding_free=False's bits) else.
+    path, hf = bert
+    vocab = hf.config.vocab_size
+    auto = encoder(path, dtype, "auto", graphs)
+    on = encoder(path, dtype, True, graphs)
+    off = encoder(path, dtype, False, graphs)
+
+    def cuda(arrays):
+        return [torch.from_numpy(a).cuda() for a in arrays]
+
+    ids, mask, types = host_batch(rng, vocab, 17, 301, "right")
+    mask[0] = 1  # one full row; the rest ragged: well over 10% padding
+    ids[mask == 0] = 0
+    full = np.ones_like(mask)
+    nearly_full = full.copy()
+    nearly_full[3, -int(0.05 * 301):] = 0  # under 10% padding: stays padded
+    left = mask[:, ::-1].copy()  # left padding: the pooler would read another token packed
+    small = (ids[:2, :200], mask[:2, :200], types[:2, :200])  # 400 positions: never counted
+    cases = [("ragged", (ids, mask, types), on), ("full", (ids, full, types), off),
+             ("nearly full", (ids, nearly_full, types), off), ("left", (ids, left, types), off),
+             ("small", small, off)]
+    for name, arrays, twin in cases:
+        for _ in range(3):  # op by op, recorded, replayed
+            got = auto(*cuda(arrays))
+            want = twin(*cuda(arrays))
+            try:
+                same_outputs(got, want)
+            except AssertionError as e:
+                raise AssertionError(f"{name}: not {'packed' if twin is on else 'padded'}: {e}") from None
+    # What auto packed is still right: against the padded forward, to the usual tolerance.
+    got = auto(*cuda((ids, mask, types)))
+    assert_packed_like_padded(got, off(*cuda((ids, mask, types))), mask, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

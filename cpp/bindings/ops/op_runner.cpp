@@ -549,6 +549,25 @@ void register_op_runner(py::module_& m) {
              r.backend().synchronize();
              return py::make_tuple(cu, index);
            })
+      // pack_sequences' first_unattended: whether some row's position 0 is padding.
+      .def("pack_sequences_first_unattended",
+           [](OpRunner& r, const I32Array& mask) {
+             FTBERT_CHECK_INPUT(mask.ndim() == 2, "mask must be 2-D [batch, seq]");
+             const int B = mask.shape(0), S = mask.shape(1);
+             DeviceBuffer m = r.upload_ints(mask);
+             DeviceBuffer cu(&r.backend(), (B + 1) * sizeof(int32_t));
+             DeviceBuffer index(&r.backend(), static_cast<size_t>(B) * S * sizeof(int32_t));
+             DeviceBuffer flag(&r.backend(), sizeof(int32_t));
+             const int32_t stale = 7;  // neither answer: the op must write one
+             r.backend().copy_to_device(flag.data(), &stale, sizeof(stale));
+             r.backend().pack_sequences(m.as<int32_t>(), B, S, cu.as<int32_t>(),
+                                        index.as<int32_t>(), static_cast<int64_t>(B) * S,
+                                        flag.as<int32_t>());
+             int32_t out = 0;
+             r.backend().copy_to_host(&out, flag.data(), sizeof(out));
+             r.backend().synchronize();
+             return out;
+           })
       .def("unpack_rows",
            [](OpRunner& r, const std::string& dtype, const F32Array& packed, const I32Array& mask) {
              const DType dt = dtype_from_string(dtype);

@@ -48,12 +48,15 @@ void invoke_stage_inputs(const void* ids, int ids_bytes, const void* mask, int m
                          int vocab, int type_vocab, BadInputValue* bad, cudaStream_t stream);
 
 // ---- sequences.cu: the sequence layout ---------------------------------------------------------
-// cu_seqlens and token_index (-1 from T to capacity) of a mask, in one block.
+// cu_seqlens and token_index (-1 from T to capacity) of a mask, in one block; first_unattended
+// (when given) 1 if some sequence's position 0 is padding, else 0.
 void invoke_pack_sequences(const int32_t* mask,  // [B, S]
                            int batch, int seq,
                            int32_t* cu_seqlens,   // [B + 1]
                            int32_t* token_index,  // [capacity]
-                           int64_t capacity, cudaStream_t stream);
+                           int64_t capacity,
+                           int32_t* first_unattended,  // [1] or null
+                           cudaStream_t stream);
 // out[b] = x[the layout's first row of sequence b] (zeros for an empty packed sequence).
 template <typename T>
 void invoke_first_tokens(const T* x,  // [rows, H]

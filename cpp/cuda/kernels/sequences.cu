@@ -17,18 +17,23 @@ constexpr int kPackThreads = 1024;
 __global__ void __launch_bounds__(kPackThreads)
     pack_sequences_kernel(const int32_t* __restrict__ mask, int batch, int seq,
                           int32_t* __restrict__ cu_seqlens, int32_t* __restrict__ token_index,
-                          int64_t capacity) {
+                          int64_t capacity, int32_t* __restrict__ first_unattended) {
   begin_dependent_kernel();
   __shared__ int partial[kPackThreads];
+  __shared__ int unattended;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+  if (tid == 0) unattended = 0;
+  __syncthreads();
   for (int b = warp; b < batch; b += warps) {
     const int32_t* row = mask + static_cast<int64_t>(b) * seq;
     int n = 0;
     for (int s = lane; s < seq; s += 32) n += row[s] != 0;
     n = __reduce_add_sync(0xffffffffu, n);
     if (lane == 0) cu_seqlens[b + 1] = n;
+    if (lane == 0 && row[0] == 0) atomicOr(&unattended, 1);
   }
   __syncthreads();
+  if (tid == 0 && first_unattended != nullptr) *first_unattended = unattended;
   // Exclusive scan: each thread sums a contiguous run of lengths, the block scans the run sums.
   const int per = (batch + blockDim.x - 1) / blockDim.x;
   const int lo = min(batch, tid * per), hi = min(batch, lo + per);
@@ -134,10 +139,11 @@ void with_word(size_t row_bytes, std::initializer_list<const void*> ptrs, F&& f)
 }  // namespace
 
 void invoke_pack_sequences(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
-                           int32_t* token_index, int64_t capacity, cudaStream_t stream) {
+                           int32_t* token_index, int64_t capacity, int32_t* first_unattended,
+                           cudaStream_t stream) {
   if (batch == 0) return;
   launch(pack_sequences_kernel, 1, kPackThreads, 0, stream, mask, batch, seq, cu_seqlens,
-         token_index, capacity);
+         token_index, capacity, first_unattended);
   FTBERT_LAUNCH_CHECK("pack_sequences_kernel", stream);
 }
 

@@ -248,13 +248,15 @@ class Backend {
 
   // ---- sequence layout (sequences.h) --------------------------------------------------------
   // Packs the attended positions of `mask`: cu_seqlens [B + 1] and token_index [capacity] (-1 from
-  // T on), in stream order; T = cu_seqlens[B] stays on the device. The base implementation runs
-  // pack_sequences_host, for backends whose memory is the host's.
+  // T on), in stream order; T = cu_seqlens[B] stays on the device; first_unattended, when given,
+  // becomes 1 if some sequence's position 0 is padding (left padding, an empty row), else 0. The
+  // base implementation runs pack_sequences_host, for backends whose memory is the host's.
   virtual void pack_sequences(const int32_t* mask,   // [B, S]
                               int batch, int seq,
                               int32_t* cu_seqlens,   // [B + 1]
                               int32_t* token_index,  // [capacity]
-                              int64_t capacity);
+                              int64_t capacity,
+                              int32_t* first_unattended = nullptr);  // [1] or null
 
   // out[b] = x[the first token of sequence b]: row b·S padded, row cu[b] packed (zeros for an
   // empty sequence).

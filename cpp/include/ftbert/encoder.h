@@ -64,6 +64,11 @@ class Encoder {
   // padding position, as in transformers; packed, it is the sequence's first real token. Auto then
   // stays padded, so that it never changes a result.
   bool padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs = false) const;
+  // Whether auto counts a batch of device inputs on the device (one read back of the count, a
+  // wait for the caller's stream up to the inputs) and packs it where packing pays: from
+  // kAutoDeviceCountMinPositions positions and 2 sequences, where the saving outweighs the wait.
+  bool auto_counts_on_device(int batch, int seq) const;
+  static constexpr int64_t kAutoDeviceCountMinPositions = 4096;
 
   void set_attention(AttentionMode mode);
   AttentionMode attention_mode() const { return attention_mode_; }

@@ -44,6 +44,15 @@ struct SequenceLayout {
   }
 };
 
+// Whether packing a batch of `tokens` attended tokens in [batch, seq] pays: padding_free="auto"'s
+// rule. Packing costs an upload or a count of the sequence offsets and a scatter of the outputs;
+// it pays once padding is at least kAutoPackedPadding of the batch's positions.
+constexpr double kAutoPackedPadding = 0.1;
+inline bool packing_pays(int batch, int seq, int64_t tokens) {
+  const double padded = static_cast<double>(batch) * seq;
+  return tokens >= 0 && padded - static_cast<double>(tokens) >= kAutoPackedPadding * padded;
+}
+
 // The host side of packing, the reference for Backend::pack_sequences: from the mask [B, S],
 // cu_seqlens [B + 1] and token_index [capacity] (attended positions in order; -1 from T on).
 // Returns T. A sequence keeps its tokens' order, wherever its padding is (left, right, inside).

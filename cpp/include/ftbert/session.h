@@ -52,6 +52,9 @@ struct ForwardArgs {
   int64_t tokens = -1;
   // Outputs left packed: last_hidden_state [T, H], token logits [T, N] (needs packed and tokens).
   bool packed_outputs = false;
+  // Device inputs, not packed: count the attended tokens on the device (one small read back) and
+  // pack where packing pays (packing_pays) and changes no first-token output asked for.
+  bool pack_if_it_pays = false;
 };
 
 // What a forward reports besides its outputs.
@@ -143,7 +146,8 @@ class Session {
   int64_t capacity_tokens_ = 0;
   int capacity_batch_ = 0;
   DeviceBuffer ids_, mask_, types_;   // [B, S] int32
-  DeviceBuffer cu_seqlens_;           // [B + 1] int32, packed forwards
+  DeviceBuffer cu_seqlens_;           // [B + 2] int32, packed forwards (+ pack's first_unattended)
+  int32_t tally_[2] = {0, 0};         // T and first_unattended, read back by pack()
   DeviceBuffer token_index_;          // [B, S] int32, packed forwards
   DeviceBuffer first_tokens_;         // [B, H], the first tokens gathered for a pooler or head
   std::vector<int32_t> host_cu_seqlens_, host_token_index_;  // host inputs' packing

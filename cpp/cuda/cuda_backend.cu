@@ -124,6 +124,10 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::release() noexcept {
+  for (void*& p : tuning_operands_) {
+    if (p != nullptr && own_stream_ != nullptr) (void)cudaFreeAsync(p, own_stream_);
+    p = nullptr;
+  }
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
   if (cublaslt_ != nullptr) (void)cublasLtDestroy(cublaslt_);
   if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);

@@ -16,7 +16,6 @@
 
 #include "cuda/gemm/gemm_tuner.h"
 #include "ftbert/backend.h"
-#include "ftbert/weights.h"
 
 namespace ftbert::cuda {
 
@@ -212,7 +211,9 @@ class CudaBackend : public Backend {
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;
-  DeviceBuffer tuning_operands_[4];  // measure_gemm's a [m, k], W [k, n], bias [n], c [m, n]
+  // measure_gemm's a [m, k], W [k, n], bias [n], c [m, n]: stream-ordered allocations
+  void* tuning_operands_[4] = {};
+  size_t tuning_bytes_[4] = {};
 };
 
 }  // namespace ftbert::cuda

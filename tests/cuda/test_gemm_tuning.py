@@ -285,6 +285,27 @@ print(json.dumps(dict(counters=counters, same=bool(np.array_equal(first, second)
     assert out["same"]
 
 
+def test_the_callers_device_synchronize_works_while_the_tuner_measures(tmp_path, model_dir):
+    # The tuner runs beside the caller's own CUDA work: nothing it does may make that fail (a graph
+    # capture in progress on its thread would refuse torch.cuda.synchronize() in the caller's).
+    out, _ = run(FORWARDS + f"""
+import time
+import torch
+enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16")
+forwards(enc, [4, 8, 12, 16, 24, 40, 64], 8)  # shapes for the tuner
+x = torch.randn(256, 256, device="cuda")
+syncs, end = 0, time.perf_counter() + 3.0
+while time.perf_counter() < end:
+    x = x @ x.T / 256
+    torch.cuda.synchronize()
+    syncs += 1
+enc._native.wait_for_tuning()
+print(json.dumps(dict(syncs=syncs, counters=enc.gemm_tuning)))
+""", tmp_path)
+    assert out["syncs"] > 100
+    assert out["counters"]["measured"] >= 8
+
+
 def test_a_bad_tuning_mode_is_refused_by_name(tmp_path):
     _, err = run("""
         import ftbert, numpy as np

@@ -346,8 +346,7 @@ struct EventPair {
 }  // namespace
 
 std::vector<float> time_candidates(cudaStream_t stream,
-                                   const std::vector<std::function<bool()>>& candidates,
-                                   const BatchRecorder* recorder) {
+                                   const std::vector<std::function<bool()>>& candidates) {
   if (!on_tuner_thread) {
     TunerState& s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -380,26 +379,13 @@ std::vector<float> time_candidates(cudaStream_t stream,
                            kMaxRunsPerBatch);
     }
   }
-  // Each candidate's batch, recorded once where the recorder can (the runs' results are not
-  // looked at: a candidate that could run once runs the same way every time).
-  std::vector<std::unique_ptr<RecordedOps>> batches(n);
-  for (int i = 0; i < n; ++i) {
-    if (!usable[i] || recorder == nullptr) continue;
-    batches[i] = recorder->record([&] {
-      for (int j = 0; j < runs[i]; ++j) candidates[i]();
-    });
-  }
   std::vector<EventPair> events(static_cast<size_t>(n) * kRounds);
   for (int r = 0; r < kRounds; ++r) {
     for (int i = 0; i < n; ++i) {
       if (!usable[i]) continue;
       const EventPair& e = events[static_cast<size_t>(r) * n + i];
       FTBERT_CUDA_CHECK(cudaEventRecord(e.start, stream));
-      if (batches[i]) {
-        recorder->replay(*batches[i]);
-      } else {
-        for (int j = 0; j < runs[i]; ++j) candidates[i]();
-      }
+      for (int j = 0; j < runs[i]; ++j) candidates[i]();
       FTBERT_CUDA_CHECK(cudaEventRecord(e.stop, stream));
     }
   }

@@ -132,28 +132,13 @@ bool parse_gemm_pick(const std::string& text, GemmPick* pick);
 // buffers of its own) and says which cache file the pick goes to.
 GemmPick measure_gemm_shape(const GemmShapeKey& key, GemmCacheFile* cache);
 
-// How time_candidates() runs a timed batch of one candidate: the way a forward runs it, captured once into
-// a CUDA graph and replayed, so that what is timed is the candidate's cost in a forward, graph
-// nodes and edges included. Some cuBLASLt algorithms clear part of their workspace before their
-// kernel: back to back on a stream the memset costs little, but in a graph it is a node with an
-// edge on each side (on an H100, BERT-base at 128 x 128 tokens: 36 such memsets per forward, a
-// memset -> GEMM edge alone 2.7 us; the same algorithms run without them took 0.12 ms off a
-// 6.3 ms forward). Timed on a stream, a memset-free twin ties with its original and either may be
-// picked. `record` returns null where the backend cannot capture; the batch is then launched as
-// it is.
-struct BatchRecorder {
-  std::function<std::unique_ptr<RecordedOps>(const std::function<void()>&)> record;
-  std::function<void(const RecordedOps&)> replay;
-};
-
 // The time per run (ms) of each of `candidates` on `stream`, each of which enqueues one run of the
 // same GEMM and returns false, enqueuing nothing, when it cannot take the shape (its time is then
 // infinity). Each is run once to warm up, then timed in rounds of batches between CUDA events
-// (the median round counts), each batch recorded by `recorder` where one is given. Waits for the
-// stream. Counted in GemmPicks::counters().on_caller unless it runs on the tuner's thread.
+// (the median round counts). Waits for the stream. Counted in GemmPicks::counters().on_caller
+// unless it runs on the tuner's thread.
 std::vector<float> time_candidates(cudaStream_t stream,
-                                   const std::vector<std::function<bool()>>& candidates,
-                                   const BatchRecorder* recorder = nullptr);
+                                   const std::vector<std::function<bool()>>& candidates);
 
 // A measured candidate replaces the fixed rule's kernel only when it is at least this much faster
 // in the same measurement: candidates within noise of each other keep the rule, so that "auto"

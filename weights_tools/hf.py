@@ -496,12 +496,20 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
             # the fused GEMM's output row keeps.
             parts = [get(s, (n_out // len(sources), n_in)) for s in sources]
-            out[name] = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)).t().contiguous()
+            out[name] = (parts[0] if len(parts) == 1 else _cat(parts)).t().contiguous()
         elif len(sources) == 1:
             out[name] = get(sources[0], shape)
         else:
-            out[name] = torch.cat([get(s, (shape[0] // len(sources), *shape[1:])) for s in sources])
+            out[name] = _cat([get(s, (shape[0] // len(sources), *shape[1:])) for s in sources])
     return out
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat along dim 0; for the dry run's tensors without data, only the shape: torch.cat on
+    the meta device imports torch._dynamo on first use (about a second at load)."""
+    if parts[0].is_meta:
+        return torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), device="meta")
+    return torch.cat(parts, dim=0)
 
 
 def hf_state_dict(family: Family, config: dict,

@@ -159,6 +159,9 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]  # config.json model_type values this table reads
+    # The engine's architecture unit that runs the family (cpp/core/models/<architecture>.cpp;
+    # ftbert._C.architectures() lists those of a build).
+    architecture: str
     # Engine config key -> its source. The engine keys are layout.INT_KEYS, layer_norm_eps,
     # hidden_act and pad_token_id; the order is the order they are read and checked in.
     config: Mapping[str, Key]
@@ -211,6 +214,7 @@ def _frozen(d: dict) -> Mapping:
 BERT = Family(
     name="bert",
     model_types=("bert",),
+    architecture="bert",
     # BertConfig's defaults (BERT-base).
     config=_frozen({
         "vocab_size": Key("vocab_size", 30522),
@@ -276,6 +280,7 @@ BERT = Family(
 ROBERTA = Family(
     name="roberta",
     model_types=("roberta",),
+    architecture="bert",
     # RobertaConfig's defaults: the class's, not roberta-base's config.json (which sets
     # max_position_embeddings 514, type_vocab_size 1, layer_norm_eps 1e-5): a key left out of
     # config.json means what transformers makes of it.
@@ -318,6 +323,7 @@ CAMEMBERT = _roberta_with_bert_vocab("camembert")
 DISTILBERT = Family(
     name="distilbert",
     model_types=("distilbert",),
+    architecture="bert",
     # DistilBertConfig's defaults (distilbert-base).
     config=_frozen({
         "vocab_size": Key("vocab_size", 30522),
@@ -384,6 +390,7 @@ DISTILBERT = Family(
 ELECTRA = Family(
     name="electra",
     model_types=("electra",),
+    architecture="bert",
     # ElectraConfig's defaults (electra-small-discriminator's sizes).
     config=_frozen({
         **BERT.config,
@@ -441,6 +448,8 @@ def _check(family: Family) -> Family:
         problems.append("a projection's width comes from config.json: it needs a key")
     if family.name not in family.model_types:
         problems.append("the family's name is the model_type the engine config records: it must be one")
+    if not (isinstance(family.architecture, str) and family.architecture.isidentifier()):
+        problems.append(f"architecture {family.architecture!r} must name an architecture unit")
     if problems:
         raise AssertionError(f"family {family.name!r}: " + "; ".join(problems))
     return family

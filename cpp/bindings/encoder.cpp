@@ -2,11 +2,13 @@
 // raw device pointers in and out of forward.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
 
 #include "bindings/bindings.h"
 #include "ftbert/check.h"
 #include "ftbert/encoder.h"
+#include "ftbert/model.h"
 
 namespace ftbert::bindings {
 
@@ -20,6 +22,17 @@ T get(const py::dict& d, const char* key) {
 
 ModelConfig config_from_dict(const py::dict& d) {
   ModelConfig c;
+  // Conversions from before architecture units are BERT's.
+  if (d.contains("architecture")) {
+    c.architecture = d["architecture"].cast<std::string>();
+    const std::vector<std::string> known = model_architectures();
+    if (std::find(known.begin(), known.end(), c.architecture) == known.end()) {
+      std::string names;
+      for (const std::string& n : known) names += (names.empty() ? "'" : ", '") + n + "'";
+      throw InputError("config: architecture '" + c.architecture + "' is not one this build runs (" +
+                       names + ")");
+    }
+  }
   c.vocab_size = get<int>(d, "vocab_size");
   c.hidden_size = get<int>(d, "hidden_size");
   // Conversions without the key have no projection.
@@ -87,6 +100,9 @@ void register_encoder(py::module_& m) {
   m.def("expected_tensors", [](const py::dict& config) {
     return expected_tensors(config_from_dict(config));
   });
+  m.def("architectures", &model_architectures,
+        "The architecture units this build runs, by the names the engine config's "
+        "\"architecture\" takes.");
 
   py::class_<Encoder>(m, "Encoder")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,

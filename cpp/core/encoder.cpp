@@ -10,7 +10,7 @@ Encoder::Encoder(const ModelConfig& config, const HostWeights& weights, const st
                  DType compute)
     : device_(device) {
   backend_ = create_backend(device);
-  model_ = std::make_unique<Model>(config, weights, backend_.get(), compute);
+  model_ = create_model(config, weights, backend_.get(), compute);
   constexpr size_t kWords = sizeof(BadInputValue) / sizeof(int32_t);
   int32_t* words = backend_->allocate_host_flag(kWords);
   bad_input_host_ = reinterpret_cast<BadInputValue*>(words);

@@ -26,6 +26,7 @@ from .inputs import (
     mask_message, ndim_message, staged_dtypes, tensor_to_numpy,
 )
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
+from .weights_tools.families import family_for, supported_model_types
 from .weights_tools.layout import usable_seq_length
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -164,7 +165,8 @@ class Encoder:
                 "HuggingFace checkpoint (config.json)"
             )
         weights = {name: _host_tensor(t) for name, t in tensors.items()}
-        native = _C.Encoder(config, weights, f"{kind}:{index}" if kind == "cuda" else "cpu", dtype)
+        native = _C.Encoder(_native_config(config), weights, f"{kind}:{index}" if kind == "cuda" else "cpu",
+                            dtype)
         del weights, tensors
         native.attention = attention
         native.padding_free = padding_free
@@ -700,6 +702,16 @@ class Encoder:
 # ---- argument and input conversion helpers --------------------------------------------------
 class NonFiniteError(FloatingPointError):
     """The encoder's output holds NaN or Inf (raised when `Encoder.nonfinite` is "raise")."""
+
+
+def _native_config(config: dict) -> dict:
+    """The engine config with the architecture unit its family runs (weights_tools/families.py):
+    the converted file records the family (model_type), the family table names the unit."""
+    family = family_for(config.get("model_type", "bert"))
+    if family is None:
+        raise ValueError(f"model_type {config.get('model_type')!r} is not one ftbert runs "
+                         f"(supported: {', '.join(supported_model_types())})")
+    return {**config, "architecture": family.architecture}
 
 
 def _check_nonfinite(mode) -> str:

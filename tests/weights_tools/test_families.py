@@ -222,6 +222,25 @@ def test_distilbert_table_has_no_token_types_and_no_pooler(wt):
     assert f.weights.roots() == {"embeddings", "transformer"}
 
 
+def test_every_family_names_an_architecture_the_engine_runs(wt):
+    from ftbert import _C
+
+    units = _C.architectures()
+    assert "bert" in units
+    for name, family in wt.FAMILIES.items():
+        assert family.architecture in units, name
+
+
+def test_a_table_without_an_architecture_unit_is_refused(wt):
+    from dataclasses import replace
+    from importlib import import_module
+
+    families = import_module(wt.__name__ + ".families")
+    for bad in ("", "bert-2", None):
+        with pytest.raises(AssertionError, match="must name an architecture unit"):
+            families._check(replace(wt.family_for("bert"), architecture=bad))
+
+
 def test_a_table_with_a_token_type_key_but_no_token_types_is_refused(wt):
     from dataclasses import replace
     from importlib import import_module

@@ -49,6 +49,8 @@ struct HeadConfig {
 };
 
 struct ModelConfig {
+  // The architecture unit that runs the model (cpp/core/models/), as the family table names it.
+  std::string architecture = "bert";
   int vocab_size = 0;
   int hidden_size = 0;          // H
   int embedding_size = 0;       // E: the embeddings' width; != H adds a projection E -> H (ELECTRA)

@@ -1,14 +1,16 @@
-// The BERT encoder's math, written once over the Backend ops:
-//   embeddings+LN -> L x [QKV GEMM -> attention -> out GEMM -> bias+residual+LN
-//                         -> FFN GEMM -> bias+act -> FFN GEMM -> bias+residual+LN]
-//   -> pooler -> task head (sequence: token 0's dense + act, or the pooler; token: every token)
-// A Model holds the weights and nothing that changes per call; it is read-only after
+// A model: an encoder architecture's math over the Backend ops, with its weights. Each
+// architecture is one unit, cpp/core/models/<architecture>.cpp, which ModelConfig::architecture
+// names (the family tables in weights_tools/families.py say which one each family runs), made by
+// create_model. A Model holds the weights and nothing that changes per call; it is read-only after
 // construction, so any number of sessions (cpp/core/session.h) run it at once on their own
 // buffers. Buffers, recordings, locks and streams are the session's business.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "ftbert/backend.h"
 #include "ftbert/config.h"
@@ -43,9 +45,9 @@ struct Activations {
 
 class Model {
  public:
-  // Checks the config and every weight, and uploads the weights through `backend` (which must
-  // outlive the model) in the `compute` dtype.
-  Model(const ModelConfig& config, const HostWeights& weights, Backend* backend, DType compute);
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -62,25 +64,25 @@ class Model {
   // Enqueues embeddings, layers, and the pooler and head as `outputs` asks, on `be`, from device
   // ids and token types into act.output or act.hidden (and act.pooled, act.logits), one row per
   // layout row.
-  void forward(Backend& be, const Activations& act,
-               const int32_t* ids,    // [B, S]
-               const int32_t* types,  // [B, S]
-               const SequenceLayout& layout, AttentionKind attention, Outputs outputs) const;
+  virtual void forward(Backend& be, const Activations& act,
+                       const int32_t* ids,    // [B, S]
+                       const int32_t* types,  // [B, S]
+                       const SequenceLayout& layout, AttentionKind attention,
+                       Outputs outputs) const = 0;
 
- private:
-  // One post-LN layer: reads its input in act.hidden and writes its output to `out`.
-  // `nonfinite`: given to the layer's last LayerNorm (the last layer's is the model's output).
-  void layer(Backend& be, const Activations& act, const LayerWeights& w,
-             const SequenceLayout& layout, AttentionKind attention, void* out,
-             int32_t* nonfinite) const;
-  // The task head: the final hidden states `hidden` (and act.pooled for a head on the pooler)
-  // -> act.logits.
-  void head(Backend& be, const Activations& act, const void* hidden,
-            const SequenceLayout& layout) const;
+ protected:
+  // Checks the config and that `backend` computes in `compute`.
+  Model(const ModelConfig& config, const Backend& backend, DType compute);
 
   ModelConfig config_;
   DType dtype_;
-  ModelWeights weights_;
 };
+
+// The model of config.architecture: its weights checked (every tensor the config implies, with
+// its exact shape) and uploaded through `backend` (which must outlive the model) in `compute`.
+std::unique_ptr<Model> create_model(const ModelConfig& config, const HostWeights& weights,
+                                    Backend* backend, DType compute);
+// The architectures create_model knows, by the names ModelConfig::architecture takes.
+std::vector<std::string> model_architectures();
 
 }  // namespace ftbert

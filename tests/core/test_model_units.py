@@ -1,0 +1,55 @@
+"""Architecture units (cpp/core/models/): the engine config's "architecture" chooses the unit that
+runs a model (create_model); the family table names it (weights_tools/families.py); a name the
+build does not run is refused with the ones it does."""
+
+import numpy as np
+import pytest
+
+import ftbert
+from ftbert import _C
+from ftbert.encoder import _host_tensor, _native_config
+from ftbert.weights_tools import load_hf_checkpoint
+from tests._models import make_bert
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bert-units")
+    make_bert(path, hidden=48, heads=3, layers=2, intermediate=72, seed=9)
+    return path
+
+
+def native(config, tensors, **changes):
+    weights = {name: _host_tensor(t) for name, t in tensors.items()}
+    return _C.Encoder({**config, **changes}, weights, "cpu", "float32")
+
+
+def test_the_family_table_names_the_unit_and_the_config_carries_it(bert_dir):
+    config, _ = load_hf_checkpoint(bert_dir)
+    assert "architecture" not in config  # the converted format records the family, not the unit
+    assert _native_config(config)["architecture"] == "bert"
+
+
+def test_a_config_without_an_architecture_runs_bert_as_before(bert_dir, rng):
+    config, tensors = load_hf_checkpoint(bert_dir)
+    ids = rng.integers(0, config["vocab_size"], size=(3, 11)).astype(np.int32)
+    mask = np.ones_like(ids)
+    types = np.zeros_like(ids)
+    plain = native(config, tensors).forward_host(ids, mask, types, False)
+    named = native(config, tensors, architecture="bert").forward_host(ids, mask, types, False)
+    np.testing.assert_array_equal(plain[0], named[0])
+    want = ftbert.Encoder.from_pretrained(bert_dir)(ids, mask, types).last_hidden_state
+    np.testing.assert_array_equal(plain[0], want)
+
+
+@pytest.mark.parametrize("name", ["modernbert", "", "BERT"])
+def test_an_architecture_the_build_does_not_run_is_refused_by_name(bert_dir, name):
+    config, tensors = load_hf_checkpoint(bert_dir)
+    with pytest.raises(ValueError, match=rf"architecture '{name}' is not one this build runs \('bert'"):
+        native(config, tensors, architecture=name)
+
+
+def test_an_unknown_model_type_is_refused_before_the_engine(bert_dir):
+    config, _ = load_hf_checkpoint(bert_dir)
+    with pytest.raises(ValueError, match="model_type 'mpnet' is not one ftbert runs"):
+        _native_config({**config, "model_type": "mpnet"})

@@ -8,7 +8,10 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertModel
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
+from ftbert.weights_tools import families as _families
+
+# The families of the engine's tables (weights_tools/families.py): make_model must make each.
+FAMILIES = tuple(_families.FAMILIES)
 # kind -> the transformers class name after the family's stem (BertForTokenClassification, ...).
 KIND_SUFFIXES = {
     "model": "Model",

@@ -306,6 +306,42 @@ print(json.dumps(dict(syncs=syncs, counters=enc.gemm_tuning)))
     assert out["counters"]["measured"] >= 8
 
 
+def test_forwards_across_a_landing_run_the_rule_or_the_picks_never_a_mix(tmp_path, model_dir):
+    # Four threads forward the same batch while the picks land: each result is the rule's (the
+    # first forward's) or the picks' (the last one's). A forward that ran some GEMMs by the rule and
+    # others by the picks, or a replay of a recording made before the landing beside an op-by-op
+    # forward after it, would give a third result.
+    out, _ = run(FORWARDS + f"""
+import hashlib, threading
+enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16",
+                                     concurrency=4)
+rng = np.random.default_rng(9)
+ids = rng.integers(0, 211, size=(40, 128), dtype=np.int32)
+mask = np.ones_like(ids)
+digest = lambda out: hashlib.sha256(out.last_hidden_state.tobytes()).hexdigest()
+first = digest(enc(ids, mask))  # meets its buckets untuned: the rule
+seen, errors = [], []
+def work():
+    try:
+        for _ in range(40):
+            seen.append(digest(enc(ids, mask)))
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+enc._native.wait_for_tuning()
+last = digest(enc(ids, mask))
+print(json.dumps(dict(first=first, last=last, seen=sorted(set(seen)), errors=errors,
+                      measured=enc.gemm_tuning["measured"])))
+""", tmp_path)
+    assert not out["errors"], out["errors"]
+    assert out["measured"] > 0
+    assert set(out["seen"]) <= {out["first"], out["last"]}, out
+
+
 def test_a_bad_tuning_mode_is_refused_by_name(tmp_path):
     _, err = run("""
         import ftbert, numpy as np

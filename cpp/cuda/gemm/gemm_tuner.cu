@@ -51,6 +51,7 @@ struct TunerState {
   std::set<GemmShapeKey> requested;    // queued, measuring or done: measured once
   std::set<GemmShapeKey> ran_by_rule;  // forwards ran the fixed rule while it was untuned
   std::set<GemmShapeKey> waited_for;   // measure_and_wait: published as soon as measured
+  std::set<GemmShapeKey> failed;       // could not be measured: the rule stays
   std::deque<GemmShapeKey> queue;
   std::map<int, DeviceState> devices;
   GemmPicks::Counters counters;
@@ -104,19 +105,23 @@ void tuner_loop() {
       ++s.devices[key.device].measuring;
     }
     GemmCacheFile cache;
-    GemmPick pick{"cublas", GemmKernel::kCublas};
+    GemmPick pick;
     bool measured = false;
     try {
       pick = measure_gemm_shape(key, &cache);
       measured = true;
     } catch (const std::exception& e) {
       warn("measuring the GEMM kernels for " + gemm_key_text(key) + " failed (" + e.what() +
-           "); that shape runs cuBLAS");
+           "); that shape keeps the fixed rule");
     }
     {
       std::lock_guard<std::mutex> lock(s.mutex);
-      if (measured) ++s.counters.measured;
-      stage(s, key, pick);
+      if (measured) {
+        ++s.counters.measured;
+        stage(s, key, pick);
+      } else {
+        s.failed.insert(key);  // nothing published: every forward goes on running the rule
+      }
       --s.devices[key.device].measuring;
       s.changed.notify_all();
     }
@@ -184,10 +189,10 @@ void GemmPicks::request(const GemmShapeKey& key) {
   enqueue(s, key);
 }
 
-const GemmPick& GemmPicks::measure_and_wait(const GemmShapeKey& key) {
+const GemmPick* GemmPicks::measure_and_wait(const GemmShapeKey& key) {
   TunerState& s = state();
   std::unique_lock<std::mutex> lock(s.mutex);
-  if (const auto it = s.published.find(key); it != s.published.end()) return it->second;
+  if (const auto it = s.published.find(key); it != s.published.end()) return &it->second;
   s.waited_for.insert(key);
   // Measured or loaded meanwhile and staged behind a forward in flight: no forward ran this shape
   // by the rule (it would not be waiting here), so publishing it now changes none.
@@ -197,9 +202,11 @@ const GemmPick& GemmPicks::measure_and_wait(const GemmShapeKey& key) {
     s.published.emplace(staged.first, staged.second);
   }
   enqueue(s, key);
-  s.changed.wait(lock, [&] { return s.published.count(key) > 0 || s.stop; });
-  FTBERT_CHECK(s.published.count(key) > 0, "the GEMM tuner stopped (the process is exiting)");
-  return s.published.find(key)->second;
+  s.changed.wait(lock, [&] {
+    return s.published.count(key) > 0 || s.failed.count(key) > 0 || s.stop;
+  });
+  const auto it = s.published.find(key);
+  return it == s.published.end() ? nullptr : &it->second;
 }
 
 void GemmPicks::wait_idle(int device) {

@@ -92,7 +92,8 @@ class GemmPicks {
   static void request(const GemmShapeKey& key);
   // Measures `key` (if it was not) and waits until its pick is published; for the inline tuning
   // mode (gemm_tuning_inline()), where a forward waits for its picks instead of running the rule.
-  static const GemmPick& measure_and_wait(const GemmShapeKey& key);
+  // nullptr where the shape could not be measured (the caller runs the rule) or the tuner stopped.
+  static const GemmPick* measure_and_wait(const GemmShapeKey& key);
   // Waits until every shape of `device` requested so far is measured and published.
   static void wait_idle(int device);
 

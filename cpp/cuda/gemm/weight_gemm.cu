@@ -237,7 +237,10 @@ const GemmPick& CudaBackend::fixed_gemm_choice(const WeightGemm& g) const {
 const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
   const GemmShapeKey key = gemm_key(g);
   if (const GemmPick* found = GemmPicks::find(key)) return *found;
-  if (gemm_tuning_inline()) return GemmPicks::measure_and_wait(key);
+  if (gemm_tuning_inline()) {
+    const GemmPick* measured = GemmPicks::measure_and_wait(key);
+    return measured != nullptr ? *measured : fixed_gemm_choice(g);
+  }
   GemmPicks::request(key);  // measured on the tuner's thread; this forward runs the rule
   return fixed_gemm_choice(g);
 }

@@ -195,12 +195,11 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
   // cuBLASLt's heuristic twice: with the workspace, and with none. At 4,096 rows and more most
   // algorithms given a workspace clear part of it before every kernel (a memset: in a CUDA graph
-  // a node and two edges; on an H100, BERT-base at 128 x 128 tokens, 36 such memsets took 0.12 ms
-  // off a 6.3 ms forward); given none, the same algorithms run without it, in the same kernel
-  // time (H100, BERT-base's GEMMs). Both are candidates here (weight_gemm_candidate runs either);
-  // the tuner times the ones without (measure_gemm). The first keep the whole workspace: a pick
-  // serves every row count of its bucket, and a larger one may need more than the heuristic said
-  // for the measured one.
+  // a node and two edges, benchmarks/results/gemm-choice-graphs-h100.txt); given none, the same
+  // algorithms run without it, in the same kernel time (H100, BERT-base's GEMMs). Both are
+  // candidates here (weight_gemm_candidate runs either); the tuner times the ones without
+  // (measure_gemm). The first keep the whole workspace: a pick serves every row count of its
+  // bucket, and a larger one may need more than the heuristic said for the measured one.
   for (const size_t workspace : {cublas_workspace_bytes_, size_t{0}}) {
     const char* prefix = workspace > 0 ? kCublasLtPrefix : kCublasLtNoWorkspacePrefix;
     const std::vector<cublasLtMatmulHeuristicResult_t> found = lt_heuristic(shape, workspace);

@@ -342,6 +342,14 @@ print(json.dumps(dict(first=first, last=last, seen=sorted(set(seen)), errors=err
     assert set(out["seen"]) <= {out["first"], out["last"]}, out
 
 
+def test_a_cache_that_cannot_be_written_warns_once_and_the_picks_still_serve(tmp_path, model_dir):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out, err = count_picks(model_dir, tmp_path, [4, 8, 12], FTBERT_CACHE_DIR=str(blocker / "cache"))
+    assert out["measured"] >= 8 and out["cache_writes"] == 0
+    assert err.count("cannot store") == 1, err
+
+
 def test_a_bad_tuning_mode_is_refused_by_name(tmp_path):
     _, err = run("""
         import ftbert, numpy as np

@@ -52,6 +52,7 @@ struct TunerState {
   std::set<GemmShapeKey> ran_by_rule;  // forwards ran the fixed rule while it was untuned
   std::set<GemmShapeKey> waited_for;   // measure_and_wait: published as soon as measured
   std::set<GemmShapeKey> failed;       // could not be measured: the rule stays
+  std::set<std::string> unwritable;    // cache files a store failed on (warned once): not retried
   std::deque<GemmShapeKey> queue;
   std::map<int, DeviceState> devices;
   GemmPicks::Counters counters;
@@ -126,10 +127,19 @@ void tuner_loop() {
       s.changed.notify_all();
     }
     if (measured && !cache.path.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        if (s.unwritable.count(cache.path) > 0) continue;
+      }
       // Off the lock: the file's lock may wait for another process.
-      PickStore(cache.path, cache.identity).store({{gemm_key_text(key), gemm_pick_text(pick)}});
+      const bool stored =
+          PickStore(cache.path, cache.identity).store({{gemm_key_text(key), gemm_pick_text(pick)}});
       std::lock_guard<std::mutex> lock(s.mutex);
-      ++s.counters.cache_writes;
+      if (stored) {
+        ++s.counters.cache_writes;
+      } else {
+        s.unwritable.insert(cache.path);  // store() said why; the picks still serve this process
+      }
     }
   }
 }

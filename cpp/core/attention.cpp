@@ -72,10 +72,10 @@ size_t attention_workspace_bytes(AttentionKind kind, DType dt, int batch, int se
 
 void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* qkv,
                    const void* qkv_bias, void* out, void* workspace, const SequenceLayout& layout,
-                   int heads, int head_dim) {
+                   int heads, int head_dim, const AttentionOptions& options) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (kind == AttentionKind::kFlash) {
-    backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale);
+    backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, options);
     return;
   }
   const int batch = layout.batch, seq = layout.max_seq;
@@ -94,7 +94,7 @@ void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* q
   // scores = Q Kᵀ per (batch, head); the 1/sqrt(d) scale is folded into the softmax.
   backend.batched_gemm(dt, false, true, seq, seq, head_dim, q, head_dim, head_stride, k, head_dim,
                        head_stride, scores, seq, score_stride, bh);
-  backend.masked_softmax(dt, scores, layout, heads, scale);
+  backend.masked_softmax(dt, scores, layout, heads, scale, options);
   // context = P V per (batch, head)
   backend.batched_gemm(dt, false, false, seq, head_dim, seq, scores, seq, score_stride, v,
                        head_dim, head_stride, ctx, head_dim, head_stride, bh);

@@ -21,7 +21,7 @@ std::string Backend::attention_unsupported_reason(AttentionKind kind, DType dt,
 }
 
 void Backend::flash_attention(DType dt, const void*, const void*, void*, const SequenceLayout&,
-                              int, int head_dim, float) {
+                              int, int head_dim, float, const AttentionOptions&) {
   FTBERT_FAIL("flash attention cannot run here: "
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
 }

@@ -49,17 +49,29 @@ void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [rows, 3H
 }
 
 void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
-                                const SequenceLayout& l, int heads, float scale) {
+                                const SequenceLayout& l, int heads, float scale,
+                                const AttentionOptions& options) {
   require_cpu_dtype(dt, "masked_softmax");
   const int seq = l.max_seq;
+  FTBERT_CHECK(!options.has_relative_bias() || options.relative_span >= seq,
+               "masked_softmax: relative bias span " << options.relative_span
+                                                     << " is shorter than the sequence " << seq);
   const int64_t rows = static_cast<int64_t>(l.batch) * heads * seq;
+  const int64_t width = 2 * static_cast<int64_t>(options.relative_span) - 1;
   const auto kernel = cpu::kernels().masked_softmax;
   parallel_for(rows, rows * seq, [&](int64_t begin, int64_t end) {
     float* buf = cpu::scratch_rows(1, seq);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t bi = r / (static_cast<int64_t>(heads) * seq);
       float* row = cpu::load_row(dt, scores, r, seq, buf);
-      kernel(row, l.mask + bi * seq, seq, scale);
+      float row_scale = scale;
+      if (options.has_relative_bias()) {  // row = scale · row + bias, then a softmax of scale 1
+        const int64_t h = (r / seq) % heads, i = r % seq;
+        const float* bias = options.relative_bias + h * width + options.relative_span - 1 - i;
+        for (int j = 0; j < seq; ++j) row[j] = row[j] * scale + bias[j];
+        row_scale = 1.0f;
+      }
+      kernel(row, l.mask + bi * seq, seq, row_scale);
       cpu::store_row(dt, scores, r, seq, row);
     }
   });
@@ -121,17 +133,23 @@ std::string CpuBackend::attention_unsupported_reason(AttentionKind kind, DType d
 void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias not yet added
                                  const void* qkv_bias,        // [3H]
                                  void* out,                   // [rows, H]
-                                 const SequenceLayout& l, int heads, int head_dim, float scale) {
+                                 const SequenceLayout& l, int heads, int head_dim, float scale,
+                                 const AttentionOptions& options) {
   require_cpu_dtype(dt, "flash_attention");
   FTBERT_CHECK(head_dim >= 1, "flash_attention: head dim " << head_dim << " is not positive");
+  FTBERT_CHECK(!options.has_relative_bias() || options.relative_span >= l.max_seq,
+               "flash_attention: relative bias span " << options.relative_span
+                                                      << " is shorter than the sequence "
+                                                      << l.max_seq);
   const int B = l.batch, S = l.max_seq, H = heads * head_dim;
   // bfloat16: the kernel reads float32 rows, so Q|K|V is widened once (every tile reads its keys
   // again) and the output gathered in float32, then narrowed row by row.
   const cpu::Floats in(dt, qkv, static_cast<int64_t>(l.rows) * 3 * H), bias(dt, qkv_bias, 3 * H);
   std::vector<float> out_floats(dt == DType::kFloat32 ? 0 : static_cast<size_t>(l.rows) * H);
   float* o = dt == DType::kFloat32 ? static_cast<float*>(out) : out_floats.data();
-  // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering.
-  std::vector<int32_t> queries, keys;
+  // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering, and
+  // (relative bias only) their positions in the padded row.
+  std::vector<int32_t> queries, keys, query_pos, key_pos;
   std::vector<int64_t> q_begin(B + 1), k_begin(B + 1);
   queries.reserve(static_cast<size_t>(B) * S);
   keys.reserve(static_cast<size_t>(B) * S);
@@ -142,12 +160,20 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       for (int32_t r = l.cu_seqlens[b]; r < l.cu_seqlens[b + 1]; ++r) {
         queries.push_back(r);
         keys.push_back(r);
+        if (options.has_relative_bias()) {
+          query_pos.push_back(l.token_index[r] - b * S);
+          key_pos.push_back(l.token_index[r] - b * S);
+        }
       }
     } else {
       for (int s = 0; s < S; ++s) {
         const int32_t r = b * S + s;
         queries.push_back(r);
         if (l.mask[r] != 0) keys.push_back(r);
+        if (options.has_relative_bias()) {
+          query_pos.push_back(s);
+          if (l.mask[r] != 0) key_pos.push_back(s);
+        }
       }
     }
   }
@@ -190,6 +216,13 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       a.scale = scale;
       a.out = o + hd;
       a.ldo = H;
+      if (options.has_relative_bias()) {
+        a.relative_bias = options.relative_bias +
+                          static_cast<int64_t>(t.h) * (2 * options.relative_span - 1) +
+                          options.relative_span - 1;
+        a.query_pos = query_pos.data() + t.q0;
+        a.key_pos = key_pos.data() + k_begin[t.b];
+      }
       kernel(a, scratch.data());
     }
   });

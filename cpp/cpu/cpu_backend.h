@@ -62,7 +62,7 @@ class CpuBackend final : public Backend {
                               void* v, const SequenceLayout& layout, int heads,
                               int head_dim) override;
   void masked_softmax(DType dt, void* scores, const SequenceLayout& layout, int heads,
-                      float scale) override;
+                      float scale, const AttentionOptions& options) override;
   void transpose_heads(DType dt, const void* in, void* out, const SequenceLayout& layout,
                        int heads, int head_dim) override;
   void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
@@ -75,7 +75,7 @@ class CpuBackend final : public Backend {
                                            int head_dim) const override;
   void flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                        const SequenceLayout& layout, int heads, int head_dim,
-                       float scale) override;
+                       float scale, const AttentionOptions& options) override;
 };
 
 // Shared by the CPU ops: throws, naming the op, for a dtype that cannot run here.

@@ -28,6 +28,12 @@ struct AttentionTile {
   float scale;
   float* out;            // query row i's output at out + query_rows[i] * ldo
   int64_t ldo;           // row stride of out (H)
+  // A relative position bias (AttentionOptions): query i and key j's scaled score gets
+  // relative_bias[key_pos[j] - query_pos[i]]; this head's row of the table, offset by span − 1.
+  // Null: none.
+  const float* relative_bias = nullptr;
+  const int32_t* query_pos = nullptr;  // [n_queries] positions in the padded row
+  const int32_t* key_pos = nullptr;    // [n_keys]
 };
 
 // The width of a packed weight panel (CpuBackend::upload_weight): W [k, n] is kept as ceil(n / 16)

@@ -399,6 +399,13 @@ void attention(const AttentionTile& t, float* scratch) {
     for (int q0 = 0; q0 < nq4; q0 += kQB) {
       const int rows = imin(kQB, nq4 - q0);
       scores_tile(q + q0 * d, kt, s, rows, nkp, d);
+      if (t.relative_bias != nullptr) {
+        for (int i = 0; i < rows && q0 + i < nq; ++i) {
+          const float* bias = t.relative_bias - t.query_pos[q0 + i];
+          float* si = s + i * kKeyBlock;
+          for (int j = 0; j < nk; ++j) si[j] += bias[t.key_pos[kb + j]];
+        }
+      }
       // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
       for (int i = 0; i < rows; ++i) {
         float* si = s + i * kKeyBlock;

@@ -490,12 +490,13 @@ void CudaBackend::add_qkv_bias_transpose(DType dt, const void* qkv, const void* 
 }
 
 void CudaBackend::masked_softmax(DType dt, void* scores, const SequenceLayout& layout, int heads,
-                                 float scale) {
+                                 float scale, const AttentionOptions& options) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     invoke_masked_softmax<T>(static_cast<T*>(scores), layout.mask, layout.batch, heads,
-                             layout.max_seq, scale, stream_);
+                             layout.max_seq, scale, options.relative_bias,
+                             options.relative_span, stream_);
   });
 }
 
@@ -549,11 +550,12 @@ std::string CudaBackend::attention_unsupported_reason(AttentionKind kind, DType 
 
 void CudaBackend::flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                                   const SequenceLayout& layout, int heads, int head_dim,
-                                  float scale) {
+                                  float scale, const AttentionOptions& options) {
   const std::string why = flash_attention_unsupported_reason(dt, head_dim);
   FTBERT_CHECK(why.empty(), "flash attention on " << device_name_ << ": " << why);
   DeviceScope scope(device_);
-  invoke_flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, stream_);
+  invoke_flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, options,
+                         stream_);
 }
 
 }  // namespace ftbert::cuda

@@ -70,6 +70,24 @@ class OpRunner {
     SequenceLayout layout;
     int64_t tokens = 0;
   };
+  // An optional relative position bias [heads, 2·span − 1] in float32 (AttentionOptions).
+  struct Options {
+    std::optional<DeviceBuffer> bias;
+    AttentionOptions options;
+  };
+  Options attention_options(const std::optional<F32Array>& relative_bias, int heads, int seq) {
+    Options o;
+    if (!relative_bias) return o;
+    const F32Array& t = *relative_bias;
+    FTBERT_CHECK_INPUT(t.ndim() == 2 && t.shape(0) == heads && t.shape(1) % 2 == 1 &&
+                           (t.shape(1) + 1) / 2 >= seq,
+                       "relative_bias must be [heads, 2·span − 1] with span >= the sequence length");
+    o.bias = upload(t, DType::kFloat32);
+    o.options.relative_bias = o.bias->as<float>();
+    o.options.relative_span = static_cast<int>((t.shape(1) + 1) / 2);
+    return o;
+  }
+
   Layout layout(const I32Array& mask, bool packed) {
     FTBERT_CHECK_INPUT(mask.ndim() == 2, "mask must be 2-D [batch, seq]");
     Layout l;
@@ -393,7 +411,7 @@ void register_op_runner(py::module_& m) {
            py::arg("mask") = py::none())
       .def("masked_softmax",
            [](OpRunner& r, const std::string& dtype, const F32Array& scores, const I32Array& mask,
-              float scale, bool packed) {
+              float scale, bool packed, const std::optional<F32Array>& relative_bias) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(scores, 4, "scores");
              const int B = scores.shape(0), h = scores.shape(1), S = scores.shape(2);
@@ -403,11 +421,12 @@ void register_op_runner(py::module_& m) {
              auto ds = r.upload(scores, dt);
              // Packed: keys s < the sequence's length (mask's count) attend.
              auto l = r.layout(mask, packed);
-             r.backend().masked_softmax(dt, ds.data(), l.layout, h, scale);
+             const auto o = r.attention_options(relative_bias, h, S);
+             r.backend().masked_softmax(dt, ds.data(), l.layout, h, scale, o.options);
              return r.download(ds, dt, shape_of(scores));
            },
            py::arg("dtype"), py::arg("scores"), py::arg("mask"), py::arg("scale"),
-           py::arg("packed") = false)
+           py::arg("packed") = false, py::arg("relative_bias") = py::none())
       .def("transpose_heads",
            [](OpRunner& r, const std::string& dtype, const F32Array& x,
               const std::optional<I32Array>& mask) {
@@ -475,7 +494,8 @@ void register_op_runner(py::module_& m) {
            py::arg("mask") = py::none())
       .def("flash_attention",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
-              const I32Array& mask, int heads, float scale, bool packed) {
+              const I32Array& mask, int heads, float scale, bool packed,
+              const std::optional<F32Array>& relative_bias) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3;
@@ -483,13 +503,14 @@ void register_op_runner(py::module_& m) {
              auto l = r.layout(mask, packed);
              auto dq = r.upload(packed ? pack_rows(qkv, mask) : qkv, dt), db = r.upload(bias, dt);
              auto out = r.empty(static_cast<size_t>(l.layout.rows) * H, dt);
+             const auto o = r.attention_options(relative_bias, heads, S);
              r.backend().flash_attention(dt, dq.data(), db.data(), out.data(), l.layout, heads,
-                                         H / heads, scale);
+                                         H / heads, scale, o.options);
              if (packed) return r.download(out, dt, {l.layout.rows, H});
              return r.download(out, dt, {B, S, H});
            },
            py::arg("dtype"), py::arg("qkv"), py::arg("bias"), py::arg("mask"), py::arg("heads"),
-           py::arg("scale"), py::arg("packed") = false)
+           py::arg("scale"), py::arg("packed") = false, py::arg("relative_bias") = py::none())
       // Input staging: three 1-D arrays of int32, int64 or uint8/bool values -> their int32
       // staging and the recorded bad value: (ids, mask, types, None or (field, value)), field 1
       // input_ids, 2 token_type_ids, 3 attention_mask.

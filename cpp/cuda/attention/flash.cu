@@ -38,6 +38,15 @@
 // range is found on the device from the mask), so left or right padding costs no work; masked keys
 // inside the range get -inf. Keys past S are zero-filled (finite V rows, so 0 · V stays 0).
 //
+// A relative position bias (MPNet; AttentionOptions) is a template bool of the kernel, so the
+// kernels without it are unchanged: with it, each key tile's positions are staged next to its key
+// bias, each thread holds the positions of its query rows, and the bias of each score is read
+// from the head's table (small enough for the read-only cache) in fp32 as the value the score's
+// Q·K products accumulate onto, in raw score units (b / scale; relative_bias_scores), so it is in
+// place before the mask and the online softmax. Positions are those of the padded row: packed
+// batches read them from token_index. The Hopper kernels have no bias: a call with one runs here
+// on every GPU.
+//
 // Packed batches (cu_seqlens, FlashAttention's varlen): sequence b is rows cu[b]..cu[b+1]-1, every
 // one a token; blocks past a sequence's end return at once, so the grid sized for the longest
 // sequence costs the short ones nothing. flash_common.cuh's SequenceRows is the only code that
@@ -125,13 +134,16 @@ struct FlashTile {
   static constexpr int kQElems = Br * kStride;
   static constexpr int kKVElems = Bc * kStride;
   // sQ [Br][kStride] | sK [kStages][Bc][kStride] | sV [kStages][Bc][kStride] |
-  // key bias [kStages][Bc] fp32
-  static constexpr size_t smem_bytes(size_t elem) {
-    return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float);
+  // key bias [kStages][Bc] fp32 | with a relative bias: key positions [kStages][Bc] int32
+  static constexpr size_t smem_bytes(size_t elem, bool relative_bias) {
+    return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float) +
+           (relative_bias ? kStages * Bc * sizeof(int32_t) : 0);
   }
 };
 
-template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs>
+// kRelBias: add p.relative_bias (see the file comment).
+template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs,
+          bool kRelBias>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
   begin_dependent_kernel();
   using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
@@ -147,6 +159,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   T* sV = sK + kStages * Tile::kKVElems;  // [kStages][Bc][kStride]
   // [kStages][Bc]: 0 or -inf
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
+  // [kStages][Bc]: the keys' padded positions (kRelBias only)
+  int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);
   __shared__ int sRange[kWarps][2];
 
   const int tid = threadIdx.x;
@@ -166,9 +180,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   auto load_kv = [&](int tile, int buf) {
     T* dk = sK + buf * Tile::kKVElems;
     T* dv = sV + buf * Tile::kKVElems;
-    return seq.template load_kv<Bc, kThreads>(
+    const bool masked = seq.template load_kv<Bc, kThreads>(
         tile * Bc, [&](int row, int chunk) { return dk + row * kStride + chunk * 8; },
         [&](int row, int chunk) { return dv + row * kStride + chunk * 8; }, sKeyBias + buf * Bc);
+    // Visible to every warp at the same barrier as the key bias.
+    if constexpr (kRelBias) seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
+    return masked;
   };
 
   // Groups in flight: Q, then one per key tile; kStages - 1 key tiles are loaded ahead. Every
@@ -234,17 +251,45 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int k_lane = ((lane % 8) + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8;
   const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
   const int quad_col = 2 * (lane % 4);
+  // kRelBias: the padded positions of this thread's query rows (rows past the sequence take its
+  // last row's, to stay inside the bias table).
+  int q_pos[kRelBias ? kM : 1][2];
+  if constexpr (kRelBias) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int q = q0 + warp_row0 + 16 * m + lane / 4 + 8 * r;
+        q_pos[m][r] = seq.position(min(q, seq.len - 1));
+      }
+    }
+  }
 
   // Scores of one key tile: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout.
   using Scores = float[kM][Bc / 8][4];
 
   // S = Q Kᵀ for the key tile in buffer `buf`. Each K fragment serves every m-tile of the warp.
+  // kRelBias: S starts from the relative bias instead of zeros; the bias values then live in the
+  // score registers the whole time (added after the products, they would need as many registers
+  // again, which the wide tiles do not have), and their loads overlap the products.
   auto scores = [&](Scores& s, int buf) {
     const T* tk = sK + buf * Tile::kKVElems;
+    if constexpr (kRelBias) {
+      // This head's table at distance 0, then shifted by each of this thread's query positions.
+      const float* table = p.relative_bias +
+                           (static_cast<int64_t>(blockIdx.y) * (2 * p.relative_span - 1) +
+                            (p.relative_span - 1));
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
+      for (int m = 0; m < kM; ++m) {
+        const float* const rel_row[2] = {table - q_pos[m][0], table - q_pos[m][1]};
+        relative_bias_scores(s[m], rel_row, sKeyPos + buf * Bc, quad_col, p.inv_scale);
+      }
+    } else {
 #pragma unroll
-      for (int j = 0; j < Bc / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int j = 0; j < Bc / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -359,16 +404,25 @@ struct FlashConfig {
   static constexpr bool kQRegs = kQRegs_;
 };
 
-template <typename T, typename C>
-void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
+template <typename T, typename C, bool kRelBias>
+void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
-  constexpr size_t smem = Tile::smem_bytes(sizeof(T));
+  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias);
   auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
-                                       C::kStages, C::kQRegs>;
+                                       C::kStages, C::kQRegs, kRelBias>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   launch(kernel, flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream, p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
+}
+
+template <typename T, typename C>
+void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
+  if (p.relative_bias != nullptr) {
+    launch_flash_kernel<T, C, true>(p, batch, device, stream);
+  } else {
+    launch_flash_kernel<T, C, false>(p, batch, device, stream);
+  }
 }
 
 // Whether `device` is compute capability 9.0 (Hopper: H100, H200), looked up once per device.
@@ -401,8 +455,10 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
 #ifdef FTBERT_FLASH_SM90
-  // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu).
-  if (flash_sm90_takes(head_dim) && is_sm90(device) && !portable_forced()) {
+  // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu). They add no
+  // relative position bias, so a call with one stays on this file's kernel.
+  if (p.relative_bias == nullptr && flash_sm90_takes(head_dim) && is_sm90(device) &&
+      !portable_forced()) {
     launch_flash_sm90<T>(p, batch, head_dim, device, stream);
     return;
   }
@@ -454,7 +510,7 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim) {
 
 void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                             const SequenceLayout& layout, int heads, int head_dim, float scale,
-                            cudaStream_t stream) {
+                            const AttentionOptions& options, cudaStream_t stream) {
   const std::string why = flash_attention_unsupported_reason(dt, head_dim);
   FTBERT_CHECK(why.empty(), why);
   const int batch = layout.batch, seq = layout.max_seq;
@@ -477,6 +533,14 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
   };
   FTBERT_CHECK(aligned16(qkv) && aligned16(qkv_bias) && aligned16(out),
                "flash attention: qkv, bias and out must be 16-byte aligned");
+  if (options.has_relative_bias()) {
+    // Every distance between two positions of a row lies in [-(S - 1), S - 1], inside the table.
+    FTBERT_CHECK(options.relative_span >= seq,
+                 "flash attention: relative bias span " << options.relative_span
+                                                        << " < sequence length " << seq);
+    FTBERT_CHECK(!layout.packed() || layout.token_index,
+                 "flash attention: a packed layout with a relative bias needs token_index");
+  }
 
   FlashParams p;
   p.qkv = qkv;
@@ -488,6 +552,12 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
   p.rows = layout.rows;
   p.heads = heads;
   p.scale_log2 = scale * kLog2e;
+  if (options.has_relative_bias()) {
+    p.relative_bias = options.relative_bias;
+    p.relative_span = options.relative_span;
+    p.inv_scale = 1.0f / scale;
+    p.token_index = layout.packed() ? layout.token_index : nullptr;
+  }
   if (dt == DType::kFloat16) {
     launch_flash_for_head_dim<__half>(p, batch, head_dim, stream);
   } else {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ftbert/backend.h"
 #include "ftbert/dtype.h"
 #include "ftbert/sequences.h"
 
@@ -14,14 +15,15 @@ namespace ftbert::cuda {
 // "" when the fused kernel runs for this dtype/head dim, else why not (names the property).
 std::string flash_attention_unsupported_reason(DType dt, int head_dim);
 
-// out[row, h*d + :] = softmax(scale * q·kᵀ over the sequence's keys) · v, with q/k/v read from
-// the QKV GEMM output plus bias: padded batches attend over keys with mask == 1 (fully masked rows
-// give zeros), packed ones over their own rows.
+// out[row, h*d + :] = softmax(scale * q·kᵀ + rel over the sequence's keys) · v, with q/k/v read
+// from the QKV GEMM output plus bias: padded batches attend over keys with mask == 1 (fully masked
+// rows give zeros), packed ones over their own rows. rel: the options' relative position bias
+// (none by default; its span must be >= layout.max_seq), at the rows' padded positions.
 void invoke_flash_attention(DType dt,
                             const void* qkv,       // [rows, 3H] (Q|K|V, bias not added)
                             const void* qkv_bias,  // [3H]
                             void* out,             // [rows, H]
                             const SequenceLayout& layout, int heads, int head_dim, float scale,
-                            cudaStream_t stream);
+                            const AttentionOptions& options, cudaStream_t stream);
 
 }  // namespace ftbert::cuda

@@ -35,6 +35,11 @@ struct FlashParams {
   int rows = 0;                         // rows of qkv and out (B·S padded; packed, >= T)
   int heads;
   float scale_log2;  // scale * log2(e)
+  // A relative position bias (AttentionOptions), null when none; only flash.cu's kernel adds one.
+  const float* relative_bias = nullptr;  // [heads, 2·span − 1]
+  int relative_span = 0;                 // >= seq
+  float inv_scale = 0.0f;                // 1 / scale: the bias enters in raw score units
+  const int32_t* token_index = nullptr;  // [rows], packed batches: b·S + s of each row
 };
 
 // Per-dtype pieces: packing two floats into one 32-bit operand register (lower half = lower
@@ -174,6 +179,28 @@ __device__ __forceinline__ void add_key_bias(float (&s)[kBlocks][4], const float
   }
 }
 
+// A key tile's relative position bias for a 16-row score tile, as b / scale in raw (unscaled)
+// score units, for the products to be accumulated onto: the softmax's scale·log2(e) then turns
+// it into b·log2(e), the running max stays in raw units, and a bias of zeros starts the scores
+// from exact zeros, as without one. rel_row[r] (r = 0: row g, 1: row g + 8) is the head's bias
+// table shifted by the row's position, so that rel_row[r][pos] is its bias against the key at
+// padded position pos; key_pos holds the tile's key positions. The table is small enough to stay
+// in the read-only cache.
+template <int kBlocks>
+__device__ __forceinline__ void relative_bias_scores(float (&s)[kBlocks][4],
+                                                     const float* const (&rel_row)[2],
+                                                     const int* key_pos, int quad_col,
+                                                     float inv_scale) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int2 kp = *reinterpret_cast<const int2*>(key_pos + 8 * j + quad_col);
+    s[j][0] = __ldg(rel_row[0] + kp.x) * inv_scale;
+    s[j][1] = __ldg(rel_row[0] + kp.y) * inv_scale;
+    s[j][2] = __ldg(rel_row[1] + kp.x) * inv_scale;
+    s[j][3] = __ldg(rel_row[1] + kp.y) * inv_scale;
+  }
+}
+
 // The online-softmax step for one 16-row tile and one key tile, on the scores: s (raw scores)
 // becomes the unnormalized weights p = 2^(s·scale_log2 - max·scale_log2), the running max and this
 // thread's running sum move on, and alpha[r] = 2^(old max - new max) is what the accumulator must
@@ -286,20 +313,27 @@ struct SequenceRows {
   const T* bias;         // this head's Q bias; V's at + 2H
   T* out;                // this head's output columns in row 0
   const int32_t* mask;   // [len] key mask; null when packed (every row is a token)
+  // [len] b·S + s of each row when packed (null padded), and b·S: a row's padded position is
+  // token_index[s] - pos_base, which holes in the mask make differ from s plus a constant.
+  const int32_t* token_index;
+  int pos_base;
   int len;               // rows of the sequence
   int H;
 
   __device__ __forceinline__ SequenceRows(const FlashParams& p, int b, int head) {
     H = p.heads * D;
     int64_t row0;
+    pos_base = b * p.seq;
     if (p.cu_seqlens != nullptr) {
       row0 = p.cu_seqlens[b];
       len = p.cu_seqlens[b + 1] - p.cu_seqlens[b];
       mask = nullptr;
+      token_index = p.token_index + row0;
     } else {
       row0 = static_cast<int64_t>(b) * p.seq;
       len = p.seq;
       mask = p.mask + row0;
+      token_index = nullptr;
     }
     qkv = static_cast<const T*>(p.qkv) + row0 * (3 * H) + head * D;
     bias = static_cast<const T*>(p.bias) + head * D;
@@ -308,6 +342,20 @@ struct SequenceRows {
 
   __device__ __forceinline__ bool key_kept(int s) const {
     return s < len && (mask == nullptr || mask[s] != 0);
+  }
+  // Row s's position in the padded row (s < len), for the relative position bias.
+  __device__ __forceinline__ int position(int s) const {
+    return token_index == nullptr ? s : token_index[s] - pos_base;
+  }
+  // The positions of the keys of tile k0 into key_pos[Bc]; keys past the sequence take its last
+  // key's, which keeps every distance inside the bias table (their scores are masked anyway).
+  template <int Bc, int kThreads>
+  __device__ __forceinline__ void key_positions(int k0, int* key_pos) const {
+#pragma unroll
+    for (int j = 0; j * kThreads < Bc; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < Bc) key_pos[i] = position(min(k0 + i, len - 1));
+    }
   }
 
   // The key tiles to visit, [t_begin, t_end) of Bc keys: those between the first and last kept

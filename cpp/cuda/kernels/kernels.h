@@ -73,15 +73,19 @@ void invoke_clear_rows_past_tokens(void* x,  // [rows, row_bytes]
                                    const SequenceLayout& layout, size_t row_bytes,
                                    cudaStream_t stream);
 
-// In place, per row: scores = softmax(scale · scores) over keys with mask != 0. A row with every
-// key masked becomes zeros. seq <= kSoftmaxWarpMaxSeq: one warp per row, the row in registers;
-// longer rows: one block per row, the row in registers while it fits (seq <= 2048 · vector
-// width), else an online max/sum pass and a normalizing pass over global memory.
+// In place, per row (b, h, query i): scores = softmax(scale · scores + rel) over keys j with
+// mask != 0, rel = relative_bias[h·(2·span − 1) + (j − i) + span − 1] (AttentionOptions; none
+// when relative_bias is null, else span >= seq). A row with every key masked becomes zeros.
+// seq <= kSoftmaxWarpMaxSeq: one warp per row, the row in registers; longer rows: one block per
+// row, the row in registers while it fits (seq <= 2048 · vector width), else an online max/sum
+// pass and a normalizing pass over global memory.
 constexpr int kSoftmaxWarpMaxSeq = 1024;
 template <typename T>
-void invoke_masked_softmax(T* scores,             // [B, heads, S, S]
-                           const int32_t* mask,   // [B, S] key mask, 1 = attend, 0 = padding
-                           int batch, int heads, int seq, float scale, cudaStream_t stream);
+void invoke_masked_softmax(T* scores,                   // [B, heads, S, S]
+                           const int32_t* mask,         // [B, S] key mask, 1 = attend, 0 = padding
+                           int batch, int heads, int seq, float scale,
+                           const float* relative_bias,  // [heads, 2·span − 1] or null
+                           int relative_span, cudaStream_t stream);
 // "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
 const char* masked_softmax_variant(int seq);
 

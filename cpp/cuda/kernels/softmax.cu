@@ -1,5 +1,6 @@
-// Masked softmax over attention scores, in place: for every row (b, h, query),
-//   p[j] = exp(scale·s[j] - m) / Σ_k exp(scale·s[k] - m) over keys with mask[b, j] != 0, else 0,
+// Masked softmax over attention scores, in place: for every row (b, h, query i),
+//   x[j] = scale·s[j] (+ rel[h, j - i] with a relative position bias)
+//   p[j] = exp(x[j] - m) / Σ_k exp(x[k] - m) over keys with mask[b, j] != 0, else 0,
 // with m the row's max over kept keys. A row whose keys are all masked becomes zeros (the max is
 // -inf, which is tested for explicitly instead of being subtracted, so no NaN can appear).
 // Two variants selected by length, as in FasterTransformer:
@@ -10,6 +11,8 @@
 //                                block max, block sum, write. Longer rows are streamed: an online
 //                                max/sum pass (the sum rescaled when the max grows), then a second
 //                                read that writes the probabilities.
+// The relative position bias is a template bool of every kernel (kRelBias): the kernels without
+// it are those of plain BERT, their arithmetic unchanged. A bias of zeros gives the same bits.
 #include <cmath>
 
 #include "cuda/cuda_check.h"
@@ -26,17 +29,42 @@ constexpr int kBlockMaxItems = 8;  // vectors per thread the cached block kernel
 
 // kernels
 
+// The relative position bias of score row `row` = (b·heads + h)·S + i, shifted so that rel[j] is
+// the bias of key j: table[h·(2·span − 1) + (j − i) + span − 1].
+__device__ __forceinline__ const float* relative_bias_row(const float* table, int row,
+                                                          int rows_per_batch, int seq, int span) {
+  const int within = row % rows_per_batch;  // h·S + i
+  const int h = within / seq;
+  const int i = within - h * seq;
+  return table + (static_cast<int64_t>(h) * (2 * span - 1) + (span - 1 - i));
+}
+
+// A kept key's score as the softmax takes it: scaled, plus its relative bias if the kernel adds
+// one (a table this small stays in the read-only cache).
+template <bool kRelBias>
+__device__ __forceinline__ float scaled_score(float s, float scale, const float* rel, int col) {
+  if constexpr (kRelBias) {
+    return s * scale + __ldg(rel + col);
+  } else {
+    return s * scale;
+  }
+}
+
 // Lane `lane` holds vectors (it·32 + lane) for it < ITERS, each VEC keys wide (coalesced).
-template <typename T, int ITERS, int VEC>
+// rel_table: [heads, 2·span − 1], read only when kRelBias.
+template <typename T, int ITERS, int VEC, bool kRelBias>
 __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     masked_softmax_warp_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask, int rows,
-                               int rows_per_batch, int seq, float scale) {
+                               int rows_per_batch, int seq, float scale,
+                               const float* __restrict__ rel_table, int span) {
   begin_dependent_kernel();
   const int row = blockIdx.x * kWarpRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // uniform across the warp
   const int lane = threadIdx.x & 31;
   T* p = scores + static_cast<int64_t>(row) * seq;
   const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
+  const float* rel = nullptr;
+  if constexpr (kRelBias) rel = relative_bias_row(rel_table, row, rows_per_batch, seq, span);
 
   float x[ITERS][VEC];
   float row_max = -INFINITY;
@@ -48,7 +76,8 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       const Vec<int32_t, VEC> m = load_vec<VEC>(keep + col);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        x[it][i] = m.v[i] != 0 ? to_float(s.v[i]) * scale : -INFINITY;
+        x[it][i] =
+            m.v[i] != 0 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, col + i) : -INFINITY;
         row_max = fmaxf(row_max, x[it][i]);
       }
     } else {
@@ -86,14 +115,17 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 }
 
 // Thread t holds vectors (it·blockDim + t) for it < ITEMS.
-template <typename T, int VEC, int ITEMS>
+template <typename T, int VEC, int ITEMS, bool kRelBias>
 __global__ void __launch_bounds__(kBlockThreads)
     masked_softmax_block_cached_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
-                                       int rows_per_batch, int seq, float scale) {
+                                       int rows_per_batch, int seq, float scale,
+                                       const float* __restrict__ rel_table, int span) {
   begin_dependent_kernel();
   __shared__ float scratch[32];
   T* p = scores + static_cast<int64_t>(blockIdx.x) * seq;
   const int32_t* keep = mask + static_cast<int64_t>(blockIdx.x / rows_per_batch) * seq;
+  const float* rel = nullptr;
+  if constexpr (kRelBias) rel = relative_bias_row(rel_table, blockIdx.x, rows_per_batch, seq, span);
   const int chunks = seq / VEC;
 
   float x[ITEMS][VEC];
@@ -106,7 +138,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       const Vec<int32_t, VEC> k = load_vec<VEC>(keep + c * VEC);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        x[it][i] = k.v[i] != 0 ? to_float(s.v[i]) * scale : -INFINITY;
+        x[it][i] = k.v[i] != 0 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, c * VEC + i)
+                               : -INFINITY;
         row_max = fmaxf(row_max, x[it][i]);
       }
     } else {
@@ -150,16 +183,19 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& l, float m2, floa
   m = mx;
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, bool kRelBias>
 __global__ void __launch_bounds__(kBlockThreads)
     masked_softmax_block_streaming_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
-                                int rows_per_batch, int seq, float scale) {
+                                int rows_per_batch, int seq, float scale,
+                                const float* __restrict__ rel_table, int span) {
   begin_dependent_kernel();
   __shared__ float scratch_m[32];
   __shared__ float scratch_l[32];
   const int row = blockIdx.x;
   T* p = scores + static_cast<int64_t>(row) * seq;
   const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
+  const float* rel = nullptr;
+  if constexpr (kRelBias) rel = relative_bias_row(rel_table, row, rows_per_batch, seq, span);
   const int chunks = seq / VEC;
 
   // Pass 1: this thread's running max m and sum l of exp(x - m). The max moves once per vector,
@@ -172,7 +208,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     float vec_max = -INFINITY;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      x[i] = k.v[i] != 0 ? to_float(s.v[i]) * scale : -INFINITY;
+      x[i] = k.v[i] != 0 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, c * VEC + i)
+                         : -INFINITY;
       vec_max = fmaxf(vec_max, x[i]);
     }
     if (vec_max == -INFINITY) continue;  // all masked: nothing to add
@@ -214,24 +251,28 @@ __global__ void __launch_bounds__(kBlockThreads)
     Vec<T, VEC> y;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      const float e = (empty || k.v[i] == 0) ? 0.0f : expf(to_float(s.v[i]) * scale - m) * inv;
+      float e;
+      if constexpr (kRelBias) {
+        // The bias is added after the max is subtracted: the scaled score and the max then meet
+        // in the same (possibly fused) operation as without a bias, so zeros change no bit.
+        e = (empty || k.v[i] == 0)
+                ? 0.0f
+                : expf((to_float(s.v[i]) * scale - m) + __ldg(rel + c * VEC + i)) * inv;
+      } else {
+        e = (empty || k.v[i] == 0) ? 0.0f : expf(to_float(s.v[i]) * scale - m) * inv;
+      }
       y.v[i] = from_float<T>(e);
     }
     store_vec<VEC>(p + c * VEC, y);
   }
 }
 
-}  // namespace
-
 // launchers
 
-const char* masked_softmax_variant(int seq) { return seq <= kSoftmaxWarpMaxSeq ? "warp" : "block"; }
-
-template <typename T>
-void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
-                           float scale, cudaStream_t stream) {
+template <typename T, bool kRelBias>
+void launch_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
+                           float scale, const float* rel_table, int span, cudaStream_t stream) {
   const int rows = batch * heads * seq;
-  if (rows == 0) return;
   // The vector must fit the scores and the int32 mask alike (the mask vector is 4/sizeof(T) wider
   // in bytes), so alignment is checked on both.
   int vec = pick_vec<T>(seq, {scores});
@@ -249,8 +290,9 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
       auto run = [&](auto iters_c) {
         constexpr int ITERS = decltype(iters_c)::value;
         if constexpr (ITERS * VEC <= 32) {
-          launch(masked_softmax_warp_kernel<T, ITERS, VEC>, grid, kWarpRowsPerBlock * 32, 0,
-                 stream, scores, mask, rows, heads * seq, seq, scale);
+          launch(masked_softmax_warp_kernel<T, ITERS, VEC, kRelBias>, grid,
+                 kWarpRowsPerBlock * 32, 0, stream, scores, mask, rows, heads * seq, seq, scale,
+                 rel_table, span);
         }
       };
       switch (iters) {
@@ -270,8 +312,9 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
     dispatch_vec<T>(vec, [&](auto vec_c) {
       constexpr int VEC = decltype(vec_c)::value;
       auto cached = [&](auto items_c) {
-        launch(masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value>, rows,
-               kBlockThreads, 0, stream, scores, mask, heads * seq, seq, scale);
+        launch(masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value, kRelBias>,
+               rows, kBlockThreads, 0, stream, scores, mask, heads * seq, seq, scale, rel_table,
+               span);
       };
       switch (items) {
         case 1: cached(std::integral_constant<int, 1>{}); break;
@@ -279,19 +322,40 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
         case 4: cached(std::integral_constant<int, 4>{}); break;
         case kBlockMaxItems: cached(std::integral_constant<int, kBlockMaxItems>{}); break;
         default:
-          launch(masked_softmax_block_streaming_kernel<T, VEC>, rows, kBlockThreads, 0, stream,
-                 scores, mask, heads * seq, seq, scale);
+          launch(masked_softmax_block_streaming_kernel<T, VEC, kRelBias>, rows, kBlockThreads, 0,
+                 stream, scores, mask, heads * seq, seq, scale, rel_table, span);
       }
     });
     FTBERT_LAUNCH_CHECK("masked_softmax_block_kernel", stream);
   }
 }
 
+}  // namespace
+
+const char* masked_softmax_variant(int seq) { return seq <= kSoftmaxWarpMaxSeq ? "warp" : "block"; }
+
+template <typename T>
+void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
+                           float scale, const float* relative_bias, int relative_span,
+                           cudaStream_t stream) {
+  if (batch * heads * seq == 0) return;
+  if (relative_bias == nullptr) {
+    launch_masked_softmax<T, false>(scores, mask, batch, heads, seq, scale, nullptr, 0, stream);
+    return;
+  }
+  // Every distance j - i of a row lies in [-(S - 1), S - 1], inside the table.
+  FTBERT_CHECK(relative_span >= seq, "masked_softmax: relative bias span " << relative_span
+                                                                           << " < sequence length "
+                                                                           << seq);
+  launch_masked_softmax<T, true>(scores, mask, batch, heads, seq, scale, relative_bias,
+                                 relative_span, stream);
+}
+
 template void invoke_masked_softmax<float>(float*, const int32_t*, int, int, int, float,
-                                           cudaStream_t);
+                                           const float*, int, cudaStream_t);
 template void invoke_masked_softmax<__half>(__half*, const int32_t*, int, int, int, float,
-                                            cudaStream_t);
+                                            const float*, int, cudaStream_t);
 template void invoke_masked_softmax<__nv_bfloat16>(__nv_bfloat16*, const int32_t*, int, int, int,
-                                                   float, cudaStream_t);
+                                                   float, const float*, int, cudaStream_t);
 
 }  // namespace ftbert::cuda

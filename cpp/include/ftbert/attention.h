@@ -26,7 +26,8 @@ AttentionKind select_attention(AttentionMode mode, const Backend& backend, DType
 size_t attention_workspace_bytes(AttentionKind kind, DType dt, int batch, int seq, int heads,
                                  int head_dim);
 
-// out = MultiHeadAttention(qkv + bias) with the layout's key mask; scale = 1/sqrt(head_dim).
+// out = MultiHeadAttention(qkv + bias) with the layout's key mask and the options' score bias;
+// scale = 1/sqrt(head_dim).
 // Packed, the unfused path puts the tokens back at their padded positions around attention
 // ([B, heads, S, d]) and packs the result again; the fused kernel reads the packed rows directly.
 void run_attention(Backend& backend, AttentionKind kind, DType dt,
@@ -34,6 +35,7 @@ void run_attention(Backend& backend, AttentionKind kind, DType dt,
                    const void* qkv_bias,  // [3H]
                    void* out,             // [rows, H]
                    void* workspace,       // attention_workspace_bytes(...)
-                   const SequenceLayout& layout, int heads, int head_dim);
+                   const SequenceLayout& layout, int heads, int head_dim,
+                   const AttentionOptions& options = {});
 
 }  // namespace ftbert

@@ -27,6 +27,20 @@ namespace ftbert {
 
 enum class AttentionKind : int { kUnfused = 0, kFlash = 1 };
 
+// What an architecture adds to attention beyond softmax(scale · Q Kᵀ, key mask) V; the default
+// adds nothing (BERT).
+struct AttentionOptions {
+  // A relative position bias (MPNet): [heads, 2·span − 1] float32 in the backend's memory. The
+  // scaled score of the query at position i and the key at position j of a sequence gets
+  // relative_bias[h·(2·span − 1) + (j − i) + span − 1] added before the softmax. Positions are
+  // those of the padded row (a packed row's from token_index), so packing changes no distance.
+  // Null: none; else span >= the layout's max_seq.
+  const float* relative_bias = nullptr;
+  int relative_span = 0;
+
+  bool has_relative_bias() const { return relative_bias != nullptr; }
+};
+
 // The first out-of-range input value stage_inputs met, in host memory the device writes
 // (Backend::allocate_host_flag): `field` is set last, so a host that reads it non-zero reads the
 // value that goes with it. The host clears field, then claim.
@@ -307,12 +321,13 @@ class Backend {
                                       void* v,           // [B, heads, S, d]
                                       const SequenceLayout& layout, int heads, int head_dim) = 0;
 
-  // In place: scores = softmax(scale * scores) over the last axis, keys with mask == 0 excluded
-  // (packed batches too: add_qkv_bias_transpose puts their tokens back at their positions).
-  // A row whose keys are all masked becomes all zeros (finite, never NaN).
+  // In place: scores = softmax(scale * scores + options' bias) over the last axis, keys with
+  // mask == 0 excluded (packed batches too: add_qkv_bias_transpose puts their tokens back at their
+  // positions). A row whose keys are all masked becomes all zeros (finite, never NaN).
   virtual void masked_softmax(DType dt,
                               void* scores,  // [B, heads, S, S]
-                              const SequenceLayout& layout, int heads, float scale) = 0;
+                              const SequenceLayout& layout, int heads, float scale,
+                              const AttentionOptions& options) = 0;
 
   // Merges heads back: out[row of (b, s), h·d + :] = in[b, h, s, :] (packed: the T token rows,
   // from their padded positions; padding and rows past T are not written).
@@ -349,14 +364,15 @@ class Backend {
   virtual std::string attention_unsupported_reason(AttentionKind kind, DType dt,
                                                    int head_dim) const;
 
-  // One fused kernel: out = softmax(scale · Q Kᵀ, key mask) V, reading Q, K, V (+ bias) straight
-  // from the QKV GEMM output and writing the merged-heads layout the next GEMM reads. Packed, each
-  // sequence attends over its own rows only and no padding is read or written.
+  // One fused kernel: out = softmax(scale · Q Kᵀ + options' bias, key mask) V, reading Q, K, V
+  // (+ bias) straight from the QKV GEMM output and writing the merged-heads layout the next GEMM
+  // reads. Packed, each sequence attends over its own rows only and no padding is read or written.
   virtual void flash_attention(DType dt,
                                const void* qkv,       // [rows, 3H], bias not yet added
                                const void* qkv_bias,  // [3H]
                                void* out,             // [rows, H]
-                               const SequenceLayout& layout, int heads, int head_dim, float scale);
+                               const SequenceLayout& layout, int heads, int head_dim, float scale,
+                               const AttentionOptions& options);
 
   // ---- composed ops --------------------------------------------------------------------------
   // out = act(x_b · W + b) for each sequence's first token x_b: the pooler (tanh) or a

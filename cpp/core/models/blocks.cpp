@@ -1,0 +1,111 @@
+#include "core/models/blocks.h"
+
+#include "ftbert/check.h"
+
+namespace ftbert::blocks {
+
+void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                const Activations& act, const int32_t* ids, const int32_t* types,
+                const SequenceLayout& L) {
+  const int H = c.hidden_size, E = c.embedding_size, M = L.rows;
+  const bool project = c.has_projection();
+  be.embed_layernorm(dt, ids, types, w.word_embeddings.data(), w.position_embeddings.data(),
+                     w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
+                     project ? act.embedded : act.hidden, L, E, c.vocab_size, c.type_vocab_size,
+                     c.layer_norm_eps, c.position_pad_id);
+  if (project) {
+    be.gemm(dt, false, false, M, H, E, act.embedded, E, w.project_weight.data(), H, act.hidden, H);
+    be.add_bias_activation(dt, act.hidden, w.project_bias.data(), M, H, Activation::kIdentity);
+  }
+  // Rows past the tokens (a bucketed recording): the embeddings made them zeros and the per-row
+  // ops keep them finite; attention never writes them, so its output there is zeroed once.
+  if (L.bounded) be.clear_rows_past_tokens(act.ctx, L, static_cast<size_t>(H) * dtype_size(dt));
+}
+
+void post_ln_layer(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
+                   const LayerWeights& w, const SequenceLayout& L, AttentionKind attention,
+                   const AttentionOptions& options, void* out, int32_t* nonfinite) {
+  const int M = L.rows, H = c.hidden_size, I = c.intermediate_size;
+  const float eps = c.layer_norm_eps;
+
+  // qkv [M, 3H] = hidden [M, H] · Wqkv [H, 3H]   (bias added inside attention)
+  be.weight_gemm(dt, M, 3 * H, H, act.hidden, H, w.qkv_weight.data(), act.qkv, 3 * H);
+  run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), act.ctx, act.attention_scratch, L,
+                c.num_heads, c.head_dim(), options);
+  // hidden2 = LN(ctx · Wo + bo + hidden)
+  be.dense_residual_layernorm(dt, M, H, H, act.ctx, w.attn_out_weight.data(),
+                              w.attn_out_bias.data(), act.hidden, w.attn_ln_gamma.data(),
+                              w.attn_ln_beta.data(), act.hidden2, eps, act.dense_workspace,
+                              act.dense_workspace_bytes);
+  // inter = act(hidden2 · W1 + b1)
+  be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I,
+                 w.ffn_in_bias.data(), c.activation);
+  // out = LN(inter · W2 + b2 + hidden2); into act.output, only the LayerNorm writes it (model.h):
+  // the product goes to ctx, free once the attention output above has read it.
+  be.dense_residual_layernorm(dt, M, H, I, act.inter, w.ffn_out_weight.data(),
+                              w.ffn_out_bias.data(), act.hidden2, w.ffn_ln_gamma.data(),
+                              w.ffn_ln_beta.data(), out, eps, act.dense_workspace,
+                              act.dense_workspace_bytes, nonfinite,
+                              out == act.hidden ? nullptr : act.ctx);
+}
+
+void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                     const Activations& act, const SequenceLayout& L, AttentionKind attention,
+                     const AttentionOptions& options) {
+  void* const out = act.output != nullptr ? act.output : act.hidden;
+  for (const LayerWeights& l : w.layers) {
+    const bool last = &l == &w.layers.back();
+    post_ln_layer(be, dt, c, act, l, L, attention, options, last ? out : act.hidden,
+                  last ? act.nonfinite : nullptr);
+  }
+  return out;
+}
+
+namespace {
+
+// The task head: the final hidden states `hidden` (and act.pooled for a head on the pooler)
+// -> act.logits.
+void head(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+          const Activations& act, const void* hidden, const SequenceLayout& L) {
+  const HeadConfig& hc = c.head;
+  const int H = c.hidden_size, N = hc.num_labels;
+  // x [rows, H]: every token, the pooler output, or token 0 through the head's own dense.
+  const void* x = hidden;
+  int rows = L.rows;
+  if (hc.kind == HeadKind::kSequence) {
+    rows = L.batch;
+    if (hc.reads_pooler) {
+      x = act.pooled;
+    } else {
+      be.first_token_dense(dt, hidden, L, w.head_dense_weight.data(), w.head_dense_bias.data(),
+                           act.head_hidden, act.first_tokens, H, H, hc.dense_activation,
+                           act.output != nullptr);
+      x = act.head_hidden;
+    }
+  }
+  // logits [rows, N] = x · Wout + bout
+  be.gemm(dt, false, false, rows, N, H, x, H, w.head_out_weight.data(), N, act.logits, N);
+  be.add_bias_activation(dt, act.logits, w.head_out_bias.data(), rows, N, Activation::kIdentity);
+}
+
+}  // namespace
+
+void pooler_and_head(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                     const Activations& act, const void* hidden, const SequenceLayout& L,
+                     Model::Outputs outputs) {
+  const HeadConfig& hc = c.head;
+  const int H = c.hidden_size;
+  const bool logits = outputs.logits && hc.kind != HeadKind::kNone;
+  // act.output is read through first_tokens only (model.h).
+  const bool gather = act.output != nullptr;
+  FTBERT_CHECK(!(logits && gather && hc.kind == HeadKind::kToken),
+               "forward: a per-token head reads the final hidden states in a GEMM, so they cannot "
+               "go to act.output");
+  if (outputs.pooled || (logits && hc.reads_pooler)) {
+    be.first_token_dense(dt, hidden, L, w.pooler_weight.data(), w.pooler_bias.data(), act.pooled,
+                         act.first_tokens, H, H, Activation::kTanh, gather);
+  }
+  if (logits) head(be, dt, c, w, act, hidden, L);
+}
+
+}  // namespace ftbert::blocks

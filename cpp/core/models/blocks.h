@@ -1,0 +1,43 @@
+// Building blocks the architecture units (cpp/core/models/<architecture>.cpp) compose, over the
+// Backend ops. Stateless: each enqueues its ops on `be` for the model's dtype and config.
+#pragma once
+
+#include <cstdint>
+
+#include "ftbert/attention.h"
+#include "ftbert/backend.h"
+#include "ftbert/config.h"
+#include "ftbert/model.h"
+#include "ftbert/sequences.h"
+#include "ftbert/weights.h"
+
+namespace ftbert::blocks {
+
+// act.hidden [M, H] = LN(word[ids] + position + token type), then (ELECTRA) · Wp + bp; rows past
+// the tokens of a bucketed recording are cleared in act.ctx (attention never writes them).
+void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                const Activations& act,
+                const int32_t* ids,    // [B, S]
+                const int32_t* types,  // [B, S]
+                const SequenceLayout& layout);
+
+// The post-LayerNorm layer of BERT: attention (with `options`' score bias) -> output dense +
+// residual + LN -> FFN -> dense + residual + LN. Reads act.hidden, writes `out` [M, H] (act.hidden
+// or act.output); `nonfinite` goes to the last LayerNorm (null: not checked).
+void post_ln_layer(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
+                   const LayerWeights& w, const SequenceLayout& layout, AttentionKind attention,
+                   const AttentionOptions& options, void* out, int32_t* nonfinite);
+
+// Every layer of w.layers in turn, the last writing act.output (or act.hidden) with the nonfinite
+// check; returns where the final hidden states are.
+void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                     const Activations& act, const SequenceLayout& layout,
+                     AttentionKind attention, const AttentionOptions& options);
+
+// From the final hidden states `hidden` [M, H]: the pooler into act.pooled and the task head into
+// act.logits, as `outputs` asks.
+void pooler_and_head(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                     const Activations& act, const void* hidden, const SequenceLayout& layout,
+                     Model::Outputs outputs);
+
+}  // namespace ftbert::blocks

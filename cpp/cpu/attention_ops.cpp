@@ -65,13 +65,23 @@ void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
       const int64_t bi = r / (static_cast<int64_t>(heads) * seq);
       float* row = cpu::load_row(dt, scores, r, seq, buf);
       float row_scale = scale;
+      const int64_t i = r % seq;
       if (options.has_relative_bias()) {  // row = scale · row + bias, then a softmax of scale 1
-        const int64_t h = (r / seq) % heads, i = r % seq;
+        const int64_t h = (r / seq) % heads;
         const float* bias = options.relative_bias + h * width + options.relative_span - 1 - i;
         for (int j = 0; j < seq; ++j) row[j] = row[j] * scale + bias[j];
         row_scale = 1.0f;
       }
-      kernel(row, l.mask + bi * seq, seq, row_scale);
+      const int32_t* keys = l.mask + bi * seq;
+      if (options.window > 0) {  // the key mask, cut to the window: keys outside weigh exactly 0
+        thread_local std::vector<int32_t> in_window;
+        in_window.assign(keys, keys + seq);
+        for (int64_t j = 0; j < seq; ++j) {
+          if (j < i - options.window || j > i + options.window) in_window[j] = 0;
+        }
+        keys = in_window.data();
+      }
+      kernel(row, keys, seq, row_scale);
       cpu::store_row(dt, scores, r, seq, row);
     }
   });
@@ -97,6 +107,36 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
         std::memcpy(row + h * head_bytes, src + ((bi * heads + h) * seq + s) * head_bytes,
                     head_bytes);
       }
+    }
+  });
+}
+
+// Rotates each head's (c, c + d/2) column pairs of Q and K by the angles of the row's position
+// (transformers' rotate_half convention); V is read and written back unchanged.
+void CpuBackend::rotary_embedding(DType dt, void* qkv,    // [rows, 3H]
+                                  const float* rotary,     // [P, d]: cos | sin
+                                  const SequenceLayout& l, int heads, int head_dim) {
+  require_cpu_dtype(dt, "rotary_embedding");
+  FTBERT_CHECK(head_dim % 2 == 0, "rotary_embedding: head dim " << head_dim << " is odd");
+  const int hidden = heads * head_dim, half = head_dim / 2;
+  const int64_t seq = l.max_seq;
+  const int64_t rows = l.packed() ? l.cu_seqlens[l.batch] : static_cast<int64_t>(l.batch) * seq;
+  parallel_for(rows, rows * 2 * hidden, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(1, 3 * hidden);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t pos = (l.packed() ? l.token_index[r] : r) % seq;
+      const float* cos = rotary + pos * head_dim;
+      const float* sin = cos + half;
+      float* row = cpu::load_row(dt, qkv, r, 3 * hidden, buf);
+      for (int h = 0; h < 2 * heads; ++h) {  // Q's heads, then K's
+        float* x = row + h * head_dim;
+        for (int c = 0; c < half; ++c) {
+          const float x1 = x[c], x2 = x[c + half];
+          x[c] = x1 * cos[c] - x2 * sin[c];
+          x[c + half] = x2 * cos[c] + x1 * sin[c];
+        }
+      }
+      cpu::store_row(dt, qkv, r, 3 * hidden, row);
     }
   });
 }
@@ -148,8 +188,9 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
   std::vector<float> out_floats(dt == DType::kFloat32 ? 0 : static_cast<size_t>(l.rows) * H);
   float* o = dt == DType::kFloat32 ? static_cast<float*>(out) : out_floats.data();
   // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering, and
-  // (relative bias only) their positions in the padded row.
+  // (with a relative bias or a window) their positions in the padded row.
   std::vector<int32_t> queries, keys, query_pos, key_pos;
+  const bool positions = options.has_relative_bias() || options.window > 0;
   std::vector<int64_t> q_begin(B + 1), k_begin(B + 1);
   queries.reserve(static_cast<size_t>(B) * S);
   keys.reserve(static_cast<size_t>(B) * S);
@@ -160,7 +201,7 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       for (int32_t r = l.cu_seqlens[b]; r < l.cu_seqlens[b + 1]; ++r) {
         queries.push_back(r);
         keys.push_back(r);
-        if (options.has_relative_bias()) {
+        if (positions) {
           query_pos.push_back(l.token_index[r] - b * S);
           key_pos.push_back(l.token_index[r] - b * S);
         }
@@ -170,7 +211,7 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
         const int32_t r = b * S + s;
         queries.push_back(r);
         if (l.mask[r] != 0) keys.push_back(r);
-        if (options.has_relative_bias()) {
+        if (positions) {
           query_pos.push_back(s);
           if (l.mask[r] != 0) key_pos.push_back(s);
         }
@@ -216,12 +257,15 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       a.scale = scale;
       a.out = o + hd;
       a.ldo = H;
+      if (positions) {
+        a.query_pos = query_pos.data() + t.q0;
+        a.key_pos = key_pos.data() + k_begin[t.b];
+        a.window = options.window;
+      }
       if (options.has_relative_bias()) {
         a.relative_bias = options.relative_bias +
                           static_cast<int64_t>(t.h) * (2 * options.relative_span - 1) +
                           options.relative_span - 1;
-        a.query_pos = query_pos.data() + t.q0;
-        a.key_pos = key_pos.data() + k_begin[t.b];
       }
       kernel(a, scratch.data());
     }

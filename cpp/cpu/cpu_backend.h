@@ -68,6 +68,13 @@ class CpuBackend final : public Backend {
   void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,
                                    const void* gamma, const void* beta, int rows, int hidden,
                                    float eps, int32_t* nonfinite = nullptr) override;
+  void rotary_embedding(DType dt, void* qkv, const float* rotary, const SequenceLayout& layout,
+                        int heads, int head_dim) override;
+  void gated_activation(DType dt, const void* x, void* out, int rows, int n,
+                        Activation act) override;
+  void residual_add_layernorm(DType dt, void* residual, const void* x, const void* bias,
+                              const void* gamma, const void* beta, void* out, int rows,
+                              int hidden, float eps, int32_t* nonfinite = nullptr) override;
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
   bool supports_attention(AttentionKind kind, DType dt, int head_dim) const override;

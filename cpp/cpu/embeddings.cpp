@@ -41,6 +41,7 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
   }
   const int64_t rows = l.rows;
   const cpu::Floats g(dt, gamma, hidden), be(dt, beta, hidden);
+  const std::vector<float> no_position(position == nullptr ? hidden : 0, 0.0f);
   const auto kernel = cpu::kernels().sum3_layernorm;
   parallel_for(rows, rows * hidden, [&](int64_t begin, int64_t end) {
     float* buf = cpu::scratch_rows(4, hidden);  // the three table rows and the output
@@ -56,7 +57,8 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
       const int64_t s = pos[i];
       float* o = cpu::out_row(dt, out, r, hidden, buf + 3 * hidden);
       kernel(cpu::load_row(dt, word, id, hidden, buf),
-             cpu::load_row(dt, position, s, hidden, buf + hidden),
+             position != nullptr ? cpu::load_row(dt, position, s, hidden, buf + hidden)
+                                 : no_position.data(),
              cpu::load_row(dt, token_type, tt, hidden, buf + 2 * hidden), g.data(), be.data(), o,
              hidden, eps);
       cpu::store_row(dt, out, r, hidden, o);

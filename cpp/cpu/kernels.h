@@ -32,7 +32,10 @@ struct AttentionTile {
   // relative_bias[key_pos[j] - query_pos[i]]; this head's row of the table, offset by span − 1.
   // Null: none.
   const float* relative_bias = nullptr;
-  const int32_t* query_pos = nullptr;  // [n_queries] positions in the padded row
+  // > 0: key j attends query i only where |key_pos[j] − query_pos[i]| <= window.
+  int window = 0;
+  // With a bias or a window: positions in the padded row, ascending (as the rows are).
+  const int32_t* query_pos = nullptr;  // [n_queries]
   const int32_t* key_pos = nullptr;    // [n_keys]
 };
 

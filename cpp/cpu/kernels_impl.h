@@ -376,6 +376,11 @@ void attention(const AttentionTile& t, float* scratch) {
   }
   for (int kb = 0; kb < t.n_keys; kb += kKeyBlock) {
     const int nk = imin(kKeyBlock, t.n_keys - kb), nkp = round_up(nk, 2 * W);
+    // A key block wholly outside every query's window adds nothing (positions ascend).
+    if (t.window > 0 && (t.key_pos[kb] > t.query_pos[nq - 1] + t.window ||
+                         t.key_pos[kb + nk - 1] < t.query_pos[0] - t.window)) {
+      continue;
+    }
     // The block's keys (transposed) and values, bias added, once for every query of the call.
     {
       const float* __restrict kbias = t.k_bias;
@@ -406,6 +411,16 @@ void attention(const AttentionTile& t, float* scratch) {
           for (int j = 0; j < nk; ++j) si[j] += bias[t.key_pos[kb + j]];
         }
       }
+      if (t.window > 0) {
+        for (int i = 0; i < rows && q0 + i < nq; ++i) {
+          const int qp = t.query_pos[q0 + i];
+          float* si = s + i * kKeyBlock;
+          for (int j = 0; j < nk; ++j) {
+            const int dist = t.key_pos[kb + j] - qp;
+            if (dist > t.window || dist < -t.window) si[j] = -kInf;
+          }
+        }
+      }
       // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
       for (int i = 0; i < rows; ++i) {
         float* si = s + i * kKeyBlock;
@@ -416,11 +431,17 @@ void attention(const AttentionTile& t, float* scratch) {
         }
         float& m = mrow[q0 + i];
         const float m_new = m > hmax(mx) ? m : hmax(mx);
+        if (m_new == -kInf) {  // no key of the window yet: nothing to add (exp would give NaN)
+          for (int j = 0; j < nkp; j += W) store(si + j, splat(0.0f));
+          continue;
+        }
         const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
         vf sum = {};
         for (int j = 0; j < nkp; j += W) {
           const int r = imin(W, nk - j);
-          vf p = vexp(load(si + j) - m_new);
+          const vf x = load(si + j);
+          // A key outside the window (-inf) weighs exactly 0 (vexp clamps to ~1e-38).
+          vf p = x == splat(-kInf) ? splat(0.0f) : vexp(x - m_new);
           if (r < W) {
             for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
           }

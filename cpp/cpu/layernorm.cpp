@@ -1,5 +1,7 @@
 // add_bias + residual + LayerNorm on the CPU (the post-LN residual block of a BERT layer).
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "cpu/cpu_backend.h"
 #include "cpu/kernels.h"
@@ -30,6 +32,42 @@ void CpuBackend::add_bias_residual_layernorm(DType dt, void* x,         // [M, H
         for (int h = 0; h < hidden; ++h) bad |= !std::isfinite(xr[h]);
       }
       cpu::store_row(dt, x, r, hidden, xr);
+    }
+    if (bad) __atomic_store_n(nonfinite, 1, __ATOMIC_RELAXED);
+  });
+}
+
+// residual = residual + x + bias, stored, then out = LayerNorm(residual) over the stored values (a
+// bfloat16 residual rounds before the statistics, as the next step reads it).
+void CpuBackend::residual_add_layernorm(DType dt, void* residual,  // [M, H]
+                                        const void* x,             // [M, H] or null
+                                        const void* bias,          // [H] or null
+                                        const void* gamma, const void* beta,  // [H]
+                                        void* out,                 // [M, H]
+                                        int rows, int hidden, float eps, int32_t* nonfinite) {
+  require_cpu_dtype(dt, "residual_add_layernorm");
+  const std::vector<float> zeros(hidden, 0.0f);
+  const cpu::Floats g(dt, gamma, hidden), be(dt, beta, hidden);
+  std::optional<cpu::Floats> b;
+  if (bias != nullptr) b.emplace(dt, bias, hidden);
+  const float* bias_f = b ? b->data() : zeros.data();
+  const auto kernel = cpu::kernels().sum3_layernorm;
+  parallel_for(rows, int64_t{rows} * hidden, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(3, hidden);
+    bool bad = false;
+    for (int64_t r = begin; r < end; ++r) {
+      float* rr = cpu::load_row(dt, residual, r, hidden, buf);
+      const float* xr = x != nullptr ? cpu::load_row(dt, x, r, hidden, buf + hidden) : zeros.data();
+      for (int h = 0; h < hidden; ++h) rr[h] += xr[h] + bias_f[h];
+      cpu::store_row(dt, residual, r, hidden, rr);
+      // What the stored residual holds, for the statistics: bfloat16 rounds here.
+      const float* stored = cpu::load_row(dt, residual, r, hidden, buf);
+      float* o = cpu::out_row(dt, out, r, hidden, buf + 2 * int64_t{hidden});
+      kernel(stored, zeros.data(), zeros.data(), g.data(), be.data(), o, hidden, eps);
+      if (nonfinite != nullptr && !bad) {
+        for (int h = 0; h < hidden; ++h) bad |= !std::isfinite(o[h]);
+      }
+      cpu::store_row(dt, out, r, hidden, o);
     }
     if (bad) __atomic_store_n(nonfinite, 1, __ATOMIC_RELAXED);
   });

@@ -496,7 +496,7 @@ void CudaBackend::masked_softmax(DType dt, void* scores, const SequenceLayout& l
     using T = typename decltype(tag)::type;
     invoke_masked_softmax<T>(static_cast<T*>(scores), layout.mask, layout.batch, heads,
                              layout.max_seq, scale, options.relative_bias,
-                             options.relative_span, stream_);
+                             options.relative_span, options.window, stream_);
   });
 }
 
@@ -522,6 +522,38 @@ void CudaBackend::add_bias_residual_layernorm(DType dt, void* x, const void* res
                                           static_cast<const T*>(gamma),
                                           static_cast<const T*>(beta), rows, hidden, eps,
                                           nonfinite, stream_);
+  });
+}
+
+void CudaBackend::rotary_embedding(DType dt, void* qkv, const float* rotary,
+                                   const SequenceLayout& layout, int heads, int head_dim) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_rotary_embedding<T>(static_cast<T*>(qkv), rotary, layout, heads, head_dim, stream_);
+  });
+}
+
+void CudaBackend::gated_activation(DType dt, const void* x, void* out, int rows, int n,
+                                   Activation act) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_gated_activation<T>(static_cast<const T*>(x), static_cast<T*>(out), rows, n, act,
+                               stream_);
+  });
+}
+
+void CudaBackend::residual_add_layernorm(DType dt, void* residual, const void* x, const void* bias,
+                                         const void* gamma, const void* beta, void* out, int rows,
+                                         int hidden, float eps, int32_t* nonfinite) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_residual_add_layernorm<T>(static_cast<T*>(residual), static_cast<const T*>(x),
+                                     static_cast<const T*>(bias), static_cast<const T*>(gamma),
+                                     static_cast<const T*>(beta), static_cast<T*>(out), rows,
+                                     hidden, eps, nonfinite, stream_);
   });
 }
 

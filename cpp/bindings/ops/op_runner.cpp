@@ -75,8 +75,11 @@ class OpRunner {
     std::optional<DeviceBuffer> bias;
     AttentionOptions options;
   };
-  Options attention_options(const std::optional<F32Array>& relative_bias, int heads, int seq) {
+  Options attention_options(const std::optional<F32Array>& relative_bias, int heads, int seq,
+                            int window = 0) {
     Options o;
+    FTBERT_CHECK_INPUT(window >= 0, "window must be >= 0 (0: every key)");
+    o.options.window = window;
     if (!relative_bias) return o;
     const F32Array& t = *relative_bias;
     FTBERT_CHECK_INPUT(t.ndim() == 2 && t.shape(0) == heads && t.shape(1) % 2 == 1 &&
@@ -365,22 +368,25 @@ void register_op_runner(py::module_& m) {
            py::arg("trans_b") = false, py::arg("alpha") = 1.0f)
       .def("embed_layernorm",
            [](OpRunner& r, const std::string& dtype, const I32Array& ids, const I32Array& types,
-              const F32Array& word, const F32Array& position, const F32Array& token_type,
-              const F32Array& gamma, const F32Array& beta, float eps, int position_pad_id,
-              const std::optional<I32Array>& mask) {
+              const F32Array& word, const std::optional<F32Array>& position,
+              const F32Array& token_type, const F32Array& gamma, const F32Array& beta, float eps,
+              int position_pad_id, const std::optional<I32Array>& mask) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(ids, 2, "ids");
              const int B = ids.shape(0), S = ids.shape(1), H = word.shape(1);
-             FTBERT_CHECK_INPUT(position.shape(0) >= S + (position_pad_id < 0 ? 0 : position_pad_id + 1),
+             // No position table: none added (rotary models).
+             FTBERT_CHECK_INPUT(!position || position->shape(0) >= S + (position_pad_id < 0 ? 0 : position_pad_id + 1),
                                 "embed_layernorm: too few positions");
              auto di = r.upload_ints(ids), dtt = r.upload_ints(types);
-             auto dw = r.upload(word, dt), dp = r.upload(position, dt), dty = r.upload(token_type, dt);
+             std::optional<DeviceBuffer> dp;
+             if (position) dp = r.upload(*position, dt);
+             auto dw = r.upload(word, dt), dty = r.upload(token_type, dt);
              auto dg = r.upload(gamma, dt), db = r.upload(beta, dt);
              // Packed (a mask given): one row per attended token, [T, H].
              auto l = r.layout_for(mask, B, S);
              auto out = r.empty(static_cast<size_t>(l.layout.rows) * H, dt);
              r.backend().embed_layernorm(dt, di.as<int32_t>(), dtt.as<int32_t>(), dw.data(),
-                                         dp.data(), dty.data(), dg.data(), db.data(), out.data(),
+                                         dp ? dp->data() : nullptr, dty.data(), dg.data(), db.data(), out.data(),
                                          l.layout, H, word.shape(0), token_type.shape(0), eps,
                                          position_pad_id);
              if (mask) return r.download(out, dt, {l.layout.rows, H});
@@ -411,7 +417,7 @@ void register_op_runner(py::module_& m) {
            py::arg("mask") = py::none())
       .def("masked_softmax",
            [](OpRunner& r, const std::string& dtype, const F32Array& scores, const I32Array& mask,
-              float scale, bool packed, const std::optional<F32Array>& relative_bias) {
+              float scale, bool packed, const std::optional<F32Array>& relative_bias, int window) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(scores, 4, "scores");
              const int B = scores.shape(0), h = scores.shape(1), S = scores.shape(2);
@@ -421,12 +427,12 @@ void register_op_runner(py::module_& m) {
              auto ds = r.upload(scores, dt);
              // Packed: keys s < the sequence's length (mask's count) attend.
              auto l = r.layout(mask, packed);
-             const auto o = r.attention_options(relative_bias, h, S);
+             const auto o = r.attention_options(relative_bias, h, S, window);
              r.backend().masked_softmax(dt, ds.data(), l.layout, h, scale, o.options);
              return r.download(ds, dt, shape_of(scores));
            },
            py::arg("dtype"), py::arg("scores"), py::arg("mask"), py::arg("scale"),
-           py::arg("packed") = false, py::arg("relative_bias") = py::none())
+           py::arg("packed") = false, py::arg("relative_bias") = py::none(), py::arg("window") = 0)
       .def("transpose_heads",
            [](OpRunner& r, const std::string& dtype, const F32Array& x,
               const std::optional<I32Array>& mask) {
@@ -495,7 +501,7 @@ void register_op_runner(py::module_& m) {
       .def("flash_attention",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
               const I32Array& mask, int heads, float scale, bool packed,
-              const std::optional<F32Array>& relative_bias) {
+              const std::optional<F32Array>& relative_bias, int window) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3;
@@ -503,14 +509,73 @@ void register_op_runner(py::module_& m) {
              auto l = r.layout(mask, packed);
              auto dq = r.upload(packed ? pack_rows(qkv, mask) : qkv, dt), db = r.upload(bias, dt);
              auto out = r.empty(static_cast<size_t>(l.layout.rows) * H, dt);
-             const auto o = r.attention_options(relative_bias, heads, S);
+             const auto o = r.attention_options(relative_bias, heads, S, window);
              r.backend().flash_attention(dt, dq.data(), db.data(), out.data(), l.layout, heads,
                                          H / heads, scale, o.options);
              if (packed) return r.download(out, dt, {l.layout.rows, H});
              return r.download(out, dt, {B, S, H});
            },
            py::arg("dtype"), py::arg("qkv"), py::arg("bias"), py::arg("mask"), py::arg("heads"),
-           py::arg("scale"), py::arg("packed") = false, py::arg("relative_bias") = py::none())
+           py::arg("scale"), py::arg("packed") = false, py::arg("relative_bias") = py::none(),
+           py::arg("window") = 0)
+      // rotary_embedding over qkv [B, S, 3H] (packed: its attended rows only, [T, 3H] out) with a
+      // [P, d] table of cos | sin.
+      .def("rotary_embedding",
+           [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& rotary,
+              int heads, const std::optional<I32Array>& mask) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(qkv, 3, "qkv");
+             require_ndim(rotary, 2, "rotary");
+             const int B = qkv.shape(0), S = qkv.shape(1), H3 = qkv.shape(2);
+             FTBERT_CHECK_INPUT(H3 % (3 * heads) == 0, "qkv: last dimension is not 3 x heads x d");
+             const int d = H3 / 3 / heads;
+             FTBERT_CHECK_INPUT(d % 2 == 0 && rotary.shape(1) == d && rotary.shape(0) >= S,
+                                "rotary must be [P >= S, d] with d even");
+             auto l = r.layout_for(mask, B, S);
+             auto dq = r.upload(mask ? pack_rows(qkv, *mask) : qkv, dt);
+             auto dr = r.upload(rotary, DType::kFloat32);
+             r.backend().rotary_embedding(dt, dq.data(), dr.as<float>(), l.layout, heads, d);
+             if (mask) return r.download(dq, dt, {l.layout.rows, H3});
+             return r.download(dq, dt, {B, S, H3});
+           },
+           py::arg("dtype"), py::arg("qkv"), py::arg("rotary"), py::arg("heads"),
+           py::arg("mask") = py::none())
+      .def("gated_activation",
+           [](OpRunner& r, const std::string& dtype, const F32Array& x, const std::string& act) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(x, 2, "x");
+             FTBERT_CHECK_INPUT(x.shape(1) % 2 == 0, "gated_activation: x must be [M, 2n]");
+             const int M = x.shape(0), n = x.shape(1) / 2;
+             auto dx = r.upload(x, dt);
+             auto out = r.empty(static_cast<size_t>(M) * n, dt);
+             r.backend().gated_activation(dt, dx.data(), out.data(), M, n, activation_from_name(act));
+             return r.download(out, dt, {M, n});
+           })
+      // -> (residual after the addition, LayerNorm output) or, with report_nonfinite, the two
+      // and the flag.
+      .def("residual_add_layernorm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& residual,
+              const std::optional<F32Array>& x, const std::optional<F32Array>& bias,
+              const F32Array& gamma, const F32Array& beta, float eps, bool report_nonfinite) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(residual, 2, "residual");
+             const int M = residual.shape(0), H = residual.shape(1);
+             FTBERT_CHECK_INPUT(!x || (x->ndim() == 2 && x->shape(0) == M && x->shape(1) == H),
+                                "residual_add_layernorm: x must be [M, H] like residual");
+             auto dr = r.upload(residual, dt), dg = r.upload(gamma, dt), dbe = r.upload(beta, dt);
+             std::optional<DeviceBuffer> dx, db;
+             if (x) dx = r.upload(*x, dt);
+             if (bias) db = r.upload(*bias, dt);
+             auto out = r.empty(static_cast<size_t>(M) * H, dt);
+             const NonfiniteFlag flag(r, report_nonfinite);
+             r.backend().residual_add_layernorm(dt, dr.data(), dx ? dx->data() : nullptr,
+                                                db ? db->data() : nullptr, dg.data(), dbe.data(),
+                                                out.data(), M, H, eps, flag.device());
+             py::object normed = flag.result(r.download(out, dt, {M, H}));
+             return py::make_tuple(r.download(dr, dt, {M, H}), normed);
+           },
+           py::arg("dtype"), py::arg("residual"), py::arg("x"), py::arg("bias"), py::arg("gamma"),
+           py::arg("beta"), py::arg("eps"), py::arg("report_nonfinite") = false)
       // Input staging: three 1-D arrays of int32, int64 or uint8/bool values -> their int32
       // staging and the recorded bad value: (ids, mask, types, None or (field, value)), field 1
       // input_ids, 2 token_type_ids, 3 attention_mask.

@@ -47,6 +47,20 @@
 // batches read them from token_index. The Hopper kernels have no bias: a call with one runs here
 // on every GPU.
 //
+// A sliding window (ModernBERT's local layers; AttentionOptions::window = W, 0 < W < S) is another
+// template bool (kWindow), with the same positions: key j attends query i only where
+// |pos_j − pos_i| <= W. Positions grow with the row, so a block's queries lie in
+// [pos(q_first), pos(q_last)] and only keys in [pos(q_first) − W, pos(q_last) + W] can count:
+// the block visits only the key tiles holding such keys (SequenceRows::window_key_rows, which
+// intersects them with the unmasked range), so a sequence costs O(S·W), not O(S²). Inside that
+// range, a warp skips a tile none of whose keys is in the window of any of its rows (every score
+// would be masked: it adds nothing), and masks to -inf the scores of a tile only where the tile
+// straddles the window's edge for some of its rows (from the tile's first and last key position
+// and each thread's first and last query position, voted over the warp); tiles wholly inside
+// every row's window are untouched. Rows whose window holds no unmasked key give zeros, as fully
+// masked rows do. The key positions are staged per tile beside the key bias, as for the relative
+// bias. The Hopper kernels have no window either: a call with one runs here.
+//
 // Packed batches (cu_seqlens, FlashAttention's varlen): sequence b is rows cu[b]..cu[b+1]-1, every
 // one a token; blocks past a sequence's end return at once, so the grid sized for the longest
 // sequence costs the short ones nothing. flash_common.cuh's SequenceRows is the only code that
@@ -79,6 +93,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -134,20 +149,24 @@ struct FlashTile {
   static constexpr int kQElems = Br * kStride;
   static constexpr int kKVElems = Bc * kStride;
   // sQ [Br][kStride] | sK [kStages][Bc][kStride] | sV [kStages][Bc][kStride] |
-  // key bias [kStages][Bc] fp32 | with a relative bias: key positions [kStages][Bc] int32
-  static constexpr size_t smem_bytes(size_t elem, bool relative_bias) {
+  // key bias [kStages][Bc] fp32 | with a relative bias or a window: key positions [kStages][Bc]
+  // int32
+  static constexpr size_t smem_bytes(size_t elem, bool key_positions) {
     return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float) +
-           (relative_bias ? kStages * Bc * sizeof(int32_t) : 0);
+           (key_positions ? kStages * Bc * sizeof(int32_t) : 0);
   }
 };
 
-// kRelBias: add p.relative_bias (see the file comment).
+// kRelBias: add p.relative_bias; kWindow: attend within p.window positions (see the file
+// comment).
 template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs,
-          bool kRelBias>
+          bool kRelBias, bool kWindow>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
   begin_dependent_kernel();
   using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
   constexpr int kM = Tile::kMTiles;
+  // Both read the padded positions of the query rows and of each key tile.
+  constexpr bool kPositions = kRelBias || kWindow;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kStride = Tile::kStride;
   constexpr int kChunks = Tile::kChunks;
@@ -159,7 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   T* sV = sK + kStages * Tile::kKVElems;  // [kStages][Bc][kStride]
   // [kStages][Bc]: 0 or -inf
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
-  // [kStages][Bc]: the keys' padded positions (kRelBias only)
+  // [kStages][Bc]: the keys' padded positions (kPositions only)
   int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);
   __shared__ int sRange[kWarps][2];
 
@@ -172,7 +191,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const float scale_log2 = p.scale_log2;
 
   int t_begin, t_end;
-  seq.template key_tiles<kThreads, Bc>(&sRange[0][0], t_begin, t_end);
+  if constexpr (kWindow) {
+    seq.template key_tiles<kThreads, Bc, true>(&sRange[0][0], t_begin, t_end, q0,
+                                               min(q0 + Br, seq.len) - 1, p.window);
+  } else {
+    seq.template key_tiles<kThreads, Bc>(&sRange[0][0], t_begin, t_end);
+  }
 
   // ---- loads ---------------------------------------------------------------------------------
   auto q_at = [&](int row, int chunk) { return sQ + row * kStride + chunk * 8; };
@@ -184,7 +208,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
         tile * Bc, [&](int row, int chunk) { return dk + row * kStride + chunk * 8; },
         [&](int row, int chunk) { return dv + row * kStride + chunk * 8; }, sKeyBias + buf * Bc);
     // Visible to every warp at the same barrier as the key bias.
-    if constexpr (kRelBias) seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
+    if constexpr (kPositions) {
+      seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
+    }
     return masked;
   };
 
@@ -251,10 +277,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   const int k_lane = ((lane % 8) + (lane / 16) * 8) * kStride + ((lane / 8) % 2) * 8;
   const int v_lane = (lane % 16) * kStride + (lane / 16) * 8;
   const int quad_col = 2 * (lane % 4);
-  // kRelBias: the padded positions of this thread's query rows (rows past the sequence take its
+  // kPositions: the padded positions of this thread's query rows (rows past the sequence take its
   // last row's, to stay inside the bias table).
-  int q_pos[kRelBias ? kM : 1][2];
-  if constexpr (kRelBias) {
+  int q_pos[kPositions ? kM : 1][2];
+  if constexpr (kPositions) {
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
 #pragma unroll
@@ -317,11 +343,20 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   };
 
   // The online-softmax update with the scores of the key tile in buffer `buf`, then O += P V.
-  auto accumulate = [&](Scores& s, int buf, bool tile_masked) {
+  // window_edge (kWindow): some score of this warp's rows lies outside its window.
+  auto accumulate = [&](Scores& s, int buf, bool tile_masked, bool window_edge) {
     // Masked keys (padding, past S) -> -inf; tiles without any skip this.
     if (tile_masked) {
 #pragma unroll
       for (int m = 0; m < kM; ++m) add_key_bias(s[m], sKeyBias + buf * Bc, quad_col);
+    }
+    if constexpr (kWindow) {
+      if (window_edge) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          window_mask_scores(s[m], q_pos[m], sKeyPos + buf * Bc, quad_col, p.window);
+        }
+      }
     }
 #pragma unroll
     for (int m = 0; m < kM; ++m) online_softmax(s[m], o[m], row_max[m], row_sum[m], scale_log2);
@@ -355,9 +390,28 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     // tile has any masked key.
     const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
     refill(t + kStages - 1, fill);
-    Scores s;
-    scores(s, buf);
-    accumulate(s, buf, tile_masked);
+    if constexpr (kWindow) {
+      // Where this tile's keys lie for this warp's rows, decided for the whole warp: wholly
+      // outside every row's window (skipped: every score would be masked and add nothing),
+      // straddling some row's edge (masked), or inside every row's window. A thread's rows span
+      // positions q_pos[0][0] to q_pos[kM - 1][1] (positions grow with the row).
+      const int key_first = sKeyPos[buf * Bc];
+      const int key_last = sKeyPos[buf * Bc + Bc - 1];  // keys past the sequence: its last key's
+      const int row_first = q_pos[0][0], row_last = q_pos[kM - 1][1];
+      const bool outside = __all_sync(0xffffffffu, key_first > row_last + p.window ||
+                                                       key_last < row_first - p.window);
+      const bool edge = __any_sync(0xffffffffu, key_last - row_first > p.window ||
+                                                    row_last - key_first > p.window);
+      if (!outside) {
+        Scores s;
+        scores(s, buf);
+        accumulate(s, buf, tile_masked, edge);
+      }
+    } else {
+      Scores s;
+      scores(s, buf);
+      accumulate(s, buf, tile_masked, false);
+    }
     buf = next_buf(buf);
     fill = next_buf(fill);
   }
@@ -404,24 +458,33 @@ struct FlashConfig {
   static constexpr bool kQRegs = kQRegs_;
 };
 
-template <typename T, typename C, bool kRelBias>
+template <typename T, typename C, bool kRelBias, bool kWindow>
 void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
-  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias);
+  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias || kWindow);
   auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
-                                       C::kStages, C::kQRegs, kRelBias>;
+                                       C::kStages, C::kQRegs, kRelBias, kWindow>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   launch(kernel, flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream, p);
   FTBERT_LAUNCH_CHECK("flash_attention_kernel", stream);
 }
 
-template <typename T, typename C>
+// Configuration C, or CWindow for a call with a window (C itself where its windowed kernels fit
+// their registers).
+template <typename T, typename C, typename CWindow = C>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  if (p.relative_bias != nullptr) {
-    launch_flash_kernel<T, C, true>(p, batch, device, stream);
+  const bool bias = p.relative_bias != nullptr;
+  if (p.window > 0) {
+    if (bias) {
+      launch_flash_kernel<T, CWindow, true, true>(p, batch, device, stream);
+    } else {
+      launch_flash_kernel<T, CWindow, false, true>(p, batch, device, stream);
+    }
+  } else if (bias) {
+    launch_flash_kernel<T, C, true, false>(p, batch, device, stream);
   } else {
-    launch_flash_kernel<T, C, false>(p, batch, device, stream);
+    launch_flash_kernel<T, C, false, false>(p, batch, device, stream);
   }
 }
 
@@ -457,8 +520,9 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
 #ifdef FTBERT_FLASH_SM90
   // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu). They add no
   // relative position bias, so a call with one stays on this file's kernel.
-  if (p.relative_bias == nullptr && flash_sm90_takes(head_dim) && is_sm90(device) &&
-      !portable_forced()) {
+  // Nor do they take a sliding window: a call with one stays here too.
+  if (p.relative_bias == nullptr && p.window == 0 && flash_sm90_takes(head_dim) &&
+      is_sm90(device) && !portable_forced()) {
     launch_flash_sm90<T>(p, batch, head_dim, device, stream);
     return;
   }
@@ -468,12 +532,16 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   // wide).
   const int64_t wide_blocks = static_cast<int64_t>((p.seq + 127) / 128) * p.heads * batch;
   const bool wide = wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
-  // 128-key tiles only pay once a sequence has several of them to pipeline.
-  const bool long_keys = p.seq > 256;
+  // 128-key tiles only pay once a sequence has several of them to pipeline. With a window, a
+  // wide block visits at most its 128 rows' keys plus the window either side.
+  const int block_keys = p.window > 0 ? std::min(p.seq, 128 + 2 * p.window) : p.seq;
+  const bool long_keys = block_keys > 256;
   switch (head_dim) {
     case 32:
       if (wide) {
-        launch_flash<T, FlashConfig<32, 128, 64, 4, 3, 2, true>>(p, batch, device, stream);
+        // Windowed at 3 blocks an SM (168 registers) ptxas spilled; 2 leave it room.
+        launch_flash<T, FlashConfig<32, 128, 64, 4, 3, 2, true>,
+                     FlashConfig<32, 128, 64, 4, 2, 2, true>>(p, batch, device, stream);
       } else {
         launch_flash<T, FlashConfig<32, 64, 64, 4, 4, 2, true>>(p, batch, device, stream);
       }
@@ -541,6 +609,12 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     FTBERT_CHECK(!layout.packed() || layout.token_index,
                  "flash attention: a packed layout with a relative bias needs token_index");
   }
+  FTBERT_CHECK(options.window >= 0, "flash attention: window " << options.window << " < 0");
+  // Every distance is at most S - 1: a window that long masks nothing and runs the kernels
+  // without one (the same bits).
+  const bool windowed = options.window > 0 && options.window < seq;
+  FTBERT_CHECK(!windowed || !layout.packed() || layout.token_index,
+               "flash attention: a packed layout with a window needs token_index");
 
   FlashParams p;
   p.qkv = qkv;
@@ -556,6 +630,9 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     p.relative_bias = options.relative_bias;
     p.relative_span = options.relative_span;
     p.inv_scale = 1.0f / scale;
+  }
+  if (windowed) p.window = options.window;
+  if (options.has_relative_bias() || windowed) {
     p.token_index = layout.packed() ? layout.token_index : nullptr;
   }
   if (dt == DType::kFloat16) {

@@ -18,7 +18,9 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim);
 // out[row, h*d + :] = softmax(scale * q·kᵀ + rel over the sequence's keys) · v, with q/k/v read
 // from the QKV GEMM output plus bias: padded batches attend over keys with mask == 1 (fully masked
 // rows give zeros), packed ones over their own rows. rel: the options' relative position bias
-// (none by default; its span must be >= layout.max_seq), at the rows' padded positions.
+// (none by default; its span must be >= layout.max_seq), at the rows' padded positions. With the
+// options' window W > 0, only keys within W positions of the query attend (a row with none left
+// gives zeros); W >= layout.max_seq is no window.
 void invoke_flash_attention(DType dt,
                             const void* qkv,       // [rows, 3H] (Q|K|V, bias not added)
                             const void* qkv_bias,  // [3H]

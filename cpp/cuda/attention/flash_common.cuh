@@ -39,7 +39,11 @@ struct FlashParams {
   const float* relative_bias = nullptr;  // [heads, 2·span − 1]
   int relative_span = 0;                 // >= seq
   float inv_scale = 0.0f;                // 1 / scale: the bias enters in raw score units
-  const int32_t* token_index = nullptr;  // [rows], packed batches: b·S + s of each row
+  // [rows], packed batches with a bias or a window: b·S + s of each row
+  const int32_t* token_index = nullptr;
+  // A sliding window (AttentionOptions): keys within `window` positions of the query, 0 for
+  // every key; only flash.cu's kernel takes one, and only 0 < window < seq.
+  int window = 0;
 };
 
 // Per-dtype pieces: packing two floats into one 32-bit operand register (lower half = lower
@@ -201,6 +205,23 @@ __device__ __forceinline__ void relative_bias_scores(float (&s)[kBlocks][4],
   }
 }
 
+// Masks (-inf) the scores of a 16-row score tile whose key lies outside its query's window:
+// |key position − query position| > window. q_pos[r] (r = 0: row g, 1: row g + 8) are this
+// thread's query positions, key_pos the tile's key positions.
+template <int kBlocks>
+__device__ __forceinline__ void window_mask_scores(float (&s)[kBlocks][4], const int (&q_pos)[2],
+                                                   const int* key_pos, int quad_col, int window) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int2 kp = *reinterpret_cast<const int2*>(key_pos + 8 * j + quad_col);
+    s[j][0] = abs(kp.x - q_pos[0]) <= window ? s[j][0] : kNegInf;
+    s[j][1] = abs(kp.y - q_pos[0]) <= window ? s[j][1] : kNegInf;
+    s[j][2] = abs(kp.x - q_pos[1]) <= window ? s[j][2] : kNegInf;
+    s[j][3] = abs(kp.y - q_pos[1]) <= window ? s[j][3] : kNegInf;
+  }
+}
+
 // The online-softmax step for one 16-row tile and one key tile, on the scores: s (raw scores)
 // becomes the unnormalized weights p = 2^(s·scale_log2 - max·scale_log2), the running max and this
 // thread's running sum move on, and alpha[r] = 2^(old max - new max) is what the accumulator must
@@ -343,7 +364,7 @@ struct SequenceRows {
   __device__ __forceinline__ bool key_kept(int s) const {
     return s < len && (mask == nullptr || mask[s] != 0);
   }
-  // Row s's position in the padded row (s < len), for the relative position bias.
+  // Row s's position in the padded row (s < len), for the relative position bias and the window.
   __device__ __forceinline__ int position(int s) const {
     return token_index == nullptr ? s : token_index[s] - pos_base;
   }
@@ -361,12 +382,52 @@ struct SequenceRows {
   // The key tiles to visit, [t_begin, t_end) of Bc keys: those between the first and last kept
   // key, so left or right padding costs no work (none when no key is kept: zero output). Padded
   // batches find the range with the whole block (`scratch`: 2 ints per warp).
-  template <int kThreads, int Bc>
-  __device__ __forceinline__ void key_tiles(int* scratch, int& t_begin, int& t_end) const {
+  // kWindow: only the keys within `window` of some query row q_first..q_last (window_key_rows).
+  template <int kThreads, int Bc, bool kWindow = false>
+  __device__ __forceinline__ void key_tiles(int* scratch, int& t_begin, int& t_end,
+                                            int q_first = 0, int q_last = 0,
+                                            int window = 0) const {
     int lo = 0, hi = len - 1;
     if (mask != nullptr) unmasked_key_range<kThreads>(mask, len, scratch, lo, hi);
-    t_begin = lo / Bc;
-    t_end = hi < 0 ? t_begin : hi / Bc + 1;
+    if constexpr (kWindow) {
+      window_key_rows<kThreads>(q_first, q_last, window, lo, hi);
+      t_begin = lo / Bc;
+      t_end = hi < lo ? t_begin : hi / Bc + 1;
+    } else {
+      t_begin = lo / Bc;
+      t_end = hi < 0 ? t_begin : hi / Bc + 1;
+    }
+  }
+
+  // Narrows the key rows [lo, hi] to those some query row q_first..q_last (q_first <= q_last <
+  // len) attends through a window: keys at positions [position(q_first) − window,
+  // position(q_last) + window], positions growing with the row. A row's position grows by at
+  // least 1 a row (exactly 1 padded), so rows more than `window` before q_first or after q_last
+  // are out whatever the holes; packed rows with holes are then narrowed by position: the rows of
+  // [q_first − window, q_first) below the first position are a prefix of them, those of
+  // (q_last, q_last + window] above the last a suffix, counted by the whole block.
+  template <int kThreads>
+  __device__ __forceinline__ void window_key_rows(int q_first, int q_last, int window, int& lo,
+                                                  int& hi) const {
+    int w_lo = max(q_first - window, 0);
+    int w_hi = min(q_last + window, len - 1);
+    if (token_index != nullptr) {
+      const int pos_lo = position(q_first) - window;
+      const int pos_hi = position(q_last) + window;
+      int below = 0, above = 0;
+      for (int s0 = w_lo; s0 < q_first; s0 += kThreads) {  // bounds uniform over the block
+        const int s = s0 + static_cast<int>(threadIdx.x);
+        below += __syncthreads_count(s < q_first && position(s) < pos_lo);
+      }
+      for (int s0 = q_last + 1; s0 <= w_hi; s0 += kThreads) {
+        const int s = s0 + static_cast<int>(threadIdx.x);
+        above += __syncthreads_count(s <= w_hi && position(s) > pos_hi);
+      }
+      w_lo += below;
+      w_hi -= above;
+    }
+    lo = max(lo, w_lo);
+    hi = min(hi, w_hi);
   }
 
   // Copies Q rows q0..q0+Br-1 into shared memory (`at(row, chunk)`: a chunk's address), rows past

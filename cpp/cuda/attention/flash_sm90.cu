@@ -1064,8 +1064,10 @@ void launch_sm90_ws(const FlashParams& p, int batch, int device, cudaStream_t st
 template <typename T>
 void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device,
                        cudaStream_t stream) {
-  // These kernels leave the relative position bias out; flash.cu runs calls that have one.
+  // These kernels leave the relative position bias and the sliding window out; flash.cu runs
+  // calls that have one.
   FTBERT_CHECK(p.relative_bias == nullptr, "flash attention (Hopper): no relative position bias");
+  FTBERT_CHECK(p.window == 0, "flash attention (Hopper): no sliding window");
   const int64_t sms = multiprocessor_count(device);
   const auto items = [&](int rows) {
     return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;

@@ -4,7 +4,8 @@
 // the shape in its comment. Arithmetic is fp32 whatever T is; results are rounded to T once.
 //
 // Files: layout.cu (QKV split / head merge), softmax.cu, layernorm.cu (residual LN, embeddings),
-// activation.cu, sequences.cu (packing and the row moves around it). The CPU backend's op of the same name (cpp/cpu/) is the reference for each.
+// activation.cu (bias + activation, gated activation), rotary.cu, sequences.cu (packing and the
+// row moves around it). The CPU backend's op of the same name (cpp/cpu/) is the reference for each.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,8 +75,9 @@ void invoke_clear_rows_past_tokens(void* x,  // [rows, row_bytes]
                                    cudaStream_t stream);
 
 // In place, per row (b, h, query i): scores = softmax(scale · scores + rel) over keys j with
-// mask != 0, rel = relative_bias[h·(2·span − 1) + (j − i) + span − 1] (AttentionOptions; none
-// when relative_bias is null, else span >= seq). A row with every key masked becomes zeros.
+// mask != 0 (and |j − i| <= window when window > 0), rel = relative_bias[h·(2·span − 1) + (j − i)
+// + span − 1] (AttentionOptions; none when relative_bias is null, else span >= seq). A row with
+// every key masked becomes zeros.
 // seq <= kSoftmaxWarpMaxSeq: one warp per row, the row in registers; longer rows: one block per
 // row, the row in registers while it fits (seq <= 2048 · vector width), else an online max/sum
 // pass and a normalizing pass over global memory.
@@ -85,7 +87,9 @@ void invoke_masked_softmax(T* scores,                   // [B, heads, S, S]
                            const int32_t* mask,         // [B, S] key mask, 1 = attend, 0 = padding
                            int batch, int heads, int seq, float scale,
                            const float* relative_bias,  // [heads, 2·span − 1] or null
-                           int relative_span, cudaStream_t stream);
+                           int relative_span,
+                           int window,  // 0: every key
+                           cudaStream_t stream);
 // "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
 const char* masked_softmax_variant(int seq);
 
@@ -126,15 +130,30 @@ void invoke_partials_residual_layernorm(const float* partials,  // [splits, M, H
                                         int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
                                         cudaStream_t stream);
 
+// Per row: residual = round(residual + (x + bias)), stored; out = LayerNorm(that stored residual)
+// · gamma + beta, statistics in fp32 (the pre-LayerNorm residual step). x and bias may each be
+// null (nothing added); out may be x, never residual.
+template <typename T>
+void invoke_residual_add_layernorm(T* residual,      // [M, H] in and out
+                                   const T* x,       // [M, H] or null
+                                   const T* bias,    // [H] or null
+                                   const T* gamma,   // [H]
+                                   const T* beta,    // [H]
+                                   T* out,           // [M, H]
+                                   int rows, int hidden, float eps,
+                                   int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
+                                   cudaStream_t stream);
+
 // out[row] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta for the token at
 // the row's padded position (packed: token_index[row]; -1 gives a zero row). Ids and types are
 // clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;
-// token_type_ids may be null (all type 0).
+// token_type_ids may be null (all type 0); position may be null (no position added, and
+// position_pad_id is then ignored).
 template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids,       // [B, S]
                             const int32_t* token_type_ids,  // [B, S] or null
                             const T* word,                  // [V, H]
-                            const T* position,              // [P, H], see position_pad_id
+                            const T* position,              // [P, H] or null, see position_pad_id
                             const T* token_type,            // [T, H]
                             const T* gamma,                 // [H]
                             const T* beta,                  // [H]
@@ -149,5 +168,23 @@ template <typename T>
 void invoke_add_bias_activation(T* x,           // [M, N]
                                 const T* bias,  // [N]
                                 int rows, int cols, Activation act, cudaStream_t stream);
+
+// out = act(x[:, :n]) · x[:, n:] (a gated linear unit), in fp32, rounded to T once.
+template <typename T>
+void invoke_gated_activation(const T* x,  // [M, 2n]
+                             T* out,      // [M, n]
+                             int rows, int n, Activation act, cudaStream_t stream);
+
+// ---- rotary.cu ---------------------------------------------------------------------------------
+// In place on Q and K (qkv's first 2H columns) of every token row: within each head, column
+// c < d/2 and column c + d/2 rotate by the angle of (position, c): (x1, x2) -> (x1·cos − x2·sin,
+// x2·cos + x1·sin), cos/sin = rotary[p][c], rotary[p][d/2 + c]. p is the row's position in its
+// padded row (padded: row % S; packed: token_index[row] % S); packed rows past the tokens
+// (token_index -1) are left alone.
+template <typename T>
+void invoke_rotary_embedding(T* qkv,               // [rows, 3H]
+                             const float* rotary,  // [P, d] float32: cos | sin, P > every position
+                             const SequenceLayout& layout, int heads, int head_dim,
+                             cudaStream_t stream);
 
 }  // namespace ftbert::cuda

@@ -3,12 +3,15 @@
 //   partials_residual_layernorm: out = LN(Σ_s partials[s] + bias + residual) · gamma + beta
 //                                (a k-split GEMM's fp32 partials, summed as the row is read)
 //   embed_layernorm:             out = LN(word[id] + position[s] + token_type[t]) · gamma + beta
+//                                (no position table: LN(word[id] + token_type[t]); a template bool)
+//   residual_add_layernorm:      residual = round(residual + (x + bias)), stored;
+//                                out = LN(stored residual) · gamma + beta  (pre-LN residual step)
 // The pre-norm row is summed in fp32 and kept in shared memory (hidden·4 bytes), so the statistics
 // are exact two-pass ones (mean, then Σ(v - mean)²) for any hidden size, and the row is read from
 // global memory once. Each thread only revisits the shared-memory vectors it wrote itself.
 // From 128 rows, the residual LayerNorm of a GEMM's own output whose rows fit a warp's registers
 // (up to 1024 16-bit values, BERT's sizes) runs one warp per row instead, with the same two-pass
-// statistics; so does the embedding's, at every row count.
+// statistics; so do the embedding's and the pre-LN residual step's, at every row count.
 #include "cuda/cuda_check.h"
 #include "cuda/launch.cuh"
 #include "cuda/gemm/split_k.h"
@@ -322,9 +325,119 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
                                       nonfinite);
 }
 
+// ---- the pre-LN residual step: residual = round(residual + (x + bias)); out = LN(residual) ------
+// x and bias may each be null (uniform branches: nothing is loaded for them). The sum is rounded
+// to T and stored, and the LayerNorm normalizes the rounded value, as a separate add and
+// LayerNorm would. A row is read whole before any of it is written, so out may be x.
+
+// v = residual + (x + bias) for the VEC elements at column `col` of the row at `offset` (x and
+// bias may be null), in fp32.
+template <typename T, int VEC>
+__device__ __forceinline__ void residual_sum(const T* residual, const T* x, const T* bias,
+                                             int64_t offset, int col, float (&v)[VEC]) {
+  const Vec<T, VEC> r = load_vec<VEC>(residual + offset + col);
+  float a[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) a[i] = 0.0f;
+  if (x != nullptr) {
+    const Vec<T, VEC> xv = load_vec<VEC>(x + offset + col);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) a[i] = to_float(xv.v[i]);
+  }
+  if (bias != nullptr) {
+    const Vec<T, VEC> b = load_vec<VEC>(bias + col);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) a[i] += to_float(b.v[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) v[i] = to_float(r.v[i]) + a[i];
+}
+
+// v rounded to T, stored at p, and v replaced by the rounded values.
+template <typename T, int VEC>
+__device__ __forceinline__ void round_and_store(T* p, float (&v)[VEC], bool store) {
+  Vec<T, VEC> y;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    y.v[i] = from_float<T>(v[i]);
+    v[i] = to_float(y.v[i]);
+  }
+  if (store) store_vec<VEC>(p, y);
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kMaxThreads)
+    residual_add_layernorm_kernel(T* __restrict__ residual, const T* x, const T* __restrict__ bias,
+                                  const T* __restrict__ gamma, const T* __restrict__ beta, T* out,
+                                  int hidden, float eps, int32_t* __restrict__ nonfinite) {
+  const int chunks = hidden / VEC;
+  const WeightAhead<T, VEC> gamma_ahead(gamma, chunks), beta_ahead(beta, chunks);
+  begin_dependent_kernel();
+  extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
+  __shared__ float scratch[32];
+  float* row = reinterpret_cast<float*>(smem_row);
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * hidden;
+  const bool adds = x != nullptr || bias != nullptr;  // else residual is left as it is
+
+  float sum = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float v[VEC];
+    residual_sum<T, VEC>(residual, x, bias, offset, c * VEC, v);
+    round_and_store<T, VEC>(residual + offset + c * VEC, v, adds);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) sum += v[i];
+    store_row<VEC>(row + c * VEC, v);
+  }
+  layernorm_row<T, VEC>(row, sum, hidden, gamma_ahead, beta_ahead, out + offset, eps, scratch,
+                        nonfinite);
+}
+
+// The same with one warp per row and the row in registers (lane vectors as in
+// add_bias_residual_layernorm_warp_kernel). Rows of 64 bytes a lane (1024 16-bit values) need
+// more than the 80 registers kWarpMinBlocks leaves (ptxas spilled); 5 blocks leave 96.
+template <typename T, int VEC, int kChunks>
+constexpr int residual_warp_min_blocks() {
+  return kChunks * VEC * sizeof(T) > 48 ? 5 : kWarpMinBlocks;
+}
+
+template <typename T, int VEC, int kChunks>
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock,
+                                  (residual_warp_min_blocks<T, VEC, kChunks>()))
+    residual_add_layernorm_warp_kernel(T* __restrict__ residual, const T* x,
+                                       const T* __restrict__ bias, const T* __restrict__ gamma,
+                                       const T* __restrict__ beta, T* out, int rows, int hidden,
+                                       float eps, int32_t* __restrict__ nonfinite) {
+  const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int chunks = hidden / VEC;
+  // gamma and beta ahead of the wait; the bias (often none) with the row, which keeps the
+  // registers within the launch bounds' budget.
+  Vec<T, VEC> gamma_v[kChunks], beta_v[kChunks];
+  load_lane_vectors<T, VEC, kChunks>(gamma, lane, chunks, gamma_v);
+  load_lane_vectors<T, VEC, kChunks>(beta, lane, chunks, beta_v);
+  begin_dependent_kernel();
+  if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
+  const int64_t offset = static_cast<int64_t>(row) * hidden;
+  const bool adds = x != nullptr || bias != nullptr;
+  float v[kChunks][VEC];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    residual_sum<T, VEC>(residual, x, bias, offset, lane_vector(lane, j, chunks) * VEC, v[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = lane + 32 * j;  // a lane past the row's end rounds a copy and stores nothing
+    round_and_store<T, VEC>(residual + offset + min(c, chunks - 1) * VEC, v[j],
+                            adds && c < chunks);
+  }
+  warp_layernorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, beta_v, out + offset, eps,
+                                      nonfinite);
+}
+
 // The three table rows a token's embedding sums: its word's, its position s's and its token
 // type's (0 without types). Ids and types are clamped so that bad input on the device reads a
-// valid row instead of out of bounds.
+// valid row instead of out of bounds. kPosition = false: there is no position table (rotary
+// models) and `position` stays null.
 template <typename T>
 struct EmbeddingRows {
   const T* word;
@@ -332,18 +445,44 @@ struct EmbeddingRows {
   const T* type;
 };
 
-template <typename T>
+template <typename T, bool kPosition>
 __device__ __forceinline__ EmbeddingRows<T> embedding_rows(
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ token_type_ids,
     const T* word, const T* position, const T* token_type, int token, int s, int hidden, int vocab,
     int type_vocab) {
   const int id = min(max(input_ids[token], 0), vocab - 1);
   const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
-  return {word + static_cast<int64_t>(id) * hidden, position + static_cast<int64_t>(s) * hidden,
+  return {word + static_cast<int64_t>(id) * hidden,
+          kPosition ? position + static_cast<int64_t>(s) * hidden : nullptr,
           token_type + static_cast<int64_t>(type) * hidden};
 }
 
-template <typename T, int VEC>
+// Vector c of a token's embedding sum, in fp32: word + position + type, or word + type; each
+// value is also added to *sum when it is given.
+template <typename T, int VEC, bool kPosition>
+__device__ __forceinline__ void embedding_sum(const T* w, const T* p, const T* t, int c,
+                                              float (&v)[VEC], float* sum = nullptr) {
+  if constexpr (kPosition) {
+    const Vec<T, VEC> a = load_vec<VEC>(w + c * VEC);
+    const Vec<T, VEC> b = load_vec<VEC>(p + c * VEC);
+    const Vec<T, VEC> e = load_vec<VEC>(t + c * VEC);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      v[i] = to_float(a.v[i]) + to_float(b.v[i]) + to_float(e.v[i]);
+      if (sum != nullptr) *sum += v[i];
+    }
+  } else {
+    const Vec<T, VEC> a = load_vec<VEC>(w + c * VEC);
+    const Vec<T, VEC> e = load_vec<VEC>(t + c * VEC);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      v[i] = to_float(a.v[i]) + to_float(e.v[i]);
+      if (sum != nullptr) *sum += v[i];
+    }
+  }
+}
+
+template <typename T, int VEC, bool kPosition>
 __global__ void __launch_bounds__(kMaxThreads)
     embed_layernorm_kernel(const int32_t* __restrict__ input_ids,
                            const int32_t* __restrict__ token_type_ids, const T* __restrict__ word,
@@ -364,7 +503,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     return;
   }
   int s = token % layout.max_seq;
-  if (position_pad_id >= 0) {
+  if (kPosition && position_pad_id >= 0) {
     // The RoBERTa family's position: the non-pad ids up to this token, counted by the block.
     const int32_t* row_ids = input_ids + (token - s);
     float real = 0.0f;
@@ -372,21 +511,14 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int counted = static_cast<int>(block_sum(real, scratch));
     s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
   }
-  const EmbeddingRows<T> tables = embedding_rows(input_ids, token_type_ids, word, position,
-                                                  token_type, token, s, hidden, vocab, type_vocab);
+  const EmbeddingRows<T> tables = embedding_rows<T, kPosition>(
+      input_ids, token_type_ids, word, position, token_type, token, s, hidden, vocab, type_vocab);
   const T *w = tables.word, *p = tables.position, *t = tables.type;
 
   float sum = 0.0f;
   for (int c = threadIdx.x; c < hidden / VEC; c += blockDim.x) {
-    const Vec<T, VEC> a = load_vec<VEC>(w + c * VEC);
-    const Vec<T, VEC> b = load_vec<VEC>(p + c * VEC);
-    const Vec<T, VEC> e = load_vec<VEC>(t + c * VEC);
     float v[VEC];
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      v[i] = to_float(a.v[i]) + to_float(b.v[i]) + to_float(e.v[i]);
-      sum += v[i];
-    }
+    embedding_sum<T, VEC, kPosition>(w, p, t, c, v, &sum);
     store_row<VEC>(row + c * VEC, v);
   }
   layernorm_row<T, VEC>(row, sum, hidden, gamma_ahead, beta_ahead, out_row, eps, scratch);
@@ -398,7 +530,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // tokens' padded rows come from the same arithmetic. BERT-base float16 on an H100, us per
 // embedding in the forward (profiler), block kernel against this one: 4,096 rows 9.8 vs 6.9,
 // 16,384 rows 37.5 vs 21.9.
-template <typename T, int VEC, int kChunks>
+template <typename T, int VEC, int kChunks, bool kPosition>
 __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     embed_layernorm_warp_kernel(const int32_t* __restrict__ input_ids,
                                 const int32_t* __restrict__ token_type_ids,
@@ -429,7 +561,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     return;
   }
   int s = token % layout.max_seq;
-  if (position_pad_id >= 0) {
+  if (kPosition && position_pad_id >= 0) {
     // The RoBERTa family's position: the non-pad ids up to this token, counted by the warp.
     const int32_t* row_ids = input_ids + (token - s);
     int counted = 0;
@@ -439,18 +571,13 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     }
     s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
   }
-  const EmbeddingRows<T> tables = embedding_rows(input_ids, token_type_ids, word, position,
-                                                  token_type, token, s, hidden, vocab, type_vocab);
+  const EmbeddingRows<T> tables = embedding_rows<T, kPosition>(
+      input_ids, token_type_ids, word, position, token_type, token, s, hidden, vocab, type_vocab);
   const T *w = tables.word, *p = tables.position, *t = tables.type;
   float v[kChunks][VEC];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
-    const int c = lane_vector(lane, j, chunks);
-    const Vec<T, VEC> a = load_vec<VEC>(w + c * VEC);
-    const Vec<T, VEC> b = load_vec<VEC>(p + c * VEC);
-    const Vec<T, VEC> e = load_vec<VEC>(t + c * VEC);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) v[j][i] = to_float(a.v[i]) + to_float(b.v[i]) + to_float(e.v[i]);
+    embedding_sum<T, VEC, kPosition>(w, p, t, lane_vector(lane, j, chunks), v[j]);
   }
   warp_layernorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, beta_v, out_row, eps,
                                       nullptr);
@@ -564,6 +691,37 @@ void invoke_partials_residual_layernorm(const float* partials, int splits, const
 }
 
 template <typename T>
+void invoke_residual_add_layernorm(T* residual, const T* x, const T* bias, const T* gamma,
+                                   const T* beta, T* out, int rows, int hidden, float eps,
+                                   int32_t* nonfinite, cudaStream_t stream) {
+  if (rows == 0 || hidden == 0) return;
+  FTBERT_CHECK(out != residual, "residual_add_layernorm: out must not be the residual");
+  const int vec = pick_vec<T>(hidden, {residual, x, bias, gamma, beta, out});
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const int chunks = hidden / VEC;
+    // A warp per row whenever the row fits its registers, at every row count: a packed forward's
+    // rows and the same tokens' padded rows then come from the same arithmetic.
+    const int per_lane = ceil_div(chunks, 32);
+    if (per_lane <= kWarpMaxChunks) {
+      const int blocks = ceil_div(rows, kWarpRowsPerBlock);
+      with_warp_chunks(per_lane, [&](auto chunks_c) {
+        constexpr int kChunks = decltype(chunks_c)::value;
+        launch(residual_add_layernorm_warp_kernel<T, VEC, kChunks>, blocks,
+               32 * kWarpRowsPerBlock, 0, stream, residual, x, bias, gamma, beta, out, rows,
+               hidden, eps, nonfinite);
+      });
+      return;
+    }
+    auto kernel = residual_add_layernorm_kernel<T, VEC>;
+    const size_t smem = row_smem_bytes(kernel, hidden);
+    launch(kernel, rows, row_threads(chunks), smem, stream, residual, x, bias, gamma, beta, out,
+           hidden, eps, nonfinite);
+  });
+  FTBERT_LAUNCH_CHECK("residual_add_layernorm_kernel", stream);
+}
+
+template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_ids, const T* word,
                             const T* position, const T* token_type, const T* gamma, const T* beta,
                             T* out, const SequenceLayout& layout, int hidden, int vocab,
@@ -573,25 +731,35 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
   FTBERT_CHECK(vocab > 0 && type_vocab > 0,
                "embed_layernorm: vocab " << vocab << " and type_vocab " << type_vocab
                                          << " must be positive");
+  // A null position table (null is aligned to anything) adds no position: kPosition = false.
   const int vec = pick_vec<T>(hidden, {word, position, token_type, gamma, beta, out});
-  dispatch_vec<T>(vec, [&](auto vec_c) {
+  auto run = [&](auto vec_c, auto position_c) {
     constexpr int VEC = decltype(vec_c)::value;
+    constexpr bool kPosition = decltype(position_c)::value;
     const int per_lane = ceil_div(hidden / VEC, 32);
     if (per_lane <= kWarpMaxChunks) {
       const int blocks = ceil_div(rows, kWarpRowsPerBlock);
       with_warp_chunks(per_lane, [&](auto chunks_c) {
         constexpr int kChunks = decltype(chunks_c)::value;
-        launch(embed_layernorm_warp_kernel<T, VEC, kChunks>, blocks, 32 * kWarpRowsPerBlock, 0,
-               stream, input_ids, token_type_ids, word, position, token_type, gamma, beta, out,
-               layout, hidden, vocab, type_vocab, eps, position_pad_id);
+        launch(embed_layernorm_warp_kernel<T, VEC, kChunks, kPosition>, blocks,
+               32 * kWarpRowsPerBlock, 0, stream, input_ids, token_type_ids, word, position,
+               token_type, gamma, beta, out, layout, hidden, vocab, type_vocab, eps,
+               position_pad_id);
       });
       return;
     }
-    auto kernel = embed_layernorm_kernel<T, VEC>;
+    auto kernel = embed_layernorm_kernel<T, VEC, kPosition>;
     const size_t smem = row_smem_bytes(kernel, hidden);
     launch(kernel, rows, row_threads(hidden / VEC), smem, stream, input_ids, token_type_ids, word,
            position, token_type, gamma, beta, out, layout, hidden, vocab, type_vocab, eps,
            position_pad_id);
+  };
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    if (position != nullptr) {
+      run(vec_c, std::true_type{});
+    } else {
+      run(vec_c, std::false_type{});
+    }
   });
   FTBERT_LAUNCH_CHECK("embed_layernorm_kernel", stream);
 }
@@ -605,6 +773,8 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
   template void invoke_partials_residual_layernorm<T>(const float*, int, const T*, const T*,      \
                                                       const T*, const T*, T*, int, int, float,    \
                                                       int32_t*, cudaStream_t);                    \
+  template void invoke_residual_add_layernorm<T>(T*, const T*, const T*, const T*, const T*, T*,  \
+                                                 int, int, float, int32_t*, cudaStream_t);       \
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
                                           const T*, const T*, const T*, T*,                       \
                                           const SequenceLayout&, int, int, int, float, int,       \

@@ -1,6 +1,7 @@
 // Masked softmax over attention scores, in place: for every row (b, h, query i),
 //   x[j] = scale·s[j] (+ rel[h, j - i] with a relative position bias)
-//   p[j] = exp(x[j] - m) / Σ_k exp(x[k] - m) over keys with mask[b, j] != 0, else 0,
+//   p[j] = exp(x[j] - m) / Σ_k exp(x[k] - m) over keys with mask[b, j] != 0 (and, with a
+//          sliding window W, |j - i| <= W), else 0,
 // with m the row's max over kept keys. A row whose keys are all masked becomes zeros (the max is
 // -inf, which is tested for explicitly instead of being subtracted, so no NaN can appear).
 // Two variants selected by length, as in FasterTransformer:
@@ -13,6 +14,8 @@
 //                                read that writes the probabilities.
 // The relative position bias is a template bool of every kernel (kRelBias): the kernels without
 // it are those of plain BERT, their arithmetic unchanged. A bias of zeros gives the same bits.
+// So is the sliding window (kWindow): a key outside the query's window is masked as padding is;
+// a window as long as the sequence masks nothing and runs the kernels without one.
 #include <cmath>
 
 #include "cuda/cuda_check.h"
@@ -39,6 +42,19 @@ __device__ __forceinline__ const float* relative_bias_row(const float* table, in
   return table + (static_cast<int64_t>(h) * (2 * span - 1) + (span - 1 - i));
 }
 
+// Whether key j lies in query i's window (kWindow; always without one).
+template <bool kWindow>
+__device__ __forceinline__ bool in_window(int j, int i, int window) {
+  if constexpr (kWindow) {
+    return abs(j - i) <= window;
+  } else {
+    return true;
+  }
+}
+
+// The query index i of score row `row` = (b·heads + h)·S + i.
+__device__ __forceinline__ int query_of_row(int row, int seq) { return row % seq; }
+
 // A kept key's score as the softmax takes it: scaled, plus its relative bias if the kernel adds
 // one (a table this small stays in the read-only cache).
 template <bool kRelBias>
@@ -51,12 +67,12 @@ __device__ __forceinline__ float scaled_score(float s, float scale, const float*
 }
 
 // Lane `lane` holds vectors (it·32 + lane) for it < ITERS, each VEC keys wide (coalesced).
-// rel_table: [heads, 2·span − 1], read only when kRelBias.
-template <typename T, int ITERS, int VEC, bool kRelBias>
+// rel_table: [heads, 2·span − 1], read only when kRelBias; window read only when kWindow.
+template <typename T, int ITERS, int VEC, bool kRelBias, bool kWindow>
 __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
     masked_softmax_warp_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask, int rows,
                                int rows_per_batch, int seq, float scale,
-                               const float* __restrict__ rel_table, int span) {
+                               const float* __restrict__ rel_table, int span, int window) {
   begin_dependent_kernel();
   const int row = blockIdx.x * kWarpRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;  // uniform across the warp
@@ -65,6 +81,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
   const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
   const float* rel = nullptr;
   if constexpr (kRelBias) rel = relative_bias_row(rel_table, row, rows_per_batch, seq, span);
+  const int q = kWindow ? query_of_row(row, seq) : 0;
 
   float x[ITERS][VEC];
   float row_max = -INFINITY;
@@ -76,8 +93,9 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
       const Vec<int32_t, VEC> m = load_vec<VEC>(keep + col);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        x[it][i] =
-            m.v[i] != 0 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, col + i) : -INFINITY;
+        x[it][i] = m.v[i] != 0 && in_window<kWindow>(col + i, q, window)
+                       ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, col + i)
+                       : -INFINITY;
         row_max = fmaxf(row_max, x[it][i]);
       }
     } else {
@@ -115,17 +133,19 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
 }
 
 // Thread t holds vectors (it·blockDim + t) for it < ITEMS.
-template <typename T, int VEC, int ITEMS, bool kRelBias>
+template <typename T, int VEC, int ITEMS, bool kRelBias, bool kWindow>
 __global__ void __launch_bounds__(kBlockThreads)
     masked_softmax_block_cached_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
                                        int rows_per_batch, int seq, float scale,
-                                       const float* __restrict__ rel_table, int span) {
+                                       const float* __restrict__ rel_table, int span,
+                                       int window) {
   begin_dependent_kernel();
   __shared__ float scratch[32];
   T* p = scores + static_cast<int64_t>(blockIdx.x) * seq;
   const int32_t* keep = mask + static_cast<int64_t>(blockIdx.x / rows_per_batch) * seq;
   const float* rel = nullptr;
   if constexpr (kRelBias) rel = relative_bias_row(rel_table, blockIdx.x, rows_per_batch, seq, span);
+  const int q = kWindow ? query_of_row(blockIdx.x, seq) : 0;
   const int chunks = seq / VEC;
 
   float x[ITEMS][VEC];
@@ -138,8 +158,9 @@ __global__ void __launch_bounds__(kBlockThreads)
       const Vec<int32_t, VEC> k = load_vec<VEC>(keep + c * VEC);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        x[it][i] = k.v[i] != 0 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, c * VEC + i)
-                               : -INFINITY;
+        x[it][i] = k.v[i] != 0 && in_window<kWindow>(c * VEC + i, q, window)
+                       ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, c * VEC + i)
+                       : -INFINITY;
         row_max = fmaxf(row_max, x[it][i]);
       }
     } else {
@@ -183,11 +204,11 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& l, float m2, floa
   m = mx;
 }
 
-template <typename T, int VEC, bool kRelBias>
+template <typename T, int VEC, bool kRelBias, bool kWindow>
 __global__ void __launch_bounds__(kBlockThreads)
     masked_softmax_block_streaming_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
                                 int rows_per_batch, int seq, float scale,
-                                const float* __restrict__ rel_table, int span) {
+                                const float* __restrict__ rel_table, int span, int window) {
   begin_dependent_kernel();
   __shared__ float scratch_m[32];
   __shared__ float scratch_l[32];
@@ -196,6 +217,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
   const float* rel = nullptr;
   if constexpr (kRelBias) rel = relative_bias_row(rel_table, row, rows_per_batch, seq, span);
+  const int q = kWindow ? query_of_row(row, seq) : 0;
   const int chunks = seq / VEC;
 
   // Pass 1: this thread's running max m and sum l of exp(x - m). The max moves once per vector,
@@ -208,8 +230,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     float vec_max = -INFINITY;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      x[i] = k.v[i] != 0 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, c * VEC + i)
-                         : -INFINITY;
+      x[i] = k.v[i] != 0 && in_window<kWindow>(c * VEC + i, q, window)
+                 ? scaled_score<kRelBias>(to_float(s.v[i]), scale, rel, c * VEC + i)
+                 : -INFINITY;
       vec_max = fmaxf(vec_max, x[i]);
     }
     if (vec_max == -INFINITY) continue;  // all masked: nothing to add
@@ -251,15 +274,16 @@ __global__ void __launch_bounds__(kBlockThreads)
     Vec<T, VEC> y;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
+      const bool kept = k.v[i] != 0 && in_window<kWindow>(c * VEC + i, q, window);
       float e;
       if constexpr (kRelBias) {
         // The bias is added after the max is subtracted: the scaled score and the max then meet
         // in the same (possibly fused) operation as without a bias, so zeros change no bit.
-        e = (empty || k.v[i] == 0)
+        e = (empty || !kept)
                 ? 0.0f
                 : expf((to_float(s.v[i]) * scale - m) + __ldg(rel + c * VEC + i)) * inv;
       } else {
-        e = (empty || k.v[i] == 0) ? 0.0f : expf(to_float(s.v[i]) * scale - m) * inv;
+        e = (empty || !kept) ? 0.0f : expf(to_float(s.v[i]) * scale - m) * inv;
       }
       y.v[i] = from_float<T>(e);
     }
@@ -269,9 +293,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // launchers
 
-template <typename T, bool kRelBias>
+template <typename T, bool kRelBias, bool kWindow>
 void launch_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
-                           float scale, const float* rel_table, int span, cudaStream_t stream) {
+                           float scale, const float* rel_table, int span, int window,
+                           cudaStream_t stream) {
   const int rows = batch * heads * seq;
   // The vector must fit the scores and the int32 mask alike (the mask vector is 4/sizeof(T) wider
   // in bytes), so alignment is checked on both.
@@ -290,9 +315,9 @@ void launch_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
       auto run = [&](auto iters_c) {
         constexpr int ITERS = decltype(iters_c)::value;
         if constexpr (ITERS * VEC <= 32) {
-          launch(masked_softmax_warp_kernel<T, ITERS, VEC, kRelBias>, grid,
+          launch(masked_softmax_warp_kernel<T, ITERS, VEC, kRelBias, kWindow>, grid,
                  kWarpRowsPerBlock * 32, 0, stream, scores, mask, rows, heads * seq, seq, scale,
-                 rel_table, span);
+                 rel_table, span, window);
         }
       };
       switch (iters) {
@@ -312,9 +337,10 @@ void launch_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
     dispatch_vec<T>(vec, [&](auto vec_c) {
       constexpr int VEC = decltype(vec_c)::value;
       auto cached = [&](auto items_c) {
-        launch(masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value, kRelBias>,
+        launch(masked_softmax_block_cached_kernel<T, VEC, decltype(items_c)::value, kRelBias,
+                                                  kWindow>,
                rows, kBlockThreads, 0, stream, scores, mask, heads * seq, seq, scale, rel_table,
-               span);
+               span, window);
       };
       switch (items) {
         case 1: cached(std::integral_constant<int, 1>{}); break;
@@ -322,8 +348,9 @@ void launch_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
         case 4: cached(std::integral_constant<int, 4>{}); break;
         case kBlockMaxItems: cached(std::integral_constant<int, kBlockMaxItems>{}); break;
         default:
-          launch(masked_softmax_block_streaming_kernel<T, VEC, kRelBias>, rows, kBlockThreads, 0,
-                 stream, scores, mask, heads * seq, seq, scale, rel_table, span);
+          launch(masked_softmax_block_streaming_kernel<T, VEC, kRelBias, kWindow>, rows,
+                 kBlockThreads, 0, stream, scores, mask, heads * seq, seq, scale, rel_table, span,
+                 window);
       }
     });
     FTBERT_LAUNCH_CHECK("masked_softmax_block_kernel", stream);
@@ -336,26 +363,40 @@ const char* masked_softmax_variant(int seq) { return seq <= kSoftmaxWarpMaxSeq ?
 
 template <typename T>
 void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
-                           float scale, const float* relative_bias, int relative_span,
+                           float scale, const float* relative_bias, int relative_span, int window,
                            cudaStream_t stream) {
+  FTBERT_CHECK(window >= 0, "masked_softmax: window " << window << " < 0");
   if (batch * heads * seq == 0) return;
+  // Every distance j - i of a row is at most S - 1: a window that long masks nothing.
+  const bool windowed = window > 0 && window < seq;
   if (relative_bias == nullptr) {
-    launch_masked_softmax<T, false>(scores, mask, batch, heads, seq, scale, nullptr, 0, stream);
+    if (windowed) {
+      launch_masked_softmax<T, false, true>(scores, mask, batch, heads, seq, scale, nullptr, 0,
+                                            window, stream);
+    } else {
+      launch_masked_softmax<T, false, false>(scores, mask, batch, heads, seq, scale, nullptr, 0,
+                                             0, stream);
+    }
     return;
   }
   // Every distance j - i of a row lies in [-(S - 1), S - 1], inside the table.
   FTBERT_CHECK(relative_span >= seq, "masked_softmax: relative bias span " << relative_span
                                                                            << " < sequence length "
                                                                            << seq);
-  launch_masked_softmax<T, true>(scores, mask, batch, heads, seq, scale, relative_bias,
-                                 relative_span, stream);
+  if (windowed) {
+    launch_masked_softmax<T, true, true>(scores, mask, batch, heads, seq, scale, relative_bias,
+                                         relative_span, window, stream);
+  } else {
+    launch_masked_softmax<T, true, false>(scores, mask, batch, heads, seq, scale, relative_bias,
+                                          relative_span, 0, stream);
+  }
 }
 
 template void invoke_masked_softmax<float>(float*, const int32_t*, int, int, int, float,
-                                           const float*, int, cudaStream_t);
+                                           const float*, int, int, cudaStream_t);
 template void invoke_masked_softmax<__half>(__half*, const int32_t*, int, int, int, float,
-                                            const float*, int, cudaStream_t);
+                                            const float*, int, int, cudaStream_t);
 template void invoke_masked_softmax<__nv_bfloat16>(__nv_bfloat16*, const int32_t*, int, int, int,
-                                                   float, const float*, int, cudaStream_t);
+                                                   float, const float*, int, int, cudaStream_t);
 
 }  // namespace ftbert::cuda

@@ -37,6 +37,9 @@ struct AttentionOptions {
   // Null: none; else span >= the layout's max_seq.
   const float* relative_bias = nullptr;
   int relative_span = 0;
+  // A sliding window (ModernBERT's local layers): the key at position j attends the query at
+  // position i only where |j − i| <= window (positions as for the bias). 0: every key.
+  int window = 0;
 
   bool has_relative_bias() const { return relative_bias != nullptr; }
 };
@@ -298,6 +301,7 @@ class Backend {
   // position_pad_id < 0 (BERT); else, as the RoBERTa family counts them, pad + (non-pad ids among
   // tokens 0..s of its padded row) for a non-pad token and pad for a pad token, where
   // pad = position_pad_id (so P >= S + pad + 1). Packing therefore never changes a position.
+  // A null `position` adds none (a model with rotary positions: ModernBERT).
   virtual void embed_layernorm(DType dt,
                                const int32_t* input_ids,       // [B, S]
                                const int32_t* token_type_ids,  // [B, S]
@@ -353,6 +357,39 @@ class Backend {
                                    void* x,           // [M, N]
                                    const void* bias,  // [N]
                                    int rows, int cols, Activation act) = 0;
+
+  // ---- ops of pre-LayerNorm, rotary, gated-MLP encoders (ModernBERT) --------------------------
+  // In place: the rotary position embedding of Q and K (qkv's first 2H columns; V untouched).
+  // Within each head, column c < d/2 pairs with c + d/2 and the pair (x1, x2) at position p
+  // becomes (x1·cos − x2·sin, x2·cos + x1·sin), cos and sin read from rotary[p] = [cos of the d/2
+  // angles | sin of them] (transformers' rotate_half convention). Positions are those of the
+  // padded row: s for padded row b·S + s, token_index[r] − b·S for packed row r. Rows past the
+  // tokens are left alone. Computed in float32, rounded once.
+  virtual void rotary_embedding(DType dt,
+                                void* qkv,            // [rows, 3H]
+                                const float* rotary,  // [P, d] float32, P > every position
+                                const SequenceLayout& layout, int heads, int head_dim) = 0;
+
+  // out = act(x[:, :n]) · x[:, n:] (a gated linear unit: GeGLU with GELU), in float32, rounded
+  // once.
+  virtual void gated_activation(DType dt,
+                                const void* x,  // [M, 2n]
+                                void* out,      // [M, n]
+                                int rows, int n, Activation act) = 0;
+
+  // The pre-LayerNorm residual step: residual += x + bias (x and bias may each be null), then
+  // out = LayerNorm(residual) with gamma/beta (statistics in float32; residual is stored in dt
+  // first and the LayerNorm reads that stored value). `nonfinite` as add_bias_residual_layernorm,
+  // on `out`.
+  virtual void residual_add_layernorm(DType dt,
+                                      void* residual,     // [M, H] in and out
+                                      const void* x,      // [M, H] or null
+                                      const void* bias,   // [H] or null
+                                      const void* gamma,  // [H]
+                                      const void* beta,   // [H]
+                                      void* out,          // [M, H] (not residual)
+                                      int rows, int hidden, float eps,
+                                      int32_t* nonfinite = nullptr) = 0;
 
   // ---- fused attention -----------------------------------------------------------------------
   // Whether `kind` can run for this dtype and head dim; the unfused path runs everywhere.

@@ -98,7 +98,7 @@ want streams && note "stream throughput:" "$(tail -14 "$LOGS/streams.log")"
 want soak && timeout 200 $PY benchmarks/soak.py --json "$OUT/soak.json" > "$LOGS/soak.log" 2>&1
 want soak && note "soak:" "$(tail -10 "$LOGS/soak.log")"
 
-for mode in forward threads; do
+for mode in forward mpnet modernbert threads; do
   want memcheck || break
   timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $PY benchmarks/sanitize.py $mode \
     > "$LOGS/memcheck-$mode.log" 2>&1
@@ -106,10 +106,14 @@ for mode in forward threads; do
 done
 # racecheck is slow (every shared-memory access is checked; cuBLAS's GEMMs use much of it): the
 # threaded run does 4 forwards per configuration there, and about 100 s per configuration on an
-# H100. FTBERT_RACECHECK (default "ops threads") picks the runs.
+# H100. FTBERT_RACECHECK (default "ops threads"; also "mpnet", "modernbert") picks the runs.
 for mode in ${FTBERT_RACECHECK:-ops threads}; do
   want racecheck || break
-  case $mode in ops) args=ops limit=120 ;; threads) args="threads 4" limit=480 ;; *) continue ;; esac
+  case $mode in
+    ops) args=ops limit=120 ;; threads) args="threads 4" limit=480 ;; mpnet) args="mpnet 1" limit=200 ;;
+    modernbert) args="modernbert 1" limit=200 ;;
+    *) continue ;;
+  esac
   timeout $limit compute-sanitizer --tool racecheck --error-exitcode 9 $PY benchmarks/sanitize.py $args \
     > "$LOGS/racecheck-$mode.log" 2>&1
   note "racecheck $args rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$LOGS/racecheck-$mode.log" | tail -1)"

@@ -7,6 +7,13 @@
                          row, and after a k-split GEMM), the embedding LayerNorm (both kernels,
                          padded and packed, the RoBERTa family's counted positions), both flash
                          attention kernels and the Hopper CUTLASS GEMMs
+  sanitize.py mpnet [1] - a small MPNet's forward (the relative position bias in the unfused softmax
+                         and the portable flash kernel), float32, float16 and bfloat16, padded and
+                         packed, a mask with holes, op by op and replayed (1: float16 flash only)
+  sanitize.py modernbert [1] - a small ModernBERT's forward (rotary, the gated activation, the
+                         pre-LayerNorm residual step, sliding windows in both attention kernels),
+                         float32, float16 and bfloat16, padded and packed, a mask with holes, op by
+                         op and replayed (1: float16 flash only)
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one
@@ -59,6 +66,62 @@ def forward() -> None:
                             dev = enc(torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda())
                             assert torch.isfinite(dev.last_hidden_state).all()
                         print(head, dtype, attention, enc.attention_for(3, 77), "packed" if packed else "padded", "ok")
+
+
+def mpnet(quick: int = 0) -> None:
+    from transformers import MPNetConfig, MPNetModel
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(0)
+        MPNetModel(MPNetConfig(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=301, max_position_embeddings=300)).save_pretrained(d)
+        rng = np.random.default_rng(0)
+        ids = rng.integers(2, 97, (3, 201))
+        mask = np.ones((3, 201), np.int64)
+        mask[1, 150:] = 0
+        mask[2, :9] = 0
+        mask[2, 60:70] = 0  # a hole: distances count the padded positions
+        ids[mask == 0] = 1
+        for dtype in ("float16",) if quick else ("float32", "float16", "bfloat16"):
+            for attention in ("auto",) if quick else ("unfused", "auto"):
+                for packed in (False, True):
+                    enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype=dtype, attention=attention,
+                                                         padding_free=packed)
+                    out = enc(ids, mask)
+                    assert np.isfinite(out.last_hidden_state).all()
+                    for _ in range(2):
+                        again = enc(ids, mask)
+                        np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
+                    print("mpnet", dtype, enc.attention_for(3, 201), "packed" if packed else "padded", "ok")
+
+
+def modernbert(quick: int = 0) -> None:
+    from transformers import ModernBertConfig, ModernBertModel
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(0)
+        ModernBertModel(ModernBertConfig(
+            vocab_size=97, hidden_size=128, num_hidden_layers=3, num_attention_heads=2, intermediate_size=301,
+            max_position_embeddings=512, local_attention=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            cls_token_id=1, sep_token_id=2)).save_pretrained(d)
+        rng = np.random.default_rng(0)
+        ids = rng.integers(3, 97, (3, 201))
+        mask = np.ones((3, 201), np.int64)
+        mask[1, 150:] = 0
+        mask[2, :9] = 0
+        mask[2, 60:70] = 0
+        ids[mask == 0] = 0
+        for dtype in ("float16",) if quick else ("float32", "float16", "bfloat16"):
+            for attention in ("auto",) if quick else ("unfused", "auto"):
+                for packed in (False, True):
+                    enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype=dtype, attention=attention,
+                                                         padding_free=packed)
+                    out = enc(ids, mask)
+                    assert np.isfinite(out.last_hidden_state).all()
+                    for _ in range(2):
+                        again = enc(ids, mask)
+                        np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
+                    print("modernbert", dtype, enc.attention_for(3, 201), "packed" if packed else "padded", "ok")
 
 
 def threads(cases_n: int = 24) -> None:
@@ -181,4 +244,5 @@ def ops() -> None:
 
 
 if __name__ == "__main__":
-    {"forward": forward, "ops": ops, "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))
+    {"forward": forward, "ops": ops, "mpnet": mpnet, "modernbert": modernbert,
+     "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))

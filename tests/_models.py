@@ -1,4 +1,4 @@
-"""Small random-initialised HuggingFace checkpoints (BERT, the RoBERTa family, DistilBERT, ELECTRA)
+"""Small random-initialised HuggingFace checkpoints (BERT, the RoBERTa family, DistilBERT, ELECTRA, MPNet)
 for tests: bare encoders and task models (kind "cls": ForSequenceClassification, "token":
 ForTokenClassification, and heads the engine does not run: "mlm", "qa", "choice", "pretrain")."""
 
@@ -12,6 +12,8 @@ from ftbert.weights_tools import families as _families
 
 # The families of the engine's tables (weights_tools/families.py): make_model must make each.
 FAMILIES = tuple(_families.FAMILIES)
+# Those whose task heads the engine runs (the others' task checkpoints load their encoder only).
+HEADED_FAMILIES = tuple(f for f, t in _families.FAMILIES.items() if t.sequence_head is not None)
 # kind -> the transformers class name after the family's stem (BertForTokenClassification, ...).
 KIND_SUFFIXES = {
     "model": "Model",
@@ -24,8 +26,15 @@ KIND_SUFFIXES = {
 }
 # The kinds whose head the engine runs.
 HEAD_KINDS = ("cls", "token")
+
+
+def family_kinds(kinds) -> list[tuple[str, str]]:
+    """(family, kind) for every family and each of `kinds` it runs: head kinds for HEADED_FAMILIES
+    only."""
+    return [(f, k) for f in FAMILIES for k in kinds if k not in HEAD_KINDS or f in HEADED_FAMILIES]
 FAMILY_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
-                "distilbert": "DistilBert", "electra": "Electra"}
+                "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
+                "modernbert": "ModernBert"}
 
 # Out of alphabetical order and suffixed with the id, so a label list read in the wrong order (or
 # with "10" sorted before "2") shows.
@@ -285,6 +294,104 @@ def make_electra(
     return model
 
 
+MPNET_KINDS = {k: "MPNet" + v for k, v in KIND_SUFFIXES.items() if k != "pretrain"}
+
+
+def make_mpnet(
+    path: Path,
+    kind="model",
+    hidden=64,
+    heads=2,
+    layers=2,
+    intermediate=None,
+    act="gelu",
+    vocab=157,
+    max_pos=514,
+    pad=1,
+    buckets=32,
+    seed=0,
+    num_labels=2,
+    **save_kwargs,
+):
+    """Saves a random MPNet model to `path` and returns it in eval mode. kind: "model" (MPNetModel,
+    with its pooler), "cls", "token", "mlm", "qa" or "choice" (task models: the encoder under
+    `mpnet.`); "cls" and "token" get num_labels labels named by label_names. The relative position
+    bias table is spread to O(1) values (init gives ~0.02), so that a bias at the wrong distance
+    or head shows; biases are filled."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.MPNetConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate or 4 * hidden - 3,  # odd on purpose
+        max_position_embeddings=max_pos,
+        hidden_act=act,
+        pad_token_id=pad,
+        relative_attention_num_buckets=buckets,
+        **_labels_config(kind, num_labels),
+    )
+    model = getattr(transformers, MPNET_KINDS[kind])(cfg).eval()
+    base = model if kind == "model" else model.mpnet
+    with torch.no_grad():
+        base.encoder.relative_attention_bias.weight.normal_(0.0, 1.0)
+    _fill_biases(model)
+    _perturb_layer_norms(model)
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
+MODERNBERT_KINDS = {k: "ModernBert" + v for k, v in KIND_SUFFIXES.items() if k != "pretrain"}
+
+
+def make_modernbert(
+    path: Path,
+    kind="model",
+    hidden=64,
+    heads=2,
+    layers=4,
+    intermediate=None,
+    act="gelu",
+    vocab=163,
+    max_pos=512,
+    window=16,
+    every=3,
+    seed=0,
+    num_labels=2,
+    **save_kwargs,
+):
+    """Saves a random ModernBERT model to `path` and returns it in eval mode (eager attention).
+    window: local_attention (each sliding-window layer sees window // 2 on either side); every:
+    global_attn_every_n_layers. kind: "model" (ModernBertModel), or a task model (the encoder
+    under `model.`). Its norms are perturbed (init gives ones), its thetas the defaults."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.ModernBertConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate or 2 * hidden - 3,  # odd on purpose
+        hidden_activation=act,
+        max_position_embeddings=max_pos,
+        local_attention=window,
+        global_attn_every_n_layers=every,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+        attn_implementation="eager",
+        **_labels_config(kind, num_labels),
+    )
+    model = getattr(transformers, MODERNBERT_KINDS[kind])(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
 def make_model(
     path: Path,
     family: str,
@@ -311,6 +418,10 @@ def make_model(
         return make_distilbert(path, kind=kind, dim=hidden, hidden_dim=intermediate, **sizes)
     if family == "electra":
         return make_electra(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family == "mpnet":
+        return make_mpnet(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family == "modernbert":
+        return make_modernbert(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
     raise ValueError(f"unknown family {family!r}")
 
 

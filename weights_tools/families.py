@@ -16,26 +16,33 @@ Filled in: BERT, RoBERTa with its two descendants XLM-RoBERTa and CamemBERT (RoB
 copied for the other two with their own model_type and their config class's vocab_size default),
 DistilBERT (other config keys, other weight names, no token types, no pooler), and ELECTRA's
 discriminator (BERT's names under "electra.", embeddings of embedding_size projected to hidden_size
-by `embeddings_project`, no pooler).
+by `embeddings_project`, no pooler), and MPNet (its own architecture unit: BERT's layers plus a
+relative position bias table), and ModernBERT (its own unit: pre-LayerNorm, rotary, gated MLP,
+sliding windows; bare encoder only).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .layout import (
     ABSOLUTE,
     EMBEDDING_TENSORS,
+    FINAL_NORM_TENSORS,
     HEAD_ACTIVATIONS,
     HEAD_TENSORS,
     INT_KEYS,
     LAYER_TENSORS,
+    MODERN_EMBEDDING_TENSORS,
+    MODERN_LAYER_TENSORS,
     PADDING_OFFSET,
     POOLER_TENSORS,
     PROJECTION_TENSORS,
     POSITION_SCHEMES,
+    RELATIVE_BIAS_TENSORS,
+    RELATIVE_BUCKETS,
     SEQUENCE_CLASSIFICATION,
 )
 
@@ -48,7 +55,7 @@ from .layout import (
 # the converted reader shares; re-exported here as the tables' vocabulary.
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
-           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "family_for",
+           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "family_for",
            "supported_model_types"]
 
 
@@ -134,11 +141,17 @@ class WeightNames:
     buffers: tuple[str, ...] = ()
     # Old spellings still found in checkpoints: name ending -> today's ending.
     legacy_suffixes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Engine tensors of the model beyond the embeddings and the pooler -> HF name: MPNet's relative
+    # position bias table (layout.RELATIVE_BIAS_TENSORS), ModernBERT's final norm
+    # (layout.FINAL_NORM_TENSORS).
+    model: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def hf_names(self, engine_name: str) -> tuple[str, ...]:
         """The HF tensor(s) an engine tensor is made of, unprefixed, in fusing order."""
         if engine_name in self.embeddings:
             return (self.embeddings[engine_name],)
+        if engine_name in self.model:
+            return (self.model[engine_name],)
         if engine_name in self.pooler:
             return (self.pooler[engine_name],)
         _, index, suffix = engine_name.split(".", 2)  # "layers.{i}.{suffix}"
@@ -149,7 +162,8 @@ class WeightNames:
     def roots(self) -> frozenset[str]:
         """The first name components of the encoder's tensors ("embeddings", "encoder", "pooler"):
         what a checkpoint holds outside them belongs to a task head."""
-        names = [*self.embeddings.values(), self.layer_prefix, *self.pooler.values(), *self.buffers]
+        names = [*self.embeddings.values(), self.layer_prefix, *self.pooler.values(), *self.buffers,
+                 *self.model.values()]
         return frozenset(n.split(".", 1)[0] for n in names)
 
 
@@ -175,11 +189,22 @@ class Family:
     # adding it changes nothing, and token type ids other than 0 fail the engine's input check.
     token_types: bool
     projection: Projection | None  # embeddings -> hidden projection (ELECTRA), None without one
-    # The task heads conversion runs, by the architectures suffix config.json names them with.
-    sequence_head: SequenceHead
-    token_head: TokenHead
+    # The task heads conversion runs, by the architectures suffix config.json names them with; None
+    # where the engine runs none of the family's (its task checkpoints load their encoder only).
+    sequence_head: SequenceHead | None
+    token_head: TokenHead | None
+    # The engine config's "layer" (layout.LAYER) from a config.json dict, for a family whose layer is
+    # not BERT's post-LayerNorm one (ModernBERT); raises ValueError naming a setting the engine does
+    # not run. None: BERT's layer.
+    derive_layer: Callable[[Mapping[str, Any]], dict] | None = None
 
-    def head(self, kind: str) -> SequenceHead | TokenHead:
+    @property
+    def relative_bias(self) -> bool:
+        """Whether the family's attention adds a relative position bias (its engine config then has
+        relative_attention_num_buckets > 0)."""
+        return RELATIVE_BIAS_TENSORS[0] in self.weights.model
+
+    def head(self, kind: str) -> SequenceHead | TokenHead | None:
         """The head of a kind (layout.HEAD_KINDS)."""
         return self.sequence_head if kind == SEQUENCE_CLASSIFICATION else self.token_head
 
@@ -417,27 +442,185 @@ ELECTRA = Family(
 )
 
 
+# MPNet: BERT's post-LayerNorm encoder under other weight names (attention.attn.{q,k,v,o}), with a
+# relative position bias shared by every layer (encoder.relative_attention_bias, [buckets, heads],
+# looked up by the bucket of each key's distance from the query), RoBERTa's position ids from the
+# pad id, and no token types (MPNetEmbeddings has no token-type table). MPNetModel has a pooler;
+# MPNetForSequenceClassification reads token 0 through RoBERTa's head (dense, tanh, out_proj) and
+# ForTokenClassification has a Linear on every token; both keep the encoder under "mpnet.".
+MPNET = Family(
+    name="mpnet",
+    model_types=("mpnet",),
+    architecture="mpnet",
+    # MPNetConfig's defaults (mpnet-base's config.json sets max_position_embeddings 514).
+    config=_frozen({
+        "vocab_size": Key("vocab_size", 30527),
+        "hidden_size": Key("hidden_size", 768),
+        "num_hidden_layers": Key("num_hidden_layers", 12),
+        "num_attention_heads": Key("num_attention_heads", 12),
+        "intermediate_size": Key("intermediate_size", 3072),
+        "max_position_embeddings": Key("max_position_embeddings", 512),
+        "type_vocab_size": Key(None, 1),  # no token-type embedding: the converter's zero row
+        "layer_norm_eps": Key("layer_norm_eps", 1e-12),
+        "hidden_act": Key("hidden_act", "gelu"),
+        "pad_token_id": Key("pad_token_id", 1),
+        RELATIVE_BUCKETS: Key(RELATIVE_BUCKETS, 32),
+    }),
+    # MPNetConfig has no decoder mode and no position-embedding switch.
+    accepted_values=_frozen({}),
+    weights=WeightNames(
+        prefixes=("mpnet.",),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.word_embeddings.weight",
+            "embeddings.position": "embeddings.position_embeddings.weight",
+            "embeddings.ln_gamma": "embeddings.LayerNorm.weight",
+            "embeddings.ln_beta": "embeddings.LayerNorm.bias",
+        }),
+        layer_prefix="encoder.layer.{i}.",
+        layer=_frozen({
+            "qkv_weight": ("attention.attn.q.weight", "attention.attn.k.weight", "attention.attn.v.weight"),
+            "qkv_bias": ("attention.attn.q.bias", "attention.attn.k.bias", "attention.attn.v.bias"),
+            "attn_out_weight": "attention.attn.o.weight",
+            "attn_out_bias": "attention.attn.o.bias",
+            "attn_ln_gamma": "attention.LayerNorm.weight",
+            "attn_ln_beta": "attention.LayerNorm.bias",
+            "ffn_in_weight": "intermediate.dense.weight",
+            "ffn_in_bias": "intermediate.dense.bias",
+            "ffn_out_weight": "output.dense.weight",
+            "ffn_out_bias": "output.dense.bias",
+            "ffn_ln_gamma": "output.LayerNorm.weight",
+            "ffn_ln_beta": "output.LayerNorm.bias",
+        }),
+        pooler=_frozen({"pooler.weight": "pooler.dense.weight", "pooler.bias": "pooler.dense.bias"}),
+        buffers=("embeddings.position_ids",),
+        model=_frozen({RELATIVE_BIAS_TENSORS[0]: "encoder.relative_attention_bias.weight"}),
+    ),
+    position_ids=PADDING_OFFSET,
+    token_types=False,
+    projection=None,
+    sequence_head=ROBERTA.sequence_head,
+    token_head=BERT.token_head,
+)
+
+
+def _modernbert_layer(raw: Mapping[str, Any]) -> dict:
+    """The engine's "layer" from a ModernBERT config.json, as ModernBertConfig reads it: the rotary
+    thetas from rope_parameters (today's configs) or global_rope_theta / local_rope_theta (older
+    ones; defaults 160000 and 10000), the half window local_attention // 2 (ModernBertConfig's
+    sliding_window), and which layers are global: layer_types when given, else every
+    global_attn_every_n_layers-th (default 3) from layer 0."""
+    layers = raw.get("num_hidden_layers", 22)
+    rope = raw.get("rope_parameters") or {}
+    thetas = {}
+    for kind, old_key, default in (("full_attention", "global_rope_theta", 160000.0),
+                                   ("sliding_attention", "local_rope_theta", 10000.0)):
+        params = rope.get(kind) or {}
+        rope_type = params.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"rope_parameters.{kind}.rope_type {rope_type!r} is not supported (only 'default')")
+        thetas[kind] = params.get("rope_theta", raw.get(old_key, default))
+    if raw.get("rope_scaling") is not None:
+        raise ValueError(f"rope_scaling {raw['rope_scaling']!r} is not supported (only none)")
+    every = raw.get("global_attn_every_n_layers", 3)
+    types = raw.get("layer_types")
+    if types is not None:
+        pattern = ["sliding_attention" if i % every else "full_attention" for i in range(len(types))]
+        if not isinstance(types, list) or len(types) != layers or types != pattern:
+            raise ValueError(f"layer_types {types!r} is not every {every}-th layer global from layer 0, "
+                             "the only pattern the engine runs")
+    local = raw.get("local_attention", 128)
+    if not isinstance(local, int) or isinstance(local, bool) or local < 2:
+        raise ValueError(f"local_attention must be an integer of at least 2, got {local!r}")
+    return {"rotary_theta": thetas["full_attention"], "local_rotary_theta": thetas["sliding_attention"],
+            "local_window": local // 2, "global_every": every}
+
+
+# ModernBERT (ModernBertModel; answerdotai/ModernBERT-base, Alibaba-NLP/gte-modernbert-base,
+# nomic-ai/modernbert-embed-base): its own architecture unit. Pre-LayerNorm layers (layer 0 reads the
+# embeddings' norm), a fused Wqkv, rotary positions with a global and a local theta, a sliding
+# window of local_attention // 2 on either side in all but every global_attn_every_n_layers-th
+# layer, a GeGLU MLP (Wi gives [input | gate]), a final norm; no position table, no token types, no
+# biases and no LayerNorm betas by default (other settings are refused). Task models keep the
+# encoder under "model."; their heads (dense, act, norm, classifier) do not run yet: a task
+# checkpoint loads its encoder, with the warning every unsupported head gets.
+MODERNBERT = Family(
+    name="modernbert",
+    model_types=("modernbert",),
+    architecture="modernbert",
+    # ModernBertConfig's defaults (ModernBERT-base).
+    config=_frozen({
+        "vocab_size": Key("vocab_size", 50368),
+        "hidden_size": Key("hidden_size", 768),
+        "num_hidden_layers": Key("num_hidden_layers", 22),
+        "num_attention_heads": Key("num_attention_heads", 12),
+        "intermediate_size": Key("intermediate_size", 1152),
+        "max_position_embeddings": Key("max_position_embeddings", 8192),
+        "type_vocab_size": Key(None, 1),  # no token-type embedding: the converter's zero row
+        "layer_norm_eps": Key("norm_eps", 1e-5),
+        "hidden_act": Key("hidden_activation", "gelu"),
+        # Unused by ABSOLUTE positions (rotary ones count 0..S-1); recorded all the same.
+        "pad_token_id": Key("pad_token_id", 50283),
+    }),
+    accepted_values=_frozen({"attention_bias": (False,), "mlp_bias": (False,), "norm_bias": (False,)}),
+    weights=WeightNames(
+        prefixes=("model.",),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.tok_embeddings.weight",
+            "embeddings.ln_gamma": "embeddings.norm.weight",
+        }),
+        layer_prefix="layers.{i}.",
+        layer=_frozen({
+            "attn_ln_gamma": "attn_norm.weight",
+            "qkv_weight": "attn.Wqkv.weight",
+            "attn_out_weight": "attn.Wo.weight",
+            "ffn_ln_gamma": "mlp_norm.weight",
+            "ffn_in_weight": "mlp.Wi.weight",
+            "ffn_out_weight": "mlp.Wo.weight",
+        }),
+        pooler=_frozen({}),
+        model=_frozen({FINAL_NORM_TENSORS[0]: "final_norm.weight"}),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=False,
+    projection=None,
+    sequence_head=None,
+    token_head=None,
+    derive_layer=_modernbert_layer,
+)
+
+
 def _check(family: Family) -> Family:
     """Refuses a table that does not cover the engine layout exactly: a gap would otherwise surface
     only when a checkpoint of that family is converted."""
     w = family.weights
-    want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act", "pad_token_id"}
-    want_embeddings = {n for n in EMBEDDING_TENSORS if family.token_types or n != "embeddings.token_type"}
+    want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act", "pad_token_id",
+                 *([RELATIVE_BUCKETS] if family.relative_bias else [])}
+    modern = family.derive_layer is not None
+    want_embeddings = {n for n in (MODERN_EMBEDDING_TENSORS if modern else EMBEDDING_TENSORS)
+                       if family.token_types or n != "embeddings.token_type"}
+    want_layer = set(MODERN_LAYER_TENSORS if modern else LAYER_TENSORS)
     problems = []
     if set(family.config) != want_keys:
         problems.append(f"config keys {sorted(family.config)} != {sorted(want_keys)}")
     if set(w.embeddings) != want_embeddings:
         problems.append(f"embeddings {sorted(w.embeddings)} != {sorted(want_embeddings)}")
-    if set(w.layer) != set(LAYER_TENSORS):
-        problems.append(f"layer tensors {sorted(w.layer)} != {sorted(LAYER_TENSORS)}")
+    if set(w.layer) != want_layer:
+        problems.append(f"layer tensors {sorted(w.layer)} != {sorted(want_layer)}")
+    if modern and set(w.model) != set(FINAL_NORM_TENSORS):
+        problems.append(f"a ModernBERT layer's model tensors {sorted(w.model)} != the final norm")
+    if modern and (family.sequence_head or family.token_head or w.pooler):
+        problems.append("the engine runs no pooler and no head of ModernBERT's layer yet")
     if w.pooler and set(w.pooler) != set(POOLER_TENSORS):
         problems.append(f"pooler {sorted(w.pooler)} != {sorted(POOLER_TENSORS)}")
-    if family.sequence_head.dense is None and not w.pooler:
+    head = family.sequence_head
+    if (head is None) != (family.token_head is None):
+        problems.append("a family runs both heads or neither")
+    if head is not None and head.dense is None and not w.pooler:
         problems.append("a sequence head without a dense of its own reads the pooler: it needs one")
-    if (family.sequence_head.dense is None) != (family.sequence_head.activation is None):
+    if head is not None and (head.dense is None) != (head.activation is None):
         problems.append("a sequence head's own dense and its activation come together")
-    if family.sequence_head.activation not in (None, *HEAD_ACTIVATIONS):
-        problems.append(f"unknown head activation {family.sequence_head.activation!r}")
+    if head is not None and head.activation not in (None, *HEAD_ACTIVATIONS):
+        problems.append(f"unknown head activation {head.activation!r}")
     if family.position_ids not in POSITION_SCHEMES:
         problems.append(f"unknown position-id scheme {family.position_ids!r}")
     if not family.token_types and family.config["type_vocab_size"] != Key(None, 1):
@@ -457,7 +640,7 @@ def _check(family: Family) -> Family:
 
 # Family name -> table.
 FAMILIES: Mapping[str, Family] = _frozen({
-    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA)
+    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA, MPNET, MODERNBERT)
 })
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

@@ -27,6 +27,9 @@ from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
     EMBEDDING_TENSORS,
+    LAYER,
+    RELATIVE_BIAS_TENSORS,
+    RELATIVE_BUCKETS,
     FORMAT_NAME,
     FORMAT_VERSION,
     EMBEDDING_SIZE,
@@ -89,6 +92,11 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
             )
     cfg = {key: k.read(raw) for key, k in family.config.items()}
     cfg[EMBEDDING_SIZE] = family.embedding_size(raw, cfg["hidden_size"])
+    if family.derive_layer is not None:
+        try:
+            cfg[LAYER] = family.derive_layer(raw)
+        except ValueError as e:
+            raise ConversionError(f"{path}: {e}") from None
     check_hyperparameters(cfg, str(path), ConversionError)
     cfg["layer_norm_eps"] = float(cfg["layer_norm_eps"])
     cfg["position_ids"] = family.position_ids
@@ -125,8 +133,10 @@ def read_head(src: Path, family: Family) -> dict | None:
     kind = next((k for suffix, k in _HEAD_SUFFIXES.items() if arch and arch.endswith(suffix)), None)
     if kind is None:
         return None
-    labels = _labels(raw, path)
     head = family.head(kind)
+    if head is None:  # the family's heads do not run: the encoder alone, with a warning
+        return None
+    labels = _labels(raw, path)
     own_dense = kind == SEQUENCE_CLASSIFICATION and head.dense is not None
     return {
         "kind": kind,
@@ -452,7 +462,7 @@ class _Collector:
 def _is_linear(engine_name: str, shape: tuple[int, ...]) -> bool:
     """A Linear weight (the projection's too): HF stores it [out, in], the engine [in, out].
     Embedding tables are row lookups and keep HF's [rows, E]."""
-    return len(shape) == 2 and engine_name not in EMBEDDING_TENSORS
+    return len(shape) == 2 and engine_name not in (*EMBEDDING_TENSORS, *RELATIVE_BIAS_TENSORS)
 
 
 def _is_zero_token_types(family: Family, engine_name: str) -> bool:
@@ -544,6 +554,8 @@ def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256
     cfg["hidden_act"] = hf["hidden_act"]
     cfg["position_ids"] = hf["position_ids"]
     cfg["pad_token_id"] = hf["pad_token_id"]
+    cfg[RELATIVE_BUCKETS] = hf.get(RELATIVE_BUCKETS, 0)
+    cfg[LAYER] = hf.get(LAYER)
     cfg["has_pooler"] = has_pooler
     cfg[HEAD] = head
     cfg["dtype"] = dtype

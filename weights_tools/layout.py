@@ -58,6 +58,24 @@ INT_KEYS = (
 # and mean hidden_size (reader.read_config fills it in).
 EMBEDDING_SIZE = "embedding_size"
 
+# Rows of a relative position bias table shared by every layer's attention (MPNet), 0 for a family
+# without one. A table has at least RELATIVE_BUCKETS_LOOKED_UP rows: transformers' MPNet looks up
+# that many buckets (relative_position_bucket's default) whatever the table's size. Files written
+# before the key existed have no such table (reader.read_config fills in 0).
+RELATIVE_BUCKETS = "relative_attention_num_buckets"
+RELATIVE_BUCKETS_LOOKED_UP = 32
+
+# ModernBERT's layer, where BERT's post-LayerNorm one does not apply: null, or an object with
+#   rotary_theta: the rotary positions' theta of the global-attention layers (a positive number);
+#   local_rotary_theta: that of the sliding-window layers;
+#   local_window: a sliding-window layer attends keys within this distance (|j - i| <= it; > 0);
+#   global_every: layer i attends globally when i % global_every == 0 (a positive integer).
+# Such a model is pre-LayerNorm with a gated MLP ([input | gate] FFN-in, act(input) * gate), no
+# position table, no biases and no LayerNorm betas, and a final norm (the tensor list below).
+# Files written before the key existed hold BERT's layer (reader.read_config fills in null).
+LAYER = "layer"
+LAYER_KEYS = ("rotary_theta", "local_rotary_theta", "local_window", "global_every")
+
 # The task head above the encoder: null, or an object with these keys (check_head):
 #   kind: SEQUENCE_CLASSIFICATION (logits [B, num_labels] from token 0) or TOKEN_CLASSIFICATION
 #     (logits [B, S, num_labels] from every token);
@@ -89,6 +107,8 @@ CONFIG_KEYS = (
     "hidden_act",
     "position_ids",
     "pad_token_id",
+    RELATIVE_BUCKETS,
+    LAYER,
     "has_pooler",
     HEAD,
     "dtype",
@@ -107,6 +127,16 @@ EMBEDDING_TENSORS = (
     "embeddings.ln_beta",
 )
 POOLER_TENSORS = ("pooler.weight", "pooler.bias")
+# The relative position bias table [relative_attention_num_buckets, num_attention_heads], after the
+# embeddings (and projection), only when the config has one. A lookup table like the embeddings,
+# kept in HF's layout.
+RELATIVE_BIAS_TENSORS = ("encoder.relative_attention_bias",)
+# A model with ModernBERT's layer (LAYER): its embeddings (no position table, no beta), its layers'
+# (no biases, no betas; layer 0 has no pre-attention norm), then the final norm.
+MODERN_EMBEDDING_TENSORS = ("embeddings.word", "embeddings.token_type", "embeddings.ln_gamma")
+MODERN_LAYER_TENSORS = ("attn_ln_gamma", "qkv_weight", "attn_out_weight", "ffn_ln_gamma",
+                        "ffn_in_weight", "ffn_out_weight")
+FINAL_NORM_TENSORS = ("final_norm.gamma",)
 # The embeddings -> hidden projection, right after embeddings.ln_beta, only when embedding_size !=
 # hidden_size: [E, H] ([in, out], like every matrix) and [H].
 PROJECTION_TENSORS = ("embeddings.project_weight", "embeddings.project_bias")
@@ -153,6 +183,9 @@ def iter_expected_tensors(config: dict):
     V = int(config["vocab_size"])
     H = int(config["hidden_size"])
     I = int(config["intermediate_size"])  # noqa: E741 (the FFN inner size, as in the docs)
+    if config.get(LAYER) is not None:
+        yield from _modern_tensors(config, V, H, I)
+        return
     P = int(config["max_position_embeddings"])
     T = int(config["type_vocab_size"])
     E = embedding_size(config)
@@ -167,6 +200,9 @@ def iter_expected_tensors(config: dict):
     if E != H:
         projection_shapes = {"embeddings.project_weight": (E, H), "embeddings.project_bias": (H,)}
         yield from ((name, projection_shapes[name]) for name in PROJECTION_TENSORS)
+    R = int(config.get(RELATIVE_BUCKETS, 0))
+    if R > 0:
+        yield RELATIVE_BIAS_TENSORS[0], (R, int(config["num_attention_heads"]))
     layer_shapes = {
         "qkv_weight": (H, 3 * H),
         "qkv_bias": (3 * H,),
@@ -193,6 +229,17 @@ def iter_expected_tensors(config: dict):
                        "classifier.out_weight": (H, N), "classifier.out_bias": (N,)}
         names = HEAD_TENSORS if head["input"] == "first_token" else HEAD_TENSORS[2:]
         yield from ((name, head_shapes[name]) for name in names)
+
+
+def _modern_tensors(config: dict, V: int, H: int, I: int):  # noqa: E741
+    """iter_expected_tensors for ModernBERT's layer (see MODERN_LAYER_TENSORS)."""
+    yield from zip(MODERN_EMBEDDING_TENSORS, ((V, H), (int(config["type_vocab_size"]), H), (H,)))
+    shapes = {"attn_ln_gamma": (H,), "qkv_weight": (H, 3 * H), "attn_out_weight": (H, H),
+              "ffn_ln_gamma": (H,), "ffn_in_weight": (H, 2 * I), "ffn_out_weight": (I, H)}
+    for i in range(int(config["num_hidden_layers"])):
+        for name in MODERN_LAYER_TENSORS[1 if i == 0 else 0:]:
+            yield f"layers.{i}.{name}", shapes[name]
+    yield FINAL_NORM_TENSORS[0], (H,)
 
 
 def embedding_size(config: dict) -> int:
@@ -303,6 +350,12 @@ def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exceptio
             f"{where}: hidden_size {cfg['hidden_size']} is not divisible by "
             f"num_attention_heads {cfg['num_attention_heads']}"
         )
+    check_layer(cfg.get(LAYER), where, error)
+    R = cfg.get(RELATIVE_BUCKETS, 0)
+    if not _is_int(R) or not (R == 0 or RELATIVE_BUCKETS_LOOKED_UP <= R <= MAX_SIZE):
+        raise error(f"{where}: {RELATIVE_BUCKETS} must be 0 (no relative position bias) or an integer "
+                    f"from {RELATIVE_BUCKETS_LOOKED_UP} (the buckets the attention looks up) to "
+                    f"{MAX_SIZE}, got {R!r}")
     eps = cfg.get("layer_norm_eps")
     # The engine computes in float32: an eps that rounds to 0 or overflows there is no eps at all.
     if (not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps)
@@ -314,6 +367,24 @@ def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exceptio
             f"{where}: hidden_act {act!r} is not supported by the engine "
             f"(supported: {', '.join(ACTIVATIONS)})"
         )
+
+
+def check_layer(layer: Any, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks the engine config's LAYER value: null, or its object."""
+    if layer is None:
+        return
+    if not isinstance(layer, dict) or set(layer) != set(LAYER_KEYS):
+        raise error(f"{where}: {LAYER} must be null or an object with the keys {', '.join(LAYER_KEYS)}, "
+                    f"got {layer!r}")
+    for key in ("rotary_theta", "local_rotary_theta"):
+        v = layer[key]
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                or not 0 < _as_float32(v) < math.inf):
+            raise error(f"{where}: {LAYER}.{key} must be a positive number, got {v!r}")
+    for key in ("local_window", "global_every"):
+        v = layer[key]
+        if not _is_int(v) or not 0 < v <= MAX_SIZE:
+            raise error(f"{where}: {LAYER}.{key} must be a positive integer, got {v!r}")
 
 
 def check_positions(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:
@@ -372,6 +443,14 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
             f"{cfg['model_type']!r} has (its embeddings are hidden_size {cfg['hidden_size']!r} wide: "
             "it has no embedding projection)"
         )
+    if (family.derive_layer is not None) != (cfg[LAYER] is not None):
+        has = "has" if family.derive_layer is not None else "has no"
+        raise error(f"{where}: {LAYER} {cfg[LAYER]!r} does not fit model_type {cfg['model_type']!r}, "
+                    f"whose layer {has} such settings")
+    if family.relative_bias != (cfg[RELATIVE_BUCKETS] > 0):
+        has = "has" if family.relative_bias else "has no"
+        raise error(f"{where}: {RELATIVE_BUCKETS} {cfg[RELATIVE_BUCKETS]!r} does not fit model_type "
+                    f"{cfg['model_type']!r}, which {has} relative position bias")
     if not family.weights.pooler and cfg["has_pooler"] is True:
         raise error(f"{where}: has_pooler is true, but model_type {cfg['model_type']!r} has no pooler")
     if not isinstance(cfg["has_pooler"], bool):

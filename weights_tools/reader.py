@@ -14,6 +14,8 @@ from .layout import (
     CONFIG_KEYS,
     DTYPES,
     EMBEDDING_SIZE,
+    LAYER,
+    RELATIVE_BUCKETS,
     FORMAT_NAME,
     HEAD,
     FORMAT_VERSION,
@@ -73,6 +75,23 @@ def _fill_embedding_size(config: dict) -> dict:
     return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
 
 
+def _fill_layer(config: dict) -> dict:
+    """A config written before ModernBERT's layer existed holds BERT's: "layer" comes back null."""
+    if LAYER in config:
+        return config
+    merged = {**config, LAYER: None}
+    return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
+
+
+def _fill_relative_buckets(config: dict) -> dict:
+    """A config written before relative position biases (MPNet) existed has none: the key comes back
+    as 0, in its place."""
+    if RELATIVE_BUCKETS in config:
+        return config
+    merged = {**config, RELATIVE_BUCKETS: 0}
+    return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
+
+
 def _fill_head(config: dict) -> dict:
     """A config written before heads existed holds none: "head" comes back as null, in its place."""
     if HEAD in config:
@@ -105,7 +124,7 @@ def read_config(directory) -> dict:
         )
     if version == 1:
         config = _upgrade_version_1(config, path)
-    config = _fill_head(_fill_embedding_size(config))
+    config = _fill_head(_fill_layer(_fill_relative_buckets(_fill_embedding_size(config))))
     check_engine_config(config, str(path), FormatError)
     return config
 

@@ -52,6 +52,20 @@ ModelConfig config_from_dict(const py::dict& d) {
                      "config: position_ids '" << positions
                                               << "' is not 'absolute' or 'padding_offset'");
   if (positions == "padding_offset") c.position_pad_id = get<int>(d, "pad_token_id");
+  // ModernBERT's layer: pre-LayerNorm, rotary, gated MLP, sliding windows. Conversions without
+  // the key have BERT's.
+  if (d.contains("layer") && !d["layer"].is_none()) {
+    const auto a = d["layer"].cast<py::dict>();
+    c.rotary_theta = get<float>(a, "rotary_theta");
+    c.local_rotary_theta = get<float>(a, "local_rotary_theta");
+    c.local_window = get<int>(a, "local_window");
+    c.global_every = get<int>(a, "global_every");
+    c.gated_mlp = true;
+  }
+  // Conversions from before MPNet have no relative bias.
+  if (d.contains("relative_attention_num_buckets")) {
+    c.relative_attention_buckets = d["relative_attention_num_buckets"].cast<int>();
+  }
   // Conversions from before heads have none.
   if (d.contains("head") && !d["head"].is_none()) {
     const auto h = d["head"].cast<py::dict>();
@@ -103,6 +117,8 @@ void register_encoder(py::module_& m) {
   m.def("architectures", &model_architectures,
         "The architecture units this build runs, by the names the engine config's "
         "\"architecture\" takes.");
+  m.def("relative_position_bucket", &relative_position_bucket, py::arg("distance"),
+        "MPNet's bucket of the key-minus-query distance (ftbert/config.h).");
 
   py::class_<Encoder>(m, "Encoder")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,

@@ -58,6 +58,11 @@ Activations Session::activations() const {
   a.qkv = qkv_.data();
   a.ctx = ctx_.data();
   a.inter = inter_.data();
+  if (model_.config().gated_mlp) {
+    a.gated = static_cast<char*>(inter_.data()) +
+              static_cast<size_t>(capacity_tokens_) * 2 * model_.config().intermediate_size *
+                  dtype_size(model_.dtype());
+  }
   a.first_tokens = first_tokens_.data();
   a.pooled = pooled_.data();
   a.head_hidden = head_hidden_.data();
@@ -138,7 +143,8 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     if (c.has_projection()) embedded_ = DeviceBuffer(b, tokens * c.embedding_size * es);
     qkv_ = DeviceBuffer(b, tokens * 3 * H * es);
     ctx_ = DeviceBuffer(b, tokens * H * es);
-    inter_ = DeviceBuffer(b, tokens * I * es);
+    // A gated MLP: the FFN-in product [M, 2I], then its activation [M, I] after it.
+    inter_ = DeviceBuffer(b, tokens * (c.gated_mlp ? 3 * I : I) * es);
     if (token_head) logits_ = DeviceBuffer(b, tokens * N * es);
     const size_t dense_bytes = b->dense_residual_layernorm_workspace_bytes(
         static_cast<int>(std::min<int64_t>(tokens, INT32_MAX)), static_cast<int>(H));

@@ -45,8 +45,15 @@ struct TensorSpec {
   bool gemm_weight = false;  // read only by Backend::weight_gemm: uploaded in its layout
 };
 
+// Checked like the others but not uploaded: the architecture reads it from the host weights
+// (MPNet's relative bias table, expanded at load into a table by distance).
+constexpr DeviceBuffer* kHostOnly = nullptr;
+
+std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* w);
+
 // `w` may be null (the destinations are then null too): the names and shapes alone.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
+  if (c.gated_mlp) return modern_tensor_table(c, w);
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_size;
   auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
   std::vector<TensorSpec> t = {
@@ -59,6 +66,10 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   if (c.has_projection()) {
     t.push_back({"embeddings.project_weight", {E, H}, at(&ModelWeights::project_weight)});
     t.push_back({"embeddings.project_bias", {H}, at(&ModelWeights::project_bias)});
+  }
+  if (c.relative_attention_buckets > 0) {
+    t.push_back({"encoder.relative_attention_bias", {c.relative_attention_buckets, c.num_heads},
+                 kHostOnly});
   }
   if (w) w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -94,6 +105,34 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   return t;
 }
 
+// ModernBERT's layer ("layer" in the engine config): no position table, bias-free pre-attention
+// (from layer 1 on) and pre-MLP norms, fused QKV and [input | gate] FFN-in weights without
+// biases, a final norm. LayerNorm betas and biases are absent (the model supplies zeros).
+std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* w) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
+  std::vector<TensorSpec> t = {
+      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings)},
+      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings)},
+      {"embeddings.ln_gamma", {H}, at(&ModelWeights::emb_ln_gamma)},
+  };
+  if (w) w->layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    LayerWeights* l = w ? &w->layers[i] : nullptr;
+    auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
+    // Layer 0 reads the embeddings' norm: it has no pre-attention norm of its own.
+    if (i > 0) t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
+    t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight), true});
+    t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight), true});
+    t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});
+    t.push_back({p + "ffn_in_weight", {H, 2 * I}, in(&LayerWeights::ffn_in_weight), true});
+    t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight), true});
+  }
+  t.push_back({"final_norm.gamma", {H}, at(&ModelWeights::final_ln_gamma)});
+  return t;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const ModelConfig& c) {
@@ -112,9 +151,10 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return os.str();
 }
 
-// Looks up, checks and uploads one tensor in the compute dtype.
-DeviceBuffer upload_one(Backend* backend, const HostWeights& host, const std::string& name,
-                        const std::vector<int64_t>& shape, DType compute, bool gemm_weight) {
+}  // namespace
+
+std::vector<float> host_tensor(const HostWeights& host, const std::string& name,
+                               const std::vector<int64_t>& shape) {
   const auto it = host.find(name);
   FTBERT_CHECK(it != host.end(), "weights: missing tensor '" << name << "'");
   const HostTensor& t = it->second;
@@ -124,9 +164,22 @@ DeviceBuffer upload_one(Backend* backend, const HostWeights& host, const std::st
   const size_t n = static_cast<size_t>(t.numel());
   std::vector<float> f32(n);
   convert_host(t.data, t.dtype, f32.data(), DType::kFloat32, n);
-  // A NaN/inf weight, or one float16 cannot hold, poisons every output: refuse it here, by name.
+  // A NaN/inf weight poisons every output: refuse it here, by name.
+  for (float v : f32) {
+    FTBERT_CHECK(std::isfinite(v), "weights: tensor '" << name << "' holds a non-finite value");
+  }
+  return f32;
+}
+
+namespace {
+
+// Looks up, checks and uploads one tensor in the compute dtype.
+DeviceBuffer upload_one(Backend* backend, const HostWeights& host, const std::string& name,
+                        const std::vector<int64_t>& shape, DType compute, bool gemm_weight) {
+  const std::vector<float> f32 = host_tensor(host, name, shape);
+  const size_t n = f32.size();
+  // One float16 cannot hold poisons every output too.
   for (size_t i = 0; i < n; ++i) {
-    FTBERT_CHECK(std::isfinite(f32[i]), "weights: tensor '" << name << "' holds a non-finite value");
     FTBERT_CHECK(compute != DType::kFloat16 || std::fabs(f32[i]) <= 65504.0f,
                  "weights: tensor '" << name << "' holds " << f32[i]
                                      << ", beyond float16's range; use bfloat16 or float32");
@@ -155,7 +208,13 @@ ModelWeights upload_weights(Backend* backend, const ModelConfig& config, const H
     for (const TensorSpec& t : table) known = known || t.name == name;
     FTBERT_CHECK(known, "weights: unexpected tensor '" << name << "' for this config");
   }
-  for (const TensorSpec& t : table) *t.dest = upload_one(backend, host, t.name, t.shape, compute, t.gemm_weight);
+  for (const TensorSpec& t : table) {
+    if (t.dest == kHostOnly) {
+      host_tensor(host, t.name, t.shape);
+      continue;
+    }
+    *t.dest = upload_one(backend, host, t.name, t.shape, compute, t.gemm_weight);
+  }
   backend->synchronize();  // the host staging buffers are gone after this function
   return w;
 }

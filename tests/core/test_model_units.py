@@ -4,6 +4,7 @@ build does not run is refused with the ones it does."""
 
 import numpy as np
 import pytest
+import torch
 
 import ftbert
 from ftbert import _C
@@ -42,7 +43,7 @@ def test_a_config_without_an_architecture_runs_bert_as_before(bert_dir, rng):
     np.testing.assert_array_equal(plain[0], want)
 
 
-@pytest.mark.parametrize("name", ["modernbert", "", "BERT"])
+@pytest.mark.parametrize("name", ["deberta", "", "BERT"])
 def test_an_architecture_the_build_does_not_run_is_refused_by_name(bert_dir, name):
     config, tensors = load_hf_checkpoint(bert_dir)
     with pytest.raises(ValueError, match=rf"architecture '{name}' is not one this build runs \('bert'"):
@@ -51,5 +52,31 @@ def test_an_architecture_the_build_does_not_run_is_refused_by_name(bert_dir, nam
 
 def test_an_unknown_model_type_is_refused_before_the_engine(bert_dir):
     config, _ = load_hf_checkpoint(bert_dir)
-    with pytest.raises(ValueError, match="model_type 'mpnet' is not one ftbert runs"):
-        _native_config({**config, "model_type": "mpnet"})
+    with pytest.raises(ValueError, match="model_type 'deberta-v2' is not one ftbert runs"):
+        _native_config({**config, "model_type": "deberta-v2"})
+
+
+def test_the_units_expected_tensors_are_the_layout_s(bert_dir):
+    # The C++ tensor table and weights_tools/layout.py agree, MPNet's relative bias table included.
+    from ftbert.weights_tools.layout import expected_tensors
+
+    config, _ = load_hf_checkpoint(bert_dir)
+    for changes in ({}, {"relative_attention_num_buckets": 32, "architecture": "mpnet"}):
+        cfg = {**config, **changes}
+        assert [(n, tuple(s)) for n, s in _C.expected_tensors(cfg)] == expected_tensors(cfg)
+
+
+def test_the_bert_unit_refuses_a_relative_bias_it_would_drop(bert_dir):
+    config, tensors = load_hf_checkpoint(bert_dir)
+    table = torch.zeros(32, config["num_attention_heads"])
+    with pytest.raises(ValueError, match="architecture 'bert' adds no relative position bias"):
+        native(config, {**tensors, "encoder.relative_attention_bias": table},
+               relative_attention_num_buckets=32)
+
+
+def test_an_mpnet_unit_without_its_bias_table_is_refused(bert_dir):
+    config, tensors = load_hf_checkpoint(bert_dir)
+    with pytest.raises(ValueError, match="an MPNet model needs its relative_attention_num_buckets"):
+        native(config, tensors, architecture="mpnet")
+    with pytest.raises(RuntimeError, match="missing tensor 'encoder.relative_attention_bias'"):
+        native(config, tensors, architecture="mpnet", relative_attention_num_buckets=32)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ftbert
-from tests._models import FAMILIES, HEAD_KINDS, make_model, widen_head
+from tests._models import FAMILIES, HEAD_KINDS, family_kinds, make_model, widen_head
 from tests._packing import first_positions
 from tests._util import ragged_mask
 
@@ -163,8 +163,7 @@ def first_token_reference(m, first):
 # ---- packed against padded, every family and kind ---------------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,kind", family_kinds(KINDS))
 @pytest.mark.parametrize("padding,batch,seq", [("right", 5, 13), ("inner", 4, 22), ("left", 6, 17)])
 def test_packed_matches_padded(zoo, rng, family, kind, padding, batch, seq):
     m = zoo(family, kind)
@@ -388,8 +387,7 @@ def assert_identical(a, b):
             np.testing.assert_array_equal(x, y, err_msg=name)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,kind", family_kinds(KINDS))
 def test_auto_under_left_padding_stays_padded_only_for_first_token_outputs(zoo, rng, family, kind):
     m = zoo(family, kind)
     batch, seq = 4, 16
@@ -557,8 +555,7 @@ def padded_from_packed(m, ids, cu, types):
     return pids, mask, ptypes
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,kind", family_kinds(KINDS))
 def test_forward_packed_matches_the_padded_forward(zoo, rng, family, kind):
     m = zoo(family, kind)
     lengths = rng.integers(1, 20, 6)

@@ -52,7 +52,8 @@ TINY = dict(
 KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceClassification
 # model_type -> the transformers class-name stem of its models (RobertaModel, XLMRobertaForMaskedLM, ...).
 FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
-                  "distilbert": "DistilBert", "electra": "Electra"}
+                  "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
+                  "modernbert": "ModernBert"}
 # TINY under DistilBertConfig's own keys (no token types: type_vocab_size has no key there).
 DISTILBERT_KEYS = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "hidden_act": "activation", "type_vocab_size": None}
@@ -116,6 +117,8 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
     e = m.embeddings
     if hasattr(m, "transformer"):  # DistilBERT
         return _distilbert_reference(m)
+    if hasattr(m.encoder, "relative_attention_bias"):  # MPNet
+        return _mpnet_reference(m)
     ref = {
         "embeddings.word": e.word_embeddings.weight,
         "embeddings.position": e.position_embeddings.weight,
@@ -144,6 +147,39 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
                "embeddings.project_weight": project.weight.T, "embeddings.project_bias": project.bias,
                **{k: v for k, v in ref.items() if not k.startswith("embeddings.")}}
     if getattr(m, "pooler", None) is not None:  # ElectraModel has none
+        ref["pooler.weight"] = m.pooler.dense.weight.T
+        ref["pooler.bias"] = m.pooler.dense.bias
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
+def _mpnet_reference(m) -> dict[str, torch.Tensor]:
+    """reference_tensors for an MPNetModel: no token-type table (the engine's is one zero row), the
+    relative bias table after the embeddings, attention under attention.attn.{q,k,v,o}."""
+    e = m.embeddings
+    ref = {
+        "embeddings.word": e.word_embeddings.weight,
+        "embeddings.position": e.position_embeddings.weight,
+        "embeddings.token_type": torch.zeros(1, e.word_embeddings.weight.shape[1]),
+        "embeddings.ln_gamma": e.LayerNorm.weight,
+        "embeddings.ln_beta": e.LayerNorm.bias,
+        "encoder.relative_attention_bias": m.encoder.relative_attention_bias.weight,
+    }
+    for i, layer in enumerate(m.encoder.layer):
+        a = layer.attention.attn
+        p = f"layers.{i}."
+        ref[p + "qkv_weight"] = torch.cat([a.q.weight.T, a.k.weight.T, a.v.weight.T], dim=1)
+        ref[p + "qkv_bias"] = torch.cat([a.q.bias, a.k.bias, a.v.bias])
+        ref[p + "attn_out_weight"] = a.o.weight.T
+        ref[p + "attn_out_bias"] = a.o.bias
+        ref[p + "attn_ln_gamma"] = layer.attention.LayerNorm.weight
+        ref[p + "attn_ln_beta"] = layer.attention.LayerNorm.bias
+        ref[p + "ffn_in_weight"] = layer.intermediate.dense.weight.T
+        ref[p + "ffn_in_bias"] = layer.intermediate.dense.bias
+        ref[p + "ffn_out_weight"] = layer.output.dense.weight.T
+        ref[p + "ffn_out_bias"] = layer.output.dense.bias
+        ref[p + "ffn_ln_gamma"] = layer.output.LayerNorm.weight
+        ref[p + "ffn_ln_beta"] = layer.output.LayerNorm.bias
+    if getattr(m, "pooler", None) is not None:
         ref["pooler.weight"] = m.pooler.dense.weight.T
         ref["pooler.bias"] = m.pooler.dense.bias
     return {k: v.detach().float().contiguous() for k, v in ref.items()}

@@ -15,13 +15,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from tests._models import FAMILIES, label_names, make_model
+from tests._models import HEADED_FAMILIES as FAMILIES, label_names, make_model
 
 HEADS = {"cls": "sequence_classification", "token": "token_classification"}
 # family -> (input, activation) of its sequence head, as transformers' classes compute it.
 SEQUENCE_INPUT = {"bert": ("pooler", None), "roberta": ("first_token", "tanh"),
                   "xlm-roberta": ("first_token", "tanh"), "camembert": ("first_token", "tanh"),
-                  "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu")}
+                  "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu"),
+                  "mpnet": ("first_token", "tanh")}
 
 
 @pytest.fixture(scope="module")

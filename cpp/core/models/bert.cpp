@@ -34,6 +34,13 @@ class BertModel final : public Model {
 
 std::unique_ptr<Model> create_bert(const ModelConfig& config, const HostWeights& weights,
                                    Backend* backend, DType compute) {
+  // Running a model with a relative position bias here would drop the bias without a word.
+  FTBERT_CHECK_INPUT(config.relative_attention_buckets == 0,
+                     "config: architecture 'bert' adds no relative position bias, but "
+                     "relative_attention_num_buckets is "
+                         << config.relative_attention_buckets << " (MPNet's runs as 'mpnet')");
+  FTBERT_CHECK_INPUT(!config.gated_mlp, "config: architecture 'bert' runs BERT's post-LayerNorm "
+                                         "layer, not the \"layer\" the config describes");
   return std::make_unique<BertModel>(config, weights, backend, compute);
 }
 

@@ -16,6 +16,12 @@ using CreateModel = std::unique_ptr<Model> (*)(const ModelConfig& config,
 std::unique_ptr<Model> create_bert(const ModelConfig& config, const HostWeights& weights,
                                    Backend* backend, DType compute);
 
+std::unique_ptr<Model> create_mpnet(const ModelConfig& config, const HostWeights& weights,
+                                    Backend* backend, DType compute);
+
+std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWeights& weights,
+                                         Backend* backend, DType compute);
+
 struct ArchitectureUnit {
   const char* name;  // ModelConfig::architecture, the engine config's "architecture"
   CreateModel create;
@@ -23,6 +29,8 @@ struct ArchitectureUnit {
 
 inline constexpr ArchitectureUnit kArchitectures[] = {
     {"bert", create_bert},
+    {"mpnet", create_mpnet},
+    {"modernbert", create_modernbert},
 };
 
 }  // namespace ftbert

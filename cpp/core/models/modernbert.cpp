@@ -1,0 +1,131 @@
+// ModernBERT's architecture (weights_tools/families.py's MODERNBERT; transformers' ModernBertModel):
+//   embeddings (word + LN, no positions) -> L x [pre-LN (from layer 1) -> fused QKV GEMM ->
+//   rotary -> attention (global, or a sliding window of ±local_window) -> out GEMM -> + residual
+//   -> pre-LN -> FFN-in GEMM [input | gate] -> act(input) · gate -> FFN-out GEMM -> + residual]
+//   -> final LN.
+// No biases and no LayerNorm betas (transformers' defaults; the converter refuses other
+// settings): the model keeps one zero buffer for the ops that take them.
+#include <cmath>
+#include <vector>
+
+#include "core/models/models.h"
+#include "ftbert/attention.h"
+#include "ftbert/check.h"
+
+namespace ftbert {
+namespace {
+
+// [P, d]: row p = cos of the d/2 angles p · θ^(−2c/d), then their sin, in float32 as transformers
+// computes them (ModernBertRotaryEmbedding: inv_freq in float32, position × inv_freq in float32).
+std::vector<float> rotary_table(int positions, int head_dim, float theta) {
+  const int half = head_dim / 2;
+  std::vector<float> inv(half);
+  for (int c = 0; c < half; ++c) {
+    const float exponent = static_cast<float>(2 * c) / static_cast<float>(head_dim);
+    inv[c] = 1.0f / std::pow(theta, exponent);
+  }
+  std::vector<float> t(static_cast<size_t>(positions) * head_dim);
+  for (int p = 0; p < positions; ++p) {
+    float* row = t.data() + static_cast<size_t>(p) * head_dim;
+    for (int c = 0; c < half; ++c) {
+      const float angle = static_cast<float>(p) * inv[c];
+      row[c] = std::cos(angle);
+      row[half + c] = std::sin(angle);
+    }
+  }
+  return t;
+}
+
+DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values) {
+  DeviceBuffer buf(backend, values.size() * sizeof(float));
+  backend->copy_to_device(buf.data(), values.data(), values.size() * sizeof(float));
+  return buf;
+}
+
+DeviceBuffer zeros(Backend* backend, size_t bytes) {
+  const std::vector<unsigned char> z(bytes, 0);  // zero bits are 0 in every dtype
+  DeviceBuffer buf(backend, bytes);
+  backend->copy_to_device(buf.data(), z.data(), bytes);
+  return buf;
+}
+
+class ModernBertModel final : public Model {
+ public:
+  ModernBertModel(const ModelConfig& config, const HostWeights& weights, Backend* backend,
+                  DType compute)
+      : Model(config, *backend, compute),
+        weights_(upload_weights(backend, config_, weights, compute)),
+        global_rotary_(upload_floats(backend, rotary_table(config_.max_seq(), config_.head_dim(),
+                                                           config_.rotary_theta))),
+        local_rotary_(upload_floats(backend, rotary_table(config_.max_seq(), config_.head_dim(),
+                                                          config_.local_rotary_theta))),
+        zeros_(zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) * dtype_size(compute))) {
+    backend->synchronize();  // the host tables are gone after this
+  }
+
+  void forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* types,
+               const SequenceLayout& L, AttentionKind attention,
+               Outputs outputs) const override {
+    const DType dt = dtype_;
+    const ModelConfig& c = config_;
+    const ModelWeights& w = weights_;
+    const int M = L.rows, H = c.hidden_size, I = c.intermediate_size;
+    const float eps = c.layer_norm_eps;
+    const void* zero = zeros_.data();
+    // The residual stream lives in act.hidden2; `a` is the normed input of the next sublayer.
+    void* const x = act.hidden2;
+    be.embed_layernorm(dt, ids, types, w.word_embeddings.data(), nullptr,
+                       w.token_type_embeddings.data(), w.emb_ln_gamma.data(), zero, x, L, H,
+                       c.vocab_size, c.type_vocab_size, eps, -1);
+    // Rows past the tokens (a bucketed recording): attention never writes them in ctx.
+    if (L.bounded) be.clear_rows_past_tokens(act.ctx, L, static_cast<size_t>(H) * dtype_size(dt));
+    void* const out = act.output != nullptr ? act.output : act.hidden;
+    const void* a = x;  // layer 0 has no pre-attention norm
+    for (int i = 0; i < c.num_layers; ++i) {
+      const LayerWeights& l = w.layers[i];
+      const bool last = i + 1 == c.num_layers;
+      const bool global = c.global_layer(i);
+      // qkv [M, 3H] = a · Wqkv, rotated; ctx = attention over the layer's window
+      be.weight_gemm(dt, M, 3 * H, H, a, H, l.qkv_weight.data(), act.qkv, 3 * H);
+      be.rotary_embedding(dt, act.qkv, (global ? global_rotary_ : local_rotary_).as<float>(), L,
+                          c.num_heads, c.head_dim());
+      AttentionOptions options;
+      options.window = global ? 0 : c.local_window;
+      run_attention(be, attention, dt, act.qkv, zero, act.ctx, act.attention_scratch, L,
+                    c.num_heads, c.head_dim(), options);
+      // x += ctx · Wo; m = LN_mlp(x) into ctx (read by the Wo GEMM already)
+      be.weight_gemm(dt, M, H, H, act.ctx, H, l.attn_out_weight.data(), act.hidden, H);
+      be.residual_add_layernorm(dt, x, act.hidden, nullptr, l.ffn_ln_gamma.data(), zero, act.ctx,
+                                M, H, eps);
+      // x += (act(m · Wi[:, :I]) · (m · Wi[:, I:])) · Wo; a = the next norm of x
+      be.weight_gemm(dt, M, 2 * I, H, act.ctx, H, l.ffn_in_weight.data(), act.inter, 2 * I);
+      be.gated_activation(dt, act.inter, act.gated, M, I, c.activation);
+      be.weight_gemm(dt, M, H, I, act.gated, I, l.ffn_out_weight.data(), act.ctx, H);
+      const void* gamma = last ? w.final_ln_gamma.data() : w.layers[i + 1].attn_ln_gamma.data();
+      be.residual_add_layernorm(dt, x, act.ctx, nullptr, gamma, zero, last ? out : act.hidden, M,
+                                H, eps, last ? act.nonfinite : nullptr);
+      a = act.hidden;
+    }
+    (void)outputs;  // no pooler, no head (create_modernbert refuses one)
+  }
+
+ private:
+  ModelWeights weights_;
+  DeviceBuffer global_rotary_;  // [P, d] float32
+  DeviceBuffer local_rotary_;   // [P, d] float32
+  DeviceBuffer zeros_;          // [3H] in the compute dtype: the absent biases and betas
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWeights& weights,
+                                         Backend* backend, DType compute) {
+  FTBERT_CHECK_INPUT(config.gated_mlp && config.rotary_theta > 0 && config.local_rotary_theta > 0,
+                     "config: a ModernBERT model needs its \"layer\" settings (rotary thetas, "
+                     "windows)");
+  FTBERT_CHECK_INPUT(config.head.kind == HeadKind::kNone && !config.has_pooler,
+                     "config: ModernBERT runs as a bare encoder here (no pooler, no task head)");
+  return std::make_unique<ModernBertModel>(config, weights, backend, compute);
+}
+
+}  // namespace ftbert

@@ -443,6 +443,8 @@ def head_modules(hf):
     pre = getattr(hf, "pre_classifier", None)  # DistilBERT's sequence head
     if pre is not None:
         return pre, hf.classifier
+    if hasattr(hf, "head"):  # ModernBERT: dense, act, norm, then the classifier
+        return hf.head.dense, hf.classifier
     if hasattr(hf.classifier, "out_proj"):  # RobertaClassificationHead, ElectraClassificationHead
         return hf.classifier.dense, hf.classifier.out_proj
     return None, hf.classifier

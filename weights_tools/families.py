@@ -18,7 +18,7 @@ DistilBERT (other config keys, other weight names, no token types, no pooler), a
 discriminator (BERT's names under "electra.", embeddings of embedding_size projected to hidden_size
 by `embeddings_project`, no pooler), and MPNet (its own architecture unit: BERT's layers plus a
 relative position bias table), and ModernBERT (its own unit: pre-LayerNorm, rotary, gated MLP,
-sliding windows; bare encoder only).
+sliding windows; its heads with a norm of their own).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from .layout import (
     EMBEDDING_TENSORS,
     FINAL_NORM_TENSORS,
     HEAD_ACTIVATIONS,
+    HEAD_DENSE_TENSORS,
+    HEAD_NORM_TENSORS,
+    HEAD_OUT_TENSORS,
     HEAD_TENSORS,
     INT_KEYS,
     LAYER_TENSORS,
@@ -100,26 +103,40 @@ class SequenceHead:
     `dense` + `activation`, then `out` (num_labels wide). BERT's dense is its pooler (dense None: the
     classifier reads the pooler output); the others have a dense of their own in the head."""
 
-    dense: tuple[str, str] | None  # HF (weight, bias) of the head's own dense; None: the pooler
+    # HF (weight, bias) of the head's own dense; None: the pooler. A bias of None: the dense has
+    # none (the converter supplies zeros).
+    dense: tuple[str, str | None] | None
     activation: str | None  # after the own dense (layout.HEAD_ACTIVATIONS); None with the pooler
     out: tuple[str, str]  # HF (weight, bias) of the [num_labels, hidden] output Linear
+    norm: str | None = None  # HF name of a bias-free LayerNorm's weight after the activation
 
-    def hf_names(self) -> Mapping[str, str]:
-        """Engine head tensor (layout.HEAD_TENSORS) -> HF name."""
-        names = dict(zip(HEAD_TENSORS[2:], self.out))
+    def hf_names(self) -> Mapping[str, str | None]:
+        """Engine head tensor (layout.HEAD_TENSORS) -> HF name (None: zeros)."""
+        names = dict(zip(HEAD_OUT_TENSORS, self.out))
         if self.dense is not None:
-            names.update(zip(HEAD_TENSORS[:2], self.dense))
+            names.update(zip(HEAD_DENSE_TENSORS, self.dense))
+        if self.norm is not None:
+            names[HEAD_NORM_TENSORS[0]] = self.norm
         return MappingProxyType(names)
 
 
 @dataclass(frozen=True)
 class TokenHead:
-    """A token-classification head (*ForTokenClassification): one Linear on every token."""
+    """A token-classification head (*ForTokenClassification): one Linear on every token, after (where
+    `dense` is given: ModernBERT) a dense, its activation and a norm of its own on every token."""
 
     out: tuple[str, str]  # HF (weight, bias) of the [num_labels, hidden] Linear
+    dense: tuple[str, str | None] | None = None  # as SequenceHead's
+    activation: str | None = None
+    norm: str | None = None
 
-    def hf_names(self) -> Mapping[str, str]:
-        return MappingProxyType(dict(zip(HEAD_TENSORS[2:], self.out)))
+    def hf_names(self) -> Mapping[str, str | None]:
+        names = dict(zip(HEAD_OUT_TENSORS, self.out))
+        if self.dense is not None:
+            names.update(zip(HEAD_DENSE_TENSORS, self.dense))
+        if self.norm is not None:
+            names[HEAD_NORM_TENSORS[0]] = self.norm
+        return MappingProxyType(names)
 
 
 @dataclass(frozen=True)
@@ -197,6 +214,9 @@ class Family:
     # not BERT's post-LayerNorm one (ModernBERT); raises ValueError naming a setting the engine does
     # not run. None: BERT's layer.
     derive_layer: Callable[[Mapping[str, Any]], dict] | None = None
+    # As accepted_values, checked only when a head is converted (settings of the task model alone:
+    # ModernBERT's classifier_pooling, which bare checkpoints carry too).
+    head_accepted_values: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def relative_bias(self) -> bool:
@@ -541,8 +561,8 @@ def _modernbert_layer(raw: Mapping[str, Any]) -> dict:
 # window of local_attention // 2 on either side in all but every global_attn_every_n_layers-th
 # layer, a GeGLU MLP (Wi gives [input | gate]), a final norm; no position table, no token types, no
 # biases and no LayerNorm betas by default (other settings are refused). Task models keep the
-# encoder under "model."; their heads (dense, act, norm, classifier) do not run yet: a task
-# checkpoint loads its encoder, with the warning every unsupported head gets.
+# encoder under "model."; their heads are a dense without bias, GELU and a norm, then the
+# classifier, on token 0 (classifier_pooling "cls"; "mean" is refused) or on every token.
 MODERNBERT = Family(
     name="modernbert",
     model_types=("modernbert",),
@@ -583,9 +603,13 @@ MODERNBERT = Family(
     position_ids=ABSOLUTE,
     token_types=False,
     projection=None,
-    sequence_head=None,
-    token_head=None,
+    sequence_head=SequenceHead(dense=("head.dense.weight", None), activation="gelu",
+                               out=("classifier.weight", "classifier.bias"), norm="head.norm.weight"),
+    token_head=TokenHead(out=("classifier.weight", "classifier.bias"), dense=("head.dense.weight", None),
+                         activation="gelu", norm="head.norm.weight"),
     derive_layer=_modernbert_layer,
+    head_accepted_values=_frozen({"classifier_pooling": ("cls",), "classifier_activation": ("gelu",),
+                                  "classifier_bias": (False,)}),
 )
 
 
@@ -608,8 +632,8 @@ def _check(family: Family) -> Family:
         problems.append(f"layer tensors {sorted(w.layer)} != {sorted(want_layer)}")
     if modern and set(w.model) != set(FINAL_NORM_TENSORS):
         problems.append(f"a ModernBERT layer's model tensors {sorted(w.model)} != the final norm")
-    if modern and (family.sequence_head or family.token_head or w.pooler):
-        problems.append("the engine runs no pooler and no head of ModernBERT's layer yet")
+    if modern and w.pooler:
+        problems.append("the engine runs no pooler with ModernBERT's layer")
     if w.pooler and set(w.pooler) != set(POOLER_TENSORS):
         problems.append(f"pooler {sorted(w.pooler)} != {sorted(POOLER_TENSORS)}")
     head = family.sequence_head
@@ -619,8 +643,13 @@ def _check(family: Family) -> Family:
         problems.append("a sequence head without a dense of its own reads the pooler: it needs one")
     if head is not None and (head.dense is None) != (head.activation is None):
         problems.append("a sequence head's own dense and its activation come together")
-    if head is not None and head.activation not in (None, *HEAD_ACTIVATIONS):
-        problems.append(f"unknown head activation {head.activation!r}")
+    for h in (head, family.token_head):
+        if h is not None and h.activation not in (None, *HEAD_ACTIVATIONS):
+            problems.append(f"unknown head activation {h.activation!r}")
+        if h is not None and h.norm is not None and h.dense is None:
+            problems.append("a head's norm follows its own dense")
+    if family.token_head is not None and (family.token_head.dense is None) != (family.token_head.activation is None):
+        problems.append("a token head's own dense and its activation come together")
     if family.position_ids not in POSITION_SCHEMES:
         problems.append(f"unknown position-id scheme {family.position_ids!r}")
     if not family.token_types and family.config["type_vocab_size"] != Key(None, 1):

@@ -136,13 +136,19 @@ def read_head(src: Path, family: Family) -> dict | None:
     head = family.head(kind)
     if head is None:  # the family's heads do not run: the encoder alone, with a warning
         return None
+    for key, accepted in family.head_accepted_values.items():
+        value = raw.get(key, accepted[0])
+        if value not in accepted:
+            raise ConversionError(f"{path}: {key} {value!r} is not supported for {arch}'s head "
+                                  f"(only {_choices(accepted)})")
     labels = _labels(raw, path)
-    own_dense = kind == SEQUENCE_CLASSIFICATION and head.dense is not None
+    own_dense = head.dense is not None
     return {
         "kind": kind,
         "num_labels": len(labels),
         "input": "tokens" if kind == TOKEN_CLASSIFICATION else "first_token" if own_dense else "pooler",
         "activation": head.activation if own_dense else None,
+        "norm": head.norm is not None,
         "labels": labels,
         "score_activation": _score_activation(raw, path),
     }
@@ -501,6 +507,9 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
             out[name] = torch.zeros(shape, dtype=torch.float32)
             continue
         sources = family.hf_names(name, kind)
+        if sources == (None,):  # a bias the model does not have (ModernBERT's head dense): zeros
+            out[name] = torch.zeros(shape, dtype=torch.float32)
+            continue
         if _is_linear(name, shape):
             n_in, n_out = shape
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
@@ -537,6 +546,8 @@ def hf_state_dict(family: Family, config: dict,
         if _is_linear(name, shape):
             t = t.t()  # [in, k * out] -> [k * out, in]
         sources = family.hf_names(name, kind)
+        if sources == (None,):
+            continue  # supplied by the converter as zeros
         # A task model keeps its encoder under the family's prefix, its head at the top.
         prefix = family.weights.prefixes[0] if kind and name not in HEAD_TENSORS else ""
         for source, piece in zip(sources, t.chunk(len(sources), dim=0)):

@@ -82,16 +82,19 @@ LAYER_KEYS = ("rotary_theta", "local_rotary_theta", "local_window", "global_ever
 #   num_labels: a positive integer;
 #   input: where a sequence head reads: "pooler" (the pooler output: BERT) or "first_token" (token 0
 #     through the head's own dense and activation: the others); "tokens" for a token head;
-#   activation: that own dense's activation (HEAD_ACTIVATIONS), null otherwise;
+#   activation: that own dense's activation (HEAD_ACTIVATIONS), null otherwise; a token head with
+#     an activation has a dense of its own too, on every token (ModernBERT's);
+#   norm: true where a bias-free LayerNorm follows that activation (ModernBERT's head), else false;
 #   labels: the class names by id (config.json's id2label), num_labels of them;
 #   score_activation: what sentence-transformers applies to the scores (SCORE_ACTIVATIONS, from
 #     config.json's sentence_transformers.activation_fn), or null where the checkpoint says nothing.
-# Files written before heads existed lack the key and mean null (reader.read_config fills it in).
+# Files written before heads existed lack the key and mean null, and heads written before "norm"
+# existed mean false (reader.read_config fills both in).
 HEAD = "head"
 SEQUENCE_CLASSIFICATION = "sequence_classification"
 TOKEN_CLASSIFICATION = "token_classification"
 HEAD_KINDS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
-HEAD_KEYS = ("kind", "num_labels", "input", "activation", "labels", "score_activation")
+HEAD_KEYS = ("kind", "num_labels", "input", "activation", "norm", "labels", "score_activation")
 HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token"), TOKEN_CLASSIFICATION: ("tokens",)}
 HEAD_ACTIVATIONS = ("tanh", "gelu", "relu")
 SCORE_ACTIVATIONS = ("sigmoid", "identity", "softmax")
@@ -140,10 +143,12 @@ FINAL_NORM_TENSORS = ("final_norm.gamma",)
 # The embeddings -> hidden projection, right after embeddings.ln_beta, only when embedding_size !=
 # hidden_size: [E, H] ([in, out], like every matrix) and [H].
 PROJECTION_TENSORS = ("embeddings.project_weight", "embeddings.project_bias")
-# The head's, after the pooler's: its own dense ([H, H], [H]; input "first_token" only), then its
-# output Linear ([H, num_labels], [num_labels]).
-HEAD_TENSORS = ("classifier.dense_weight", "classifier.dense_bias", "classifier.out_weight",
-                "classifier.out_bias")
+# The head's, after the pooler's: its own dense ([H, H], [H]; where the head has an activation),
+# its norm's gamma ([H]; "norm" true), then its output Linear ([H, num_labels], [num_labels]).
+HEAD_DENSE_TENSORS = ("classifier.dense_weight", "classifier.dense_bias")
+HEAD_NORM_TENSORS = ("classifier.norm_gamma",)
+HEAD_OUT_TENSORS = ("classifier.out_weight", "classifier.out_bias")
+HEAD_TENSORS = (*HEAD_DENSE_TENSORS, *HEAD_NORM_TENSORS, *HEAD_OUT_TENSORS)
 
 LAYER_TENSORS = (
     "qkv_weight",
@@ -222,13 +227,20 @@ def iter_expected_tensors(config: dict):
     if config["has_pooler"]:
         pooler_shapes = {"pooler.weight": (H, H), "pooler.bias": (H,)}
         yield from ((name, pooler_shapes[name]) for name in POOLER_TENSORS)
+    yield from head_tensors(config, H)
+
+
+def head_tensors(config: dict, H: int):
+    """The head's tensors a config implies (see HEAD_TENSORS), as (name, shape)."""
     head = config.get(HEAD)
-    if head is not None:
-        N = int(head["num_labels"])
-        head_shapes = {"classifier.dense_weight": (H, H), "classifier.dense_bias": (H,),
-                       "classifier.out_weight": (H, N), "classifier.out_bias": (N,)}
-        names = HEAD_TENSORS if head["input"] == "first_token" else HEAD_TENSORS[2:]
-        yield from ((name, head_shapes[name]) for name in names)
+    if head is None:
+        return
+    N = int(head["num_labels"])
+    if head["activation"] is not None:
+        yield from zip(HEAD_DENSE_TENSORS, ((H, H), (H,)))
+    if head.get("norm"):
+        yield HEAD_NORM_TENSORS[0], (H,)
+    yield from zip(HEAD_OUT_TENSORS, ((H, N), (N,)))
 
 
 def _modern_tensors(config: dict, V: int, H: int, I: int):  # noqa: E741
@@ -240,6 +252,7 @@ def _modern_tensors(config: dict, V: int, H: int, I: int):  # noqa: E741
         for name in MODERN_LAYER_TENSORS[1 if i == 0 else 0:]:
             yield f"layers.{i}.{name}", shapes[name]
     yield FINAL_NORM_TENSORS[0], (H,)
+    yield from head_tensors(config, H)
 
 
 def embedding_size(config: dict) -> int:
@@ -501,8 +514,15 @@ def check_head(cfg: dict, where: str, error: Callable[[str], Exception]) -> None
         if act not in HEAD_ACTIVATIONS:
             raise error(f"{where}: head.activation must be one of {', '.join(map(repr, HEAD_ACTIVATIONS))} "
                         f"for input 'first_token', got {act!r}")
+    elif head["input"] == "tokens":
+        if act not in (None, *HEAD_ACTIVATIONS):
+            raise error(f"{where}: head.activation must be null or one of "
+                        f"{', '.join(map(repr, HEAD_ACTIVATIONS))} for input 'tokens', got {act!r}")
     elif act is not None:
         raise error(f"{where}: head.activation must be null for input {head['input']!r}, got {act!r}")
+    if not isinstance(head["norm"], bool) or (head["norm"] and act is None):
+        raise error(f"{where}: head.norm must be true or false, and true only after a dense with an "
+                    f"activation, got {head['norm']!r}")
     labels = head["labels"]
     if (not isinstance(labels, list) or len(labels) != n
             or not all(isinstance(x, str) for x in labels)):

@@ -18,6 +18,7 @@ from .layout import (
     RELATIVE_BUCKETS,
     FORMAT_NAME,
     HEAD,
+    HEAD_KEYS,
     FORMAT_VERSION,
     READABLE_VERSIONS,
     check_engine_config,
@@ -93,7 +94,12 @@ def _fill_relative_buckets(config: dict) -> dict:
 
 
 def _fill_head(config: dict) -> dict:
-    """A config written before heads existed holds none: "head" comes back as null, in its place."""
+    """A config written before heads existed holds none: "head" comes back as null, in its place; a
+    head written before "norm" existed has none (false, in its place)."""
+    head = config.get(HEAD)
+    if isinstance(head, dict) and "norm" not in head:
+        merged = {**head, "norm": False}
+        return {**config, HEAD: {**{k: merged[k] for k in HEAD_KEYS if k in merged}, **merged}}
     if HEAD in config:
         return config
     merged = {**config, HEAD: None}

@@ -76,6 +76,10 @@ ModelConfig config_from_dict(const py::dict& d) {
     c.head.kind = kind == "token_classification" ? HeadKind::kToken : HeadKind::kSequence;
     c.head.num_labels = get<int>(h, "num_labels");
     c.head.reads_pooler = get<std::string>(h, "input") == "pooler";
+    // A token head with an activation has a dense of its own; heads written before "norm" have none.
+    c.head.token_dense = c.head.kind == HeadKind::kToken && h.contains("activation") &&
+                         !h["activation"].is_none();
+    c.head.norm = h.contains("norm") && h["norm"].cast<bool>();
     if (c.head.has_dense()) {
       c.head.dense_activation = head_activation_from_name(get<std::string>(h, "activation"));
     }

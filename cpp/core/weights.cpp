@@ -51,6 +51,22 @@ constexpr DeviceBuffer* kHostOnly = nullptr;
 
 std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* w);
 
+// The head's tensors, after the model's: its own dense, its norm, its output Linear.
+void append_head(std::vector<TensorSpec>& t, const ModelConfig& c, ModelWeights* w) {
+  const int64_t H = c.hidden_size;
+  auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
+  if (c.head.has_dense()) {
+    t.push_back({"classifier.dense_weight", {H, H}, at(&ModelWeights::head_dense_weight)});
+    t.push_back({"classifier.dense_bias", {H}, at(&ModelWeights::head_dense_bias)});
+  }
+  if (c.head.norm) t.push_back({"classifier.norm_gamma", {H}, at(&ModelWeights::head_ln_gamma)});
+  if (c.head.kind != HeadKind::kNone) {
+    const int64_t N = c.head.num_labels;
+    t.push_back({"classifier.out_weight", {H, N}, at(&ModelWeights::head_out_weight)});
+    t.push_back({"classifier.out_bias", {N}, at(&ModelWeights::head_out_bias)});
+  }
+}
+
 // `w` may be null (the destinations are then null too): the names and shapes alone.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   if (c.gated_mlp) return modern_tensor_table(c, w);
@@ -93,15 +109,7 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
     t.push_back({"pooler.weight", {H, H}, at(&ModelWeights::pooler_weight)});
     t.push_back({"pooler.bias", {H}, at(&ModelWeights::pooler_bias)});
   }
-  if (c.head.has_dense()) {
-    t.push_back({"classifier.dense_weight", {H, H}, at(&ModelWeights::head_dense_weight)});
-    t.push_back({"classifier.dense_bias", {H}, at(&ModelWeights::head_dense_bias)});
-  }
-  if (c.head.kind != HeadKind::kNone) {
-    const int64_t N = c.head.num_labels;
-    t.push_back({"classifier.out_weight", {H, N}, at(&ModelWeights::head_out_weight)});
-    t.push_back({"classifier.out_bias", {N}, at(&ModelWeights::head_out_bias)});
-  }
+  append_head(t, c, w);
   return t;
 }
 
@@ -130,6 +138,7 @@ std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* 
     t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight), true});
   }
   t.push_back({"final_norm.gamma", {H}, at(&ModelWeights::final_ln_gamma)});
+  append_head(t, c, w);
   return t;
 }
 

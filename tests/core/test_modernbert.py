@@ -136,6 +136,21 @@ def test_settings_the_engine_does_not_run_are_refused_by_name(tmp_path, change, 
         ftbert.Encoder.from_pretrained(tmp_path)
 
 
+def test_mean_pooling_heads_are_refused_but_bare_encoders_carrying_the_key_load(tmp_path, rng):
+    # classifier_pooling "mean" changes what a sequence head reads: refused for the head only;
+    # ModernBERT-base's own config.json carries it for its bare encoder.
+    make_modernbert(tmp_path / "cls", kind="cls", hidden=32, heads=2, layers=2, seed=10)
+    hf = make_modernbert(tmp_path / "bare", hidden=32, heads=2, layers=2, seed=10)
+    for d in ("cls", "bare"):
+        cfg_path = tmp_path / d / "config.json"
+        cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "classifier_pooling": "mean"}))
+    with pytest.raises(ValueError, match="classifier_pooling 'mean' is not supported for ModernBertForSequenceClassification"):
+        ftbert.Encoder.from_pretrained(tmp_path / "cls")
+    ids, mask = inputs(rng, hf, 2, 20, "right")
+    out = ftbert.Encoder.from_pretrained(tmp_path / "bare")(ids, mask).last_hidden_state
+    assert np.abs(out - reference(hf, ids, mask))[mask.astype(bool)].max() <= TOL
+
+
 def test_a_converted_modernbert_keeps_its_layer(tmp_path, rng):
     hf = make_modernbert(tmp_path / "hf", hidden=32, heads=2, layers=3, seed=9)
     ftbert.convert_checkpoint(tmp_path / "hf", tmp_path / "out", progress=False)

@@ -155,6 +155,8 @@ def first_token_reference(m, first):
                 logits = hf.classifier(pooled)
             elif m.family == "distilbert":
                 logits = hf.classifier(torch.relu(hf.pre_classifier(x[:, 0])))
+            elif m.family == "modernbert":  # ModernBertPredictionHead on token 0, then the classifier
+                logits = hf.classifier(hf.head(x[:, 0]))
             else:  # RobertaClassificationHead, ElectraClassificationHead: read features[:, 0]
                 logits = hf.classifier(x)
     return tuple(None if t is None else t.numpy() for t in (pooled, logits))

@@ -42,6 +42,10 @@ CASES = {
                         embedding=64, type_vocab=3, seed=71),
     "electra-token": dict(family="electra", kind="token", hidden=64, heads=2, layers=1, num_labels=5,
                           embedding=64, seed=72),
+    "modernbert-cls": dict(family="modernbert", kind="cls", hidden=128, heads=2, layers=3, num_labels=3,
+                           seed=73),
+    "modernbert-token": dict(family="modernbert", kind="token", hidden=64, heads=1, layers=2, num_labels=5,
+                             seed=74),
 }
 
 
@@ -100,7 +104,11 @@ def errors(case, hidden, logits, ref_hidden, ref_logits, mask):
     valid = mask.bool().cpu()
     e_h = (hidden.float().cpu() - ref_hidden).abs()[valid].max().item()
     d = (logits.float().cpu() - ref_logits).abs()
-    e_l = (d if case.kind == "cls" else d[valid]).max().item()
+    if case.kind == "cls" and case.family == "modernbert":
+        # A left-padded row's token 0 is a pad that its sliding window may leave without a real key:
+        # transformers weighs every key alike there, ftbert gives zeros (test_head_parity.py).
+        d = d[valid[:, 0]] if valid[:, 0].any() else d[:0]
+    e_l = (d if case.kind == "cls" else d[valid]).max().item() if d.numel() else 0.0
     return e_h, e_l
 
 

@@ -102,11 +102,15 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
     name = type(model).__name__
     if name.endswith(("ForSequenceClassification", "ForTokenClassification")):
         pre = getattr(model, "pre_classifier", None)  # DistilBERT
-        dense, out = (pre, classifier) if pre is not None else (
+        modern = getattr(model, "head", None)  # ModernBERT: dense (no bias), act, norm
+        dense, out = (pre, classifier) if pre is not None else (modern.dense, classifier) if modern is not None else (
             (classifier.dense, classifier.out_proj) if hasattr(classifier, "out_proj") else (None, classifier))
         if dense is not None:
             ref["classifier.dense_weight"] = dense.weight.detach().T.contiguous()
-            ref["classifier.dense_bias"] = dense.bias.detach()
+            ref["classifier.dense_bias"] = (dense.bias.detach() if dense.bias is not None
+                                            else torch.zeros(dense.weight.shape[0]))
+        if modern is not None:
+            ref["classifier.norm_gamma"] = modern.norm.weight.detach()
         ref["classifier.out_weight"] = out.weight.detach().T.contiguous()
         ref["classifier.out_bias"] = out.bias.detach()
     return ref
@@ -117,6 +121,8 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
     e = m.embeddings
     if hasattr(m, "transformer"):  # DistilBERT
         return _distilbert_reference(m)
+    if hasattr(m, "final_norm"):  # ModernBERT
+        return _modernbert_reference(m)
     if hasattr(m.encoder, "relative_attention_bias"):  # MPNet
         return _mpnet_reference(m)
     ref = {
@@ -149,6 +155,29 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
     if getattr(m, "pooler", None) is not None:  # ElectraModel has none
         ref["pooler.weight"] = m.pooler.dense.weight.T
         ref["pooler.bias"] = m.pooler.dense.bias
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
+def _modernbert_reference(m) -> dict[str, torch.Tensor]:
+    """reference_tensors for a ModernBertModel: word table, a zero token-type row, the embeddings'
+    norm; per layer the pre-attention norm (from layer 1), Wqkv, Wo, the pre-MLP norm, Wi, Wo; the
+    final norm. No biases, no betas."""
+    e = m.embeddings
+    ref = {
+        "embeddings.word": e.tok_embeddings.weight,
+        "embeddings.token_type": torch.zeros(1, e.tok_embeddings.weight.shape[1]),
+        "embeddings.ln_gamma": e.norm.weight,
+    }
+    for i, layer in enumerate(m.layers):
+        p = f"layers.{i}."
+        if i > 0:
+            ref[p + "attn_ln_gamma"] = layer.attn_norm.weight
+        ref[p + "qkv_weight"] = layer.attn.Wqkv.weight.T
+        ref[p + "attn_out_weight"] = layer.attn.Wo.weight.T
+        ref[p + "ffn_ln_gamma"] = layer.mlp_norm.weight
+        ref[p + "ffn_in_weight"] = layer.mlp.Wi.weight.T
+        ref[p + "ffn_out_weight"] = layer.mlp.Wo.weight.T
+    ref["final_norm.gamma"] = m.final_norm.weight
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 

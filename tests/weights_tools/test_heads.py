@@ -22,7 +22,7 @@ HEADS = {"cls": "sequence_classification", "token": "token_classification"}
 SEQUENCE_INPUT = {"bert": ("pooler", None), "roberta": ("first_token", "tanh"),
                   "xlm-roberta": ("first_token", "tanh"), "camembert": ("first_token", "tanh"),
                   "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu"),
-                  "mpnet": ("first_token", "tanh")}
+                  "mpnet": ("first_token", "tanh"), "modernbert": ("first_token", "gelu")}
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +72,15 @@ def _outside_encoder(src, model):
         return [n for n in f.keys() if not n.startswith(model.base_model_prefix + ".")]
 
 
+# ModernBERT's heads: a dense, GELU and a norm of their own, on token 0 or on every token.
+TOKEN_ACTIVATION = {"modernbert": "gelu"}
+HEAD_NORM = ("modernbert",)
+
+
 def _expected_head(family, kind, n, score=None):
-    source, activation = SEQUENCE_INPUT[family] if kind == "cls" else ("tokens", None)
+    source, activation = SEQUENCE_INPUT[family] if kind == "cls" else ("tokens", TOKEN_ACTIVATION.get(family))
     return {"kind": HEADS[kind], "num_labels": n, "input": source, "activation": activation,
-            "labels": label_names(n), "score_activation": score}
+            "norm": family in HEAD_NORM, "labels": label_names(n), "score_activation": score}
 
 
 @pytest.mark.parametrize("kind", ["cls", "token"])
@@ -101,13 +106,16 @@ def test_head_named_by_architectures_is_converted(wt, hf, checkpoint, capsys, fa
     assert set(tensors) == set(ref)
     for name, t in tensors.items():
         assert torch.equal(t, ref[name]), name
-    own_dense = config["head"]["input"] == "first_token"
-    head_names = ["classifier.dense_weight", "classifier.dense_bias"] * own_dense + [
-        "classifier.out_weight", "classifier.out_bias"]
+    own_dense = config["head"]["activation"] is not None
+    norm = config["head"]["norm"]
+    head_names = (["classifier.dense_weight", "classifier.dense_bias"] * own_dense + ["classifier.norm_gamma"] * norm
+                  + ["classifier.out_weight", "classifier.out_bias"])
     assert list(tensors)[-len(head_names):] == head_names
     assert tensors["classifier.out_weight"].shape == (48, 3) and tensors["classifier.out_bias"].shape == (3,)
-    # Every tensor of the checkpoint is used: nothing is left out.
-    assert len(_outside_encoder(src, model)) == len(head_names)
+    # Every tensor of the checkpoint is used: nothing is left out (ModernBERT's dense has no bias:
+    # the converter's zeros stand for it).
+    bias_free = family == "modernbert"
+    assert len(_outside_encoder(src, model)) == len(head_names) - bias_free
 
 
 @pytest.mark.parametrize("family", FAMILIES)

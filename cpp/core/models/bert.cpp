@@ -39,6 +39,8 @@ std::unique_ptr<Model> create_bert(const ModelConfig& config, const HostWeights&
                      "config: architecture 'bert' adds no relative position bias, but "
                      "relative_attention_num_buckets is "
                          << config.relative_attention_buckets << " (MPNet's runs as 'mpnet')");
+  FTBERT_CHECK_INPUT(!config.head.norm && !config.head.token_dense,
+                     "config: architecture 'bert' runs BERT's heads: no head norm, no token dense");
   FTBERT_CHECK_INPUT(!config.gated_mlp, "config: architecture 'bert' runs BERT's post-LayerNorm "
                                          "layer, not the \"layer\" the config describes");
   return std::make_unique<BertModel>(config, weights, backend, compute);

@@ -2,7 +2,7 @@
 //   embeddings (word + LN, no positions) -> L x [pre-LN (from layer 1) -> fused QKV GEMM ->
 //   rotary -> attention (global, or a sliding window of ±local_window) -> out GEMM -> + residual
 //   -> pre-LN -> FFN-in GEMM [input | gate] -> act(input) · gate -> FFN-out GEMM -> + residual]
-//   -> final LN.
+//   -> final LN -> task head (dense + act + LN on token 0 or every token, then the classifier).
 // No biases and no LayerNorm betas (transformers' defaults; the converter refuses other
 // settings): the model keeps one zero buffer for the ops that take them.
 #include <cmath>
@@ -106,10 +106,43 @@ class ModernBertModel final : public Model {
                                 H, eps, last ? act.nonfinite : nullptr);
       a = act.hidden;
     }
-    (void)outputs;  // no pooler, no head (create_modernbert refuses one)
+    if (outputs.logits && c.head.kind != HeadKind::kNone) head(be, act, out, L);
   }
 
  private:
+  // transformers' ModernBertPredictionHead then the classifier: x = LN(act(x · Wd + bd)) on token
+  // 0 (sequence head, classifier_pooling "cls") or every token, logits = x · Wout + bout.
+  void head(Backend& be, const Activations& act, const void* hidden,
+            const SequenceLayout& L) const {
+    const DType dt = dtype_;
+    const ModelWeights& w = weights_;
+    const HeadConfig& hc = config_.head;
+    const int H = config_.hidden_size, N = hc.num_labels;
+    const float eps = config_.layer_norm_eps;
+    if (hc.kind == HeadKind::kSequence) {
+      const int B = L.batch;
+      be.first_token_dense(dt, hidden, L, w.head_dense_weight.data(), w.head_dense_bias.data(),
+                           act.head_hidden, act.first_tokens, H, H, hc.dense_activation,
+                           act.output != nullptr);
+      be.residual_add_layernorm(dt, act.head_hidden, nullptr, nullptr, w.head_ln_gamma.data(),
+                                zeros_.data(), act.pooled, B, H, eps);
+      be.gemm(dt, false, false, B, N, H, act.pooled, H, w.head_out_weight.data(), N, act.logits, N);
+      be.add_bias_activation(dt, act.logits, w.head_out_bias.data(), B, N, Activation::kIdentity);
+      return;
+    }
+    // A per-token head reads every final hidden state in a GEMM (model.h: not act.output).
+    FTBERT_CHECK(act.output == nullptr,
+                 "forward: a per-token head reads the final hidden states in a GEMM, so they cannot "
+                 "go to act.output");
+    const int M = L.rows;
+    be.gemm(dt, false, false, M, H, H, hidden, H, w.head_dense_weight.data(), H, act.ctx, H);
+    be.add_bias_activation(dt, act.ctx, w.head_dense_bias.data(), M, H, hc.dense_activation);
+    be.residual_add_layernorm(dt, act.ctx, nullptr, nullptr, w.head_ln_gamma.data(), zeros_.data(),
+                              act.hidden2, M, H, eps);
+    be.gemm(dt, false, false, M, N, H, act.hidden2, H, w.head_out_weight.data(), N, act.logits, N);
+    be.add_bias_activation(dt, act.logits, w.head_out_bias.data(), M, N, Activation::kIdentity);
+  }
+
   ModelWeights weights_;
   DeviceBuffer global_rotary_;  // [P, d] float32
   DeviceBuffer local_rotary_;   // [P, d] float32
@@ -123,8 +156,9 @@ std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWe
   FTBERT_CHECK_INPUT(config.gated_mlp && config.rotary_theta > 0 && config.local_rotary_theta > 0,
                      "config: a ModernBERT model needs its \"layer\" settings (rotary thetas, "
                      "windows)");
-  FTBERT_CHECK_INPUT(config.head.kind == HeadKind::kNone && !config.has_pooler,
-                     "config: ModernBERT runs as a bare encoder here (no pooler, no task head)");
+  FTBERT_CHECK_INPUT(!config.has_pooler, "config: ModernBERT has no pooler");
+  FTBERT_CHECK_INPUT(config.head.kind == HeadKind::kNone || (config.head.has_dense() && config.head.norm),
+                     "config: a ModernBERT head has a dense, an activation and a norm of its own");
   return std::make_unique<ModernBertModel>(config, weights, backend, compute);
 }
 

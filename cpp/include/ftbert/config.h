@@ -40,12 +40,16 @@ struct HeadConfig {
   int num_labels = 0;         // N
   bool reads_pooler = false;  // sequence head on the pooler output (BERT); else its own dense
   Activation dense_activation = Activation::kTanh;  // of that own dense
+  bool token_dense = false;  // a token head with a dense + activation of its own (ModernBERT)
+  bool norm = false;         // a bias-free LayerNorm after the own dense's activation (ModernBERT)
 
   // The logits' rows for a batch: one per sequence or one per token.
   int64_t rows(int batch, int seq) const {
     return kind == HeadKind::kToken ? static_cast<int64_t>(batch) * seq : batch;
   }
-  bool has_dense() const { return kind == HeadKind::kSequence && !reads_pooler; }
+  bool has_dense() const {
+    return (kind == HeadKind::kSequence && !reads_pooler) || (kind == HeadKind::kToken && token_dense);
+  }
 };
 
 // MPNet's relative positions (transformers' MPNetEncoder.relative_position_bucket, called with its
@@ -126,6 +130,7 @@ struct ModelConfig {
                    "config: head.num_labels must be positive, got " << head.num_labels);
       FTBERT_CHECK(!head.reads_pooler || (head.kind == HeadKind::kSequence && has_pooler),
                    "config: only a sequence head of a model with a pooler reads the pooler");
+      FTBERT_CHECK(!head.norm || head.has_dense(), "config: a head's norm follows its own dense");
     }
   }
 };

@@ -81,6 +81,7 @@ struct ModelWeights {
   DeviceBuffer pooler_bias;            // [H]
   DeviceBuffer head_dense_weight;      // [H, H] (a sequence head's own dense; else empty)
   DeviceBuffer head_dense_bias;        // [H]
+  DeviceBuffer head_ln_gamma;          // [H] (a head with a norm; else empty)
   DeviceBuffer head_out_weight;        // [H, N] (empty without a head)
   DeviceBuffer head_out_bias;          // [N]
 };

@@ -10,7 +10,7 @@ import ftbert
 from ftbert import _C
 from ftbert.encoder import _host_tensor, _native_config
 from ftbert.weights_tools import load_hf_checkpoint
-from tests._models import make_bert
+from tests._models import family_kinds, make_bert, make_model
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +56,16 @@ def test_an_unknown_model_type_is_refused_before_the_engine(bert_dir):
         _native_config({**config, "model_type": "deberta-v2"})
 
 
-def test_the_units_expected_tensors_are_the_layout_s(bert_dir):
-    # The C++ tensor table and weights_tools/layout.py agree, MPNet's relative bias table included.
+@pytest.mark.parametrize("family,kind", family_kinds(("model", "cls", "token")))
+def test_the_units_expected_tensors_are_the_layout_s(tmp_path, family, kind):
+    # The C++ tensor table (cpp/core/weights.cpp) and weights_tools/layout.py agree for every family
+    # and head: MPNet's relative bias table, ModernBERT's layer and heads, ELECTRA's projection.
     from ftbert.weights_tools.layout import expected_tensors
 
-    config, _ = load_hf_checkpoint(bert_dir)
-    for changes in ({}, {"relative_attention_num_buckets": 32, "architecture": "mpnet"}):
-        cfg = {**config, **changes}
-        assert [(n, tuple(s)) for n, s in _C.expected_tensors(cfg)] == expected_tensors(cfg)
+    make_model(tmp_path, family, kind, hidden=48, heads=3, layers=2, seed=12)
+    config, _ = load_hf_checkpoint(tmp_path)
+    cfg = _native_config(config)
+    assert [(n, tuple(s)) for n, s in _C.expected_tensors(cfg)] == expected_tensors(cfg)
 
 
 def test_the_bert_unit_refuses_a_relative_bias_it_would_drop(bert_dir):

@@ -99,6 +99,7 @@ class Encoder:
         self.device = device
         self.path = path
         self._tokenizer = None
+        self._text_tok = None
         # Read by every forward of CUDA tensors, so looked up once: at batch 1 the host's work
         # before the launch adds to the latency one for one (BERT-base 1 x 128 on an H100: the
         # device's work is ~0.37 ms, the Python around it took 0.04-0.09 ms before this).
@@ -641,6 +642,16 @@ class Encoder:
             except Exception as e:  # transformers raises several types here
                 raise ValueError(f"no usable tokenizer in {str(self.path)!r}: {e}") from e
         return self._tokenizer
+
+    def _text_tokenizer(self):
+        """What encode() tokenizes with: the checkpoint's tokenizer.json read directly where that
+        gives transformers' ids (tokenization.py; milliseconds to load, no transformers import),
+        else `tokenizer`. Loaded once; the caller holds tokenizer_lock (text.py)."""
+        if self._text_tok is None:
+            from .tokenization import load_text_tokenizer
+
+            self._text_tok = load_text_tokenizer(self.path, self.max_seq_length) or self.tokenizer
+        return self._text_tok
 
     @property
     def max_seq_length(self) -> int:

@@ -135,7 +135,7 @@ def encode_texts(
 
     lock = tokenizer_lock(enc)
     with lock:  # the first call loads the tokenizer: once, however many threads arrive together
-        tok = enc.tokenizer
+        tok = enc._text_tokenizer()
     # Longest first by characters; each chunk is then ordered by tokens (see TOKENIZE_CHUNK).
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     sequences = _tokenize(tok, lock, texts, order, enc.max_seq_length)

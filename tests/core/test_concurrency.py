@@ -235,8 +235,8 @@ def test_encode_never_runs_two_tokenizer_calls_at_once(model_dir, rng, monkeypat
     enc = load(model_dir)
     texts = [random_texts(rng, 12) for _ in range(4)]
     ref = [enc.encode(t, batch_size=2) for t in texts]
-    probe = ProbeTokenizer(enc.tokenizer)
-    enc._tokenizer = probe
+    probe = ProbeTokenizer(enc._text_tokenizer())
+    enc._text_tok = probe  # what encode() calls
     for t, got in enumerate(in_threads(4, lambda t: enc.encode(texts[t], batch_size=2))):
         np.testing.assert_array_equal(got, ref[t])
     assert probe.calls == 4 * 6

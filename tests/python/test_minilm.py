@@ -230,14 +230,14 @@ def test_a_tokenizer_error_on_the_background_thread_reaches_the_caller(model_pat
     texts = _mixed_texts(rng, 12)
     ref = enc.encode(texts)
     for fail_at in (1, 3):
-        enc._tokenizer = failing = FailingTokenizer(enc.tokenizer, fail_at)
+        enc._text_tok = failing = FailingTokenizer(enc.tokenizer, fail_at)  # what encode() calls
         with pytest.raises(RuntimeError, match=rf"^tokenizer broke on call {fail_at}$"):
             enc.encode(texts)
         assert failing.calls == fail_at  # nothing tokenized after the error
         assert not _encode_threads()
         assert tokenizer_lock(enc).acquire(blocking=False), "the tokenizer lock was left held"
         tokenizer_lock(enc).release()
-        enc._tokenizer = failing._tok
+        enc._text_tok = failing._tok
     np.testing.assert_allclose(enc.encode(texts), ref, atol=1e-6)  # the encoder still works
     assert not _encode_threads()
 
@@ -251,7 +251,7 @@ def test_a_forward_error_stops_the_background_thread(model_path, rng, monkeypatc
     enc = ftbert.Encoder.from_pretrained(model_path)
     texts = _mixed_texts(rng, 24)
     counting = FailingTokenizer(enc.tokenizer, fail_at=0)
-    enc._tokenizer = counting
+    enc._text_tok = counting  # what encode() calls
 
     def failing_forward(*args, **kwargs):
         time.sleep(0.2)  # the background thread fills the queue meanwhile
@@ -271,7 +271,7 @@ def test_encode_texts_that_give_no_tokens_is_an_error(model_path):
     def no_special_tokens(texts, **kwargs):  # "" gives no tokens at all then
         return real(texts, add_special_tokens=False, **kwargs)
 
-    enc._tokenizer = type("NoSpecial", (), {"__call__": staticmethod(no_special_tokens)})()
+    enc._text_tok = type("NoSpecial", (), {"__call__": staticmethod(no_special_tokens)})()
     with pytest.raises(ValueError, match=r"^encode: texts\[1\] gives no tokens \(''\)"):
         enc.encode(["a man", "", "a horse"])
     assert not _encode_threads()

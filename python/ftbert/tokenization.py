@@ -1,0 +1,107 @@
+"""The tokenizer `Encoder.encode` runs where it can: the checkpoint's tokenizer.json read by the
+`tokenizers` library itself, the same Rust tokenizer transformers' fast tokenizers wrap.
+
+Loading it costs milliseconds; `AutoTokenizer.from_pretrained` first imports transformers, which
+took seconds at a first call (benchmarks/results/first-call-h100-rerun.txt). It is used only where
+it gives transformers' ids: a tokenizer.json next to a tokenizer_config.json whose tokenizer class
+is one of KNOWN_CLASSES, whose settings that transformers would apply over the file agree with it
+(BERT's lower-casing, accent stripping and Chinese-character splitting; a byte-level pre-tokenizer's
+add_prefix_space), and none of the settings transformers' fast classes add on top of the file
+(add_bos_token, add_eos_token). Anything else falls back to `Encoder.tokenizer` (transformers).
+tests/python/test_tokenization.py holds the two equal on every family's kind of tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# transformers' fast tokenizer classes (and their slow names, which load the fast one) that build
+# nothing beyond tokenizer.json at encode time, for the families ftbert runs.
+KNOWN_CLASSES = frozenset({
+    "BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast",
+    "ElectraTokenizer", "ElectraTokenizerFast", "MPNetTokenizer", "MPNetTokenizerFast",
+    "RobertaTokenizer", "RobertaTokenizerFast", "XLMRobertaTokenizer", "XLMRobertaTokenizerFast",
+    "CamembertTokenizer", "CamembertTokenizerFast", "PreTrainedTokenizerFast",
+})
+# tokenizer_config.json keys that make transformers change the file's tokenizer at load.
+_ADDS_TOKENS = ("add_bos_token", "add_eos_token")
+# The BertNormalizer settings the BERT-style classes re-apply from tokenizer_config.json:
+# config key -> (normalizer key, the class's default).
+_BERT_NORMALIZER = {"do_lower_case": ("lowercase", True), "strip_accents": ("strip_accents", None),
+                    "tokenize_chinese_chars": ("handle_chinese_chars", True)}
+_BERT_STYLE = ("Bert", "DistilBert", "Electra", "MPNet")
+
+
+class TextTokenizer:
+    """Single texts -> token ids, truncated at max_length, no padding; callable like the fast
+    tokenizer is in text.py: tok(texts, truncation=True, max_length=n, return_attention_mask=False)."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self._tok = tokenizer
+        self._max_length = max_length
+
+    def __call__(self, texts, truncation=True, max_length=None, return_attention_mask=False) -> dict:
+        if not truncation or max_length != self._max_length:
+            raise ValueError("this tokenizer truncates at the length it was loaded for only")
+        encodings = self._tok.encode_batch(list(texts))
+        out = {"input_ids": [e.ids for e in encodings]}
+        types = [e.type_ids for e in encodings]
+        if any(any(t) for t in types):  # single texts give type 0 throughout in every family's template
+            out["token_type_ids"] = types
+        return out
+
+
+def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTokenizer | None:
+    """The checkpoint's tokenizer.json as a TextTokenizer, or None where transformers must load it
+    (see the module docstring)."""
+    if directory is None:
+        return None
+    d = Path(directory)
+    try:
+        config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        spec = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not isinstance(spec, dict):
+        return None
+    cls = config.get("tokenizer_class")
+    if cls not in KNOWN_CLASSES or any(config.get(k) for k in _ADDS_TOKENS):
+        return None
+    if cls.startswith(_BERT_STYLE) and not _bert_normalizer_agrees(config, spec.get("normalizer")):
+        return None
+    if "add_prefix_space" in config and not _prefix_space_agrees(config["add_prefix_space"],
+                                                                spec.get("pre_tokenizer")):
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(json.dumps(spec))
+    except Exception:  # a file the installed tokenizers cannot read: transformers decides
+        return None
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_length)
+    return TextTokenizer(tok, max_length)
+
+
+def _bert_normalizer_agrees(config: dict, normalizer) -> bool:
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        return False
+    for key, (field, default) in _BERT_NORMALIZER.items():
+        if config.get(key, default) != normalizer.get(field, default):
+            return False
+    return True
+
+
+def _prefix_space_agrees(add_prefix_space, pre_tokenizer) -> bool:
+    """Whether every ByteLevel / Metaspace pre-tokenizer of the file already does what the
+    config's add_prefix_space says (transformers rewrites them otherwise)."""
+    parts = [pre_tokenizer] if isinstance(pre_tokenizer, dict) else []
+    if parts and parts[0].get("type") == "Sequence":
+        parts = parts[0].get("pretokenizers", [])
+    for p in parts:
+        if p.get("type") == "ByteLevel" and p.get("add_prefix_space") != add_prefix_space:
+            return False
+        if p.get("type") == "Metaspace" and (p.get("prepend_scheme") != "never") != add_prefix_space:
+            return False
+    return True

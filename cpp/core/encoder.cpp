@@ -60,8 +60,8 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
 // The padding-free rule. `auto` packs where packing pays (packing_pays: enough padding) and the
 // token count is known on the host (host inputs, or packed callers), and never where packing
 // would change a first-token output. Device inputs are counted on the device instead, where the
-// batch is large enough for the read back to pay (auto_counts_on_device). See README
-// "Padding-free execution".
+// batch is large enough for the read back to pay (auto_counts_on_device). See docs/api.md
+// (`padding_free`).
 bool Encoder::padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs) const {
   switch (padding_free_.load()) {
     case PaddingFree::kOff: return false;

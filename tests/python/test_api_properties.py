@@ -18,7 +18,7 @@ problems it has. Then the call must either
   finite (all-zero mask rows included), leaving numpy inputs unchanged.
 Anything else -- another exception type, a crash, a wrong shape -- fails.
 
-Rules decided here (README "Python API"): bool masks and token types are accepted, bool ids are not;
+Rules decided here (docs/api.md): bool masks and token types are accepted, bool ids are not;
 a float mask is accepted when it holds exactly 0.0/1.0 (-0.0 included), otherwise ValueError; any
 integer dtype is accepted, uint64 included, when the values are in range; values beyond int32 are a
 ValueError; an all-zero mask row runs and gives finite outputs; 0-D/1-D/3-D, empty and ragged inputs

@@ -164,7 +164,7 @@ def test_rerank_equals_predict_and_rank(rerank_server, reranker, rng):
     enc = ftbert.Encoder.from_pretrained(reranker)
     query = random_texts(rng, 1)[0]
     texts = random_texts(rng, int(rng.integers(4, 10)))
-    r = _post(rerank_server, "/rerank", {"query": query, "texts": texts, "return_text": True})
+    r = _post(rerank_server, "/v1/rerank", {"query": query, "texts": texts, "return_text": True})
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     want = enc.predict([(query, t) for t in texts])  # sigmoid scores
@@ -177,7 +177,7 @@ def test_rerank_equals_predict_and_rank(rerank_server, reranker, rng):
     assert scores == sorted(scores, reverse=True) and len(results) == len(texts)
     assert [res["index"] for res in results] == [h["corpus_id"] for h in enc.rank(query, texts)]
 
-    r = _post(rerank_server, "/rerank", {"query": query, "texts": texts, "raw_scores": True, "top_n": 2})
+    r = _post(rerank_server, "/v1/rerank", {"query": query, "texts": texts, "raw_scores": True, "top_n": 2})
     results = r.json()["results"]
     raw = enc.predict([(query, t) for t in texts], activation="identity")
     assert len(results) == 2 and "text" not in results[0]
@@ -218,7 +218,7 @@ def test_health_info_metrics(embed_server, embedder):
     assert info["model"] == "tiny" and info["family"] == "bert" and info["dtype"] == "float32"
     assert info["devices"] == ["cpu"] and info["max_input_length"] == 64 and info["head"] is None
     assert info["batching"]["max_batch_tokens"] == ServeSettings().max_batch_tokens
-    assert info["routes"] == ["/v1/embeddings"]
+    assert info["routes"] == ["/v1/embeddings", "/embed", "/tokenize", "/"]
     _post(embed_server, "/v1/embeddings", {"input": ["one", "two"]})
     r = httpx.get(embed_server.url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -306,9 +306,9 @@ def test_unknown_route_and_method(embed_server):
 
 def test_routes_need_their_head(embed_server, classify_server):
     body = {"query": "q", "texts": ["a"]}
-    assert_error(_post(embed_server, "/rerank", body), 400, None, "no task head")
+    assert_error(_post(embed_server, "/v1/rerank", body), 400, None, "no task head")
     assert_error(_post(embed_server, "/classify", {"input": "a"}), 400, None, "no task head")
-    assert_error(_post(classify_server, "/rerank", body), 400, None, "3 labels")
+    assert_error(_post(classify_server, "/v1/rerank", body), 400, None, "3 labels")
 
 
 @pytest.mark.parametrize("body, param", [
@@ -319,7 +319,7 @@ def test_routes_need_their_head(embed_server, classify_server):
     ({"query": "q", "texts": ["a"], "return_text": "yes"}, "return_text"),
 ])
 def test_wrong_rerank_requests_are_422(rerank_server, body, param):
-    assert_error(_post(rerank_server, "/rerank", body), 422, param)
+    assert_error(_post(rerank_server, "/v1/rerank", body), 422, param)
 
 
 @pytest.mark.parametrize("body, contains", [

@@ -66,7 +66,7 @@ def test_rerank_on_the_gpu_equals_predict(tmp_path, rng):
         for _ in range(4):
             query = random_texts(rng, 1)[0]
             texts = random_texts(rng, int(rng.integers(3, 12)))
-            r = c.post("/rerank", json={"query": query, "texts": texts})
+            r = c.post("/v1/rerank", json={"query": query, "texts": texts})
             assert r.status_code == 200, r.text
             got = np.empty(len(texts), np.float32)
             for res in r.json()["results"]:

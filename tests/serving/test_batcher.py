@@ -216,10 +216,10 @@ def test_tokenizer_errors_fail_their_round_and_the_thread_goes_on(embedder):
             raise RuntimeError("tokenizer failed on purpose")
         return real_tok(texts, *args, **kwargs)
 
-    def check(how, seqs):
+    def check(how, seqs, truncate):
         if len(seqs) == 3:
             raise RuntimeError("length check failed on purpose")
-        return real_check(how, seqs)
+        return real_check(how, seqs, truncate)
 
     b._tok, b._check_lengths = tok, check
     try:

@@ -3,9 +3,15 @@ request into a batcher job (`Service.run`) and formats the rows that come back.
 
     POST /v1/embeddings  OpenAI-compatible: input (a string, strings, token ids, lists of token ids),
                          encoding_format ("float" | "base64"), dimensions (truncate, renormalize)
-    POST /rerank         query + texts against a one-label cross-encoder: scores, best first
+    POST /v1/rerank      query + texts against a one-label cross-encoder: scores, best first, in
+                         this server's shape ({object, model, results, usage}; /rerank's before the
+                         TEI routes came)
     POST /classify       texts or (text, text) pairs through the sequence-classification head
     GET  /v1/models (OpenAI's model list: the one model), /health, /info, /metrics
+
+HF text-embeddings-inference's routes, in its request and response shapes (tei.py), so that its
+clients switch without code changes: POST /embed, /rerank, /predict, /tokenize, and POST /, which
+dispatches by the model's task (embeddings without a head, /predict with a sequence head).
 
 Every error a client can cause answers JSON in OpenAI's shape,
 `{"error": {"message": ..., "type": ..., "param": ...}}`, with its status: 400 (the model has no
@@ -33,8 +39,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .batcher import EMBED, IDS, PAIR, SCORE, TEXT, InputTooLong, Job, NoTokens, QueueFull, ShuttingDown
 from .service import Service
 from .settings import ServeSettings
+from .tei import register_tei_routes
 
-ROUTES = ("/v1/embeddings", "/v1/models", "/rerank", "/classify", "/health", "/info", "/metrics")
+ROUTES = ("/v1/embeddings", "/v1/models", "/v1/rerank", "/classify", "/health", "/info", "/metrics",
+          "/embed", "/rerank", "/predict", "/tokenize", "/")
 
 
 class ApiError(Exception):
@@ -222,22 +230,10 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
         return JSONResponse({"object": "list", "data": data, "model": svc.model_name,
                              "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
 
-    @app.post("/rerank")
+    @app.post("/v1/rerank")
     async def rerank(body: RerankRequest, request: Request):
-        import torch
-
-        from ..cross_encoder import _resolve_activation
-
         svc = _service(request)
-        if svc.head != "sequence_classification" or svc.num_labels != 1:
-            raise ApiError(400, "/rerank needs a cross-encoder (a sequence-classification head with one label); "
-                                f"the loaded model has {_head_words(svc)}", param=None)
-        _check_client_batch(svc, len(body.texts), "texts")
-        request.state.inputs = len(body.texts)
-        res = await _run(svc, Job(SCORE, PAIR, [(body.query, t) for t in body.texts]), "texts")
-        logits = torch.from_numpy(res.values)  # [N, 1]
-        act = None if body.raw_scores else _resolve_activation(svc.encoders[0], "auto")
-        scores = (logits if act is None else act(logits)).squeeze(-1).tolist()
+        scores, res = await rerank_scores(svc, request, body.query, body.texts, body.raw_scores, "/v1/rerank")
         order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # stable: ties keep order
         if body.top_n is not None:
             order = order[: body.top_n]
@@ -277,6 +273,8 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
                          "scores": [{"label": lab, "score": s} for lab, s in zip(labels, row)]})
         return JSONResponse({"object": "list", "model": svc.model_name, "data": data,
                              "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+    register_tei_routes(app)
 
     @app.get("/v1/models")
     async def models(request: Request):  # what OpenAI clients list before they pick a model
@@ -335,6 +333,25 @@ def _check_vocab(svc: Service, inputs: list[list[int]], nested: bool) -> None:
                 raise ApiError(422, f"{where} is {t}, not a token id of this model (0 to {vocab - 1})", param="input")
 
 
+async def rerank_scores(svc: Service, request: Request, query: str, texts: list[str], raw_scores: bool,
+                        route: str, **job_options) -> tuple[list[float], Any]:
+    """The scores of (query, text) pairs through a one-label cross-encoder: the checkpoint's
+    activation (CrossEncoder's), or the raw logits; and the job's result (its usage)."""
+    import torch
+
+    from ..cross_encoder import _resolve_activation
+
+    if svc.head != "sequence_classification" or svc.num_labels != 1:
+        raise ApiError(400, f"{route} needs a cross-encoder (a sequence-classification head with one label); "
+                            f"the loaded model has {_head_words(svc)}", param=None)
+    _check_client_batch(svc, len(texts), "texts")
+    request.state.inputs = len(texts)
+    res = await _run(svc, Job(SCORE, PAIR, [(query, t) for t in texts], **job_options), "texts")
+    logits = torch.from_numpy(res.values)  # [N, 1]
+    act = None if raw_scores else _resolve_activation(svc.encoders[0], "auto")
+    return (logits if act is None else act(logits)).squeeze(-1).tolist(), res
+
+
 async def _run(svc: Service, job: Job, param: str):
     try:
         fut = svc.batcher.submit(job)
@@ -348,7 +365,8 @@ async def _run(svc: Service, job: Job, param: str):
         return await fut
     except InputTooLong as e:
         raise ApiError(413, f"{param}[{e.index}] has {e.tokens} tokens, more than the limit of {e.limit} "
-                            "(this server does not truncate)", param=param) from None
+                            "(inputs are not truncated: the server's setting, or the request's truncate)",
+                       param=param) from None
     except NoTokens as e:
         raise ApiError(422, f"{param}[{e.index}] gives no tokens, so there is nothing to encode",
                        param=param) from None

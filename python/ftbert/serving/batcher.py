@@ -74,7 +74,7 @@ class InputTooLong(BatcherError):
     def __init__(self, index: int, tokens: int, limit: int):
         self.index, self.tokens, self.limit = index, tokens, limit
         super().__init__(f"input {index} has {tokens} tokens, more than the limit of {limit} "
-                         "(the server was started not to truncate)")
+                         "(inputs are not truncated)")
 
 
 class NoTokens(BatcherError):
@@ -92,14 +92,20 @@ class JobResult:
 
 class Job:
     """One request's inputs. kind: EMBED or SCORE; how: TEXT, PAIR or IDS; inputs: a list of str,
-    of (str, str) pairs, or of token-id lists (already checked against the vocabulary)."""
+    of (str, str) pairs, or of token-id lists (already checked against the vocabulary).
+    normalize: EMBED rows of unit norm (else as pooled); truncate: cut inputs past the limit (None:
+    the server's setting) or refuse them; truncation_side: which end is cut ("right" or "left")."""
 
-    def __init__(self, kind: str, how: str, inputs: Sequence):
+    def __init__(self, kind: str, how: str, inputs: Sequence, normalize: bool = True,
+                 truncate: bool | None = None, truncation_side: str = "right"):
         if kind not in (EMBED, SCORE) or how not in (TEXT, PAIR, IDS):
             raise ValueError(f"unknown job kind {kind!r} / input kind {how!r}")
         if not inputs:
             raise ValueError("a job needs at least one input")
+        if truncation_side not in ("right", "left"):
+            raise ValueError(f"truncation_side must be 'right' or 'left', got {truncation_side!r}")
         self.kind, self.how, self.inputs = kind, how, list(inputs)
+        self.normalize, self.truncate, self.truncation_side = normalize, truncate, truncation_side
         self.tokens = 0
         self.cancelled = False
         self._out: np.ndarray | None = None
@@ -252,12 +258,14 @@ class Batcher:
         long, no tokens, a tokenizer error) is resolved with its error and left out."""
         tokenized: dict[int, list] = {}  # id(job) -> [(ids, types)] per input
         failed: set[int] = set()
-        for how in (TEXT, PAIR, IDS):
-            group = [j for j in jobs if j.how == how and not j.cancelled]
-            if not group:
-                continue
+        # One tokenizer call per kind of input and way of truncating.
+        groups: dict[tuple, list[Job]] = {}
+        for j in jobs:
+            if not j.cancelled:
+                groups.setdefault((j.how, self._truncates(j), j.truncation_side), []).append(j)
+        for (how, truncate, side), group in groups.items():
             try:
-                for job, seqs in zip(group, self._tokenize_group(how, group)):
+                for job, seqs in zip(group, self._tokenize_group(how, group, truncate, side)):
                     tokenized[id(job)] = seqs
             except Exception as e:  # a tokenizer error fails these jobs only
                 for job in group:
@@ -272,7 +280,7 @@ class Batcher:
                 if job.cancelled and id(job) not in failed:
                     self._fail_unqueued(job, asyncio.CancelledError())
                 continue
-            error = self._check_lengths(job.how, seqs)
+            error = self._check_lengths(job.how, seqs, self._truncates(job))
             if error is not None:
                 self._fail_unqueued(job, error)
                 continue
@@ -280,21 +288,32 @@ class Batcher:
             out.extend(_Seq(job, i, ids, types, now) for i, (ids, types) in enumerate(seqs))
         return out
 
-    def _tokenize_group(self, how: str, group: list[Job]) -> list[list]:
+    def _truncates(self, job: Job) -> bool:
+        return self.settings.truncate if job.truncate is None else job.truncate
+
+    def _tokenize_group(self, how: str, group: list[Job], truncate: bool, side: str) -> list[list]:
         limit = self.limits[how]
-        truncate = self.settings.truncate
         if how == IDS:
-            return [[(np.asarray(ids[:limit] if truncate else ids, dtype=np.int32), None)
+            cut = (lambda ids: ids[:limit]) if side == "right" else (lambda ids: ids[max(0, len(ids) - limit):])
+            return [[(np.asarray(cut(ids) if truncate else ids, dtype=np.int32), None)
                      for ids in job.inputs] for job in group]
         flat = [x for job in group for x in job.inputs]
         opts = dict(return_attention_mask=False)
         if truncate:
             opts.update(truncation=True if how == TEXT else "longest_first", max_length=limit)
         with tokenizer_lock(self._tok_enc):
-            if how == TEXT:
-                enc = self._tok(flat, **opts)
-            else:
-                enc = self._tok([a for a, _ in flat], [b for _, b in flat], **opts)
+            # The tokenizer's side is its own setting: set for this call, put back after.
+            before = getattr(self._tok, "truncation_side", "right")
+            if side != before:
+                self._tok.truncation_side = side
+            try:
+                if how == TEXT:
+                    enc = self._tok(flat, **opts)
+                else:
+                    enc = self._tok([a for a, _ in flat], [b for _, b in flat], **opts)
+            finally:
+                if side != before:
+                    self._tok.truncation_side = before
         ids, types = enc["input_ids"], enc.get("token_type_ids")
         rows = [(np.asarray(ids[k], dtype=np.int32), None if types is None else np.asarray(types[k], np.int32))
                 for k in range(len(flat))]
@@ -304,11 +323,11 @@ class Batcher:
             k += len(job)
         return out
 
-    def _check_lengths(self, how: str, seqs: list) -> BatcherError | None:
+    def _check_lengths(self, how: str, seqs: list, truncate: bool) -> BatcherError | None:
         for i, (ids, _) in enumerate(seqs):
             if len(ids) == 0:
                 return NoTokens(i)
-            if not self.settings.truncate and len(ids) > self.limits[how]:
+            if not truncate and len(ids) > self.limits[how]:
                 return InputTooLong(i, len(ids), self.limits[how])
         return None
 
@@ -390,10 +409,13 @@ class Batcher:
                 for a in (ids, types, cu)
             )
             res = enc.forward_packed(ids_d, cu, types_d)
-        emb = logits = None
+        emb = raw = logits = None
         if any(s.job.kind == EMBED for s in batch):
-            emb = pool_packed(res.last_hidden_state, res.pooler_output, offsets, self.pooling, True)
-            emb = emb.cpu().numpy()
+            # Pooled, then normalized as pool_packed would: the same bits as encode()'s.
+            pooled = pool_packed(res.last_hidden_state, res.pooler_output, offsets, self.pooling, False)
+            emb = torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
+            if any(s.job.kind == EMBED and not s.job.normalize for s in batch):
+                raw = pooled.cpu().numpy()
         if any(s.job.kind == SCORE for s in batch):
             logits = torch.as_tensor(res.logits).float().cpu().numpy()
         forward_s = time.perf_counter() - t0
@@ -403,7 +425,7 @@ class Batcher:
             job = s.job
             if job._settled:  # failed in another forward meanwhile
                 continue
-            job._out[s.slot] = emb[i] if job.kind == EMBED else logits[i]
+            job._out[s.slot] = (emb if job.normalize else raw)[i] if job.kind == EMBED else logits[i]
             with self._lock:
                 job._remaining -= 1
                 last = job._remaining == 0

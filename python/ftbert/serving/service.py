@@ -3,6 +3,7 @@ the batcher that feeds them, and the metrics. The app only talks to a Service.""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ class Service:
         else:
             self.model_name = Path(enc.path).name if enc.path else "ftbert"
         self.started = time.time()
+        self._prompts: dict[str, str] | None = None
 
     @classmethod
     def load(cls, settings: ServeSettings) -> "Service":
@@ -96,13 +98,32 @@ class Service:
             "pid": os.getpid(),  # tells replicas (Ray, several processes) apart
         }
 
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The checkpoint's sentence-transformers prompts by name (config_sentence_transformers.json),
+        read once; {} without any."""
+        if self._prompts is None:
+            self._prompts = {}
+            if self.path is not None:
+                try:
+                    raw = json.loads((Path(self.path) / "config_sentence_transformers.json").read_text("utf-8"))
+                except (OSError, ValueError):
+                    raw = {}
+                prompts = raw.get("prompts") if isinstance(raw, dict) else None
+                if isinstance(prompts, dict):
+                    self._prompts = {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)}
+        return self._prompts
+
     def routes(self) -> list[str]:
         routes = ["/v1/embeddings"]
         if self.head == "sequence_classification":
             routes.append("/classify")
             if self.num_labels == 1:
-                routes.append("/rerank")
-        return routes
+                routes += ["/v1/rerank", "/rerank"]
+            routes.append("/predict")
+        else:
+            routes.append("/embed")
+        return routes + ["/tokenize", "/"]
 
     def close(self) -> None:
         """Finishes every accepted request, then stops the threads."""

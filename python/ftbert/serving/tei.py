@@ -1,0 +1,253 @@
+"""HF text-embeddings-inference's routes, in its request and response shapes, so that its clients
+(huggingface_hub's InferenceClient, TEI's own examples) talk to ftbert unchanged:
+
+    POST /embed     {"inputs": str | [str], "normalize": true, "truncate": null, "truncation_direction":
+                    "right", "prompt_name": null, "dimensions": null} -> [[float, ...], ...]
+    POST /rerank    {"query", "texts", "raw_scores": false, "return_text": false, "truncate",
+                    "truncation_direction"} -> [{"index", "score", "text"?}], best first
+    POST /predict   {"inputs": str | [str, str] (one pair) | [str | [str, str], ...], "raw_scores",
+                    "truncate", "truncation_direction"} -> [{"label", "score"}] best first, or a list
+                    of those per input for a batch
+    POST /tokenize  {"inputs": str | [str], "add_special_tokens": true, "prompt_name"} ->
+                    [[{"id", "text", "special", "start", "stop"}, ...], ...]
+    POST /          the model's task: /embed without a head; with a sequence head, /rerank for a
+                    body with query and texts, else /predict with a list per input (what the Hub's
+                    inference clients read: text_classification takes [[...]]), honouring
+                    "parameters": {"top_k", "function_to_apply"}
+
+As in TEI, `truncate` left out means the server's setting (`ftbert serve --no-truncate` refuses long
+inputs with 413 unless a request asks to truncate); `truncation_direction` picks the end that is cut
+("left" keeps a text's end). `prompt_name` prepends the checkpoint's sentence-transformers prompt
+of that name (config_sentence_transformers.json). Errors answer in this server's one error shape
+(app.py), not TEI's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+
+from .batcher import EMBED, PAIR, SCORE, TEXT, Job
+
+
+class _TeiRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    truncate: StrictBool | None = None
+    truncation_direction: str = "right"
+
+    @field_validator("truncation_direction", mode="before")
+    @classmethod
+    def _direction(cls, v):
+        # TEI spells them Right / Left; the Hub's clients send them in lower case.
+        if not isinstance(v, str) or v.lower() not in ("right", "left"):
+            raise ValueError(f"must be 'right' or 'left', got {v!r}")
+        return v.lower()
+
+    def job_options(self) -> dict:
+        return {"truncate": self.truncate, "truncation_side": self.truncation_direction}
+
+
+def _texts(value) -> tuple[list[str], bool]:
+    """str | [str] -> (texts, whether the client sent a list)."""
+    if isinstance(value, str):
+        return [value], False
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a string or a non-empty list of strings")
+    for i, v in enumerate(value):
+        if not isinstance(v, str):
+            raise ValueError(f"[{i}] is {type(v).__name__}; a list of strings must hold strings only")
+    return value, True
+
+
+class EmbedRequest(_TeiRequest):
+    inputs: Any
+    normalize: StrictBool = True
+    prompt_name: StrictStr | None = None
+    dimensions: StrictInt | None = Field(default=None, ge=1)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v):
+        return _texts(v)
+
+
+class TeiRerankRequest(_TeiRequest):
+    query: StrictStr
+    texts: list[StrictStr] = Field(min_length=1)
+    raw_scores: StrictBool = False
+    return_text: StrictBool = False
+
+
+def _predict_inputs(value) -> tuple[str, list, bool]:
+    """TEI's predict inputs -> (TEXT or PAIR, inputs, batch?). As TEI reads them: a string is one
+    text; a list of two strings is one pair; any other list is a batch of texts or pairs."""
+    if isinstance(value, str):
+        return TEXT, [value], False
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return PAIR, [(value[0], value[1])], False
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a string, a [text, text] pair, or a non-empty list of those")
+    if all(isinstance(v, str) for v in value):
+        return TEXT, value, True
+    pairs = []
+    for i, v in enumerate(value):
+        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(t, str) for t in v)):
+            raise ValueError(f"[{i}] is not a [text, text] pair; a batch holds texts only or pairs only")
+        pairs.append((v[0], v[1]))
+    return PAIR, pairs, True
+
+
+class _Parameters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    top_k: StrictInt | None = Field(default=None, ge=1)
+    function_to_apply: Literal["sigmoid", "softmax", "none"] | None = None
+
+
+class PredictRequest(_TeiRequest):
+    inputs: Any
+    raw_scores: StrictBool = False
+    parameters: _Parameters | None = None  # the Hub's text-classification parameters (POST /)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v):
+        return _predict_inputs(v)
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    inputs: Any
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v):
+        return _texts(v)
+
+
+def register_tei_routes(app: FastAPI) -> None:
+    from . import app as core  # the shared route helpers (app.py imports this module)
+
+    def prompted(svc, texts: list[str], prompt_name: str | None) -> list[str]:
+        if prompt_name is None:
+            return texts
+        prompts = svc.prompts
+        if prompt_name not in prompts:
+            have = ", ".join(map(repr, prompts)) or "none"
+            raise core.ApiError(422, f"prompt_name {prompt_name!r} is not one of the checkpoint's prompts ({have})",
+                                param="prompt_name")
+        return [prompts[prompt_name] + t for t in texts]
+
+    async def embed(body: EmbedRequest, request: Request):
+        svc = core._service(request)
+        texts, _ = body.inputs
+        texts = prompted(svc, texts, body.prompt_name)
+        core._check_client_batch(svc, len(texts), "inputs")
+        if body.dimensions is not None and body.dimensions > svc.hidden_size:
+            raise core.ApiError(422, f"dimensions ({body.dimensions}) is more than the model's {svc.hidden_size}",
+                                param="dimensions")
+        request.state.inputs = len(texts)
+        res = await core._run(svc, Job(EMBED, TEXT, texts, normalize=body.normalize, **body.job_options()),
+                              "inputs")
+        values = res.values
+        if body.dimensions is not None and body.dimensions < values.shape[1]:
+            values = values[:, : body.dimensions]
+            if body.normalize:
+                values = values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
+        return JSONResponse(values.astype(np.float32).tolist())
+
+    async def rerank(body: TeiRerankRequest, request: Request):
+        svc = core._service(request)
+        scores, _ = await core.rerank_scores(svc, request, body.query, body.texts, body.raw_scores, "/rerank",
+                                             **body.job_options())
+        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
+        out = []
+        for i in order:
+            entry = {"index": i, "score": scores[i]}
+            if body.return_text:
+                entry["text"] = body.texts[i]
+            out.append(entry)
+        return JSONResponse(out)
+
+    async def predict_rows(body: PredictRequest, request: Request, nested: bool):
+        import torch
+
+        svc = core._service(request)
+        if svc.head != "sequence_classification":
+            raise core.ApiError(400, "/predict needs a sequence-classification head; the loaded model has "
+                                     f"{core._head_words(svc)}", param=None)
+        how, inputs, batch = body.inputs
+        core._check_client_batch(svc, len(inputs), "inputs")
+        request.state.inputs = len(inputs)
+        res = await core._run(svc, Job(SCORE, how, inputs, **body.job_options()), "inputs")
+        logits = torch.from_numpy(res.values)  # [N, num_labels]
+        params = body.parameters or _Parameters()
+        fn = params.function_to_apply or ("none" if body.raw_scores else
+                                          "sigmoid" if svc.num_labels == 1 else "softmax")
+        scores = {"none": logits, "sigmoid": torch.sigmoid(logits),
+                  "softmax": torch.softmax(logits, dim=-1)}[fn].tolist()
+        rows = []
+        for row in scores:
+            ranked = sorted(zip(svc.labels, row), key=lambda p: p[1], reverse=True)
+            if params.top_k is not None:
+                ranked = ranked[: params.top_k]
+            rows.append([{"label": label, "score": s} for label, s in ranked])
+        return JSONResponse(rows if batch or nested else rows[0])
+
+    async def predict(body: PredictRequest, request: Request):
+        return await predict_rows(body, request, nested=False)
+
+    async def tokenize(body: TokenizeRequest, request: Request):
+        from ..text import tokenizer_lock
+
+        svc = core._service(request)
+        texts, _ = body.inputs
+        texts = prompted(svc, texts, body.prompt_name)
+        core._check_client_batch(svc, len(texts), "inputs")
+        enc = svc.encoders[0]
+        with tokenizer_lock(enc):
+            tok = enc.tokenizer
+            out = tok(texts, add_special_tokens=body.add_special_tokens, return_offsets_mapping=True,
+                      return_special_tokens_mask=True, return_attention_mask=False)
+        rows = []
+        for t, (text, ids, offsets, special) in enumerate(zip(texts, out["input_ids"], out["offset_mapping"],
+                                                             out["special_tokens_mask"])):
+            tokens = tok.convert_ids_to_tokens(ids)
+            row = []
+            for i, (start, stop) in enumerate(offsets):
+                is_special = bool(special[i])
+                row.append({"id": int(ids[i]), "text": tokens[i] if is_special else text[start:stop],
+                            "special": is_special, "start": None if is_special else int(start),
+                            "stop": None if is_special else int(stop)})
+            rows.append(row)
+        return JSONResponse(rows)
+
+    async def root(request: Request):
+        svc = core._service(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise core.ApiError(422, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise core.ApiError(422, "the request body must be a JSON object")
+        from pydantic import ValidationError
+
+        try:
+            if svc.head == "sequence_classification":
+                if "query" in body and "texts" in body:
+                    return await rerank(TeiRerankRequest.model_validate(body), request)
+                return await predict_rows(PredictRequest.model_validate(body), request, nested=True)
+            return await embed(EmbedRequest.model_validate(body), request)
+        except ValidationError as e:
+            return core._validation_response(e.errors())
+
+    app.post("/embed")(embed)
+    app.post("/rerank")(rerank)
+    app.post("/predict")(predict)
+    app.post("/tokenize")(tokenize)
+    app.post("/")(root)

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 from .layout import (
     ABSOLUTE,
+    EMBEDDING_SIZE,
     EMBEDDING_TENSORS,
     FINAL_NORM_TENSORS,
     HEAD_ACTIVATIONS,
@@ -37,6 +38,7 @@ from .layout import (
     HEAD_OUT_TENSORS,
     HEAD_TENSORS,
     INT_KEYS,
+    LAYER,
     LAYER_TENSORS,
     MODERN_EMBEDDING_TENSORS,
     MODERN_LAYER_TENSORS,
@@ -47,6 +49,7 @@ from .layout import (
     RELATIVE_BIAS_TENSORS,
     RELATIVE_BUCKETS,
     SEQUENCE_CLASSIFICATION,
+    check_format,
 )
 
 # Position-id schemes (the engine config's "position_ids"; layout.POSITION_SCHEMES). ABSOLUTE: token
@@ -59,7 +62,7 @@ from .layout import (
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
            "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "family_for",
-           "supported_model_types"]
+           "supported_model_types", "check_engine_config"]
 
 
 @dataclass(frozen=True)
@@ -675,6 +678,38 @@ FAMILIES: Mapping[str, Family] = _frozen({
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 if len(_BY_MODEL_TYPE) != sum(len(f.model_types) for f in FAMILIES.values()):
     raise AssertionError("a model_type is claimed by two families")
+
+
+def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks a whole ftbert_config.json (after its format and version were checked): the format
+    (layout.check_format), then that its values fit its model_type's family."""
+    check_format(cfg, where, error)
+    family = family_for(cfg["model_type"])
+    if family is None:
+        raise error(
+            f"{where}: model_type {cfg['model_type']!r} is not supported (expected one of "
+            f"{', '.join(map(repr, FAMILIES))})"
+        )
+    model = repr(cfg["model_type"])
+    if cfg["position_ids"] != family.position_ids:
+        raise error(f"{where}: position_ids {cfg['position_ids']!r} is not what model_type {model} "
+                    f"uses ({family.position_ids!r})")
+    if not family.token_types and cfg["type_vocab_size"] != 1:
+        raise error(f"{where}: type_vocab_size {cfg['type_vocab_size']!r} is not what model_type {model} has "
+                    "(1: it has no token-type embedding, only a zero row)")
+    if family.projection is None and cfg[EMBEDDING_SIZE] != cfg["hidden_size"]:
+        raise error(f"{where}: embedding_size {cfg[EMBEDDING_SIZE]!r} is not what model_type {model} has "
+                    f"(its embeddings are hidden_size {cfg['hidden_size']!r} wide: it has no embedding projection)")
+    if (family.derive_layer is not None) != (cfg[LAYER] is not None):
+        has = "has" if family.derive_layer is not None else "has no"
+        raise error(f"{where}: {LAYER} {cfg[LAYER]!r} does not fit model_type {model}, whose layer {has} "
+                    "such settings")
+    if family.relative_bias != (cfg[RELATIVE_BUCKETS] > 0):
+        has = "has" if family.relative_bias else "has no"
+        raise error(f"{where}: {RELATIVE_BUCKETS} {cfg[RELATIVE_BUCKETS]!r} does not fit model_type {model}, "
+                    f"which {has} relative position bias")
+    if not family.weights.pooler and cfg["has_pooler"] is True:
+        raise error(f"{where}: has_pooler is true, but model_type {model} has no pooler")
 
 
 def family_for(model_type: Any) -> Family | None:

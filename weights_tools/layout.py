@@ -425,47 +425,15 @@ def _as_float32(x: float) -> float:
         return math.inf
 
 
-def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception]) -> None:
-    """Checks a whole ftbert_config.json (after format and version were checked)."""
+def check_format(cfg: Any, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks a whole ftbert_config.json as the format defines it (after its format and version were
+    checked): every key there, each value in range. That the values fit the model_type's family is
+    families.check_engine_config's to check (the family tables build on this module)."""
     missing = [k for k in CONFIG_KEYS if k not in cfg]
     if missing:
         raise error(f"{where}: missing key(s) {', '.join(missing)}")
-    from .families import FAMILIES  # families.py builds on this module
-
-    family = FAMILIES.get(cfg["model_type"]) if isinstance(cfg["model_type"], str) else None
-    if family is None:
-        raise error(
-            f"{where}: model_type {cfg['model_type']!r} is not supported (expected one of "
-            f"{', '.join(map(repr, FAMILIES))})"
-        )
     check_hyperparameters(cfg, where, error)
     check_positions(cfg, where, error)
-    if cfg["position_ids"] != family.position_ids:
-        raise error(
-            f"{where}: position_ids {cfg['position_ids']!r} is not what model_type {cfg['model_type']!r} "
-            f"uses ({family.position_ids!r})"
-        )
-    if not family.token_types and cfg["type_vocab_size"] != 1:
-        raise error(
-            f"{where}: type_vocab_size {cfg['type_vocab_size']!r} is not what model_type "
-            f"{cfg['model_type']!r} has (1: it has no token-type embedding, only a zero row)"
-        )
-    if family.projection is None and cfg[EMBEDDING_SIZE] != cfg["hidden_size"]:
-        raise error(
-            f"{where}: embedding_size {cfg[EMBEDDING_SIZE]!r} is not what model_type "
-            f"{cfg['model_type']!r} has (its embeddings are hidden_size {cfg['hidden_size']!r} wide: "
-            "it has no embedding projection)"
-        )
-    if (family.derive_layer is not None) != (cfg[LAYER] is not None):
-        has = "has" if family.derive_layer is not None else "has no"
-        raise error(f"{where}: {LAYER} {cfg[LAYER]!r} does not fit model_type {cfg['model_type']!r}, "
-                    f"whose layer {has} such settings")
-    if family.relative_bias != (cfg[RELATIVE_BUCKETS] > 0):
-        has = "has" if family.relative_bias else "has no"
-        raise error(f"{where}: {RELATIVE_BUCKETS} {cfg[RELATIVE_BUCKETS]!r} does not fit model_type "
-                    f"{cfg['model_type']!r}, which {has} relative position bias")
-    if not family.weights.pooler and cfg["has_pooler"] is True:
-        raise error(f"{where}: has_pooler is true, but model_type {cfg['model_type']!r} has no pooler")
     if not isinstance(cfg["has_pooler"], bool):
         raise error(f"{where}: has_pooler must be true or false, got {cfg['has_pooler']!r}")
     check_head(cfg, where, error)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .errors import FormatError
+from .families import check_engine_config
 from .jsonfile import read_json_object
 from .layout import (
     ABSOLUTE,
@@ -21,7 +22,6 @@ from .layout import (
     HEAD_KEYS,
     FORMAT_VERSION,
     READABLE_VERSIONS,
-    check_engine_config,
     check_finite,
     check_fits,
     fmt_shape,

@@ -28,6 +28,11 @@ from .inputs import (
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
 from .weights_tools.families import family_for, supported_model_types
 from .weights_tools.layout import usable_seq_length
+# text.py and cross_encoder.py take an Encoder and import this module for its type only.
+from .cross_encoder import predict as predict_pairs
+from .cross_encoder import rank as rank_documents
+from .text import encode_texts
+from .tokenization import load_text_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
 # Forwards that may run at once, by device kind. The CPU backend's GEMMs and row loops already use
@@ -648,8 +653,6 @@ class Encoder:
         gives transformers' ids (tokenization.py; milliseconds to load, no transformers import),
         else `tokenizer`. Loaded once; the caller holds tokenizer_lock (text.py)."""
         if self._text_tok is None:
-            from .tokenization import load_text_tokenizer
-
             self._text_tok = load_text_tokenizer(self.path, self.max_seq_length) or self.tokenizer
         return self._text_tok
 
@@ -683,8 +686,6 @@ class Encoder:
         output); default: what the checkpoint's sentence-transformers config says, else "mean".
         normalize: scale each row to unit L2 norm. Any number of threads may call it at once.
         """
-        from .text import encode_texts
-
         return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
                             max_batch_tokens=max_batch_tokens)
 
@@ -696,18 +697,14 @@ class Encoder:
         pairs them. activation: "auto" (the checkpoint's choice, else sigmoid for one label and
         none for more), "sigmoid", "softmax", "identity", None, or a callable on a torch tensor.
         """
-        from .cross_encoder import predict
-
-        return predict(self, pairs, batch_size=batch_size, activation=activation)
+        return predict_pairs(self, pairs, batch_size=batch_size, activation=activation)
 
     def rank(self, query: str, documents: Sequence[str], top_k: int | None = None,
              return_documents: bool = False, batch_size: int = 32, activation="auto") -> list[dict]:
         """Orders `documents` by their score against `query` (a one-label cross-encoder):
         [{"corpus_id": i, "score": s[, "text": documents[i]]}, ...], best first, `top_k` of them."""
-        from .cross_encoder import rank
-
-        return rank(self, query, documents, top_k=top_k, return_documents=return_documents,
-                    batch_size=batch_size, activation=activation)
+        return rank_documents(self, query, documents, top_k=top_k, return_documents=return_documents,
+                              batch_size=batch_size, activation=activation)
 
 
 # ---- argument and input conversion helpers --------------------------------------------------

@@ -110,7 +110,7 @@ def test_encode_gives_what_the_transformers_tokenizer_gives(tmp_path, rng, monke
     assert isinstance(enc._text_tokenizer(), TextTokenizer)
     copy = tmp_path.parent / (tmp_path.name + "-hf")
     shutil.copytree(tmp_path, copy)
-    monkeypatch.setattr("ftbert.tokenization.load_text_tokenizer", lambda *a: None)
+    monkeypatch.setattr("ftbert.encoder.load_text_tokenizer", lambda *a: None)
     enc_hf = ftbert.Encoder.from_pretrained(copy)
     np.testing.assert_array_equal(enc_hf.encode(batch), direct)
     assert not isinstance(enc_hf._text_tokenizer(), TextTokenizer)

@@ -68,49 +68,19 @@ def forward() -> None:
                         print(head, dtype, attention, enc.attention_for(3, 77), "packed" if packed else "padded", "ok")
 
 
-def mpnet(quick: int = 0) -> None:
-    from transformers import MPNetConfig, MPNetModel
-
+def _family_forwards(name: str, model, pad: int, quick: int) -> None:
+    """`model` saved, then forwards of a batch with right and left padding and a hole inside a
+    sequence (where a relative bias or a window counts padded positions), in each dtype, attention
+    path and layout, op by op and replayed; quick: float16 on the default (flash) attention only."""
     with tempfile.TemporaryDirectory() as d:
-        torch.manual_seed(0)
-        MPNetModel(MPNetConfig(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=301, max_position_embeddings=300)).save_pretrained(d)
-        rng = np.random.default_rng(0)
-        ids = rng.integers(2, 97, (3, 201))
-        mask = np.ones((3, 201), np.int64)
-        mask[1, 150:] = 0
-        mask[2, :9] = 0
-        mask[2, 60:70] = 0  # a hole: distances count the padded positions
-        ids[mask == 0] = 1
-        for dtype in ("float16",) if quick else ("float32", "float16", "bfloat16"):
-            for attention in ("auto",) if quick else ("unfused", "auto"):
-                for packed in (False, True):
-                    enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype=dtype, attention=attention,
-                                                         padding_free=packed)
-                    out = enc(ids, mask)
-                    assert np.isfinite(out.last_hidden_state).all()
-                    for _ in range(2):
-                        again = enc(ids, mask)
-                        np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
-                    print("mpnet", dtype, enc.attention_for(3, 201), "packed" if packed else "padded", "ok")
-
-
-def modernbert(quick: int = 0) -> None:
-    from transformers import ModernBertConfig, ModernBertModel
-
-    with tempfile.TemporaryDirectory() as d:
-        torch.manual_seed(0)
-        ModernBertModel(ModernBertConfig(
-            vocab_size=97, hidden_size=128, num_hidden_layers=3, num_attention_heads=2, intermediate_size=301,
-            max_position_embeddings=512, local_attention=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            cls_token_id=1, sep_token_id=2)).save_pretrained(d)
+        model.save_pretrained(d)
         rng = np.random.default_rng(0)
         ids = rng.integers(3, 97, (3, 201))
         mask = np.ones((3, 201), np.int64)
         mask[1, 150:] = 0
         mask[2, :9] = 0
         mask[2, 60:70] = 0
-        ids[mask == 0] = 0
+        ids[mask == 0] = pad
         for dtype in ("float16",) if quick else ("float32", "float16", "bfloat16"):
             for attention in ("auto",) if quick else ("unfused", "auto"):
                 for packed in (False, True):
@@ -121,7 +91,27 @@ def modernbert(quick: int = 0) -> None:
                     for _ in range(2):
                         again = enc(ids, mask)
                         np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
-                    print("modernbert", dtype, enc.attention_for(3, 201), "packed" if packed else "padded", "ok")
+                    print(name, dtype, enc.attention_for(3, 201), "packed" if packed else "padded", "ok")
+
+
+def mpnet(quick: int = 0) -> None:
+    from transformers import MPNetConfig, MPNetModel
+
+    torch.manual_seed(0)
+    model = MPNetModel(MPNetConfig(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=301, max_position_embeddings=300))
+    _family_forwards("mpnet", model, pad=1, quick=quick)
+
+
+def modernbert(quick: int = 0) -> None:
+    from transformers import ModernBertConfig, ModernBertModel
+
+    torch.manual_seed(0)
+    model = ModernBertModel(ModernBertConfig(
+        vocab_size=97, hidden_size=128, num_hidden_layers=3, num_attention_heads=2, intermediate_size=301,
+        max_position_embeddings=512, local_attention=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2))
+    _family_forwards("modernbert", model, pad=0, quick=quick)
 
 
 def threads(cases_n: int = 24) -> None:

@@ -672,6 +672,8 @@ class Encoder:
         normalize: bool = True,
         batch_size: int = 256,
         max_batch_tokens: int = 16384,
+        long_texts: str = "truncate",
+        chunk_overlap: int = 32,
     ) -> np.ndarray:
         """Embeds texts (a list of str, or one str). Returns float32 numpy [N, H], row i for texts[i].
 
@@ -685,9 +687,14 @@ class Encoder:
         pooling: "mean" (over each text's tokens), "cls" (its first token) or "pooler" (the pooler
         output); default: what the checkpoint's sentence-transformers config says, else "mean".
         normalize: scale each row to unit L2 norm. Any number of threads may call it at once.
+        long_texts: "truncate" (default) cuts a text at `max_seq_length`; "chunk" embeds a longer
+        text in windows of that length (special tokens included) that share `chunk_overlap`
+        tokens with the next, each pooled, combined by their mean weighted by each window's tokens,
+        then normalized (the tokenizer runs before the first forward, not in the background).
         """
         return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
-                            max_batch_tokens=max_batch_tokens)
+                            max_batch_tokens=max_batch_tokens, long_texts=long_texts,
+                            chunk_overlap=chunk_overlap)
 
     def predict(self, pairs, batch_size: int = 32, activation="auto"):
         """Scores text pairs with the sequence-classification head, as sentence-transformers'

@@ -114,6 +114,8 @@ def encode_texts(
     normalize: bool = True,
     batch_size: int = DEFAULT_BATCH_SIZE,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    long_texts: str = "truncate",
+    chunk_overlap: int = 32,
 ) -> np.ndarray:
     import torch
 
@@ -132,6 +134,10 @@ def encode_texts(
         raise ValueError(f"unknown pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
     if pooling == "pooler" and not enc.config["has_pooler"]:
         raise ValueError("pooling='pooler' needs a checkpoint with a pooler; this one has none")
+    if long_texts not in LONG_TEXTS:
+        raise ValueError(f"unknown long_texts {long_texts!r}: expected one of {', '.join(LONG_TEXTS)}")
+    if long_texts == "chunk":
+        return _encode_chunked(enc, texts, pooling, normalize, batch_size, max_batch_tokens, chunk_overlap)
 
     lock = tokenizer_lock(enc)
     with lock:  # the first call loads the tokenizer: once, however many threads arrive together
@@ -146,6 +152,67 @@ def encode_texts(
         for batch in ready:
             out[batch.index] = _embed(enc, batch, pooling, normalize, gpu)
     return out
+
+
+# What encode does with a text longer than max_seq_length: cut it there, or embed it in windows.
+LONG_TEXTS = ("truncate", "chunk")
+
+
+def _encode_chunked(enc, texts, pooling, normalize, batch_size, max_batch_tokens, overlap) -> np.ndarray:
+    """long_texts="chunk": each text's tokens (without special tokens) in windows of the model's
+    length less the special tokens, consecutive windows sharing `overlap` tokens, each window
+    wrapped in the special tokens as the tokenizer adds them to one text; every window embedded
+    (pooled, not normalized), a text's windows combined by their mean weighted by the tokens each
+    holds, then normalized as asked. A text that fits is one window: its embedding is the
+    truncating path's."""
+    import torch
+
+    if isinstance(overlap, (bool, np.bool_)) or not isinstance(overlap, (int, np.integer)) or overlap < 0:
+        raise ValueError(f"encode: chunk_overlap must be a non-negative integer, got {overlap!r}")
+    lock = tokenizer_lock(enc)
+    with lock:
+        tok = enc.tokenizer  # transformers': untruncated ids and the template's special tokens
+        content = tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        prefix, suffix = _special_tokens(tok)
+    width = enc.max_seq_length - len(prefix) - len(suffix)
+    if overlap >= width:
+        raise ValueError(f"encode: chunk_overlap {overlap} must be less than a window's {width} tokens "
+                         f"(max_seq_length {enc.max_seq_length} less the special tokens)")
+    windows, owners, weights = [], [], []
+    for t, ids in enumerate(content):
+        if not ids and not (prefix or suffix):
+            raise ValueError(f"encode: texts[{t}] gives no tokens ({texts[t]!r}), so there is nothing to pool")
+        starts = range(0, max(1, len(ids) - overlap), width - overlap)
+        for s in starts:
+            piece = ids[s : s + width]
+            windows.append(prefix + piece + suffix)
+            owners.append(t)
+            weights.append(max(1, len(piece)))
+    order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))
+    sequences = ((i, windows[i], None) for i in order)
+    batches = (_pack(b) for b in _cut(sequences, max_batch_tokens, batch_size))
+    gpu = torch.device(enc.device) if enc.device.startswith("cuda") else None
+    pooled = np.empty((len(windows), enc.hidden_size), dtype=np.float64)
+    for batch in batches:
+        pooled[batch.index] = _embed(enc, batch, pooling, False, gpu)
+    w = np.asarray(weights, dtype=np.float64)[:, None]
+    out = np.zeros((len(texts), enc.hidden_size), dtype=np.float64)
+    np.add.at(out, np.asarray(owners), pooled * w)
+    out /= np.bincount(owners, weights=w[:, 0], minlength=len(texts))[:, None]
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out.astype(np.float32)
+
+
+def _special_tokens(tok) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one text's tokens ([CLS] and [SEP] for BERT)."""
+    plain = tok(["a"], add_special_tokens=False)["input_ids"][0]
+    full = tok(["a"])["input_ids"][0]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i : i + len(plain)] == plain:
+            return list(full[:i]), list(full[i + len(plain) :])
+    raise ValueError("encode: cannot tell the tokenizer's special tokens apart from a text's (chunking "
+                     "needs them before and after the text)")
 
 
 def _check_count(name: str, value) -> None:

@@ -51,3 +51,38 @@ def layernorm64(x, gamma, beta, eps):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def _as_float64(x):
+    """x as a float64 numpy array (exactly: every float dtype widens to float64 without rounding);
+    a torch tensor may be on any device and of any dtype, bfloat16 included."""
+    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
+        x = x.detach().double().cpu().numpy()
+    return np.asarray(x).astype(np.float64)
+
+
+def max_error(got, want, relative=False):
+    """max |got - want| computed in float64 (0.0 for empty arrays), after checking the shapes agree;
+    relative=True divides it by max(1, max |want|), a bound for values of any magnitude."""
+    got, want = _as_float64(got), _as_float64(want)
+    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
+    if got.size == 0:
+        return 0.0
+    err = float(np.abs(got - want).max())
+    return err / max(1.0, float(np.abs(want).max())) if relative else err
+
+
+def assert_close(got, want, tol, what="", *, relative=False):
+    """Asserts that got (numpy arrays, lists or torch tensors) equals want within `tol`: the same
+    shape, only finite values in got, and max_error(got, want, relative) <= tol. `what` names the
+    compared output in the failure message.
+
+    The finiteness check only makes the message clear: a NaN or an infinity in got would give a NaN
+    or infinite error, which fails the tolerance anyway."""
+    prefix = f"{what}: " if what else ""
+    got, want = _as_float64(got), _as_float64(want)
+    assert got.shape == want.shape, f"{prefix}shape {got.shape} != {want.shape}"
+    assert np.isfinite(got).all(), f"{prefix}non-finite values"
+    err = max_error(got, want, relative)
+    kind = "max error relative to max(1, |want|)" if relative else "max abs error"
+    assert err <= tol, f"{prefix}{kind} {err:.3e} > {tol:.3g}"

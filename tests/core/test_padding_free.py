@@ -18,7 +18,7 @@ import torch
 import ftbert
 from tests._models import FAMILIES, HEAD_KINDS, family_kinds, make_model, widen_head
 from tests._packing import first_positions
-from tests._util import ragged_mask
+from tests._util import assert_close, max_error, ragged_mask
 
 # Packed against padded, float32 on the CPU: the largest difference measured over every family and
 # kind (2 layers, random batches up to 8 x 60) was 4e-7 relative to max(1, |value|).
@@ -105,29 +105,16 @@ def make_batch(rng, m, batch, seq, padding):
     return ids.astype(np.int64), mask, types
 
 
-def max_rel_err(got, want):
-    """max |got - want| / max(1, max |want|); 0 for empty arrays."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, f"shape {got.shape} != {want.shape}"
-    if got.size == 0:
-        return 0.0
-    return float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
-
-
-def assert_close(got, want, tol=TOL, what=""):
-    err = max_rel_err(got, want)
-    assert err <= tol, f"{what}: {err:.2e} > {tol:.0e}"
-
-
 def assert_per_token_outputs_match(m, packed, padded, mask):
     """hidden (and token logits) equal at attended positions, packed zeros at padding."""
     valid = mask.astype(bool)
     assert packed.last_hidden_state.shape == padded.last_hidden_state.shape
     assert np.isfinite(packed.last_hidden_state).all()
-    assert_close(packed.last_hidden_state[valid], padded.last_hidden_state[valid], what="hidden")
+    assert_close(packed.last_hidden_state[valid], padded.last_hidden_state[valid], TOL, "hidden",
+                 relative=True)
     assert (packed.last_hidden_state[~valid] == 0).all(), "packed padding must be exactly zero"
     if m.kind == "token":
-        assert_close(packed.logits[valid], padded.logits[valid], what="token logits")
+        assert_close(packed.logits[valid], padded.logits[valid], TOL, "token logits", relative=True)
         assert (packed.logits[~valid] == 0).all(), "packed token logits at padding must be zero"
 
 
@@ -138,7 +125,7 @@ def assert_first_token_outputs_match(m, packed, padded):
         assert (a is None) == (b is None), name
         if a is not None and (name == "pooler_output" or m.kind == "cls"):
             assert np.isfinite(a).all()
-            assert_close(a, b, what=name)
+            assert_close(a, b, TOL, name, relative=True)
 
 
 def first_token_reference(m, first):
@@ -184,9 +171,10 @@ def test_packed_matches_padded(zoo, rng, family, kind, padding, batch, seq):
         got = getattr(packed, name)
         if want is None:
             continue
-        assert_close(got, want, REF_TOL, name)
+        assert_close(got, want, REF_TOL, name, relative=True)
         # ... which differs from the padded output that reads position 0 (a pad token).
-        assert max_rel_err(got, getattr(padded, name)) > 1e-3, f"{name}: the test cannot tell the two apart"
+        assert max_error(got, getattr(padded, name), relative=True) > 1e-3, (
+            f"{name}: the test cannot tell the two apart")
 
 
 @pytest.mark.parametrize("family", ROBERTA_FAMILY)
@@ -207,7 +195,7 @@ def test_left_padded_first_tokens_are_the_right_padded_ones_for_pad_offset_posit
     packed = m.encoder(True)(ids, left_mask)
     padded_right = m.encoder(False)(right_ids, right_mask)
     assert_close(packed.last_hidden_state[left_mask.astype(bool)],
-                 padded_right.last_hidden_state[right_mask.astype(bool)], what="hidden")
+                 padded_right.last_hidden_state[right_mask.astype(bool)], TOL, "hidden", relative=True)
     assert_first_token_outputs_match(m, packed, padded_right)
 
 
@@ -226,7 +214,7 @@ def test_positions_come_from_the_ids_when_packed_as_in_transformers(zoo, rng, fa
     with torch.no_grad():
         ref = m.hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).last_hidden_state.numpy()
     valid = mask.astype(bool)
-    assert_close(got.last_hidden_state[valid], ref[valid], REF_TOL, "hidden vs transformers")
+    assert_close(got.last_hidden_state[valid], ref[valid], REF_TOL, "hidden vs transformers", relative=True)
     assert (got.last_hidden_state[~valid] == 0).all()
 
 
@@ -240,7 +228,8 @@ def test_packed_hidden_matches_transformers(zoo, rng, family):
     with torch.no_grad():
         ref = m.hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long(), **kwargs)
     valid = mask.astype(bool)
-    assert_close(got.last_hidden_state[valid], ref.last_hidden_state.numpy()[valid], REF_TOL, "hidden")
+    assert_close(got.last_hidden_state[valid], ref.last_hidden_state.numpy()[valid], REF_TOL, "hidden",
+                 relative=True)
 
 
 # ---- shapes and corner cases ------------------------------------------------------------------
@@ -323,19 +312,19 @@ def test_fully_masked_rows_leave_the_others_alone(zoo, rng, family, kind):
     keep = [b for b in range(batch) if b not in empty]
     # The other rows are what they are without the empty ones in the batch at all.
     sub = m.encoder(True)(ids[keep], mask[keep], None if types is None else types[keep])
-    assert_close(packed.last_hidden_state[keep], sub.last_hidden_state, what="hidden")
+    assert_close(packed.last_hidden_state[keep], sub.last_hidden_state, TOL, "hidden", relative=True)
     for name in ("pooler_output", "logits"):
         got = getattr(packed, name)
         if got is not None and (name == "pooler_output" or m.kind == "cls"):
-            assert_close(got[keep], getattr(sub, name), what=name)
-            assert_close(got[keep], getattr(padded, name)[keep], what=name)
+            assert_close(got[keep], getattr(sub, name), TOL, name, relative=True)
+            assert_close(got[keep], getattr(padded, name)[keep], TOL, name, relative=True)
     # An empty sequence's first-token outputs are those of a zero first token.
     if m.first_token_output:
         want_pooled, want_logits = first_token_reference(m, np.zeros((len(empty), m.config.hidden_size)))
         if want_pooled is not None:
-            assert_close(packed.pooler_output[empty], want_pooled, REF_TOL, "empty pooled")
+            assert_close(packed.pooler_output[empty], want_pooled, REF_TOL, "empty pooled", relative=True)
         if m.kind == "cls":
-            assert_close(packed.logits[empty], want_logits, REF_TOL, "empty logits")
+            assert_close(packed.logits[empty], want_logits, REF_TOL, "empty logits", relative=True)
 
 
 @pytest.mark.parametrize("family,kind", [("bert", "cls"), ("roberta", "model"), ("distilbert", "token")])
@@ -352,9 +341,9 @@ def test_a_batch_with_no_token_at_all(zoo, rng, family, kind):
             assert (out.logits == 0).all()
         want_pooled, want_logits = first_token_reference(m, np.zeros((3, m.config.hidden_size)))
         if want_pooled is not None:
-            assert_close(out.pooler_output, want_pooled, REF_TOL, "pooled")
+            assert_close(out.pooler_output, want_pooled, REF_TOL, "pooled", relative=True)
         if m.kind == "cls":
-            assert_close(out.logits, want_logits, REF_TOL, "logits")
+            assert_close(out.logits, want_logits, REF_TOL, "logits", relative=True)
 
 
 def test_results_do_not_depend_on_the_batch_around_a_sequence(zoo, rng):
@@ -366,8 +355,9 @@ def test_results_do_not_depend_on_the_batch_around_a_sequence(zoo, rng):
     for b in (0, 4, 8):
         n = int(mask[b].sum())
         alone = enc(ids[b][mask[b] == 1][None], np.ones((1, n), np.int32))
-        assert_close(together.last_hidden_state[b][mask[b] == 1], alone.last_hidden_state[0], what="hidden")
-        assert_close(together.logits[b][mask[b] == 1], alone.logits[0], what="logits")
+        assert_close(together.last_hidden_state[b][mask[b] == 1], alone.last_hidden_state[0], TOL, "hidden",
+                     relative=True)
+        assert_close(together.logits[b][mask[b] == 1], alone.logits[0], TOL, "logits", relative=True)
 
 
 # ---- the auto rule ----------------------------------------------------------------------------
@@ -570,20 +560,20 @@ def test_forward_packed_matches_the_padded_forward(zoo, rng, family, kind):
     pids, mask, ptypes = padded_from_packed(m, ids, cu, types)
     padded = m.encoder(False)(pids, mask, ptypes)
     valid = mask.astype(bool)
-    assert_close(out.last_hidden_state, padded.last_hidden_state[valid], what="hidden")
+    assert_close(out.last_hidden_state, padded.last_hidden_state[valid], TOL, "hidden", relative=True)
     if padded.pooler_output is None:
         assert out.pooler_output is None
     else:
         assert out.pooler_output.shape == (B, H)
-        assert_close(out.pooler_output, padded.pooler_output, what="pooled")
+        assert_close(out.pooler_output, padded.pooler_output, TOL, "pooled", relative=True)
     if m.kind == "model":
         assert out.logits is None
     elif m.kind == "token":
         assert out.logits.shape == (T, 3)
-        assert_close(out.logits, padded.logits[valid], what="token logits")
+        assert_close(out.logits, padded.logits[valid], TOL, "token logits", relative=True)
     else:
         assert out.logits.shape == (B, 3)
-        assert_close(out.logits, padded.logits, what="logits")
+        assert_close(out.logits, padded.logits, TOL, "logits", relative=True)
     # The same packed forward as padding_free=True on the padded batch, scattered back.
     through_call = m.encoder(True)(pids, mask, ptypes)
     np.testing.assert_array_equal(out.last_hidden_state, through_call.last_hidden_state[valid])
@@ -622,11 +612,12 @@ def test_forward_packed_token_types_count(zoo, rng, family):
     with_types = enc.forward_packed(ids, cu, types)
     pids, mask, ptypes = padded_from_packed(m, ids, cu, types)
     assert_close(with_types.last_hidden_state,
-                 m.encoder(False)(pids, mask, ptypes).last_hidden_state[mask.astype(bool)], what="hidden")
+                 m.encoder(False)(pids, mask, ptypes).last_hidden_state[mask.astype(bool)], TOL, "hidden",
+                 relative=True)
     without = enc.forward_packed(ids, cu)
     np.testing.assert_array_equal(without.last_hidden_state, enc.forward_packed(ids, cu, np.zeros_like(types))
                                   .last_hidden_state)
-    assert max_rel_err(without.last_hidden_state, with_types.last_hidden_state) > 1e-3
+    assert max_error(without.last_hidden_state, with_types.last_hidden_state, relative=True) > 1e-3
 
 
 @pytest.mark.parametrize("family,kind", [("bert", "cls"), ("roberta", "model"), ("distilbert", "cls"),
@@ -640,18 +631,18 @@ def test_forward_packed_empty_sequences(zoo, rng, family, kind):
     ref = enc.forward_packed(ids, cu, types)
     with_empty = np.array([0, 0, 4, 4, 13, 13, 15, 15])
     out = enc.forward_packed(ids, with_empty, types)
-    assert_close(out.last_hidden_state, ref.last_hidden_state, what="hidden")
+    assert_close(out.last_hidden_state, ref.last_hidden_state, TOL, "hidden", relative=True)
     real, empty = [1, 3, 5], [0, 2, 4, 6]
     want_pooled, want_logits = first_token_reference(m, np.zeros((len(empty), m.config.hidden_size)))
     if ref.pooler_output is not None:
         assert out.pooler_output.shape == (7, m.config.hidden_size)
-        assert_close(out.pooler_output[real], ref.pooler_output, what="pooled")
-        assert_close(out.pooler_output[empty], want_pooled, REF_TOL, "empty pooled")
+        assert_close(out.pooler_output[real], ref.pooler_output, TOL, "pooled", relative=True)
+        assert_close(out.pooler_output[empty], want_pooled, REF_TOL, "empty pooled", relative=True)
     if m.kind == "cls":
-        assert_close(out.logits[real], ref.logits, what="logits")
-        assert_close(out.logits[empty], want_logits, REF_TOL, "empty logits")
+        assert_close(out.logits[real], ref.logits, TOL, "logits", relative=True)
+        assert_close(out.logits[empty], want_logits, REF_TOL, "empty logits", relative=True)
     if m.kind == "token":
-        assert_close(out.logits, ref.logits, what="token logits")
+        assert_close(out.logits, ref.logits, TOL, "token logits", relative=True)
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
@@ -665,7 +656,7 @@ def test_forward_packed_limits_each_sequence_not_the_total(zoo, rng, family):
     assert np.isfinite(out.last_hidden_state).all()
     pids, mask, _ = padded_from_packed(m, ids, cu, None)
     assert_close(out.last_hidden_state, m.encoder(False)(pids, mask).last_hidden_state[mask.astype(bool)],
-                 what="hidden")
+                 TOL, "hidden", relative=True)
     ids, cu, _ = packed_inputs(rng, m, [3, limit + 1, 2])
     with pytest.raises(ValueError, match=f"sequence length {limit + 1}, which exceeds"):
         m.encoder(True).forward_packed(ids, cu)

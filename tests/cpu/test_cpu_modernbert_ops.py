@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ftbert import _C, _ops
-from tests._util import layernorm64, ragged_mask
+from tests._util import assert_close, layernorm64, ragged_mask
 
 BF16 = not _C.cpu_dtype_unsupported_reason("bfloat16")
 DTYPES = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
@@ -19,12 +19,6 @@ DTYPES = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def cpu():
     return _ops.OpRunner("cpu")
-
-
-def assert_close(out, ref, tol):
-    assert out.shape == ref.shape and np.isfinite(out).all()
-    err = np.abs(out.astype(np.float64) - ref).max()
-    assert err <= tol, f"max abs error {err:.3e} > {tol:.1e}"
 
 
 def rotary_table(positions, d, theta):

@@ -6,19 +6,12 @@ import numpy as np
 import pytest
 
 from ftbert import _ops
-from tests._util import layernorm64, ragged_mask
+from tests._util import assert_close, layernorm64, ragged_mask
 
 
 @pytest.fixture(scope="module")
 def cpu():
     return _ops.OpRunner("cpu")
-
-
-def assert_close(out, ref, tol):
-    assert out.shape == ref.shape
-    assert np.isfinite(out).all()
-    err = np.abs(out.astype(np.float64) - ref).max()
-    assert err <= tol, f"max abs error {err:.3e} > {tol:.1e}"
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 13, 5), (97, 129, 33), (128, 384, 96)])

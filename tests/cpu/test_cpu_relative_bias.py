@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ftbert import _ops
-from tests._util import ragged_mask
+from tests._util import assert_close, ragged_mask
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +54,6 @@ def masks(rng, batch, seq):
     holes[:, 0] = 1
     return {"right": ragged_mask(rng, batch, seq), "left": ragged_mask(rng, batch, seq, left=True),
             "holes": holes}
-
-
-def assert_close(out, ref, tol):
-    assert out.shape == ref.shape and np.isfinite(out).all()
-    err = np.abs(out.astype(np.float64) - ref).max()
-    assert err <= tol, f"max abs error {err:.3e} > {tol:.1e}"
 
 
 @pytest.mark.parametrize("batch,heads,seq,extra", [(2, 3, 7, 0), (3, 2, 41, 5), (2, 1, 150, 31)])

@@ -23,6 +23,7 @@ import torch
 import ftbert
 from tests._models import make_bert, make_model, widen_head
 from tests._packing import SEQUENCE_MASK_STYLES, compacted, first_positions, pack_reference, sequence_mask
+from tests._util import assert_close
 # The op tests' dtypes, rounding and tolerance check: one definition for both.
 from tests.cuda.test_cuda_ops import DTYPES, FP32_NOISE, TORCH_DTYPE, check, randn, rounded
 
@@ -455,25 +456,16 @@ def as_numpy(x):
     return np.asarray(x, np.float32)
 
 
-def assert_close(got, want, tol, what):
-    got, want = as_numpy(got), as_numpy(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert np.isfinite(got).all(), f"{what}: non-finite values"
-    if got.size == 0:
-        return
-    err = np.abs(got.astype(np.float64) - want).max() / max(1.0, np.abs(want).max())
-    assert err <= tol, f"{what}: {err:.3e} > {tol:.0e}"
-
-
 def assert_packed_like_padded(packed, padded, mask, dtype, first_tokens_agree=True):
     """Per-token outputs equal at attended positions and exactly zero at padding; the pooler too
     when every sequence starts at position 0."""
     mask = as_numpy(mask).astype(bool)
     hidden = as_numpy(packed.last_hidden_state)
-    assert_close(hidden[mask], as_numpy(padded.last_hidden_state)[mask], MODEL_TOL[dtype], "hidden")
+    assert_close(hidden[mask], as_numpy(padded.last_hidden_state)[mask], MODEL_TOL[dtype], "hidden",
+                 relative=True)
     assert (hidden[~mask] == 0).all(), "packed padding must be exactly zero"
     if first_tokens_agree and packed.pooler_output is not None:
-        assert_close(packed.pooler_output, padded.pooler_output, MODEL_TOL[dtype], "pooled")
+        assert_close(packed.pooler_output, padded.pooler_output, MODEL_TOL[dtype], "pooled", relative=True)
 
 
 def assert_pooler_reads_first_tokens(out, hf, mask, dtype):
@@ -643,8 +635,9 @@ def test_forward_packed_with_cuda_tensors(bert, rng, dtype, attention):
         out = enc.forward_packed(torch.from_numpy(ids).cuda(), c, torch.from_numpy(types).cuda())
         assert out.last_hidden_state.is_cuda and tuple(out.last_hidden_state.shape) == (T, H)
         assert tuple(out.pooler_output.shape) == (B, H)
-        assert_close(out.last_hidden_state, want.last_hidden_state[valid], MODEL_TOL[dtype], "hidden")
-        assert_close(out.pooler_output, want.pooler_output, MODEL_TOL[dtype], "pooled")
+        assert_close(out.last_hidden_state, want.last_hidden_state[valid], MODEL_TOL[dtype], "hidden",
+                     relative=True)
+        assert_close(out.pooler_output, want.pooler_output, MODEL_TOL[dtype], "pooled", relative=True)
         outs.append(out)
     same_outputs(outs[0], outs[1])
     same_outputs(outs[0], outs[2])
@@ -723,12 +716,13 @@ def test_fully_masked_rows_length_one_and_full_batches(bert, rng, dtype, attenti
         want = off(ids, mask)
         assert_packed_like_padded(out, want, mask, dtype, first_tokens_agree=False)
         keep = [b for b, n in enumerate(lengths) if n]
-        assert_close(out.pooler_output[keep], want.pooler_output[keep], MODEL_TOL[dtype], "pooled")
+        assert_close(out.pooler_output[keep], want.pooler_output[keep], MODEL_TOL[dtype], "pooled",
+                     relative=True)
         assert_pooler_reads_first_tokens(out, hf, mask, dtype)  # empty rows: tanh(b)
     full = torch.ones((batch, seq), dtype=torch.int32, device="cuda")  # T = B * S
     out, want = on(ids, full), off(ids, full)
-    assert_close(out.last_hidden_state, want.last_hidden_state, MODEL_TOL[dtype], "hidden")
-    assert_close(out.pooler_output, want.pooler_output, MODEL_TOL[dtype], "pooled")
+    assert_close(out.last_hidden_state, want.last_hidden_state, MODEL_TOL[dtype], "hidden", relative=True)
+    assert_close(out.pooler_output, want.pooler_output, MODEL_TOL[dtype], "pooled", relative=True)
     nothing = torch.zeros((batch, seq), dtype=torch.int32, device="cuda")  # T = 0
     out = on(ids, nothing)
     assert (out.last_hidden_state == 0).all()
@@ -776,10 +770,11 @@ def test_heads_packed_match_padded(head_case, rng, dtype, attention):
             assert_packed_like_padded(out, want, mask, dtype)
             logits = as_numpy(out.logits)
             if name.endswith("token"):
-                assert_close(logits[valid], as_numpy(want.logits)[valid], MODEL_TOL[dtype], "token logits")
+                assert_close(logits[valid], as_numpy(want.logits)[valid], MODEL_TOL[dtype], "token logits",
+                             relative=True)
                 assert (logits[~valid] == 0).all()
             elif padding == "right":
-                assert_close(logits, want.logits, MODEL_TOL[dtype], "logits")
+                assert_close(logits, want.logits, MODEL_TOL[dtype], "logits", relative=True)
             else:
                 # Left padding: packed reads the first real token. RoBERTa's positions come from the
                 # ids, so that is what the padded forward gives for the same sequences right-padded.
@@ -790,7 +785,7 @@ def test_heads_packed_match_padded(head_case, rng, dtype, attention):
                     right_ids[b, :n] = ids[b][valid[b]]
                     right_mask[b, :n] = 1
                 right = off(*cuda(right_ids, right_mask, np.zeros_like(types)))
-                assert_close(logits, right.logits, MODEL_TOL[dtype], "logits vs right-padded")
+                assert_close(logits, right.logits, MODEL_TOL[dtype], "logits vs right-padded", relative=True)
                 assert np.abs(logits - as_numpy(want.logits)).max() > 10 * MODEL_TOL[dtype], (
                     "the test cannot tell the first real token from position 0")
 

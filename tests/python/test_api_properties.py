@@ -28,7 +28,8 @@ with a torch mask or types, or torch ids with anything but tensors, are TypeErro
 CPU tensors to a CUDA encoder and CUDA tensors to a CPU encoder run (through host copies).
 
 Seeds: each property is seeded from the run's seed (tests/conftest.py's `rng`), so
-FTBERT_TEST_SEED=N replays a run. The number of cases run is printed at the end of the module.
+FTBERT_TEST_SEED=N replays a run. The number of cases run is printed in the terminal summary
+(tests/python/conftest.py's pytest_terminal_summary).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ PROFILE = settings.get_profile("ftbert-api")
 
 TALLY: collections.Counter = collections.Counter()  # (property, outcome) -> cases, over the module
 STARTED = [time.perf_counter()]  # reset when the module's first fixture runs
+FINISHED: list = [None]  # set when that fixture is torn down, at the end of the module
 
 GPU = ftbert.cuda_available()
 TORCH_DEVICES = ["cpu"] + (["cuda:0"] if torch.cuda.is_available() else []) + (
@@ -79,7 +81,8 @@ def model_path(tmp_path_factory):
     STARTED[0] = time.perf_counter()
     path = tmp_path_factory.mktemp("bert_api")
     make_bert(path, hidden=HIDDEN, heads=2, layers=1, vocab=VOCAB, max_pos=MAX_POS, type_vocab=TYPE_VOCAB)
-    return path
+    yield path
+    FINISHED[0] = time.perf_counter()
 
 
 @pytest.fixture(
@@ -746,11 +749,14 @@ def test_tensors_on_other_devices_than_the_encoder(model_path):
         assert c.device == torch.device("cuda:1")
 
 
-def test_zz_case_count(capsys):
-    """Says how many cases the properties above ran (shown without -s)."""
-    lines = [f"\n[api properties] {sum(TALLY.values())} cases in {time.perf_counter() - STARTED[0]:.1f} s"]
+def case_count_lines() -> list[str]:
+    """How many cases the properties above ran, by outcome: printed at the end of the session by
+    tests/python/conftest.py's pytest_terminal_summary (no lines when no case ran)."""
+    if not TALLY:
+        return []
+    elapsed = (FINISHED[0] or time.perf_counter()) - STARTED[0]
+    lines = [f"[api properties] {sum(TALLY.values())} cases in {elapsed:.1f} s"]
     for prop in dict.fromkeys(p for p, _ in TALLY):
         counts = ", ".join(f"{TALLY[prop, o]} {o}" for o in ("ran", "ValueError", "TypeError") if TALLY[prop, o])
         lines.append(f"  {prop}: {counts}")
-    with capsys.disabled():
-        print("\n".join(lines))
+    return lines

@@ -20,7 +20,7 @@ import torch
 import ftbert
 from tests._models import make_model
 from tests._tokenizers import WRITERS
-from tests._util import run_in_threads
+from tests._util import assert_close, run_in_threads
 from tests._vocab import random_texts
 from tests.conftest import RUN_SEED
 
@@ -109,13 +109,6 @@ def random_pairs(rng, n, max_words=30):
     return list(zip(random_texts(rng, n, max_words), random_texts(rng, n, max_words)))
 
 
-def assert_close(ours, theirs, what=""):
-    ours, theirs = np.asarray(ours), np.asarray(theirs)
-    assert ours.shape == theirs.shape, f"{what}: shape {ours.shape} != {theirs.shape}"
-    err = float(np.abs(ours.astype(np.float64) - theirs.astype(np.float64)).max(initial=0.0))
-    assert err <= TOL, f"{what}: max abs error {err:.3g} > {TOL}"
-
-
 # ---- end to end, every tokenizer kind -----------------------------------------------------------
 @pytest.mark.parametrize("combo", COMBOS)
 def test_encode_predict_rank_end_to_end(checkpoint, rng, combo):
@@ -133,7 +126,7 @@ def test_encode_predict_rank_end_to_end(checkpoint, rng, combo):
     m = batch["attention_mask"].unsqueeze(-1).float()
     ref = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1), dim=1).numpy()
     assert emb.dtype == np.float32
-    assert_close(emb, ref, "encode")
+    assert_close(emb, ref, TOL, "encode")
 
     # predict: the scores are the head's logits through a sigmoid, pair by pair.
     pairs = random_pairs(rng, int(rng.integers(7, 20)))
@@ -142,7 +135,7 @@ def test_encode_predict_rank_end_to_end(checkpoint, rng, combo):
     batch = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, truncation=True, return_tensors="pt")
     with torch.no_grad():
         logits = ck.model(**batch).logits
-    assert_close(scores, torch.sigmoid(logits).squeeze(-1).numpy(), "predict vs the transformers model")
+    assert_close(scores, torch.sigmoid(logits).squeeze(-1).numpy(), TOL, "predict vs the transformers model")
 
     # rank: every document once, best first.
     query, docs = random_texts(rng, 1)[0], random_texts(rng, int(rng.integers(3, 9)))
@@ -164,11 +157,11 @@ def test_predict_matches_cross_encoder(checkpoint, rng, combo, num_labels):
     theirs = ck.ce().predict(pairs, batch_size=bs)
     assert ours.dtype == np.float32
     assert ours.shape == ((len(pairs),) if num_labels == 1 else (len(pairs), num_labels))
-    assert_close(ours, theirs, f"{combo}, {num_labels} labels, batch {bs}")
+    assert_close(ours, theirs, TOL, f"{combo}, {num_labels} labels, batch {bs}")
     # The default activation: sigmoid for one label, none for more.
     logits = ck.enc.predict(pairs, activation="identity")
     want = torch.sigmoid(torch.from_numpy(logits)).numpy() if num_labels == 1 else logits
-    assert_close(ours, want, "the default activation")
+    assert_close(ours, want, TOL, "the default activation")
     # Sensitivity: the scores differ from pair to pair by far more than the tolerance.
     assert np.ptp(ours, axis=0).min() > 50 * TOL
 
@@ -178,9 +171,9 @@ def test_pairs_as_lists_tuples_and_arrays(checkpoint, rng, num_labels):
     ck = checkpoint("bert", num_labels=num_labels)
     pairs = random_pairs(rng, 9)
     ref = ck.enc.predict(pairs)
-    assert_close(ck.enc.predict([list(p) for p in pairs]), ref, "lists")
-    assert_close(ck.enc.predict(tuple(pairs)), ref, "a tuple of tuples")
-    assert_close(ck.enc.predict(np.array(pairs)), ref, "a 2-D numpy array of str")
+    assert_close(ck.enc.predict([list(p) for p in pairs]), ref, TOL, "lists")
+    assert_close(ck.enc.predict(tuple(pairs)), ref, TOL, "a tuple of tuples")
+    assert_close(ck.enc.predict(np.array(pairs)), ref, TOL, "a 2-D numpy array of str")
 
 
 @pytest.mark.parametrize("num_labels", [1, 3])
@@ -194,8 +187,8 @@ def test_single_pair_like_cross_encoder(checkpoint, rng, num_labels, as_list):
     assert type(ours) is type(theirs)
     assert np.shape(ours) == np.shape(theirs) == (() if num_labels == 1 else (num_labels,))
     assert np.asarray(ours).dtype == np.float32
-    assert_close(ours, theirs, "one pair")
-    assert_close(ours, ck.enc.predict([pair])[0], "one pair vs a batch of one")
+    assert_close(ours, theirs, TOL, "one pair")
+    assert_close(ours, ck.enc.predict([pair])[0], TOL, "one pair vs a batch of one")
 
 
 # ---- activations ------------------------------------------------------------------------------
@@ -222,12 +215,13 @@ def test_activation_matches_cross_encoder(checkpoint, rng, num_labels, ours, the
     pairs = random_pairs(rng, int(rng.integers(5, 30)))
     bs = int(rng.integers(2, 9))
     got = ck.enc.predict(pairs, batch_size=bs, activation=ours)
-    assert_close(got, ck.ce().predict(pairs, batch_size=bs, activation_fn=theirs), f"activation {ours!r}")
+    assert_close(got, ck.ce().predict(pairs, batch_size=bs, activation_fn=theirs), TOL,
+                 f"activation {ours!r}")
     logits = ck.enc.predict(pairs, activation="identity")
     if ours == "softmax" and num_labels == 3:
-        assert_close(got.sum(1), np.ones(len(pairs)), "softmax rows")
+        assert_close(got.sum(1), np.ones(len(pairs)), TOL, "softmax rows")
     if ours in ("identity", None):
-        assert_close(got, logits, "no activation")
+        assert_close(got, logits, TOL, "no activation")
 
 
 def test_activation_callable_sees_float32_batches(checkpoint, rng):
@@ -252,8 +246,8 @@ def test_auto_uses_the_recorded_activation(checkpoint, rng, num_labels, recorded
     assert ck.enc.config["head"]["score_activation"] == ST_ACTIVATIONS[recorded]
     pairs = random_pairs(rng, int(rng.integers(5, 20)))
     ours = ck.enc.predict(pairs)  # "auto"
-    assert_close(ours, ck.ce().predict(pairs), f"auto with {recorded}")
-    assert_close(ours, ck.enc.predict(pairs, activation=ST_ACTIVATIONS[recorded]), "auto vs named")
+    assert_close(ours, ck.ce().predict(pairs), TOL, f"auto with {recorded}")
+    assert_close(ours, ck.enc.predict(pairs, activation=ST_ACTIVATIONS[recorded]), TOL, "auto vs named")
 
 
 # ---- truncation ---------------------------------------------------------------------------------
@@ -292,12 +286,13 @@ def test_truncated_pairs_match_cross_encoder(checkpoint, rng, combo, limit_from)
     assert max(len(x) for x in full) > limit, "no pair reaches the limit: the test tests nothing"
     bs = int(rng.integers(3, 8))
     ours = ck.enc.predict(pairs, batch_size=bs)
-    assert_close(ours, ce.predict(pairs, batch_size=bs), f"truncated at {limit} ({limit_from})")
+    assert_close(ours, ce.predict(pairs, batch_size=bs), TOL, f"truncated at {limit} ({limit_from})")
     if limit_from != "model_positions":
-        assert_close(ours, ck.ce(max_length=limit).predict(pairs, batch_size=bs), "CrossEncoder(max_length=)")
+        assert_close(ours, ck.ce(max_length=limit).predict(pairs, batch_size=bs), TOL,
+                     "CrossEncoder(max_length=)")
     ranked = ck.enc.rank(firsts[0], seconds)
     theirs = ce.rank(firsts[0], seconds)
-    assert_close([r["score"] for r in ranked], [r["score"] for r in theirs], "rank, truncated")
+    assert_close([r["score"] for r in ranked], [r["score"] for r in theirs], TOL, "rank, truncated")
 
 
 # ---- rank ---------------------------------------------------------------------------------------
@@ -324,8 +319,8 @@ def test_rank_matches_cross_encoder(checkpoint, rng, combo):
         if return_documents:
             assert all(r["text"] == docs[r["corpus_id"]] for r in ours)
         # Position by position, CrossEncoder's scores (a near-tie may swap two documents).
-        assert_close([r["score"] for r in ours], [r["score"] for r in theirs], f"top_k={top_k}")
-        assert_close([their_score[r["corpus_id"]] for r in ours], [r["score"] for r in theirs],
+        assert_close([r["score"] for r in ours], [r["score"] for r in theirs], TOL, f"top_k={top_k}")
+        assert_close([their_score[r["corpus_id"]] for r in ours], [r["score"] for r in theirs], TOL,
                      "the documents at each position")
         assert len({r["corpus_id"] for r in ours}) == len(ours)
 
@@ -347,7 +342,7 @@ def test_rank_activation(checkpoint, rng):
     query, docs = random_texts(rng, 1)[0], random_texts(rng, 15)
     ours = ck.enc.rank(query, docs, activation="identity", top_k=6)
     theirs = ck.ce().rank(query, docs, activation_fn=torch.nn.Identity(), top_k=6)
-    assert_close([r["score"] for r in ours], [r["score"] for r in theirs], "rank on logits")
+    assert_close([r["score"] for r in ours], [r["score"] for r in theirs], TOL, "rank on logits")
 
 
 # ---- threads ------------------------------------------------------------------------------------
@@ -357,7 +352,7 @@ def test_predict_from_threads(checkpoint, rng):
     ref = [ck.enc.predict(p, batch_size=5) for p in work]
     got = run_in_threads(6, lambda t: ck.enc.predict(work[t], batch_size=5), timeout=120)
     for t in range(6):
-        assert_close(got[t], ref[t], f"thread {t}")
+        assert_close(got[t], ref[t], TOL, f"thread {t}")
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -472,8 +467,8 @@ def test_cuda_matches_cpu(checkpoint, rng, num_labels):
     gpu = ftbert.Encoder.from_pretrained(ck.path, device="cuda")
     pairs = random_pairs(rng, int(rng.integers(10, 40)))
     bs = int(rng.integers(3, 9))
-    assert_close(gpu.predict(pairs, batch_size=bs), ck.enc.predict(pairs, batch_size=bs), "cuda vs cpu")
+    assert_close(gpu.predict(pairs, batch_size=bs), ck.enc.predict(pairs, batch_size=bs), TOL, "cuda vs cpu")
     query, docs = random_texts(rng, 1)[0], random_texts(rng, 11)
     if num_labels == 1:
         assert_close([r["score"] for r in gpu.rank(query, docs)], [r["score"] for r in ck.enc.rank(query, docs)],
-                     "rank, cuda vs cpu")
+                     TOL, "rank, cuda vs cpu")

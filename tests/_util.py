@@ -86,3 +86,18 @@ def assert_close(got, want, tol, what="", *, relative=False):
     err = max_error(got, want, relative)
     kind = "max error relative to max(1, |want|)" if relative else "max abs error"
     assert err <= tol, f"{prefix}{kind} {err:.3e} > {tol:.3g}"
+
+
+def padded_ids(rng, config, batch, seq, style):
+    """(ids, mask) int numpy [batch, seq] for a transformers `config`: ids above the specials (3 on),
+    the pad id exactly where the mask is 0. style: "right" or "left" padding (ragged_mask), or
+    "holes" (padding inside the sequences too; every sequence keeps its first token)."""
+    ids = rng.integers(3, config.vocab_size, (batch, seq))
+    if style == "holes":
+        mask = (rng.random((batch, seq)) > 0.25).astype(np.int32)
+        mask[:, 0] = 1
+    else:
+        mask = ragged_mask(rng, batch, seq, left=style == "left")
+    ids[mask == 0] = config.pad_token_id
+    return ids, mask
+

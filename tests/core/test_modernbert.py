@@ -15,7 +15,7 @@ import torch
 import ftbert
 from ftbert import _C
 from tests._models import make_modernbert
-from tests._util import ragged_mask
+from tests._util import padded_ids
 
 TOL = 1e-4
 
@@ -29,14 +29,7 @@ def modernbert(tmp_path_factory):
 
 
 def inputs(rng, hf, batch, seq, style):
-    ids = rng.integers(3, hf.config.vocab_size, (batch, seq))
-    if style == "holes":
-        mask = (rng.random((batch, seq)) > 0.25).astype(np.int32)
-        mask[:, 0] = 1
-    else:
-        mask = ragged_mask(rng, batch, seq, left=style == "left")
-    ids[mask == 0] = hf.config.pad_token_id
-    return ids, mask
+    return padded_ids(rng, hf.config, batch, seq, style)
 
 
 def reference(hf, ids, mask):

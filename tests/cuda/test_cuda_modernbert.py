@@ -10,7 +10,7 @@ import torch
 
 import ftbert
 from tests._models import make_modernbert
-from tests._util import ragged_mask
+from tests._util import padded_ids
 
 pytestmark = [
     pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
@@ -38,13 +38,7 @@ def peer(model, dtype):
 
 
 def inputs(rng, hf, batch, seq, style):
-    ids = rng.integers(3, hf.config.vocab_size, (batch, seq))
-    if style == "holes":
-        mask = (rng.random((batch, seq)) > 0.25).astype(np.int32)
-        mask[:, 0] = 1
-    else:
-        mask = ragged_mask(rng, batch, seq, left=style == "left")
-    ids[mask == 0] = hf.config.pad_token_id
+    ids, mask = padded_ids(rng, hf.config, batch, seq, style)
     return torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()
 
 

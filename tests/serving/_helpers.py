@@ -51,6 +51,14 @@ def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
     return path
 
 
+def serve(path, **settings) -> "ThreadServer":
+    """A ThreadServer of the app over the checkpoint at `path` (model name "tiny"), with `settings`
+    (ServeSettings fields)."""
+    from ftbert.serving import ServeSettings, create_app
+
+    return ThreadServer(create_app(ServeSettings(model=str(path), model_name="tiny", **settings)))
+
+
 class ThreadServer:
     """uvicorn serving `app` on 127.0.0.1 (a free port) in a thread; the context manager starts it,
     waits until it accepts connections, and on exit shuts it down as SIGTERM would (graceful)."""

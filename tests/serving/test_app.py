@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.serving._helpers import ThreadServer, make_cross_encoder, make_embedder, need_serve_extra
+from tests.serving._helpers import make_embedder, need_serve_extra, serve
 from tests._vocab import random_texts
 
 need_serve_extra()
@@ -29,18 +29,8 @@ def embedder(tmp_path_factory):
     return make_embedder(tmp_path_factory.mktemp("embedder"))
 
 
-@pytest.fixture(scope="module")
-def reranker(tmp_path_factory):
-    return make_cross_encoder(tmp_path_factory.mktemp("reranker"), num_labels=1, seed=1)
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    return make_cross_encoder(tmp_path_factory.mktemp("classifier"), num_labels=3, seed=2)
-
-
 def _server(path, **kw):
-    return ThreadServer(create_app(ServeSettings(model=str(path), model_name="tiny", **kw)))
+    return serve(path, **kw)
 
 
 @pytest.fixture(scope="module")

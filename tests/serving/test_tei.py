@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.serving._helpers import MAX_POS, ThreadServer, make_cross_encoder, make_embedder, need_serve_extra
+from tests.serving._helpers import MAX_POS, make_embedder, need_serve_extra, serve
 from tests._vocab import random_texts
 
 need_serve_extra()
@@ -18,7 +18,6 @@ need_serve_extra()
 import httpx  # noqa: E402
 
 import ftbert  # noqa: E402
-from ftbert.serving import ServeSettings, create_app  # noqa: E402
 
 TOL = 1e-5
 
@@ -30,18 +29,8 @@ def embedder(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def reranker(tmp_path_factory):
-    return make_cross_encoder(tmp_path_factory.mktemp("reranker"), num_labels=1, seed=1)
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    return make_cross_encoder(tmp_path_factory.mktemp("classifier"), num_labels=3, seed=2)
-
-
 def _server(path, **kw):
-    return ThreadServer(create_app(ServeSettings(model=str(path), model_name="tiny", **kw)))
+    return serve(path, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,16 @@
+"""Checkpoints the serving tests share: a one-label cross-encoder and a three-label classifier,
+made once per module that asks."""
+
+import pytest
+
+from tests.serving._helpers import make_cross_encoder
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory):
+    return make_cross_encoder(tmp_path_factory.mktemp("reranker"), num_labels=1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    return make_cross_encoder(tmp_path_factory.mktemp("classifier"), num_labels=3, seed=2)

@@ -23,14 +23,9 @@ const char* attention_mode_name(AttentionMode mode) {
   return "?";
 }
 
-// The selection rule. `auto` takes the fused kernel wherever the backend supports it: on an H100
-// the kernel alone was 2.2x (batch 1 x seq 128) to 3.9x (batch 32 x seq 512) faster than the
-// unfused path at the shapes of benchmarks/kernels/bench_attention.py (head dims 32, 64, 128),
-// and the whole BERT-base forward in float16 was faster with it at every batch 1/8/32 x seq
-// 32/128/512 measured (benchmarks/results/). On the CPU (float32, any head dim) the fused op reads
-// the QKV rows in place and keeps its scores in cache-sized tiles: a MiniLM forward, one thread,
-// took 53 ms against 63 ms unfused at batch 1 x 128 and 391 against 441 ms at 8 x 128 (a 2-core
-// AVX2 machine). Elsewhere (CUDA float32, other head dims), unfused.
+// The selection rule. `auto` takes the fused kernel wherever the backend supports it: it was faster
+// than the unfused path at every shape measured, on the GPU and the CPU (docs/performance.md,
+// "Attention: fused or unfused"). Elsewhere (CUDA float32, other head dims), unfused.
 AttentionKind select_attention(AttentionMode mode, const Backend& backend, DType dt, int head_dim,
                                int batch, int seq) {
   (void)batch;

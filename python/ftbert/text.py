@@ -16,8 +16,9 @@ One call runs a small pipeline:
    first row, "pooler" is the pooler output. Normalize if asked, and write the rows back in the
    caller's order.
 
-Threads. `encode` may be called from any number of threads at once, on one encoder. A transformers
-fast tokenizer is not safe to share between threads: each call writes its padding and truncation
+Threads. `encode` may be called from any number of threads at once, on one encoder. A fast
+tokenizer (transformers', or tokenizer.json read directly: tokenization.py) is not safe to share
+between threads: each call writes its padding and truncation
 settings into the Rust tokenizer, then tokenizes in a second step that releases the GIL, so another
 thread can change the settings in between (the batch comes out truncated or padded as the other call
 asked), or, with some `tokenizers` releases, the call fails with "RuntimeError: Already borrowed".
@@ -30,8 +31,7 @@ tokenizer calls. It is stopped and joined before `encode` returns or raises, and
 on it (by the tokenizer, say) is raised again in the caller, the same exception object. Per-thread
 tokenizer copies would also let two tokenizations overlap, which gains little (the Rust step of a
 batch call already runs without the GIL and spreads the texts over all cores; the Python step holds
-the GIL anyway) and costs a copy per thread per encoder (all-MiniLM-L6-v2's tokenizer: about 7 MB
-and 50 ms each), growing with the caller's thread pool. Code that calls `enc.tokenizer` itself from
+the GIL anyway) and costs a copy per thread per encoder, growing with the caller's thread pool. Code that calls `enc.tokenizer` itself from
 other threads while `encode` runs should hold `tokenizer_lock(enc)` around those calls.
 """
 
@@ -55,10 +55,8 @@ if TYPE_CHECKING:
 
 POOLINGS = ("mean", "cls", "pooler")
 
-# The batch limits (see _cut). 16384 tokens is what the padded batches of the earlier default (32
-# sequences, padded up to 512) could reach, so the workspace stays within what it was. The
-# sequence cap matters for short texts only (16384 tokens of 10-token sentences would be 1638 of
-# them); on the CPU, caps of 64, 256 and 1024 ran within noise of each other.
+# The batch limits (see _cut): the workspace stays within what the earlier padded default reached;
+# the sequence cap matters for short texts only (docs/performance.md, "encode() batching").
 DEFAULT_MAX_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SIZE = 256
 
@@ -66,14 +64,10 @@ DEFAULT_BATCH_SIZE = 256
 # waits for one chunk only and the tokenized ids of at most a few chunks are held at once. The
 # order: the texts are sorted longest first by characters (cheap, and needs no tokens), chunked in
 # that order, and each chunk sorted by its exact token counts. So the order is close to the global
-# token order (characters track tokens closely; only neighbours across a chunk boundary can be
-# out of order), the first batch is the largest (the workspace grows once), and each batch holds
-# sequences of similar length. Measured on a 2-core CPU (all-MiniLM-L6-v2, 2,000 mixed-length
-# sentences, 9 batches): tokenizing takes about 0.2 s of a 24 s encode, so chunks of 256, of 2048
-# and one call with a global token sort all ran within noise; the first forward started 82 ms
-# (256), 211 ms (2048) and 232 ms (all) after the call. On a GPU the forwards are far shorter and
-# tokenizing is most of the time, which the background thread overlaps with them; 2048 texts per
-# call keep the Rust tokenizer's batch parallelism busy at a cost of a few hundred ms of latency.
+# token order (only neighbours across a chunk boundary can be out of order), the first batch is the
+# largest (the workspace grows once), and each batch holds sequences of similar length. The size
+# keeps the Rust tokenizer's batch parallelism busy on a GPU, where tokenizing is most of the
+# time (docs/performance.md, "encode() batching").
 TOKENIZE_CHUNK = 2048
 
 # Batches the background thread prepares ahead of the forwards.

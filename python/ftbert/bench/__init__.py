@@ -143,6 +143,23 @@ def _meta(opts: Options, **fields) -> dict:
     }
 
 
+def _close(console, opts: Options, rows: list[dict], unit: str, mismatch=None, interrupted=False) -> int:
+    """How every mode ends: its notes, the count of failed rows, and the exit status (1 when the
+    engines' results disagreed, 130 when interrupted, else 0). unit: what a row is called."""
+    for note in opts.notes:
+        console.print(f"note: {note}", soft_wrap=True)
+    failed = sum(r["status"] == "failed" for r in rows)
+    if failed:
+        console.print(f"{failed} {unit}(s) failed: status 'failed' and the error in the results")
+    if mismatch is not None:
+        print(f"ftbert bench: error: {mismatch}", file=sys.stderr)
+        return 1
+    if interrupted:
+        print(f"ftbert bench: interrupted; the files hold the {unit}s done so far", file=sys.stderr)
+        return 130
+    return 0
+
+
 def _write_results(opts: Options, stem: str, meta: dict, rows: list[dict], fields) -> dict:
     """OUT/stem.json and OUT/stem.csv; returns {"json": path, "csv": path}."""
     from .report import write_csv, write_json
@@ -189,16 +206,8 @@ def _sweep(opts, model, meta, stem, console) -> int:
     if plot_png(png, rows, title):
         files["png"] = png
     print_table(console, rows)
-    for note in opts.notes:
-        console.print(f"note: {note}")
-    failed = sum(r["status"] == "failed" for r in rows)
-    if failed:
-        console.print(f"{failed} configuration(s) failed: status 'failed' and the error in the results")
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
-    if sweep.interrupted:
-        print("ftbert bench: interrupted; the files hold the configurations done so far", file=sys.stderr)
-        return 130
-    return 0
+    return _close(console, opts, rows, "configuration", interrupted=sweep.interrupted)
 
 
 def _rerank(opts, stack, console) -> int:
@@ -237,19 +246,8 @@ def _rerank(opts, stack, console) -> int:
                   f"{ck.config.get('hidden_size')}; {len(run.pairs)} pairs of {opts.query_len} + "
                   f"{opts.doc_len} tokens ({run.pair_tokens} with special tokens)")
     print_table(console, rows, run.checks)
-    for note in opts.notes:
-        console.print(f"note: {note}")
-    failed = sum(r["status"] == "failed" for r in rows)
-    if failed:
-        console.print(f"{failed} row(s) failed: status 'failed' and the error in the results")
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
-    if mismatch is not None:
-        print(f"ftbert bench: error: {mismatch}", file=sys.stderr)
-        return 1
-    if run.interrupted:
-        print("ftbert bench: interrupted; the files hold the rows done so far", file=sys.stderr)
-        return 130
-    return 0
+    return _close(console, opts, rows, "row", mismatch, run.interrupted)
 
 
 def _varlen(opts, stack, console) -> int:
@@ -306,18 +304,7 @@ def _varlen(opts, stack, console) -> int:
                       f"limit {e['max_length']})")
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
     print_tables(console, rows, run.checks, run.targets)
-    for note in opts.notes:
-        console.print(f"note: {note}", soft_wrap=True)
-    failed = sum(r["status"] == "failed" for r in rows)
-    if failed:
-        console.print(f"{failed} row(s) failed: status 'failed' and the error in the results")
-    if mismatch is not None:
-        print(f"ftbert bench: error: {mismatch}", file=sys.stderr)
-        return 1
-    if run.interrupted:
-        print("ftbert bench: interrupted; the files hold the rows done so far", file=sys.stderr)
-        return 130
-    return 0
+    return _close(console, opts, rows, "row", mismatch, run.interrupted)
 
 
 def _breakdown(opts, model, meta, stem, console) -> int:

@@ -209,6 +209,29 @@ def hf_attention(model: Model, engine: str) -> str:
                      "see its hf-eager row")
 
 
+def hf_peer(peers: "Peers", model: Model, engine: str, device: str, dtype: str, compile_mode: str,
+            hf_in: dict, row: dict):
+    """The transformers model an hf-* engine times, ready to call with `hf_in`: the implementation
+    (hf_attention) in `row["kernel"]`; for hf-compile compiled afresh (dynamo's cache is per code
+    object, and its recompile limit would otherwise fall back to eager part-way through) and called
+    once, the time that took in `row["note"]`."""
+    import time
+
+    impl = hf_attention(model, engine)
+    runner = peers.get(device, dtype, impl)
+    row["kernel"] = impl
+    if engine == "hf-compile":
+        torch._dynamo.reset()
+        runner = compile_model(runner, compile_mode)
+        row["kernel"] = f"{impl}, compile {compile_mode}"
+        t0 = time.perf_counter()
+        runner(**hf_in)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        row["note"] = f"compile + first call {time.perf_counter() - t0:.1f} s"
+    return runner
+
+
 class Peers:
     """transformers models per (device, dtype, implementation), built on first use and kept."""
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import time
 
 import torch
 
 from .args import Options
-from .models import (Model, Peers, compile_model, ftbert_weight_bytes, hf_attention, make_ftbert,
+from .models import (Model, Peers, ftbert_weight_bytes, hf_attention, hf_peer, make_ftbert,
                      weight_bytes)
 from .onnx import ONNX_ENGINES, OnnxPeers, make_onnx_fn
 from .timing import summarize, time_interleaved
@@ -272,7 +271,6 @@ class Sweep:
             return {"status": "skipped", "note": why}
         if engine in ONNX_ENGINES and (device != "cpu" or dtype != "float32"):
             return {"status": "skipped", "note": "onnxruntime rows run on the cpu in float32"}
-        is_cuda = device.startswith("cuda")
         try:
             res: dict = {}
             if engine.startswith("ftbert"):
@@ -297,20 +295,7 @@ class Sweep:
                 res["kernel"] = "fused (ORT BERT optimizer)" + (", int8 dynamic" if engine.endswith("int8") else "")
                 fn = make_onnx_fn(runner, hf_in)
             else:
-                impl = hf_attention(self.model, engine)
-                runner = self.peers.get(device, dtype, impl)
-                res["kernel"] = impl
-                if engine == "hf-compile":
-                    # A fresh compile per shape and dtype: dynamo's cache is per code object, and
-                    # its recompile limit would otherwise fall back to eager part-way through.
-                    torch._dynamo.reset()
-                    runner = compile_model(runner, o.compile_mode)
-                    res["kernel"] = f"{impl}, compile {o.compile_mode}"
-                    t0 = time.perf_counter()
-                    runner(**hf_in)
-                    if is_cuda:
-                        torch.cuda.synchronize()
-                    res["note"] = f"compile + first call {time.perf_counter() - t0:.1f} s"
+                runner = hf_peer(self.peers, self.model, engine, device, dtype, o.compile_mode, hf_in, res)
                 model = runner
 
                 def fn():

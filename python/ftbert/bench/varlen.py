@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .args import ST_DEFAULT_BATCH, BenchError, Case, Options, parse_case
-from .models import TORCH_DTYPES, Model, Peers, compile_model, hf_attention, make_ftbert
+from .models import TORCH_DTYPES, Model, Peers, hf_peer, make_ftbert
 from .sweep import ProgressRun, cpu_dtype_note, _free, _one_line, failed_row, no_tf32, on_device_stream
 from .timing import summarize, time_interleaved
 
@@ -327,22 +327,7 @@ class Varlen(ProgressRun):
                 return lambda: enc.forward_packed(packed_ids, cu).last_hidden_state
             ids, mask, types = ft_full if engine == "ftbert-full" else ft_in
             return lambda: enc(ids, mask, types).last_hidden_state
-        impl = hf_attention(self.model, engine)
-        model = self.peers.get(device, dtype, impl)
-        row["kernel"] = impl
-        if engine == "hf-compile":
-            import time
-
-            # Afresh per case: dynamo's cache is per code object, and its recompile limit would
-            # otherwise fall back to eager part-way through.
-            torch._dynamo.reset()
-            model = compile_model(model, o.compile_mode)
-            row["kernel"] = f"{impl}, compile {o.compile_mode}"
-            t0 = time.perf_counter()
-            model(**hf_in)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            row["note"] = f"compile + first call {time.perf_counter() - t0:.1f} s"
+        model = hf_peer(self.peers, self.model, engine, device, dtype, o.compile_mode, hf_in, row)
         return lambda: model(**hf_in).last_hidden_state
 
     def _check(self, device, dtype, case, rows, outs, ref, ref_full, valid, ref_error) -> None:

@@ -10,7 +10,9 @@ import torch
 
 import ftbert
 from tests._models import make_modernbert
-from tests._util import padded_ids
+from tests.cuda._hf import cuda_inputs as inputs
+from tests.cuda._hf import masked_error as error
+from tests.cuda._hf import run_hf as hf_outputs
 
 pytestmark = [
     pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
@@ -37,20 +39,8 @@ def peer(model, dtype):
     return peers[dtype]
 
 
-def inputs(rng, hf, batch, seq, style):
-    ids, mask = padded_ids(rng, hf.config, batch, seq, style)
-    return torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()
-
-
 def run_hf(model, ids, mask):
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model(ids.to(device), attention_mask=mask.to(device).long())
-    return out.last_hidden_state.float().cpu()
-
-
-def error(out, ref, mask):
-    return (out.float().cpu() - ref).abs()[mask.bool().cpu()].max().item()
+    return hf_outputs(model, ids, mask)[0]
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])

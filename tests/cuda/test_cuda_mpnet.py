@@ -10,7 +10,9 @@ import torch
 
 import ftbert
 from tests._models import make_mpnet, widen_head
-from tests._util import padded_ids
+from tests.cuda._hf import cuda_inputs as inputs
+from tests.cuda._hf import masked_error as hidden_error
+from tests.cuda._hf import run_hf
 
 pytestmark = [
     pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build"),
@@ -32,23 +34,6 @@ def peer(case, dtype):
     if dtype not in peers:
         peers[dtype] = type(hf).from_pretrained(path, dtype=DTYPES[dtype]).cuda().eval()
     return peers[dtype]
-
-
-def inputs(rng, hf, batch, seq, style):
-    ids, mask = padded_ids(rng, hf.config, batch, seq, style)
-    return torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()
-
-
-def run_hf(model, ids, mask):
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model(ids.to(device), attention_mask=mask.to(device).long(), output_hidden_states=True)
-    logits = getattr(out, "logits", None)
-    return out.hidden_states[-1].float().cpu(), None if logits is None else logits.float().cpu()
-
-
-def hidden_error(out, ref, mask):
-    return (out.float().cpu() - ref).abs()[mask.bool().cpu()].max().item()
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])

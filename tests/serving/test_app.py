@@ -40,18 +40,6 @@ def embed_server(embedder):
 
 
 @pytest.fixture(scope="module")
-def rerank_server(reranker):
-    with _server(reranker) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def classify_server(classifier):
-    with _server(classifier) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def embed_enc(embedder):
     return ftbert.Encoder.from_pretrained(embedder)
 

@@ -39,18 +39,6 @@ def embed_server(embedder):
         yield s
 
 
-@pytest.fixture(scope="module")
-def rerank_server(reranker):
-    with _server(reranker) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def classify_server(classifier):
-    with _server(classifier) as s:
-        yield s
-
-
 def text_probs(enc, texts):
     """The classifier's softmax over its logits for single texts, straight from the encoder."""
     batch = enc.tokenizer(texts, padding=True, truncation=True, max_length=enc.max_seq_length,

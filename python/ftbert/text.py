@@ -5,6 +5,8 @@ One call runs a small pipeline:
 1. Tokenize without padding, truncated at `enc.max_seq_length`, TOKENIZE_CHUNK texts per tokenizer
    call. This runs on a background thread of the call's own, at most PREFETCH batches ahead of the
    forwards; the engine releases the GIL, so the next batches are tokenized while a forward runs.
+   Each chunk's ids are flat numpy arrays (ids one after another and offsets), never a Python list
+   per text, which would keep the garbage collector's full passes busy (docs/performance.md).
 2. Order the texts longest first (see TOKENIZE_CHUNK for how) and cut them, in that order, into
    batches of at most `batch_size` sequences whose sequences x longest (the engine's workspace
    for the batch; their token count is at most that) stays within `max_batch_tokens`. A text
@@ -138,8 +140,8 @@ def encode_texts(
         tok = enc._text_tokenizer()
     # Longest first by characters; each chunk is then ordered by tokens (see TOKENIZE_CHUNK).
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    sequences = _tokenize(tok, lock, texts, order, enc.max_seq_length)
-    batches = (_pack(b) for b in _cut(sequences, max_batch_tokens, batch_size))
+    chunks = _tokenize(tok, lock, texts, order, enc.max_seq_length)
+    batches = _cut(chunks, max_batch_tokens, batch_size)
     gpu = torch.device(enc.device) if enc.device.startswith("cuda") else None
     out = np.empty((len(texts), enc.hidden_size), dtype=np.float32)
     with _in_background(batches, PREFETCH) as ready:
@@ -182,9 +184,9 @@ def _encode_chunked(enc, texts, pooling, normalize, batch_size, max_batch_tokens
             windows.append(prefix + piece + suffix)
             owners.append(t)
             weights.append(max(1, len(piece)))
-    order = sorted(range(len(windows)), key=lambda i: -len(windows[i]))
-    sequences = ((i, windows[i], None) for i in order)
-    batches = (_pack(b) for b in _cut(sequences, max_batch_tokens, batch_size))
+    flat, _, lengths = _flatten(windows, None)
+    all_windows = _longest_first(np.arange(len(windows), dtype=np.int64), flat, None, lengths)
+    batches = _cut([all_windows], max_batch_tokens, batch_size)
     gpu = torch.device(enc.device) if enc.device.startswith("cuda") else None
     pooled = np.empty((len(windows), enc.hidden_size), dtype=np.float64)
     for batch in batches:
@@ -224,52 +226,102 @@ class _Batch(NamedTuple):
     cu_seqlens: np.ndarray  # [B + 1] int64 offsets: sequence b is input_ids[cu[b]:cu[b + 1]]
 
 
-def _tokenize(tok, lock, texts, order, max_length) -> Iterator[tuple]:
-    """(text index, ids, type ids or None) for every text, TOKENIZE_CHUNK texts of `order` per
-    tokenizer call; each chunk's sequences come longest first (ties in `order`'s order)."""
+def _tokenize(tok, lock, texts, order, max_length) -> Iterator[_Batch]:
+    """The texts in `order`, TOKENIZE_CHUNK per tokenizer call, each chunk as one _Batch whose
+    sequences come longest first (ties in `order`'s order)."""
     for start in range(0, len(order), TOKENIZE_CHUNK):
-        idx = order[start : start + TOKENIZE_CHUNK]
+        idx = np.asarray(order[start : start + TOKENIZE_CHUNK], dtype=np.int64)
         with lock:  # never held across a yield: the caller's forwards and other threads go on
-            enc = tok([texts[i] for i in idx], truncation=True, max_length=max_length,
-                      return_attention_mask=False)
-        ids, types = enc["input_ids"], enc.get("token_type_ids")
-        for j in sorted(range(len(idx)), key=lambda j: -len(ids[j])):
-            if not ids[j]:
-                raise ValueError(f"encode: texts[{idx[j]}] gives no tokens ({texts[idx[j]]!r}), so there "
-                                 "is nothing to pool")
-            yield idx[j], ids[j], None if types is None else types[j]
+            ids, types, lengths = _tokenize_flat(tok, [texts[i] for i in idx], max_length)
+        empty = np.flatnonzero(lengths == 0)
+        if empty.size:
+            i = int(idx[empty[0]])
+            raise ValueError(f"encode: texts[{i}] gives no tokens ({texts[i]!r}), so there is nothing "
+                             "to pool")
+        yield _longest_first(idx, ids, types, lengths)
 
 
-def _cut(sequences: Iterable[tuple], max_tokens: int, max_sequences: int) -> Iterator[list]:
-    """The sequences, in their order, grouped into batches of at most `max_sequences` sequences
-    whose sequences x longest stays within `max_tokens` (so their token count does too); a sequence
-    longer than `max_tokens` is a batch of its own.
+def _tokenize_flat(tok, texts: list[str], max_length: int):
+    """(ids int32 [T], type ids int32 [T] or None, lengths int64 [n]) of the texts, one after another."""
+    if hasattr(tok, "flat"):  # tokenization.TextTokenizer: no per-sequence lists kept
+        return tok.flat(texts)
+    enc = tok(texts, truncation=True, max_length=max_length, return_attention_mask=False)
+    return _flatten(enc["input_ids"], enc.get("token_type_ids"))
+
+
+def _flatten(ids: list, types: list | None):
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    total = int(lengths.sum())
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=total)
+    flat_types = None
+    if types is not None:
+        flat_types = np.fromiter(chain.from_iterable(types), dtype=np.int32, count=total)
+    return flat, flat_types, lengths
+
+
+def _longest_first(index: np.ndarray, ids: np.ndarray, types: np.ndarray | None,
+                   lengths: np.ndarray) -> _Batch:
+    """The sequences (index [n], their ids one after another, lengths [n]) reordered longest
+    first, ties kept in order."""
+    perm = np.argsort(-lengths, kind="stable")
+    cu = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu[1:])
+    sorted_lengths = lengths[perm]
+    new_cu = np.zeros_like(cu)
+    np.cumsum(sorted_lengths, out=new_cu[1:])
+    # Token t of the new order comes from its sequence's old start plus its place in the sequence.
+    gather = np.repeat(cu[:-1][perm] - new_cu[:-1], sorted_lengths) + np.arange(int(cu[-1]))
+    return _Batch(index[perm], ids[gather], None if types is None else types[gather], new_cu)
+
+
+def _cut(chunks: Iterable[_Batch], max_tokens: int, max_sequences: int) -> Iterator[_Batch]:
+    """The chunks' sequences, in their order, grouped into batches of at most `max_sequences`
+    sequences whose sequences x longest stays within `max_tokens` (so their token count does
+    too); a sequence longer than `max_tokens` is a batch of its own. A chunk's last batch waits
+    for the next chunk's sequences.
 
     The engine sizes a packed forward's workspace by sequences x longest, not by the token count:
     bounding that keeps it within the budget where a batch's lengths drop sharply (a few long
     texts, then many short ones). Longest first, the two counts are close otherwise (2,000
     mixed-length sentences: 10 batches under this rule, 9 with the token count alone)."""
-    batch, longest = [], 0
-    for seq in sequences:
-        n = len(seq[1])
-        if batch and ((len(batch) + 1) * max(longest, n) > max_tokens or len(batch) == max_sequences):
-            yield batch
-            batch, longest = [], 0
-        batch.append(seq)
+    pending = None
+    for chunk in chunks:
+        pending = chunk if pending is None else _concat(pending, chunk)
+        starts = _batch_starts(np.diff(pending.cu_seqlens).tolist(), max_tokens, max_sequences)
+        for i, j in zip(starts[:-1], starts[1:]):
+            yield _slice(pending, i, j)
+        pending = _slice(pending, starts[-1], len(pending.index))
+    if pending is not None and len(pending.index):
+        yield pending
+
+
+def _batch_starts(lengths: list[int], max_tokens: int, max_sequences: int) -> list[int]:
+    """Where each batch starts in `lengths`, greedily (see _cut)."""
+    starts, count, longest = [0], 0, 0
+    for k, n in enumerate(lengths):
+        if count and ((count + 1) * max(longest, n) > max_tokens or count == max_sequences):
+            starts.append(k)
+            count, longest = 0, 0
+        count += 1
         longest = max(longest, n)
-    if batch:
-        yield batch
+    return starts
 
 
-def _pack(batch: list) -> _Batch:
-    cu = np.zeros(len(batch) + 1, dtype=np.int64)
-    np.cumsum([len(ids) for _, ids, _ in batch], out=cu[1:])
-    tokens = int(cu[-1])
-    ids = np.fromiter(chain.from_iterable(s[1] for s in batch), dtype=np.int32, count=tokens)
+def _slice(b: _Batch, i: int, j: int) -> _Batch:
+    """Sequences i..j-1 of b."""
+    lo, hi = int(b.cu_seqlens[i]), int(b.cu_seqlens[j])
+    types = None if b.token_type_ids is None else b.token_type_ids[lo:hi]
+    return _Batch(b.index[i:j], b.input_ids[lo:hi], types, b.cu_seqlens[i : j + 1] - lo)
+
+
+def _concat(a: _Batch, b: _Batch) -> _Batch:
     types = None
-    if batch[0][2] is not None:
-        types = np.fromiter(chain.from_iterable(s[2] for s in batch), dtype=np.int32, count=tokens)
-    return _Batch(np.array([s[0] for s in batch], dtype=np.int64), ids, types, cu)
+    if a.token_type_ids is not None or b.token_type_ids is not None:
+        types = np.concatenate([np.zeros(len(x.input_ids), np.int32) if x.token_type_ids is None
+                                else x.token_type_ids for x in (a, b)])
+    cu = np.concatenate([a.cu_seqlens, b.cu_seqlens[1:] + a.cu_seqlens[-1]])
+    return _Batch(np.concatenate([a.index, b.index]), np.concatenate([a.input_ids, b.input_ids]),
+                  types, cu)
 
 
 @contextmanager

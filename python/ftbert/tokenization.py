@@ -14,7 +14,10 @@ tests/python/test_tokenization.py holds the two equal on every family's kind of 
 from __future__ import annotations
 
 import json
+from itertools import chain
 from pathlib import Path
+
+import numpy as np
 
 # transformers' fast tokenizer classes (and their slow names, which load the fast one) that build
 # nothing beyond tokenizer.json at encode time, for the families ftbert runs.
@@ -50,6 +53,19 @@ class TextTokenizer:
         if any(any(t) for t in types):  # single texts give type 0 throughout in every family's template
             out["token_type_ids"] = types
         return out
+
+    def flat(self, texts) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """The texts' ids one after another: (ids int32 [T], type ids int32 [T] or None where all
+        are 0, lengths int64 [n]). No list of ids outlives its own sequence, so a large batch
+        leaves nothing for the garbage collector to promote (docs/performance.md, "The garbage
+        collector")."""
+        encodings = self._tok.encode_batch(list(texts))
+        lengths = np.fromiter((len(e) for e in encodings), dtype=np.int64, count=len(encodings))
+        total = int(lengths.sum())
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=total)
+        types = np.fromiter(chain.from_iterable(e.type_ids for e in encodings), dtype=np.int32,
+                            count=total)
+        return ids, (types if types.any() else None), lengths
 
 
 def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTokenizer | None:

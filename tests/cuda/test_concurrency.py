@@ -227,6 +227,58 @@ def test_threads_sharing_streams(small_dir, rng, where, concurrency):
     run_and_check(enc, calls, ref, "float16", 8, stream_for)
 
 
+# ---- (b2) the newer architectures: relative bias (MPNet), rotary and sliding windows (ModernBERT) --
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    from tests._models import make_modernbert, make_mpnet
+
+    dirs = {"mpnet": tmp_path_factory.mktemp("mpnet"), "modernbert": tmp_path_factory.mktemp("modernbert")}
+    # Head dim 64 (flash runs); ModernBERT's window of 16 is far shorter than the longest calls.
+    make_mpnet(dirs["mpnet"], hidden=128, heads=2, layers=2, vocab=VOCAB, seed=11)
+    make_modernbert(dirs["modernbert"], hidden=128, heads=2, layers=3, vocab=VOCAB, window=16, every=2, seed=12)
+    return dirs
+
+
+@pytest.mark.parametrize("concurrency", [1, 4], ids=lambda c: f"concurrency={c}")
+@pytest.mark.parametrize("dtype,attention", [("float16", "flash"), ("bfloat16", "flash"), ("float32", "unfused")])
+@pytest.mark.parametrize("family", ["mpnet", "modernbert"])
+def test_families_eight_threads_on_own_streams(family_dirs, rng, family, dtype, attention, concurrency):
+    shapes = [(1, 5), (2, 33), (3, 128), (4, 64), (8, 16), (2, 200)]
+    calls = []
+    for i in range(24):
+        batch, seq = shapes[i % len(shapes)]
+        ids = rng.integers(3, VOCAB, (batch, seq))
+        mask = ragged_mask(rng, batch, seq, left=bool(i % 2))
+        if i % 3 == 0:
+            calls.append((ids, mask))
+        else:
+            calls.append(tuple(torch.from_numpy(a).cuda() for a in (ids, mask)))
+    path = family_dirs[family]
+    alone = load(path, dtype, attention=attention)
+    ref = [alone(*c).last_hidden_state for c in calls]
+    torch.cuda.synchronize()
+    enc = load(path, dtype, concurrency, attention=attention)
+    streams = [torch.cuda.Stream() for _ in range(8)]
+
+    def work(t):
+        got = []
+        with torch.cuda.stream(streams[t]):
+            for k in range(10):
+                i = (t * 5 + 7 * k) % len(calls)
+                h = enc(*calls[i]).last_hidden_state
+                got.append((i, h if isinstance(h, np.ndarray) else h.clone()))
+        streams[t].synchronize()
+        return got
+
+    for t, results in enumerate(in_threads(8, work)):
+        for i, h in results:
+            a = torch.as_tensor(np.asarray(h, dtype=np.float32) if isinstance(h, np.ndarray) else h).float()
+            b = torch.as_tensor(np.asarray(ref[i], dtype=np.float32) if isinstance(ref[i], np.ndarray)
+                                else ref[i]).float()
+            assert torch.equal(a, b), (f"{family} thread {t}, call {i}: differs from the call made alone, "
+                                       f"max |diff| {(a - b).abs().max().item():.3e}")
+
+
 # ---- (c) encode() -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("concurrency", [1, 4], ids=lambda c: f"concurrency={c}")
 def test_encode_from_eight_threads(small_dir, rng, concurrency):

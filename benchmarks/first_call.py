@@ -19,7 +19,8 @@ pass 1 and pass 2 and their ratio. Pass 1 includes what a first call pays: the t
 load, the GEMM choice of each new shape (measured, or read from the cache), workspace growth,
 CUDA-graph recording. Configurations: auto-cold (FTBERT_GEMM_CHOICE=auto, FTBERT_CACHE_DIR a fresh
 empty directory), auto-warm (auto, the directory auto-cold filled), fixed (FTBERT_GEMM_CHOICE=fixed,
-a fresh empty directory). One more child encodes the first 256 texts in float32 on the same
+a fresh empty directory), warmup (auto, a fresh directory, `from_pretrained(warmup=True)`: the
+one-time costs in "load s" rather than in pass 1). One more child encodes the first 256 texts in float32 on the same
 device (the reference): each configuration's pass-2 embeddings of those texts against it give
 the max abs difference and the smallest cosine; "p2/p1" is pass 2's sentences/s over pass 1's,
 "p1 vs p2" the max abs difference between a configuration's own two passes' embeddings, and
@@ -27,7 +28,8 @@ the max abs difference and the smallest cosine; "p2/p1" is pass 2's sentences/s 
 
 load: per model (all-MiniLM-L6-v2 from DIR; a random BERT-base, written once by this process
 with `ftbert.bench.models.make_random_bert_base`) and per --load-devices entry (float16 on cuda,
-float32 on cpu), in a cold process (the model files already in the page cache): `import ftbert`,
+float32 on cpu; on cuda once more with `from_pretrained(warmup=True)`), in a cold process (the
+model files already in the page cache): `import ftbert`,
 `from_pretrained`, then the first, second and third result, each timed: MiniLM
 `enc.encode(["a short sentence"] * 8)`, BERT-base `enc(ids, mask)` on an [8, 128] numpy int batch.
 "spawn to 1st" is the wall time from starting the child (interpreter start-up included) to its
@@ -75,10 +77,11 @@ RAGGED_WARMUP = 20
 RAGGED_ROUNDS = 7
 RAGGED_PER_ROUND = 20
 RAGGED_SETTINGS = ("auto", True, False)
-ENCODE_CONFIGS = (  # name, FTBERT_GEMM_CHOICE, which cache directory
-    ("auto-cold", "auto", "shared"),
-    ("auto-warm", "auto", "shared"),
-    ("fixed", "fixed", "fresh"),
+ENCODE_CONFIGS = (  # name, FTBERT_GEMM_CHOICE, which cache directory, from_pretrained(warmup=)
+    ("auto-cold", "auto", "shared", False),
+    ("auto-warm", "auto", "shared", False),
+    ("fixed", "fixed", "fresh", False),
+    ("warmup", "auto", "fresh", True),
 )
 MINILM = "all-MiniLM-L6-v2"
 BERT = "bert-base (random)"
@@ -144,7 +147,8 @@ def work_encode(spec: dict, out: dict) -> None:
 
     out["gpu"] = _gpu_name(device)
     t0 = time.perf_counter()
-    enc = ftbert.Encoder.from_pretrained(spec["path"], device=device, dtype=dtype)
+    enc = ftbert.Encoder.from_pretrained(spec["path"], device=device, dtype=dtype,
+                                         warmup=spec.get("warmup", False))
     out["load_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     texts, tokens = _sentences(spec["path"], enc, spec["sentences"])
@@ -190,7 +194,8 @@ def work_load(spec: dict, out: dict) -> None:
 
     out["import_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    enc = ftbert.Encoder.from_pretrained(spec["path"], device=device, dtype=dtype)
+    enc = ftbert.Encoder.from_pretrained(spec["path"], device=device, dtype=dtype,
+                                         warmup=spec.get("warmup", False))
     out["load_s"] = time.perf_counter() - t0
     if spec["model"] == MINILM:
         texts = [LOAD_TEXT] * LOAD_BATCH
@@ -441,7 +446,7 @@ def part_encode(args, tmp: Path, minilm: str | None, why: str | None, cuda_why: 
            "sentences": args.sentences, "configs": []}
     skip = why or (cuda_why if args.device.startswith("cuda") else None)
     if skip:
-        res["configs"] = [{"config": c, "status": "skipped", "error": skip} for c, _, _ in ENCODE_CONFIGS]
+        res["configs"] = [{"config": c, "status": "skipped", "error": skip} for c, *_ in ENCODE_CONFIGS]
         return res
     base = {"path": minilm, "device": args.device, "sentences": args.sentences}
     ref_file = tmp / "emb-reference.npy"
@@ -449,11 +454,12 @@ def part_encode(args, tmp: Path, minilm: str | None, why: str | None, cuda_why: 
                     {"FTBERT_CACHE_DIR": tempfile.mkdtemp(prefix="cache-ref-", dir=tmp)}, args.timeout)
     res["reference"] = ref
     shared = Path(tempfile.mkdtemp(prefix="cache-auto-", dir=tmp))
-    for name, choice, cache in ENCODE_CONFIGS:
+    for name, choice, cache, warmup in ENCODE_CONFIGS:
         cache_dir = shared if cache == "shared" else Path(tempfile.mkdtemp(prefix=f"cache-{name}-", dir=tmp))
         before = _dir_stats(cache_dir)
         save = tmp / f"emb-{name}.npy"
-        r = run_child(f"encode {name}", dict(base, kind="encode", dtype=args.dtype, save=str(save)),
+        r = run_child(f"encode {name}", dict(base, kind="encode", dtype=args.dtype, save=str(save),
+                                             warmup=warmup),
                       {"FTBERT_GEMM_CHOICE": choice, "FTBERT_CACHE_DIR": str(cache_dir)}, args.timeout)
         r = {"config": name, **r, "cache_before": before, "cache_after": _dir_stats(cache_dir)}
         if r["status"] == "ok" and ref["status"] == "ok" and save.is_file() and ref_file.is_file():
@@ -476,9 +482,10 @@ def part_load(args, minilm, minilm_why, bert, bert_why, cuda_why) -> list[dict]:
     for model, path, why in ((MINILM, minilm, minilm_why), (BERT, bert, bert_why)):
         if path is not None and not why:
             _warm_disk(path)
-        for device in args.load_devices:
+        for device, warmup in ((d, w) for d in args.load_devices for w in (False, True)
+                               if not w or d.startswith("cuda")):
             dtype = "float16" if device.startswith("cuda") else "float32"
-            row = {"model": model, "path": path, "device": device, "dtype": dtype}
+            row = {"model": model, "path": path, "device": device, "dtype": dtype, "warmup": warmup}
             skip = why or (cuda_why if device.startswith("cuda") else None)
             if skip:
                 rows.append({**row, "status": "skipped", "error": skip})
@@ -580,15 +587,15 @@ def render(results: dict) -> str:
                     out.append(f"  {c['config']}: not compared: {c['check_error']}")
     load = results.get("load")
     if load is not None:
-        rows = [[r["model"], r["device"], r["dtype"], sig3(r.get("import_s")), sig3(r.get("load_s")),
+        rows = [[r["model"], r["device"], r["dtype"], "yes" if r.get("warmup") else "no", sig3(r.get("import_s")), sig3(r.get("load_s")),
                  sig3(r.get("first_ms")), sig3(r.get("second_ms")), sig3(r.get("third_ms")),
                  sig3(r.get("spawn_to_first_s")), _status(r)] for r in load]
         out.append("")
         out += table(f"load to first result (cold process, warm disk, fresh cache dir): MiniLM "
                      f"encode([{LOAD_TEXT!r}] * {LOAD_BATCH}), BERT-base enc(ids, mask) "
                      f"[{LOAD_BATCH}, {LOAD_SEQ}]",
-                     ["model", "device", "dtype", "import s", "from_pretrained s", "1st ms", "2nd ms",
-                      "3rd ms", "spawn to 1st s", "status"], rows, left=3)
+                     ["model", "device", "dtype", "warmup", "import s", "from_pretrained s", "1st ms",
+                      "2nd ms", "3rd ms", "spawn to 1st s", "status"], rows, left=4)
     rag = results.get("ragged")
     if rag is not None:
         out.append("")

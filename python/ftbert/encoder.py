@@ -31,7 +31,7 @@ from .weights_tools.layout import usable_seq_length
 # text.py and cross_encoder.py take an Encoder and import this module for its type only.
 from .cross_encoder import predict as predict_pairs
 from .cross_encoder import rank as rank_documents
-from .text import encode_texts
+from .text import encode_texts, pool_packed
 from .tokenization import load_text_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -128,6 +128,7 @@ class Encoder:
         nonfinite: str = "warn",
         padding_free="auto",
         input_check: str = "async",
+        warmup: bool = False,
     ) -> "Encoder":
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
@@ -141,9 +142,11 @@ class Encoder:
         nonfinite: what a NaN or Inf in the output does: "warn", "raise" or "ignore" (see
         `Encoder.nonfinite`). padding_free: "auto", True or False (see `Encoder.padding_free`).
         input_check: "async" or "sync", how the values of CUDA tensors are checked (see
-        `Encoder.input_check`).
+        `Encoder.input_check`). warmup: run `warm_up()` before returning, so that the first calls
+        do not pay the process's one-time costs (what `ftbert serve` does).
         """
         _check_bool("cuda_graphs", cuda_graphs)
+        _check_bool("warmup", warmup)
         _check_padding_free(padding_free)
         _check_input_check(input_check)
         path = Path(path)
@@ -183,6 +186,8 @@ class Encoder:
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
         enc._input_check = input_check
+        if warmup:
+            enc.warm_up()
         return enc
 
     # ---- properties ------------------------------------------------------------------------
@@ -391,6 +396,30 @@ class Encoder:
                 progress(i + 1, len(batches))
         self._native.wait_for_tuning()
         return dict(self._native.tuning_counters)
+
+    def warm_up(self, max_tokens: int = 4096) -> None:
+        """Pays a process's one-time costs now rather than in the first calls: runs packed forwards
+        of 16 up to `max_tokens` tokens (the kernels each size picks are set up on first use: on a
+        GPU, CUDA loads them then), a padded one, and the pooling `encode` runs after them.
+        `from_pretrained(warmup=True)` and `ftbert serve` call it; what it saves is measured in
+        docs/performance.md ("First calls"). The tokenizer still loads on first use, and a GPU's
+        GEMM shapes met here are measured in the background as any forward's are (see `tune`)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        torch = _torch()
+        seq = min(128, usable_seq_length(self.config))
+        device = torch.device(self.device)
+        pad = int(self.config.get("pad_token_id") or 0)
+        for tokens in sorted({min(t, max_tokens) for t in (16, 256, 1024, 4096, max_tokens)}):
+            lengths = [seq] * (tokens // seq) + ([tokens % seq] if tokens % seq else [])
+            cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            ids = torch.full((tokens,), pad, dtype=torch.int32, device=device)
+            out = self.forward_packed(ids, cu)
+            offsets = torch.from_numpy(cu).to(device)
+            for pooling in ("mean", "cls"):
+                pool_packed(out.last_hidden_state, None, offsets, pooling, True).cpu()
+        ids = torch.full((2, 16), pad, dtype=torch.int64, device=device)
+        self(ids, torch.ones_like(ids)).last_hidden_state.cpu()
 
     @property
     def gemm_tuning(self) -> dict:

@@ -323,3 +323,21 @@ def test_minilm_packed_encode_on_the_gpu_matches_the_cpu(pooling):
         gpu = enc.encode(texts, pooling=pooling, **kwargs)
         assert gpu.dtype == np.float32 and gpu.shape == cpu.shape
         np.testing.assert_allclose(gpu, cpu, atol=2e-4, err_msg=str(kwargs))
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_warm_up_leaves_results_unchanged(tmp_path, rng, family):
+    from tests._models import make_model
+
+    make_model(tmp_path, family, hidden=128, heads=2, layers=2)
+    cold = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16")
+    warm = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", warmup=True)
+    assert warm.workspace_bytes > 0
+    ids = torch.from_numpy(rng.integers(3, 99, (3, 45))).cuda()
+    mask = torch.from_numpy(ragged_mask(rng, 3, 45)).cuda()
+    for _ in range(2):  # the second time: CUDA graphs recorded
+        assert torch.equal(warm(ids, mask).last_hidden_state, cold(ids, mask).last_hidden_state)
+    cu = np.array([0, 7, 40, 41])
+    flat = ids.flatten()[:41].to(torch.int32)
+    assert torch.equal(warm.forward_packed(flat, cu).last_hidden_state,
+                       cold.forward_packed(flat, cu).last_hidden_state)

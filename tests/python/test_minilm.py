@@ -346,3 +346,24 @@ def test_loaded_cpu_encoder_holds_its_weights_once(model_path):
     weights = 22_713_216 * 4  # all-MiniLM-L6-v2's parameters in float32
     assert grown <= 1.3 * weights + enc.workspace_bytes, (grown, weights, enc.workspace_bytes)
     assert grown >= 0.9 * weights  # the measurement sees the weights at all
+
+
+def test_warm_up_leaves_results_unchanged(model_path, rng):
+    texts = [SENTENCES[int(i)] for i in rng.integers(0, len(SENTENCES), 7)]
+    cold = ftbert.Encoder.from_pretrained(model_path)
+    warm = ftbert.Encoder.from_pretrained(model_path, warmup=True)
+    assert warm.workspace_bytes > 0  # the forwards ran at load
+    np.testing.assert_array_equal(warm.encode(texts), cold.encode(texts))
+    warm.warm_up(max_tokens=37)  # any size, again
+    np.testing.assert_array_equal(warm.encode(texts), cold.encode(texts))
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, "4096"])
+def test_warm_up_rejects_a_bad_token_count(enc, bad):
+    with pytest.raises(ValueError, match=f"max_tokens must be a positive int, got {bad!r}"):
+        enc.warm_up(max_tokens=bad)
+
+
+def test_from_pretrained_rejects_a_non_bool_warmup(model_path):
+    with pytest.raises((TypeError, ValueError), match="warmup"):
+        ftbert.Encoder.from_pretrained(model_path, warmup="yes")

@@ -375,18 +375,38 @@ def _in_background(items: Iterator, depth: int):
 
 
 # ---- the caller's side: forward and pool -------------------------------------------------------
-def _embed(enc: "Encoder", batch: _Batch, pooling: str, normalize: bool, gpu) -> np.ndarray:
-    """One packed batch's embeddings, float32 [B, H]."""
+def pack_sequences(ids: Sequence[np.ndarray], types: Sequence[np.ndarray | None]) -> _Batch:
+    """Sequences given one array each (the server's batcher) as one packed batch, index 0..n-1;
+    type ids zeros where a sequence has none and another has."""
+    cu = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in ids], out=cu[1:])
+    flat_types = None
+    if any(t is not None for t in types):
+        flat_types = np.concatenate([np.zeros(len(a), np.int32) if t is None else t
+                                     for a, t in zip(ids, types)])
+    return _Batch(np.arange(len(ids), dtype=np.int64), np.concatenate(ids).astype(np.int32, copy=False),
+                  flat_types, cu)
+
+
+def forward_packed_batch(enc: "Encoder", batch: _Batch, gpu):
+    """One packed forward of `batch`: (the encoder's outputs, cu_seqlens as a torch int64 tensor on
+    the outputs' device). On the GPU the ids go from pinned host memory on torch's current stream
+    and the host does not wait for the copies; the outputs stay on the GPU until pooled."""
     import torch
 
     if gpu is None:  # numpy in, numpy out: the host path
-        ids, types, offsets = batch.input_ids, batch.token_type_ids, torch.from_numpy(batch.cu_seqlens)
-    else:  # copies queued on the caller's stream from pinned memory: the host does not wait for them
-        ids, types, offsets = (
-            None if a is None else torch.from_numpy(a).pin_memory().to(gpu, non_blocking=True)
-            for a in (batch.input_ids, batch.token_type_ids, batch.cu_seqlens)
-        )
-    res = enc.forward_packed(ids, batch.cu_seqlens, types)
+        return (enc.forward_packed(batch.input_ids, batch.cu_seqlens, batch.token_type_ids),
+                torch.from_numpy(batch.cu_seqlens))
+    ids, types, offsets = (
+        None if a is None else torch.from_numpy(a).pin_memory().to(gpu, non_blocking=True)
+        for a in (batch.input_ids, batch.token_type_ids, batch.cu_seqlens)
+    )
+    return enc.forward_packed(ids, batch.cu_seqlens, types), offsets
+
+
+def _embed(enc: "Encoder", batch: _Batch, pooling: str, normalize: bool, gpu) -> np.ndarray:
+    """One packed batch's embeddings, float32 [B, H]."""
+    res, offsets = forward_packed_batch(enc, batch, gpu)
     emb = pool_packed(res.last_hidden_state, res.pooler_output, offsets, pooling, normalize)
     return emb.cpu().numpy()
 

@@ -125,3 +125,14 @@ def test_direct_tokenizer_batches_leave_no_lists_behind():
     assert lengths.tolist() == [3, 6, 1] * 300
     assert ids[:3].tolist() == [1, 2, 3] and types is None
     assert ids.tolist() == [t for s in direct(texts, max_length=6)["input_ids"] for t in s]
+
+
+def test_pack_sequences_lays_out_the_server_batchers_sequences():
+    from ftbert.text import pack_sequences
+
+    ids = [np.array([5, 6, 7], np.int32), np.array([8], np.int32), np.array([9, 10], np.int32)]
+    b = pack_sequences(ids, [None, np.array([1], np.int32), None])
+    assert b.index.tolist() == [0, 1, 2] and b.cu_seqlens.tolist() == [0, 3, 4, 6]
+    assert b.input_ids.tolist() == [5, 6, 7, 8, 9, 10] and b.input_ids.dtype == np.int32
+    assert b.token_type_ids.tolist() == [0, 0, 0, 1, 0, 0]
+    assert pack_sequences(ids, [None] * 3).token_type_ids is None

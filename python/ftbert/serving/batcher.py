@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..cross_encoder import _truncation_length
-from ..text import default_pooling, pool_packed, tokenizer_lock
+from ..text import default_pooling, forward_packed_batch, pack_sequences, pool_packed, tokenizer_lock
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -393,22 +393,8 @@ class Batcher:
         import torch
 
         t0 = time.perf_counter()
-        lengths = np.fromiter((len(s.ids) for s in batch), dtype=np.int64, count=len(batch))
-        cu = np.zeros(len(batch) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=cu[1:])
-        ids = np.concatenate([s.ids for s in batch])
-        types = None
-        if any(s.types is not None for s in batch):
-            types = np.concatenate([s.types if s.types is not None else np.zeros_like(s.ids) for s in batch])
-        if gpu is None:
-            res = enc.forward_packed(ids, cu, types)
-            offsets = torch.from_numpy(cu)
-        else:  # ids to the GPU from pinned memory; the outputs stay there until pooled
-            ids_d, types_d, offsets = (
-                None if a is None else torch.from_numpy(a).pin_memory().to(gpu, non_blocking=True)
-                for a in (ids, types, cu)
-            )
-            res = enc.forward_packed(ids_d, cu, types_d)
+        packed = pack_sequences([s.ids for s in batch], [s.types for s in batch])
+        res, offsets = forward_packed_batch(enc, packed, gpu)
         emb = raw = logits = None
         if any(s.job.kind == EMBED for s in batch):
             # Pooled, then normalized as pool_packed would: the same bits as encode()'s.
@@ -420,7 +406,7 @@ class Batcher:
             logits = torch.as_tensor(res.logits).float().cpu().numpy()
         forward_s = time.perf_counter() - t0
         if self.metrics is not None:
-            self.metrics.on_batch(len(batch), int(cu[-1]), t0 - min(s.arrived for s in batch), forward_s)
+            self.metrics.on_batch(len(batch), int(packed.cu_seqlens[-1]), t0 - min(s.arrived for s in batch), forward_s)
         for i, s in enumerate(batch):
             job = s.job
             if job._settled:  # failed in another forward meanwhile

@@ -26,7 +26,7 @@ void Backend::flash_attention(DType dt, const void*, const void*, void*, const S
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
 }
 
-void Backend::set_gemm_choice(const std::string& mode) {
+void check_gemm_choice_mode(const std::string& mode) {
   FTBERT_CHECK_INPUT(mode == "auto" || mode == "fixed",
                      "gemm choice must be 'auto' or 'fixed', got '" << mode << "'");
 }
@@ -40,11 +40,11 @@ void Backend::pack_sequences(const int32_t* mask, int batch, int seq, int32_t* c
   }
 }
 
-int32_t* Backend::allocate_host_flag(size_t words) { return new int32_t[words](); }
+int32_t* Device::allocate_host_flag(size_t words) { return new int32_t[words](); }
 
-void Backend::free_host_flag(int32_t* flag) noexcept { delete[] flag; }
+void Device::free_host_flag(int32_t* flag) noexcept { delete[] flag; }
 
-void Backend::replay(const RecordedOps&, const std::vector<Redirect>&) {
+void Device::replay(const RecordedOps&, const std::vector<Redirect>&) {
   FTBERT_FAIL("the " << name() << " backend records no ops, so it has nothing to replay");
 }
 

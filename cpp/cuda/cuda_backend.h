@@ -19,6 +19,24 @@
 
 namespace ftbert::cuda {
 
+class CudaBackend;
+
+// The weight GEMM choice as the op tests and benchmarks reach it (gemm_choice.h), over the
+// backend's own picks and candidates (gemm/weight_gemm.cu).
+class CudaGemmChoice final : public GemmChoiceControl {
+ public:
+  explicit CudaGemmChoice(CudaBackend& backend) : backend_(backend) {}
+  void set_mode(const std::string& mode) override;
+  std::string mode() const override;
+  std::vector<std::string> candidates(DType dt, int m, int n, int k, Activation act) override;
+  std::string pick(DType dt, int m, int n, int k, Activation act) const override;
+  bool run_candidate(const std::string& name, DType dt, int m, int n, int k, const void* a,
+                     const void* w, void* c, const void* bias, Activation act) override;
+
+ private:
+  CudaBackend& backend_;
+};
+
 class CudaBackend : public Backend {
  public:
   // Throws ftbert::Error when there is no such device or the CUDA context cannot be set up.
@@ -52,8 +70,8 @@ class CudaBackend : public Backend {
   // Captured on a private stream (capture cannot run on the legacy default stream, torch's
   // default), replayed on the current one. Redirects set the noted kernels' parameters in the
   // executable graph before its launch (launch.cuh).
-  using Backend::record;
-  using Backend::replay;
+  using Device::record;
+  using Device::replay;
   std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue,
                                       const std::vector<const void*>& redirectable) override;
   bool records() const override;
@@ -70,14 +88,7 @@ class CudaBackend : public Backend {
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
                    int ldc, const void* bias = nullptr,
                    Activation act = Activation::kIdentity) override;
-  void set_gemm_choice(const std::string& mode) override;
-  std::string gemm_choice() const override { return measure_gemms_ ? "auto" : "fixed"; }
-  std::vector<std::string> weight_gemm_candidates(DType dt, int m, int n, int k,
-                                                  Activation act) override;
-  std::string weight_gemm_pick(DType dt, int m, int n, int k, Activation act) const override;
-  bool weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
-                             const void* a, const void* w, void* c, const void* bias,
-                             Activation act) override;
+  GemmChoiceControl* gemm_choice_control() override { return &gemm_choice_; }
   // ---- forwards and measured choices (gemm_tuner.h) ---------------------------------------
   uint64_t begin_forward() override;
   void end_forward() override;
@@ -210,8 +221,10 @@ class CudaBackend : public Backend {
   cudaEvent_t switch_event_ = nullptr;     // orders the next stream after the last (set_stream)
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
-  // gemm_choice "auto" (else "fixed"): set_gemm_choice; FTBERT_GEMM_CHOICE at creation
+  // the GEMM choice "auto" (else "fixed"): FTBERT_GEMM_CHOICE at creation, or CudaGemmChoice::set_mode
   bool measure_gemms_ = true;
+  CudaGemmChoice gemm_choice_{*this};
+  friend class CudaGemmChoice;
   // (dt, m, n, k, epilogue activation) -> descriptors
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>>
       lt_shapes_;

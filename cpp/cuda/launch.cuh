@@ -45,7 +45,7 @@ __device__ __forceinline__ void begin_dependent_kernel() {
 bool dependent_launch_enabled();
 
 // ---- redirected recordings ------------------------------------------------------------------
-// A recording's kernels that take a redirectable address (Backend::record) as a pointer
+// A recording's kernels that take a redirectable address (Device::record) as a pointer
 // parameter are noted while it is captured: the graph node and the parameters it was given, so
 // that a replay can give the node other addresses in their place (CudaBackend::replay). Only a
 // parameter that is the address itself is found; a buffer that reaches a kernel another way

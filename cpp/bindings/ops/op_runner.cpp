@@ -258,28 +258,38 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("repeat") = 1,
            py::arg("bias") = std::nullopt, py::arg("act") = "identity")
-      // The weight GEMM's kernel choice (Backend::set_gemm_choice): the mode, a shape's
+      // The weight GEMM's kernel choice (gemm_choice.h; backends with one kernel per shape have
+      // none: both modes accepted, "fixed" reported, no candidates): the mode, a shape's
       // candidates, the pick "auto" made for it, and one run of a named candidate; `act` names
       // the epilogue ("identity": none; otherwise act(a · w + bias), a bias given).
       .def("set_gemm_choice",
-           [](OpRunner& r, const std::string& mode) { r.backend().set_gemm_choice(mode); },
+           [](OpRunner& r, const std::string& mode) {
+             check_gemm_choice_mode(mode);
+             if (GemmChoiceControl* c = r.backend().gemm_choice_control()) c->set_mode(mode);
+           },
            py::arg("mode"))
       .def_property_readonly("gemm_choice",
-                             [](OpRunner& r) { return r.backend().gemm_choice(); })
+                             [](OpRunner& r) {
+                               GemmChoiceControl* c = r.backend().gemm_choice_control();
+                               return c != nullptr ? c->mode() : std::string("fixed");
+                             })
       .def("wait_for_tuning", [](OpRunner& r) { r.backend().wait_for_tuning(); },
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("tuning_counters",
                              [](OpRunner& r) { return r.backend().tuning_counters(); })
       .def("weight_gemm_candidates",
            [](OpRunner& r, const std::string& dtype, int m, int n, int k, const std::string& act) {
-             return r.backend().weight_gemm_candidates(dtype_from_string(dtype), m, n, k,
-                                                       activation_from_name(act));
+             GemmChoiceControl* c = r.backend().gemm_choice_control();
+             return c != nullptr ? c->candidates(dtype_from_string(dtype), m, n, k,
+                                                 activation_from_name(act))
+                                 : std::vector<std::string>{};
            },
            py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("act") = "identity")
       .def("weight_gemm_pick",
            [](OpRunner& r, const std::string& dtype, int m, int n, int k, const std::string& act) {
-             return r.backend().weight_gemm_pick(dtype_from_string(dtype), m, n, k,
-                                                 activation_from_name(act));
+             GemmChoiceControl* c = r.backend().gemm_choice_control();
+             return c != nullptr ? c->pick(dtype_from_string(dtype), m, n, k, activation_from_name(act))
+                                 : std::string();
            },
            py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("act") = "identity")
       .def("weight_gemm_candidate",
@@ -293,12 +303,10 @@ void register_op_runner(py::module_& m) {
                                 << ": a bias comes with an activation other than identity");
              WeightGemmOperands o = weight_gemm_operands(r, "weight_gemm_candidate", dt, a, w, bias);
              bool ran = false;
-             {
+             if (GemmChoiceControl* c = r.backend().gemm_choice_control()) {
                py::gil_scoped_release release;
-               ran = r.backend().weight_gemm_candidate(name, dt, o.m, o.n, o.k, o.a.data(),
-                                                       o.w.data(), o.c.data(),
-                                                       bias ? o.bias.data() : nullptr,
-                                                       activation);
+               ran = c->run_candidate(name, dt, o.m, o.n, o.k, o.a.data(), o.w.data(), o.c.data(),
+                                      bias ? o.bias.data() : nullptr, activation);
              }
              FTBERT_CHECK_INPUT(ran, "weight_gemm_candidate: '" << name << "' cannot run a "
                                 << dtype << " [" << o.m << ", " << o.k << "] x [" << o.k << ", "

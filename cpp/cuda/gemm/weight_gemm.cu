@@ -197,7 +197,7 @@ std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
   // algorithms given a workspace clear part of it before every kernel (a memset: in a CUDA graph
   // a node and two edges, benchmarks/results/gemm-choice-graphs-h100.txt); given none, the same
   // algorithms run without it, in the same kernel time (H100, BERT-base's GEMMs). Both are
-  // candidates here (weight_gemm_candidate runs either); the tuner times the ones without
+  // candidates here (CudaGemmChoice::run_candidate runs either); the tuner times the ones without
   // (measure_gemm). The first keep the whole workspace: a pick serves every row count of its
   // bucket, and a larger one may need more than the heuristic said for the measured one.
   for (const size_t workspace : {cublas_workspace_bytes_, size_t{0}}) {
@@ -468,11 +468,13 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
   if (!run_gemm(pick, g)) run_gemm(kCublasPick, g);  // e.g. unaligned pointers
 }
 
-void CudaBackend::set_gemm_choice(const std::string& mode) {
-  Backend::set_gemm_choice(mode);  // checks it
-  measure_gemms_ = mode == "auto";
-  if (measure_gemms_) load_gemm_picks();
+void CudaGemmChoice::set_mode(const std::string& mode) {
+  check_gemm_choice_mode(mode);
+  backend_.measure_gemms_ = mode == "auto";
+  if (backend_.measure_gemms_) backend_.load_gemm_picks();
 }
+
+std::string CudaGemmChoice::mode() const { return backend_.measure_gemms_ ? "auto" : "fixed"; }
 
 uint64_t CudaBackend::begin_forward() { return GemmPicks::forward_begins(device_); }
 
@@ -488,37 +490,36 @@ std::map<std::string, int64_t> CudaBackend::tuning_counters() const {
           {"cache_writes", c.cache_writes}};
 }
 
-std::vector<std::string> CudaBackend::weight_gemm_candidates(DType dt, int m, int n, int k,
-                                                             Activation act) {
+std::vector<std::string> CudaGemmChoice::candidates(DType dt, int m, int n, int k, Activation act) {
   std::vector<std::string> names;
   const bool has_bias = act != Activation::kIdentity;
   if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0 ||
       !covered_epilogue(has_bias, act)) {
     return names;
   }
-  DeviceScope scope(device_);
+  CudaBackend::DeviceScope scope(backend_.device_);
   static const unsigned char kSomeBias = 0;  // only whether there is one matters here
-  const WeightGemm g{dt, m, n, k, nullptr, nullptr, has_bias ? &kSomeBias : nullptr, nullptr, act};
-  for (const GemmPick& p : gemm_candidates(g)) names.push_back(p.name);
+  const CudaBackend::WeightGemm g{dt, m, n, k, nullptr, nullptr, has_bias ? &kSomeBias : nullptr, nullptr, act};
+  for (const GemmPick& p : backend_.gemm_candidates(g)) names.push_back(p.name);
   return names;
 }
 
-std::string CudaBackend::weight_gemm_pick(DType dt, int m, int n, int k, Activation act) const {
-  const GemmPick* pick = GemmPicks::find({device_, dt, rows_bucket(m), n, k, act});
+std::string CudaGemmChoice::pick(DType dt, int m, int n, int k, Activation act) const {
+  const GemmPick* pick = GemmPicks::find({backend_.device_, dt, rows_bucket(m), n, k, act});
   return pick != nullptr ? pick->name : std::string();
 }
 
-bool CudaBackend::weight_gemm_candidate(const std::string& name, DType dt, int m, int n, int k,
-                                        const void* a, const void* w, void* c,
-                                        const void* bias, Activation act) {
+bool CudaGemmChoice::run_candidate(const std::string& name, DType dt, int m, int n, int k,
+                                   const void* a, const void* w, void* c, const void* bias,
+                                   Activation act) {
   if ((dt != DType::kFloat16 && dt != DType::kBFloat16) || m <= 0 || n <= 0 || k <= 0 ||
       !covered_epilogue(bias != nullptr, act)) {
     return false;
   }
-  DeviceScope scope(device_);
-  const WeightGemm g{dt, m, n, k, a, w, bias, c, act};
-  for (const GemmPick& p : gemm_candidates(g)) {
-    if (p.name == name) return run_gemm(p, g);
+  CudaBackend::DeviceScope scope(backend_.device_);
+  const CudaBackend::WeightGemm g{dt, m, n, k, a, w, bias, c, act};
+  for (const GemmPick& p : backend_.gemm_candidates(g)) {
+    if (p.name == name) return backend_.run_gemm(p, g);
   }
   return false;
 }

@@ -1,6 +1,7 @@
 // The backend interface: one method per fused op of a BERT layer (the FasterTransformer v1.0 set and
-// the few around it). The encoder (cpp/core) is written once on top of it; cpp/cpu and cpp/cuda
-// implement it. Ops write into buffers the caller passes in and never allocate.
+// the few around it), on top of the device half (device.h: memory, streams, recording). The
+// encoder (cpp/core) is written once on top of it; cpp/cpu and cpp/cuda implement it. Ops write
+// into buffers the caller passes in and never allocate.
 //
 // Conventions:
 //   - Every matrix is row-major. Activations are `dt` (the compute dtype); ids and masks are int32.
@@ -20,7 +21,9 @@
 #include <vector>
 
 #include "ftbert/config.h"
+#include "ftbert/device.h"
 #include "ftbert/dtype.h"
+#include "ftbert/gemm_choice.h"
 #include "ftbert/sequences.h"
 
 namespace ftbert {
@@ -59,84 +62,11 @@ inline const char* attention_kind_name(AttentionKind k) {
   return k == AttentionKind::kFlash ? "flash" : "unfused";
 }
 
-// Ops recorded once by Backend::record and replayed as one launch by Backend::replay (a CUDA
-// graph). A recording reads and writes the very buffers it was recorded with: it is valid only
-// while they live, and only for the sizes it was recorded at.
-class RecordedOps {
+class Backend : public Device {
  public:
-  virtual ~RecordedOps() = default;
-};
-
-// An address a recording's ops were recorded with (one of record()'s `redirectable`) and the one a
-// replay gives them instead.
-struct Redirect {
-  const void* recorded = nullptr;
-  void* replayed = nullptr;
-};
-
-class Backend {
- public:
-  virtual ~Backend() = default;
-
-  virtual std::string name() const = 0;          // "cpu", "cuda"
-  virtual std::string device_name() const = 0;   // e.g. "NVIDIA H100 80GB HBM3"
-  virtual bool supports_dtype(DType dt) const = 0;
-  // Why dt cannot run here ("" when it can), for the error that refuses it.
-  virtual std::string dtype_unsupported_reason(DType dt) const {
-    if (supports_dtype(dt)) return "";
-    return "the " + name() + " backend does not compute in " + dtype_name(dt);
-  }
-
-  // ---- memory -------------------------------------------------------------------------------
-  virtual void* allocate(size_t bytes) = 0;
-  virtual void deallocate(void* ptr) noexcept = 0;
-  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
-  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
-  virtual void synchronize() = 0;
-  // `words` zeroed int32s that ops may set on the device and the host reads in place, with no
-  // copy and no sync (CUDA: mapped pinned host memory): allocate_host_flag returns the host
-  // address, host_flag_device_address the one ops take.
-  virtual int32_t* allocate_host_flag(size_t words = 1);
-  virtual void free_host_flag(int32_t* flag) noexcept;
-  virtual int32_t* host_flag_device_address(int32_t* flag) { return flag; }
-  // Run subsequent work on this stream (a cudaStream_t as an integer, 0 = the legacy default
-  // stream, as torch's default stream is). Until it is called, the backend uses its own stream.
-  // A switch keeps the backend's order: work enqueued after it runs after all work enqueued
-  // before it, on whichever stream, so buffers reused across callers' streams are never raced.
-  virtual void set_stream(uintptr_t /*stream*/) {}
-  virtual uintptr_t stream() const { return 0; }
-  // The backend's own stream, for work no caller's stream orders (set_stream(own_stream())).
-  virtual uintptr_t own_stream() const { return 0; }
+  // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
   // Allow TF32 tensor cores for float32 GEMMs (CUDA only; off by default for exact fp32 parity).
   virtual void set_allow_tf32(bool /*allow*/) {}
-
-  // ---- recording ------------------------------------------------------------------------------
-  // Records the ops `enqueue` issues, without running them, for replay() to run later as one
-  // launch: per-op launch costs are paid once instead of every time. Returns null where the
-  // backend does not record (the CPU; CUDA with FTBERT_CUDA_SYNC_DEBUG, which synchronizes after
-  // every launch); the caller then runs the ops itself.
-  // `redirectable`: addresses each replay places anew (a forward's output, which is the caller's
-  // tensor each time); every replay of the recording must then redirect each of them. Such an
-  // address may reach the ops only as the plain pointer parameter of one of this backend's own
-  // kernels (CUDA: launch.cuh), never as a GEMM's operand.
-  virtual std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue,
-                                              const std::vector<const void*>& redirectable) {
-    (void)enqueue;
-    (void)redirectable;
-    return nullptr;
-  }
-  std::unique_ptr<RecordedOps> record(const std::function<void()>& enqueue) {
-    return record(enqueue, {});
-  }
-  // Whether record() records (the CPU: never), so that callers may shape work for replays.
-  virtual bool records() const { return false; }
-  // Runs a recording of this backend's, in order with the ops around it, with its redirectable
-  // addresses replaced as `redirects` say.
-  virtual void replay(const RecordedOps& ops, const std::vector<Redirect>& redirects);
-  void replay(const RecordedOps& ops) { replay(ops, {}); }
-
-  // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
   // C = alpha * op(A) · op(B) + beta * C, where op(X) = Xᵀ if trans_x.
   //   op(A): [m, k], op(B): [k, n], C: [m, n]; lda/ldb/ldc are the row strides of A, B, C as stored.
   virtual void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
@@ -171,31 +101,9 @@ class Backend {
     if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
   }
 
-  // How weight_gemm picks its kernel where the backend has several for a shape (CUDA, float16
-  // and bfloat16: cuBLAS, cuBLASLt's heuristic candidates, the Hopper CUTLASS kernels): "auto"
-  // times the candidates on a shape's first use and keeps the fastest; "fixed" runs a rule
-  // measured once, offline (the same kernels from run to run and process to process). Backends
-  // with one kernel per shape accept both and change nothing.
-  virtual void set_gemm_choice(const std::string& mode);
-  virtual std::string gemm_choice() const { return "fixed"; }
-  // For tests and benchmarks: the candidates' names for a weight_gemm shape and epilogue (act:
-  // kIdentity for none, else act(a·W + bias)), empty where there is one way; the candidate
-  // "auto" picked for it ("" where none was measured); one run of a named candidate with the
-  // arguments of weight_gemm (lda = k, ldc = n, a bias exactly when act is not kIdentity),
-  // false, enqueuing nothing, where it cannot take them.
-  virtual std::vector<std::string> weight_gemm_candidates(DType /*dt*/, int /*m*/, int /*n*/,
-                                                          int /*k*/, Activation /*act*/) {
-    return {};
-  }
-  virtual std::string weight_gemm_pick(DType /*dt*/, int /*m*/, int /*n*/, int /*k*/,
-                                       Activation /*act*/) const {
-    return "";
-  }
-  virtual bool weight_gemm_candidate(const std::string& /*name*/, DType /*dt*/, int /*m*/,
-                                     int /*n*/, int /*k*/, const void* /*a*/, const void* /*w*/,
-                                     void* /*c*/, const void* /*bias*/, Activation /*act*/) {
-    return false;
-  }
+  // The weight GEMM's kernel choice, for the op tests and benchmarks (gemm_choice.h): null where
+  // the backend has one kernel per shape (the CPU).
+  virtual GemmChoiceControl* gemm_choice_control() { return nullptr; }
 
   // ---- forwards and measured choices ---------------------------------------------------------
   // Session::forward brackets each forward's ops with these. What a backend picks per op by

@@ -39,7 +39,7 @@ struct Activations {
   int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
   // [M, H] where the last layer writes the final hidden states (null: `hidden`). After the last
   // layer it is read only through Backend::first_tokens, never as a GEMM operand, so that a
-  // recording may redirect it to each caller's tensor (Backend::record); the per-token head,
+  // recording may redirect it to each caller's tensor (Device::record); the per-token head,
   // whose GEMM reads every row, takes no output here.
   void* output = nullptr;
 };

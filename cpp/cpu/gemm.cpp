@@ -1,13 +1,18 @@
-// GEMMs on the CPU: OpenBLAS sgemm (row-major), single-threaded inside, threaded by our own pool;
-// the layers' weight GEMMs by our own kernel over weights packed at load (weight_gemm, below).
-// bfloat16: the weight GEMMs on AVX512-BF16 dot products over bfloat16 panels; the others (the
-// heads' and the unfused attention's) in float32 on widened copies, their results rounded once.
+// GEMMs on the CPU: our own panel kernel (kernels.h), over the layers' weights packed at load
+// (weight_gemm, below) and over operands packed per call for the model's other products (the
+// pooler's, the heads', the projection, the unfused attention's). The kernel sums each element
+// over k in order, whatever the row count: a sequence's outputs do not depend on its batch
+// (tests/core/test_batch_invariance.py). OpenBLAS sgemm (row-major, single-threaded inside,
+// threaded by our own pool) takes the scaled or transposed-A products, which the model does not run.
+// bfloat16: the weight GEMMs on AVX512-BF16 dot products over bfloat16 panels; the others in
+// float32 on widened copies, their results rounded once.
 //
 // Why not OpenBLAS's threads: they spin between calls and, beside the pool that runs the other
 // ops, put two busy threads on every core; on a 2-core machine that cost more than the GEMMs'
 // own threading gained. So OpenBLAS runs one thread, and each GEMM is cut into column (or row)
 // slices that the pool runs: one pool, FTBERT_NUM_THREADS threads, for every op.
 #include <algorithm>
+#include <vector>
 
 #include "cpu/blas.h"
 #include "cpu/cpu_backend.h"
@@ -111,6 +116,63 @@ class GemmOutput {
   std::vector<float> copy_;
 };
 
+constexpr int kPanel = cpu::kGemmPanel;
+// Rows of A per pass over the panels: 192 rows of up to 384 floats (288 KiB) stay in L2 while
+// every panel of the thread's share streams past them.
+constexpr int kRowBlock = 192;
+int panels_of(int n) { return (n + kPanel - 1) / kPanel; }
+// bfloat16 panels hold rows in pairs (kernels.h): an odd k gets a zero row.
+int panel_rows_of(DType dt, int k) { return dt == DType::kBFloat16 ? (k + 1) / 2 * 2 : k; }
+
+// W [k, n] (row stride ldw; trans: W is stored as its transpose [n, k]) as float32 panels
+// [panels, k, kPanel], columns past n zero.
+void pack_panels(const float* w, int64_t ldw, bool trans, int k, int n, float* out) {
+  for (int j = 0; j < panels_of(n); ++j) {
+    const int c0 = j * kPanel, cols = std::min(kPanel, n - c0);
+    for (int p = 0; p < k; ++p) {
+      float* row = out + (static_cast<int64_t>(j) * k + p) * kPanel;
+      if (trans) {
+        for (int c = 0; c < cols; ++c) row[c] = w[(c0 + c) * ldw + p];
+      } else {
+        const float* src = w + p * ldw + c0;
+        std::copy(src, src + cols, row);
+      }
+      std::fill(row + cols, row + kPanel, 0.0f);
+    }
+  }
+}
+
+// c [m, n] = a [m, k] · panels on the calling thread (one product of a batch).
+void panels_product(int m, int n, int k, const float* a, int64_t lda, const float* panels, float* c,
+                    int64_t ldc) {
+  const auto& kernels = cpu::kernels();
+  for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+    const int rows = std::min(kRowBlock, m - i0);
+    for (int j = 0; j < panels_of(n); ++j) {
+      kernels.panel_gemm(a + i0 * lda, lda, panels + j * int64_t{k} * kPanel, k, c + i0 * ldc + j * kPanel,
+                         ldc, rows, std::min(kPanel, n - j * kPanel), nullptr, Activation::kIdentity);
+    }
+  }
+}
+
+// c [m, n] = act(a [m, k] · panels + bias) over packed float32 panels, threads taking whole panels
+// (each reads all of a and only its own columns), rows in blocks that stay in L2.
+void run_panels(int m, int n, int k, const float* a, int64_t lda, const float* panels, float* c,
+                int64_t ldc, const float* bias, Activation act) {
+  const auto& kernels = cpu::kernels();
+  cpu::parallel_for(panels_of(n), int64_t{m} * n * k, [&](int64_t begin, int64_t end) {
+    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int rows = std::min(kRowBlock, m - i0);
+      for (int64_t j = begin; j < end; ++j) {
+        const int c0 = static_cast<int>(j) * kPanel, cols = std::min(kPanel, n - c0);
+        kernels.panel_gemm(a + i0 * lda, lda, panels + j * int64_t{k} * kPanel, k,
+                           c + i0 * ldc + c0, ldc, rows, cols,
+                           bias == nullptr ? nullptr : bias + c0, act);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
@@ -123,7 +185,18 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
   const float* A = a_floats.data();
   const float* Bm = b_floats.data();
   float* C = out.data();
-  sliced_sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, Bm, ldb, beta, C, ldc);
+  if (!trans_a && !trans_b && alpha == 1.0f && beta == 0.0f && m > 0 && n > 0) {
+    // The model's products with a weight it does not keep packed (the pooler's, the heads', the
+    // embedding projection): on the panel kernel, B packed here, so that each row of C is summed
+    // in the same order whatever m is. A sequence's pooled output and logits then do not depend
+    // on what else is in its batch; OpenBLAS runs a one-row product as a matrix-vector one, in
+    // another order.
+    std::vector<float> panels(static_cast<size_t>(panels_of(n)) * k * kPanel);
+    pack_panels(Bm, ldb, false, k, n, panels.data());
+    run_panels(m, n, k, A, lda, panels.data(), C, ldc, nullptr, Activation::kIdentity);
+  } else {
+    sliced_sgemm(trans_a, trans_b, m, n, k, alpha, A, lda, Bm, ldb, beta, C, ldc);
+  }
   out.narrow_back(0, m, n, ldc);
 }
 
@@ -132,16 +205,6 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
 // forward, and at batch 1 (tens of rows) it is a large share of the GEMM. So the weights are
 // packed once, at load, into cpu::kGemmPanel-wide panels, and weight_gemm runs the register-tiled
 // panel kernel of the CPU's instruction set (kernels.h) over them.
-
-namespace {
-constexpr int kPanel = cpu::kGemmPanel;
-// Rows of A per pass over the panels: 192 rows of up to 384 floats (288 KiB) stay in L2 while
-// every panel of the thread's share streams past them.
-constexpr int kRowBlock = 192;
-int panels_of(int n) { return (n + kPanel - 1) / kPanel; }
-// bfloat16 panels hold rows in pairs (kernels.h): an odd k gets a zero row.
-int panel_rows_of(DType dt, int k) { return dt == DType::kBFloat16 ? (k + 1) / 2 * 2 : k; }
-}  // namespace
 
 size_t CpuBackend::weight_bytes(DType dt, int k, int n) const {
   return static_cast<size_t>(panel_rows_of(dt, k)) * panels_of(n) * kPanel * dtype_size(dt);
@@ -165,16 +228,7 @@ void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void*
     }
     return;
   }
-  const auto* w = static_cast<const float*>(host_w);  // [k, n]
-  auto* out = static_cast<float*>(dst);               // [panels, k, kPanel]
-  for (int j = 0; j < panels_of(n); ++j) {
-    const int c0 = j * kPanel, cols = std::min(kPanel, n - c0);
-    for (int p = 0; p < k; ++p) {
-      float* row = out + (static_cast<int64_t>(j) * k + p) * kPanel;
-      std::copy(w + static_cast<int64_t>(p) * n + c0, w + static_cast<int64_t>(p) * n + c0 + cols, row);
-      std::fill(row + cols, row + kPanel, 0.0f);
-    }
-  }
+  pack_panels(static_cast<const float*>(host_w), n, false, k, n, static_cast<float*>(dst));
 }
 
 void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
@@ -182,26 +236,23 @@ void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int l
   require_cpu_dtype(dt, "weight_gemm");
   const cpu::Floats bias_floats(dt, bias, n);  // applied in the kernel's epilogue, in float32
   const float* B = bias_floats.data();
+  if (dt == DType::kFloat32) {
+    run_panels(m, n, k, static_cast<const float*>(a), lda, static_cast<const float*>(w),
+               static_cast<float*>(c), ldc, B, act);
+    return;
+  }
   const auto& kernels = cpu::kernels();
-  const bool bf16 = dt == DType::kBFloat16;
   const int64_t panel_elements = int64_t{panel_rows_of(dt, k)} * kPanel;
-  // Threads take whole panels (columns): each reads all of A and only its own weights.
+  // As run_panels, on the bfloat16 panels.
   cpu::parallel_for(panels_of(n), int64_t{m} * n * k, [&](int64_t begin, int64_t end) {
     for (int i0 = 0; i0 < m; i0 += kRowBlock) {
       const int rows = std::min(kRowBlock, m - i0);
       for (int64_t j = begin; j < end; ++j) {
         const int c0 = static_cast<int>(j) * kPanel, cols = std::min(kPanel, n - c0);
-        const int64_t a0 = int64_t{i0} * lda, c_at = int64_t{i0} * ldc + c0;
-        const float* bias_j = B == nullptr ? nullptr : B + c0;
-        if (bf16) {
-          kernels.panel_gemm_bf16(static_cast<const uint16_t*>(a) + a0, lda,
-                                  static_cast<const uint16_t*>(w) + j * panel_elements, k,
-                                  static_cast<uint16_t*>(c) + c_at, ldc, rows, cols, bias_j, act);
-        } else {
-          kernels.panel_gemm(static_cast<const float*>(a) + a0, lda,
-                             static_cast<const float*>(w) + j * panel_elements, k,
-                             static_cast<float*>(c) + c_at, ldc, rows, cols, bias_j, act);
-        }
+        kernels.panel_gemm_bf16(static_cast<const uint16_t*>(a) + int64_t{i0} * lda, lda,
+                                static_cast<const uint16_t*>(w) + j * panel_elements, k,
+                                static_cast<uint16_t*>(c) + int64_t{i0} * ldc + c0, ldc, rows,
+                                cols, B == nullptr ? nullptr : B + c0, act);
       }
     }
   });
@@ -224,11 +275,20 @@ void CpuBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n
   const float* Bm = b_floats.data();
   float* C = out.data();
   // Attention's products are small (S x S x d per head): the batch is spread over the pool, one
-  // whole product per step.
+  // whole product per step. Unscaled and unaccumulated, they run on the panel kernel, which sums
+  // each element over k in order: a sequence's scores and context then do not depend on where its
+  // tokens sit in the padded row (OpenBLAS's kernels group the sum by the element's offset).
+  const bool panel = !trans_a && alpha == 1.0f && beta == 0.0f && m > 0 && n > 0;
   cpu::parallel_for(batch, int64_t{batch} * m * n * k / 32, [&](int64_t begin, int64_t end) {
+    std::vector<float> panels(panel ? static_cast<size_t>(panels_of(n)) * k * kPanel : 0);
     for (int64_t i = begin; i < end; ++i) {
-      sgemm(trans_a, trans_b, m, n, k, alpha, A + i * stride_a, lda, Bm + i * stride_b, ldb, beta,
-            C + i * stride_c, ldc);
+      if (panel) {
+        pack_panels(Bm + i * stride_b, ldb, trans_b, k, n, panels.data());
+        panels_product(m, n, k, A + i * stride_a, lda, panels.data(), C + i * stride_c, ldc);
+      } else {
+        sgemm(trans_a, trans_b, m, n, k, alpha, A + i * stride_a, lda, Bm + i * stride_b, ldb,
+              beta, C + i * stride_c, ldc);
+      }
     }
   });
   for (int i = 0; i < batch; ++i) out.narrow_back(i * stride_c, m, n, ldc);

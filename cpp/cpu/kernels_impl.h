@@ -228,8 +228,12 @@ void masked_softmax(float* row, const int32_t* mask, int n, float scale) {
     for (int i = 0; i < n; ++i) row[i] = 0.0f;
     return;
   }
+  // The sum's lanes count from the first attended key, not from the row's start: a sequence's
+  // probabilities are then the same bits wherever padding puts its keys (left or right).
+  int first = 0;
+  while (mask != nullptr && first < n && mask[first] == 0) row[first++] = 0.0f;
   vf sum = {};
-  for (int i = 0; i < n; i += W) {
+  for (int i = first; i < n; i += W) {
     const int r = imin(W, n - i);
     vi live = attended(mask ? mask + i : nullptr, r);
     for (int j = r; j < W; ++j) live[j] = 0;

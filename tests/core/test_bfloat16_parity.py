@@ -69,6 +69,34 @@ def test_outputs_are_bfloat16_values_in_the_caller_s_kind(models, rng):
     assert t.dtype == torch.bfloat16 and np.array_equal(t.float().numpy(), out)
 
 
+def test_torch_outputs_take_no_conversion_pass(models, rng):
+    # The torch path hands back the engine's bfloat16 bits as a view: no torch op copies or
+    # converts the outputs (one would wake torch's intra-op threads, which then spin beside the
+    # engine's through the next forward).
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    path, hf, _ = models
+    enc = ftbert.Encoder.from_pretrained(path, device="cpu", dtype="bfloat16")
+    ids = torch.from_numpy(rng.integers(0, hf.config.vocab_size, (3, 11)))
+    mask = torch.from_numpy(ragged_mask(rng, 3, 11))
+    with Ops() as ops:
+        out = enc(ids, mask)
+    copies = [n for n in ops.names if any(w in n for w in ("copy", "_to_", "clone", "convert"))]
+    assert not copies, ops.names
+    assert out.last_hidden_state.dtype == torch.bfloat16 and out.pooler_output.dtype == torch.bfloat16
+    want = enc(ids.numpy(), mask.numpy())
+    assert np.array_equal(out.last_hidden_state.float().numpy(), want.last_hidden_state)
+
+
 def test_concurrent_forwards_from_threads_match_sequential(models, rng):
     path, hf, _ = models
     enc = ftbert.Encoder.from_pretrained(path, device="cpu", dtype="bfloat16", concurrency=4)

@@ -54,8 +54,8 @@ void sliced_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
   }
   // Column slices when there are enough columns (each slice reads all of A and its own columns of
   // B, the weights), else row slices; one slice per thread: each slice is a BLAS call that packs
-  // its operands again, and on MiniLM (2 threads, same process, alternated 3 times) one slice per
-  // thread ran 8 x 128 in 332-370 ms against 353-425 ms with two.
+  // its operands again, and two slices per thread ran slower (docs/performance.md, "Kernel
+  // choices").
   const bool by_cols = n >= kMinSlice * threads;
   const int extent = by_cols ? n : m;
   const int slices = std::max(1, std::min(threads, extent / kMinSlice));

@@ -2,9 +2,10 @@
 //
 // Why not OpenMP: its worker threads spin after each parallel region, and in a process that also
 // runs OpenBLAS (and torch's own OpenMP runtime, which shares the libgomp soname) those spinning
-// threads take the cores the next GEMM needs. On a 2-core machine with one core busy, a MiniLM
-// forward went from 11 ms (no spinning) to over a second. These workers sleep on a condition
-// variable between jobs instead.
+// threads take the cores the next GEMM needs, which on a small machine with a busy core made a
+// forward many times slower (docs/performance.md, "Kernel choices"). These workers sleep on a
+// condition variable between jobs
+// instead.
 #pragma once
 
 #include <cstdint>

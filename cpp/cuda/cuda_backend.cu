@@ -363,9 +363,8 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
       workspace_bytes < dense_layernorm_partials_bytes(m, n, splits)) {
     // Unsplit, the LayerNorm adds the bias and the residual. Adding them in the GEMM's epilogue
     // instead (cuBLASLt, bias epilogue and the residual as C) spares the LayerNorm a read, but
-    // on an H100 at BERT-base's 16,384 x 768 the forward got no faster: the 24 LayerNorms went
-    // from 0.64 to 0.40 ms, while cuBLASLt's algorithms with a C operand ran slower (profiled:
-    // attention output ~49 us against 27, FFN output ~131 against 106).
+    // the forward got no faster: cuBLASLt's algorithms with a C operand ran slower by more than
+    // the LayerNorms saved (docs/performance.md, "Kernel choices").
     if (product == nullptr) product = out;
     weight_gemm(dt, m, n, k, a, k, w, product, n);
     DeviceScope scope(device_);

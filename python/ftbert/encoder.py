@@ -106,8 +106,7 @@ class Encoder:
         self._tokenizer = None
         self._text_tok = None
         # Read by every forward of CUDA tensors, so looked up once: at batch 1 the host's work
-        # before the launch adds to the latency one for one (BERT-base 1 x 128 on an H100: the
-        # device's work is ~0.37 ms, the Python around it took 0.04-0.09 ms before this).
+        # before the launch adds to the latency one for one (docs/performance.md, "Kernel choices").
         kind, index = _parse_device(device)
         self._cuda_index = index if kind == "cuda" else -1
         self._hidden = int(config["hidden_size"])
@@ -499,8 +498,8 @@ class Encoder:
                 return None
             # bfloat16 bits viewed as torch's bfloat16: no conversion pass. A torch CPU op over
             # the outputs would wake torch's intra-op threads, which then spin beside the engine's
-            # own threads through the next forward (a bfloat16 MiniLM 8 x 128 forward took 30%
-            # longer that way).
+            # own threads through the next forward (docs/performance.md, "bfloat16 with torch CPU
+            # tensors").
             t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 \
                 else torch.from_numpy(a)
             return t if in_device.type == "cpu" else t.to(in_device)

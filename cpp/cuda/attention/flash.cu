@@ -66,28 +66,14 @@
 // sequence costs the short ones nothing. flash_common.cuh's SequenceRows is the only code that
 // tells the two layouts apart.
 //
-// Tile choice (Br query rows x Bc keys per step; 4 warps; measured on an H100 at BERT shapes):
-//   - Each warp owns one or two 16-row mma tiles. With two (Br = 128, "wide"), every K/V
-//     fragment read from shared memory feeds two mma instead of one, which cuts shared-memory
-//     traffic and instructions per flop: 8-20% faster at batch 32. With one (Br = 64, "narrow")
-//     a block does half the work, which is faster when the grid does not fill the GPU a couple of
-//     times over (batch 1 x 128 tokens has 12-24 blocks for 132 SMs). The launcher picks wide when
-//     it gives at least two blocks per SM.
-//   - Bc = 64 in general: 32 fp32 S registers per m-tile; 32-key tiles double the barriers per key.
-//   - d = 64 wide on sequences over 256 keys: Bc = 128, which halves the row-max shuffles, O
-//     rescales and barriers per key (batch 32 x 512 tokens: 113 us against 117 us with Bc = 64).
-//     Its S accumulators take 128 registers, so Q is re-read from shared memory (one ldmatrix
-//     per m-tile and k-step per key tile) instead of held in registers, which would spill. With
-//     a single 128-key tile (128 tokens) nothing overlaps the copy and it is slower (24.1 us
-//     against 22.7 us); for d = 32 it was slower too.
-//   - d = 128 runs narrow only: its O accumulator is already 64 registers per m-tile, and two
-//     m-tiles would spill.
-//   Tried and dropped (no gain at batch 32 x 512): three K/V stages, Br = 128 over 8 warps of one
-//   m-tile each, skipping the O rescale while the row max moves by less than 2^8, and computing
-//   the next tile's scores before the current softmax (three buffers; 8-13% slower).
-//   Registers per thread / shared memory per block (sm_90): d=32 narrow 103 / 25.5 KiB, wide
-//   165 / 30.5 KiB; d=64 narrow 140 / 45.5 KiB, wide 228 / 54.5 KiB, wide Bc=128 255 / 91 KiB;
-//   d=128 198 / 85.5 KiB. Above 48 KiB needs the opt-in (cudaFuncSetAttribute).
+// Tile choice (Br query rows x Bc keys per step; 4 warps): "wide" (Br = 128, two 16-row mma tiles
+// per warp, so each K/V fragment read from shared memory feeds two mma) where the grid gives at
+// least two blocks per SM, else "narrow" (Br = 64, half the work per block for small grids);
+// Bc = 64, or 128 for d = 64 wide over more than 256 keys (fewer row-max shuffles, rescales and
+// barriers per key; Q is then re-read from shared memory, since holding it would spill); d = 128
+// narrow only. Above 48 KiB of shared memory needs the opt-in (cudaFuncSetAttribute).
+// Measurements, register and shared-memory budgets, and what was tried: docs/performance.md,
+// "Kernel choices".
 #include "cuda/attention/flash.h"
 
 #include <cuda_bf16.h>

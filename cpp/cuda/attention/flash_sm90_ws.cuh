@@ -216,10 +216,8 @@ __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
   // Broadcast from lane 0, so that ptxas knows the warpgroup (and what derives from it: the Q
   // tile and the wgmma descriptors) is uniform across the warp and keeps it in uniform
   // registers. Derived from threadIdx as is, every key tile rebuilt each descriptor in regular
-  // registers and moved it over (R2UR) after the turn to issue had come: 22 instructions more
-  // per key tile (of 410) and the first wgmma 100 instead of 47 instructions into the tile (on an
-  // H100, back to back: 32 x 512 80.6-80.8 -> 79.7-79.9 us, 128 x 128 42.2-42.3 -> 40.7-41.4,
-  // 32 x 128 11.8-11.9 -> 12.0).
+  // registers and moved it over (R2UR) after the turn to issue had come, delaying the first
+  // wgmma of every key tile (docs/performance.md, "Kernel choices").
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   const int q_blocks = (p.seq + Br - 1) / Br;
   const int items = q_blocks * p.heads * batch;

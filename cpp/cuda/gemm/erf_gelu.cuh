@@ -7,12 +7,11 @@
 
 namespace ftbert::cuda {
 
-// Why so few: on an H100 at BERT-base's FFN-in (16,384 x 3072 x 768, ping-pong 128 x 128 tiles) the
-// epilogue's arithmetic is what the activation costs (plain 124.6 us, bias + ReLU 122.9, bias +
-// erf-GELU 145.8 with the 14-instruction form this replaces; CUTLASS's own GELU calls erff, ~25).
-// The other warpgroup's MMAs do not hide it: on an H100 each FP32 FMA issued beside wgmma costs
-// the tensor cores about a cycle, while integer, MUFU, HFMA2 and min/max instructions cost them
-// nothing (benchmarks/kernels/wgmma_overlap.cu), so what pays here is fewer FMAs.
+// Why so few: at BERT-base's FFN-in the epilogue's arithmetic is what the activation costs, and
+// the other warpgroup's MMAs do not hide it: each FP32 FMA issued beside wgmma costs the tensor
+// cores about a cycle, while integer, MUFU, HFMA2 and min/max instructions cost them nothing
+// (benchmarks/kernels/wgmma_overlap.cu). So what pays here is fewer FMAs (docs/performance.md,
+// "Kernel choices").
 // With a = |x|: GELU(x) = max(x, 0) - a Φ(-a), and Φ(-a) = 2^P(a), P a degree-7 polynomial
 // fitted to log2 Φ(-a) on [0, 6] whose leading coefficient is negative, so it keeps falling past
 // the fit (P(8) = -50.52 against -50.51; P(16) = -235, which ex2 flushes to 0) down to -inf:

@@ -63,10 +63,8 @@ struct Tiling<GemmTiles::k128x256>
                cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                cutlass::epilogue::TmaWarpSpecializedCooperative> {};
 // 128 x 128 tiles, each consumer warpgroup owning a tile: one's epilogue (the GELU) runs while
-// the other's MMAs do. Clusters of 2 along M (the weight tile multicast to both): on an H100 at
-// the FFN-in shape, in three runs of benchmarks/kernels/gemm_variants.cu, faster than clusters
-// along N at 4,096 rows (bias + erf-GELU 37.0-41.1 us against 38.2-42.1) and mostly at 16,384
-// (138.9-163.2 against 149.5-163.7; plain 115.6-120.9 against 130.6-137.5).
+// the other's MMAs do. Clusters of 2 along M (the weight tile multicast to both): faster than
+// clusters along N at the FFN-in shape (docs/performance.md, "Kernel choices").
 template <>
 struct Tiling<GemmTiles::k128x128Pingpong>
     : TilingOf<Shape<_128, _128, _64>, Shape<_2, _1, _1>,
@@ -92,9 +90,8 @@ constexpr auto kRoundToNearest = cutlass::FloatRoundStyle::round_to_nearest;
 // The epilogues as CUTLASS visitor trees that compute only what they name. CUTLASS's own fusions
 // (LinearCombination, LinCombPerColBiasEltAct) compute alpha · acc + beta · C, and without a C
 // still issue the multiply by beta: an FP32 FMA an element, each of which costs the other
-// warpgroup's MMAs about a cycle (benchmarks/results/wgmma-overlap-h100.txt). Without it, on an
-// H100 at the FFN-in shape (ping-pong 128 x 128, bias + erf-GELU, 9 FP32 instructions an element
-// instead of 10): 4,096 rows 36.4-36.6 -> 34.9-35.0 us (benchmarks/results/gelu-forms-h100.txt).
+// warpgroup's MMAs about a cycle (benchmarks/results/wgmma-overlap-h100.txt): leaving it out is
+// measurably faster at the FFN-in shape (docs/performance.md, "Kernel choices").
 
 // act(acc), rounded to T (the kernel harness's GELU without a bias).
 template <template <class> class Act, typename T>

@@ -39,11 +39,9 @@ bool gemm_bias_gelu_sm90_tiled(int m, int n, int k, const T* a, const T* w, cons
 // activation, built in 64 x 64 tiles only, for the weight GEMMs without a bias (BERT's QKV) of up
 // to kGemmPlainMaxRows rows. Launched programmatically like ftbert's own kernels, it is scheduled
 // while the LayerNorm before it finishes, and lets the attention after it be scheduled early,
-// which cuBLAS's kernels do not. On an H100, BERT-base forwards back to back (CUDA graphs), QKV
-// as cuBLAS -> as this kernel: 1 x 128 0.356 -> 0.330 ms (float16 and bfloat16), 1 x 64 0.340 ->
-// 0.314, 1 x 32 0.335 -> 0.312, 2 x 64 0.355 -> 0.329; alone, in a graph, 3.8 -> 3.5 us at 128
-// rows but 4.0 -> 6.0 us at 256 (benchmarks/results/gemm-variants-rows128-h100.txt), hence the
-// bound. The forwards' outputs in those runs equalled the cuBLAS build's bit for bit.
+// which cuBLAS's kernels do not. That pays up to kGemmPlainMaxRows rows and loses beyond, hence
+// the bound (docs/performance.md, "Kernel choices";
+// benchmarks/results/gemm-variants-rows128-h100.txt).
 template <typename T, GemmTiles kTiles>
 bool gemm_sm90_tiled(int m, int n, int k, const T* a, const T* w, T* c, int sm_count,
                      cudaStream_t stream);

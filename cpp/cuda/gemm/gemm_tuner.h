@@ -1,12 +1,8 @@
 // The measured choice of a weight GEMM's kernel. Which kernel is fastest depends on the shape,
-// the dtype and the GPU, and cuBLAS's own pick is measurably off at BERT's shapes: on an H100,
-// BERT-base at 16,384 rows, float16, kernel times with model-like data: QKV cuBLAS 90.1 us, the
-// best of cuBLASLt's heuristic candidates 77.5; attention output 30.6 / 27.5; FFN-in with its
-// bias + erf-GELU epilogue, CUTLASS cooperative 128 x 256 tiles 150.5, ping-pong 128 x 128 143.6
-// (while at 4,096 rows the cooperative one is the faster). So the CUDA backend times the
-// candidates of a shape and keeps the fastest, for the whole process and every backend on the
-// device (all sessions run the same kernels, so their outputs agree bit for bit), and in a cache
-// file for later processes. The timing runs off the request path, on a thread and stream of its
+// the dtype and the GPU, and cuBLAS's own pick is measurably off at BERT's shapes
+// (docs/performance.md, "Kernel choices"). So the CUDA backend times the candidates of a shape
+// and keeps the fastest, for the whole process and every backend on the device (all sessions run
+// the same kernels, so their outputs agree bit for bit), and in a cache file for later processes. The timing runs off the request path, on a thread and stream of its
 // own: a forward that meets a shape not measured yet runs the fixed rule at once and a later
 // forward runs the pick.
 #pragma once
@@ -29,18 +25,16 @@
 namespace ftbert::cuda {
 
 // Shapes of fewer rows keep the fixed choice: their GEMMs take a few microseconds, about what
-// the candidates differ by, and there are many more of them (every packed token count). Measured
-// from 1 row on an H100, BERT-base forwards from 1 x 32 to 8 x 32 tokens moved within 0.5%
-// (benchmarks/results/levers-tried-h100.txt).
+// the candidates differ by, and there are many more of them (every packed token count); measuring
+// them gained nothing (docs/performance.md, "Kernel choices").
 constexpr int kTunedMinRows = 512;
 
 // The picks are shared by every row count of a bucket: packed batches have any token count, and
 // one measurement per count would never end. Four buckets an octave (m rounded up to a multiple
 // of an eighth of the power of two at or above it: ..., 5120, 6144, 7168, 8192, 10240, ...),
-// since a pick can be off by 9% a third of an octave away: on an H100, BERT-base float16,
-// forwards back to back with the picks measured at 6,144 rows (48 x 128) / 8,192 (64 x 128),
-// 48 x 128 2.29 / 2.43 ms, 56 x 128 3.00 / 2.74, 64 x 128 3.26 / 3.01. With one bucket an octave
-// (up to 8,192) whichever of them a process ran first set the others' picks.
+// since a pick measured a third of an octave away can be off by several percent; with one bucket
+// an octave, whichever size a process ran first set the others' picks (docs/performance.md,
+// "Kernel choices").
 int rows_bucket(int m);
 
 // What a pick is made for.

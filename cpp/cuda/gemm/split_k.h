@@ -13,13 +13,9 @@
 
 namespace ftbert::cuda {
 
-// Splits by output size (m * n) and k, measured on an H100 with BERT-base (n = 768). Per GEMM
-// (CUDA graph replay, weights cold in L2, us), cuBLAS's own pick against the split into fp32
-// partials: FFN-out (k = 3072) at 128 rows 7.6 -> 5.3 (4 splits), 256 rows 8.1 -> 6.1 (4);
-// attn-out (k = 768) at 128 rows 4.5 -> 3.6 (2), 256 rows 4.4 -> 4.1 (2). End to end (float16,
-// CUDA graphs, GPU time per forward, back to back): 1 x 128 396 -> 375 us, 2 x 128 432 -> 415;
-// from 512 rows no split gained (512 rows within +-2% for 2 to 8 slices; at 1,024 rows splitting
-// attn-out cost 2-4%, FFN-out alone nothing), so none is made there.
+// Splits by output size (m * n) and k, measured on an H100 with BERT-base (n = 768): splitting
+// pays below 512 rows and not from there on, so none is made there (docs/performance.md, "Kernel
+// choices").
 struct DenseSplitStep {
   int min_k;            // k at least this
   int64_t max_outputs;  // m * n at most this

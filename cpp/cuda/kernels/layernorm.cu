@@ -69,8 +69,7 @@ struct WeightAhead {
 // Whether a row's outputs stored as T are finite, from the NaN-propagating max of their |y| in
 // fp32 before rounding: the rounded value is ±inf exactly when |y| reaches kOverflow (round to
 // nearest even), and a NaN stays NaN. One max per element, where converting each stored value
-// back and testing it took three instructions (on an H100, BERT-base float16 at 16,384 rows:
-// 24.9-25.0 -> 24.5-24.6 us a LayerNorm).
+// back and testing it took three instructions (docs/performance.md, "Kernel choices").
 template <typename T>
 struct FiniteCheck {
   // The smallest |y| that rounds to ±inf in T: halfway between T's largest finite value and the
@@ -207,17 +206,14 @@ __global__ void __launch_bounds__(kMaxThreads)
 
 // The same op with one warp per row and the row in registers (kChunks vectors per lane), for
 // rows of up to 32 * kChunks vectors: no shared memory and no block barriers. With all of a row's
-// loads in flight (below) it is the faster of the two on the GEMM's own output from 128 rows on
-// (BERT-base float16 on an H100, us per LayerNorm, block kernel against this one: 128 rows 1.81
-// vs 1.55, 1,024 rows 2.75 vs 2.19, 2,048 rows 3.9 vs 3.35; benchmarks/kernels/layernorm_variants.cu
-// `small`). A k-split GEMM's partials keep the block kernel, whose threads share each row's
-// split loads (128 rows, 4 splits: 2.05 vs 3.5 us).
+// loads in flight (below) it is the faster of the two on the GEMM's own output from 128 rows on;
+// a k-split GEMM's partials keep the block kernel, whose threads share each row's split loads
+// (docs/performance.md, "Kernel choices"; benchmarks/kernels/layernorm_variants.cu `small`).
 constexpr int kWarpRowsPerBlock = 4;
 // Blocks a multiprocessor must hold (__launch_bounds__): 6 lets ptxas use 72 registers instead
 // of the 64 it chose by itself, which it met by reusing the first vectors' registers for the last
-// vectors' loads, so those waited for the first to arrive. It keeps 7 blocks resident (BERT-base
-// float16 on an H100: 22.4-22.7 -> 21.3-21.5 us at 16,384 rows, what a kernel that only adds
-// the two inputs takes; 4.25 -> 4.2 at 4,096).
+// vectors' loads, so those waited for the first to arrive. It keeps 7 blocks resident
+// (docs/performance.md, "Kernel choices").
 constexpr int kWarpMinBlocks = 6;
 constexpr int kWarpMaxChunks = 4;   // hidden up to 1024 in 16-bit dtypes, 512 in float32
 constexpr int kWarpMinRows = 128;   // from here on a warp per row (the GEMM's own output)
@@ -226,8 +222,8 @@ constexpr int kWarpMinRows = 128;   // from here on a warp per row (the GEMM's o
 // the row's end (c >= chunks) works on the row's last vector instead (clamped, never out of
 // bounds) and drops the result. So no load sits behind a branch, and all of a row's loads are in
 // flight before the first is used. Behind `if (c < chunks)`, each vector's block used its values
-// before the next one loaded: a memory round trip per vector (on an H100, BERT-base float16 at
-// 16,384 rows: 24.5 -> 22.4-22.7 us; 4,096 rows: 4.4 -> 4.25).
+// before the next one loaded: a memory round trip per vector (docs/performance.md, "Kernel
+// choices").
 __device__ __forceinline__ int lane_vector(int lane, int j, int chunks) {
   return min(lane + 32 * j, chunks - 1);
 }

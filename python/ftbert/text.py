@@ -169,7 +169,7 @@ def _encode_chunked(enc, texts, pooling, normalize, batch_size, max_batch_tokens
     with lock:
         tok = enc.tokenizer  # transformers': untruncated ids and the template's special tokens
         content = tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        prefix, suffix = _special_tokens(tok)
+        prefix, suffix = special_tokens(tok)
     width = enc.max_seq_length - len(prefix) - len(suffix)
     if overlap >= width:
         raise ValueError(f"encode: chunk_overlap {overlap} must be less than a window's {width} tokens "
@@ -178,12 +178,10 @@ def _encode_chunked(enc, texts, pooling, normalize, batch_size, max_batch_tokens
     for t, ids in enumerate(content):
         if not ids and not (prefix or suffix):
             raise ValueError(f"encode: texts[{t}] gives no tokens ({texts[t]!r}), so there is nothing to pool")
-        starts = range(0, max(1, len(ids) - overlap), width - overlap)
-        for s in starts:
-            piece = ids[s : s + width]
-            windows.append(prefix + piece + suffix)
+        for window, weight in chunk_windows(ids, prefix, suffix, width, overlap):
+            windows.append(window)
             owners.append(t)
-            weights.append(max(1, len(piece)))
+            weights.append(weight)
     flat, _, lengths = _flatten(windows, None)
     all_windows = _longest_first(np.arange(len(windows), dtype=np.int64), flat, None, lengths)
     batches = _cut([all_windows], max_batch_tokens, batch_size)
@@ -200,7 +198,17 @@ def _encode_chunked(enc, texts, pooling, normalize, batch_size, max_batch_tokens
     return out.astype(np.float32)
 
 
-def _special_tokens(tok) -> tuple[list[int], list[int]]:
+def chunk_windows(ids: list[int], prefix: list[int], suffix: list[int], width: int,
+                  overlap: int) -> list[tuple[list[int], int]]:
+    """One text's content ids (no special tokens) as windows of at most `width` ids, consecutive
+    windows sharing `overlap`, each wrapped in prefix and suffix: [(window ids, weight)], the
+    weight being the content ids it holds (at least 1). What long_texts="chunk" embeds, in encode
+    and in the server's batcher; 0 <= overlap < width."""
+    return [(prefix + ids[s : s + width] + suffix, max(1, len(ids[s : s + width])))
+            for s in range(0, max(1, len(ids) - overlap), width - overlap)]
+
+
+def special_tokens(tok) -> tuple[list[int], list[int]]:
     """The ids the tokenizer puts before and after one text's tokens ([CLS] and [SEP] for BERT)."""
     plain = tok(["a"], add_special_tokens=False)["input_ids"][0]
     full = tok(["a"])["input_ids"][0]

@@ -232,3 +232,55 @@ def test_tokenizer_errors_fail_their_round_and_the_thread_goes_on(embedder):
     assert isinstance(second[0], RuntimeError) and "length check failed" in str(second[0])
     assert third[0].values.shape == (1, 32)
     assert b.queue_depth == 0 and b.accepted == b.finished == 3
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_long_texts_chunk_embeds_windows_as_encode_does(embedder, rng, normalize):
+    b, (enc,) = _batcher(embedder, long_texts="chunk", chunk_overlap=5, max_batch_size=4, max_wait_ms=1)
+    b.start()
+    try:
+        # Texts far past the model's limit, texts that fit, and an empty one (only the special tokens).
+        texts = [random_texts(rng, int(rng.integers(1, 4)), max_words=400) for _ in range(12)]
+        texts[3] = ["", "a short one"]
+        jobs = [Job(EMBED, TEXT, t, normalize=normalize) for t in texts]
+        results = asyncio.run(_gather(b, jobs))
+        depth = b.queue_depth
+    finally:
+        b.close()
+    tok = enc.tokenizer
+    for t, res in zip(texts, results):
+        assert not isinstance(res, BaseException), res
+        want = enc.encode(t, long_texts="chunk", chunk_overlap=5, normalize=normalize)
+        np.testing.assert_allclose(res.values, want, rtol=1e-6, atol=1e-6)
+        # Usage: every window's tokens, the special tokens of each included.
+        content = tok(t, add_special_tokens=False)["input_ids"]
+        width = b.limits[TEXT] - 2
+        windows = [max(1, -(-(len(c) - 5) // (width - 5))) for c in content]
+        assert res.tokens == sum(len(c) for c in content) + 5 * sum(w - 1 for w in windows) + 2 * sum(windows)
+    assert depth == 0 and b.accepted == b.finished == len(jobs)
+    assert any(len(tok(x, add_special_tokens=False)["input_ids"]) > b.limits[TEXT] for t in texts for x in t)
+
+
+def test_long_texts_chunk_leaves_pairs_and_token_ids_alone(tmp_path, rng):
+    path = make_cross_encoder(tmp_path)
+    b, (enc,) = _batcher(path, long_texts="chunk")
+    b.start()
+    try:
+        pairs = [("a query", " ".join(["word"] * 300))]
+        (res,) = asyncio.run(_gather(b, [Job(SCORE, PAIR, pairs)]))
+    finally:
+        b.close()
+    assert res.values.shape == (1, 1)
+    np.testing.assert_allclose(res.values[:, 0], enc.predict(pairs, activation="identity"), rtol=0, atol=TOL)
+
+
+def test_long_texts_settings_are_checked(embedder):
+    with pytest.raises(ValueError, match="long_texts must be 'truncate' or 'chunk', got 'split'"):
+        ServeSettings(long_texts="split")
+    with pytest.raises(ValueError, match="chunk_overlap must be a whole number of tokens >= 0, got -1"):
+        ServeSettings(chunk_overlap=-1)
+    with pytest.raises(ValueError, match="long_texts must be 'truncate' or 'chunk', got 'all'"):
+        Job(EMBED, TEXT, ["x"], long_texts="all")
+    b, _ = _batcher(embedder, long_texts="chunk", chunk_overlap=10_000)
+    with pytest.raises(ValueError, match="chunk_overlap 10000 must be less than a window's"):
+        b.start()

@@ -10,7 +10,9 @@ The path of a request (a *job*: its inputs are texts, text pairs or token-id lis
    429) and hands the job to the tokenizer thread. Nothing heavier runs on the event loop.
 2. The tokenizer thread takes every job waiting, tokenizes each kind of input in one tokenizer call
    (the Rust tokenizer spreads a batch call over the cores), applies the length limit (truncate, or
-   fail the job with InputTooLong), and appends one entry per input to the forward queue. It runs
+   fail the job with InputTooLong; or, under long_texts "chunk", cut each text to embed into
+   windows, text.chunk_windows), and appends one entry per input (or window) to the forward
+   queue. It runs
    while the forward threads compute (the engine releases the GIL), so tokenizing overlaps them.
 3. A forward thread, one per encoder, each owning its encoder, takes inputs from the head of the
    queue while they fit the token budget: at most `max_batch_size` sequences whose count x longest
@@ -19,8 +21,10 @@ The path of a request (a *job*: its inputs are texts, text pairs or token-id lis
    for more to come. Inputs of different requests and kinds share a forward: one packed forward
    (`Encoder.forward_packed`, only real tokens computed) gives the pooled embedding and the
    sequence head's logits of every input, and each input takes what its job asked for.
-4. Each row is written into its job's result at the input's own index; the thread that writes a
-   job's last row resolves the job's asyncio future through `loop.call_soon_threadsafe`.
+4. Each row is written into its job's result at the input's own index (a window's pooled row is
+   added into its text's, weighted by the tokens it holds, and the sum divided and normalized
+   with the last); the thread that writes a job's last row resolves the job's asyncio future
+   through `loop.call_soon_threadsafe`.
 
 A job's inputs may be split over several forwards (and forward threads); a forward may hold inputs
 of many jobs. An error in a forward fails the jobs whose inputs were in it, and nothing else.
@@ -41,7 +45,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..cross_encoder import _truncation_length
-from ..text import default_pooling, forward_packed_batch, pack_sequences, pool_packed, tokenizer_lock
+from ..text import (chunk_windows, default_pooling, forward_packed_batch, pack_sequences, pool_packed,
+                    special_tokens, tokenizer_lock)
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -94,22 +99,28 @@ class Job:
     """One request's inputs. kind: EMBED or SCORE; how: TEXT, PAIR or IDS; inputs: a list of str,
     of (str, str) pairs, or of token-id lists (already checked against the vocabulary).
     normalize: EMBED rows of unit norm (else as pooled); truncate: cut inputs past the limit (None:
-    the server's setting) or refuse them; truncation_side: which end is cut ("right" or "left")."""
+    the server's setting) or refuse them; truncation_side: which end is cut ("right" or "left");
+    long_texts: "truncate" or "chunk" for texts to embed past the limit (None: the server's)."""
 
     def __init__(self, kind: str, how: str, inputs: Sequence, normalize: bool = True,
-                 truncate: bool | None = None, truncation_side: str = "right"):
+                 truncate: bool | None = None, truncation_side: str = "right",
+                 long_texts: str | None = None):
         if kind not in (EMBED, SCORE) or how not in (TEXT, PAIR, IDS):
             raise ValueError(f"unknown job kind {kind!r} / input kind {how!r}")
         if not inputs:
             raise ValueError("a job needs at least one input")
         if truncation_side not in ("right", "left"):
             raise ValueError(f"truncation_side must be 'right' or 'left', got {truncation_side!r}")
+        if long_texts not in (None, "truncate", "chunk"):
+            raise ValueError(f"long_texts must be 'truncate' or 'chunk', got {long_texts!r}")
+        self.long_texts = long_texts
         self.kind, self.how, self.inputs = kind, how, list(inputs)
         self.normalize, self.truncate, self.truncation_side = normalize, truncate, truncation_side
         self.tokens = 0
         self.cancelled = False
         self._out: np.ndarray | None = None
-        self._remaining = len(self.inputs)
+        self._remaining = len(self.inputs)  # rows (inputs, or windows of chunked texts) not yet written
+        self._chunks: tuple[np.ndarray, np.ndarray] | None = None  # chunked: (sums [n, H], weights [n])
         self._settled = False
         self._future: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -124,6 +135,7 @@ class _Seq(NamedTuple):
     ids: np.ndarray  # [L] int32
     types: np.ndarray | None  # [L] int32, or None where the tokenizer gives no token types
     arrived: float  # when it entered the forward queue (perf_counter)
+    weight: float | None = None  # a window of a chunked text: the tokens it holds; else None
 
 
 class Batcher:
@@ -140,6 +152,7 @@ class Batcher:
         self._tok_enc = first  # every encoder holds the same checkpoint: one tokenizer serves all
         self._tok = None
         self.limits: dict[str, int] = {}
+        self._specials: tuple[list[int], list[int]] = ([], [])  # around a window (long_texts "chunk")
 
         self._lock = threading.Lock()  # guards the counters below and each job's remaining count
         self._waiting = 0  # inputs accepted and not yet taken into a forward
@@ -167,6 +180,10 @@ class Batcher:
             IDS: min(model_limit, cap) if cap else model_limit,
             PAIR: min(pair_limit, cap) if cap else pair_limit,
         }
+        if self.settings.long_texts == "chunk":
+            with tokenizer_lock(enc):
+                self._specials = special_tokens(self._tok)
+            self._window_width()  # refuses an overlap the limit leaves no room for, at start
         self._threads = [threading.Thread(target=self._tokenize_loop, name="ftbert-serve-tokenize", daemon=True)]
         for i, e in enumerate(self.encoders):
             self._threads.append(threading.Thread(target=self._forward_loop, args=(e,),
@@ -262,10 +279,12 @@ class Batcher:
         groups: dict[tuple, list[Job]] = {}
         for j in jobs:
             if not j.cancelled:
-                groups.setdefault((j.how, self._truncates(j), j.truncation_side), []).append(j)
-        for (how, truncate, side), group in groups.items():
+                groups.setdefault((j.how, self._truncates(j), j.truncation_side, self._chunks(j)), []).append(j)
+        for (how, truncate, side, chunk), group in groups.items():
             try:
-                for job, seqs in zip(group, self._tokenize_group(how, group, truncate, side)):
+                rows = (self._tokenize_windows(group) if chunk
+                        else self._tokenize_group(how, group, truncate, side))
+                for job, seqs in zip(group, rows):
                     tokenized[id(job)] = seqs
             except Exception as e:  # a tokenizer error fails these jobs only
                 for job in group:
@@ -280,12 +299,51 @@ class Batcher:
                 if job.cancelled and id(job) not in failed:
                     self._fail_unqueued(job, asyncio.CancelledError())
                 continue
-            error = self._check_lengths(job.how, seqs, self._truncates(job))
+            error = self._check_lengths(job.how, seqs, self._truncates(job) or self._chunks(job))
             if error is not None:
                 self._fail_unqueued(job, error)
                 continue
-            job.tokens = sum(len(ids) for ids, _ in seqs)
-            out.extend(_Seq(job, i, ids, types, now) for i, (ids, types) in enumerate(seqs))
+            job.tokens = sum(len(ids) for _, ids, _, _ in seqs)
+            if self._chunks(job):  # windows: each is a row to write and an input queued
+                job._chunks = (np.zeros((len(job), self.hidden_size)), np.zeros(len(job)))
+                job._remaining = len(seqs)
+                with self._lock:
+                    self._waiting += len(seqs) - len(job)
+            out.extend(_Seq(job, slot, ids, types, now, weight) for slot, ids, types, weight in seqs)
+        return out
+
+    def _chunks(self, job: Job) -> bool:
+        """Whether the job's texts are embedded in windows (long_texts "chunk")."""
+        mode = self.settings.long_texts if job.long_texts is None else job.long_texts
+        return mode == "chunk" and job.kind == EMBED and job.how == TEXT
+
+    def _window_width(self) -> int:
+        prefix, suffix = self._specials
+        width = self.limits[TEXT] - len(prefix) - len(suffix)
+        if self.settings.chunk_overlap >= width:
+            raise ValueError(f"chunk_overlap {self.settings.chunk_overlap} must be less than a window's "
+                             f"{width} tokens (the input limit less the special tokens)")
+        return width
+
+    def _tokenize_windows(self, group: list[Job]) -> list[list]:
+        """Each job's texts as windows (text.chunk_windows): [(slot, ids, None, weight)] per job."""
+        if not self._specials[0] and not self._specials[1]:
+            with tokenizer_lock(self._tok_enc):
+                self._specials = special_tokens(self._tok)
+        prefix, suffix = self._specials
+        width, overlap = self._window_width(), self.settings.chunk_overlap
+        flat = [x for job in group for x in job.inputs]
+        with tokenizer_lock(self._tok_enc):
+            content = self._tok(flat, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        out, k = [], 0
+        for job in group:
+            rows = []
+            for slot in range(len(job)):
+                ids = content[k + slot]
+                windows = chunk_windows(ids, prefix, suffix, width, overlap)
+                rows.extend((slot, np.asarray(w, dtype=np.int32), None, float(weight)) for w, weight in windows)
+            out.append(rows)
+            k += len(job)
         return out
 
     def _truncates(self, job: Job) -> bool:
@@ -295,8 +353,8 @@ class Batcher:
         limit = self.limits[how]
         if how == IDS:
             cut = (lambda ids: ids[:limit]) if side == "right" else (lambda ids: ids[max(0, len(ids) - limit):])
-            return [[(np.asarray(cut(ids) if truncate else ids, dtype=np.int32), None)
-                     for ids in job.inputs] for job in group]
+            return [[(slot, np.asarray(cut(ids) if truncate else ids, dtype=np.int32), None, None)
+                     for slot, ids in enumerate(job.inputs)] for job in group]
         flat = [x for job in group for x in job.inputs]
         opts = dict(return_attention_mask=False)
         if truncate:
@@ -315,20 +373,20 @@ class Batcher:
                 if side != before:
                     self._tok.truncation_side = before
         ids, types = enc["input_ids"], enc.get("token_type_ids")
-        rows = [(np.asarray(ids[k], dtype=np.int32), None if types is None else np.asarray(types[k], np.int32))
-                for k in range(len(flat))]
         out, k = [], 0
         for job in group:
-            out.append(rows[k : k + len(job)])
+            out.append([(slot, np.asarray(ids[k + slot], dtype=np.int32),
+                         None if types is None else np.asarray(types[k + slot], np.int32), None)
+                        for slot in range(len(job))])
             k += len(job)
         return out
 
     def _check_lengths(self, how: str, seqs: list, truncate: bool) -> BatcherError | None:
-        for i, (ids, _) in enumerate(seqs):
+        for slot, ids, _, _ in seqs:
             if len(ids) == 0:
-                return NoTokens(i)
+                return NoTokens(slot)
             if not truncate and len(ids) > self.limits[how]:
-                return InputTooLong(i, len(ids), self.limits[how])
+                return InputTooLong(slot, len(ids), self.limits[how])
         return None
 
     # ---- the forward threads -----------------------------------------------------------------
@@ -400,7 +458,7 @@ class Batcher:
             # Pooled, then normalized as pool_packed would: the same bits as encode()'s.
             pooled = pool_packed(res.last_hidden_state, res.pooler_output, offsets, self.pooling, False)
             emb = torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
-            if any(s.job.kind == EMBED and not s.job.normalize for s in batch):
+            if any(s.job.kind == EMBED and (not s.job.normalize or s.weight is not None) for s in batch):
                 raw = pooled.cpu().numpy()
         if any(s.job.kind == SCORE for s in batch):
             logits = torch.as_tensor(res.logits).float().cpu().numpy()
@@ -411,11 +469,17 @@ class Batcher:
             job = s.job
             if job._settled:  # failed in another forward meanwhile
                 continue
-            job._out[s.slot] = (emb if job.normalize else raw)[i] if job.kind == EMBED else logits[i]
+            if s.weight is None:
+                job._out[s.slot] = (emb if job.normalize else raw)[i] if job.kind == EMBED else logits[i]
             with self._lock:
+                if s.weight is not None:  # a window: into its text's weighted sum
+                    job._chunks[0][s.slot] += raw[i] * s.weight
+                    job._chunks[1][s.slot] += s.weight
                 job._remaining -= 1
                 last = job._remaining == 0
             if last:
+                if job._chunks is not None:
+                    job._out[:] = _combine_windows(*job._chunks, job.normalize)
                 self._settle(job, JobResult(job._out, job.tokens), None)
 
     def _drop(self, seq: _Seq) -> None:
@@ -465,3 +529,12 @@ def _mark_cancelled(job: Job) -> Callable[[asyncio.Future], None]:
             job.cancelled = True
 
     return done
+
+
+def _combine_windows(sums: np.ndarray, weights: np.ndarray, normalize: bool) -> np.ndarray:
+    """Each text's embedding from its windows' weighted sum (float64 [n, H]) and total weight
+    [n]: their mean, normalized if asked, as encode(long_texts="chunk") combines them."""
+    out = sums / weights[:, None]
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out.astype(np.float32)

@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-input-length", type=int, help="tokens per input (default: the model's limit)")
     lim.add_argument("--no-truncate", action="store_true",
                      help="refuse inputs longer than the limit with 413 instead of truncating them")
+    lim.add_argument("--long-texts", choices=["truncate", "chunk"], default=d.long_texts,
+                     help="texts to embed past the limit: cut them, or embed them in overlapping windows "
+                          "combined by a token-weighted mean (default %(default)s)")
+    lim.add_argument("--chunk-overlap", type=int, default=d.chunk_overlap,
+                     help="tokens consecutive windows share under --long-texts chunk (default %(default)s)")
     lim.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="(default %(default)s)")
     lim.add_argument("--retry-after", type=int, default=d.retry_after_s, help="Retry-After of a 429, seconds")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -74,7 +79,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         max_client_batch=args.max_client_batch, max_input_length=args.max_input_length,
-        truncate=not args.no_truncate, max_request_bytes=args.max_request_bytes, retry_after_s=args.retry_after,
+        truncate=not args.no_truncate, long_texts=args.long_texts, chunk_overlap=args.chunk_overlap,
+        max_request_bytes=args.max_request_bytes, retry_after_s=args.retry_after,
     )
 
 

@@ -81,6 +81,8 @@ class Service:
             "hidden_size": enc.hidden_size,
             "max_input_length": self.batcher.limits.get("text"),
             "truncate": s.truncate,
+            "long_texts": s.long_texts,
+            "chunk_overlap": s.chunk_overlap,
             "pooling": self.batcher.pooling,
             "attention": enc.attention,
             "cuda_graphs": enc.cuda_graphs,

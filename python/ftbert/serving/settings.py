@@ -44,6 +44,12 @@ class ServeSettings:
     # there, or refused with 413 when truncate is False.
     max_input_length: int | None = None
     truncate: bool = True
+    # Texts to embed longer than the limit: "truncate" (cut, as `truncate` says) or "chunk" (each
+    # embedded in windows of the limit sharing chunk_overlap tokens, pooled, combined by their mean
+    # weighted by the tokens each holds: text.chunk_windows, as encode(long_texts="chunk") does).
+    # Scoring inputs (pairs) are never chunked.
+    long_texts: str = "truncate"
+    chunk_overlap: int = 32
     # Request bodies larger than this are refused with 413 before they are parsed.
     max_request_bytes: int = 16 * 1024 * 1024
     # The Retry-After (seconds) of a 429.
@@ -65,6 +71,10 @@ class ServeSettings:
         if self.max_client_batch > self.max_queue:
             raise ValueError(f"max_client_batch ({self.max_client_batch}) must not exceed max_queue "
                              f"({self.max_queue}): such a request could never be queued")
+        if self.long_texts not in ("truncate", "chunk"):
+            raise ValueError(f"long_texts must be 'truncate' or 'chunk', got {self.long_texts!r}")
+        if isinstance(self.chunk_overlap, bool) or not isinstance(self.chunk_overlap, int) or self.chunk_overlap < 0:
+            raise ValueError(f"chunk_overlap must be a whole number of tokens >= 0, got {self.chunk_overlap!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
 

@@ -11,8 +11,9 @@ from .cli import main
 from .convert import convert_checkpoint, load_hf_checkpoint
 from .errors import ConversionError, FormatError
 from .families import FAMILIES, Family, family_for
-from .layout import CONFIG_FILE, DTYPES, FORMAT_VERSION, WEIGHTS_FILE, expected_tensors
+from .layout import CONFIG_FILE, DTYPES, FORMAT_VERSION, WEIGHTS_FILE
 from .reader import is_converted, read_converted
+from .schema import expected_tensors
 
 __all__ = [
     "ConversionError",

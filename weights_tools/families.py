@@ -27,10 +27,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from .._native import _C
 from .layout import (
     ABSOLUTE,
     EMBEDDING_SIZE,
-    EMBEDDING_TENSORS,
     FINAL_NORM_TENSORS,
     HEAD_ACTIVATIONS,
     HEAD_DENSE_TENSORS,
@@ -39,11 +39,7 @@ from .layout import (
     HEAD_TENSORS,
     INT_KEYS,
     LAYER,
-    LAYER_TENSORS,
-    MODERN_EMBEDDING_TENSORS,
-    MODERN_LAYER_TENSORS,
     PADDING_OFFSET,
-    POOLER_TENSORS,
     PROJECTION_TENSORS,
     POSITION_SCHEMES,
     RELATIVE_BIAS_TENSORS,
@@ -152,7 +148,7 @@ class WeightNames:
     embeddings: Mapping[str, str]
     # What precedes every per-layer name; {i} is the layer index.
     layer_prefix: str
-    # Engine per-layer tensor (LAYER_TENSORS) -> HF name(s) after layer_prefix. Several names are
+    # Engine per-layer tensor (cpp/core/weights.cpp's table) -> HF name(s) after layer_prefix. Several names are
     # fused in order, stacked on the output dimension (Q | K | V).
     layer: Mapping[str, str | tuple[str, ...]]
     # Engine pooler tensor -> HF name; absent from a checkpoint whose task model has no pooler.
@@ -616,6 +612,32 @@ MODERNBERT = Family(
 )
 
 
+def _engine_names(family: Family) -> dict[str, set[str]]:
+    """The engine's tensor names for the family's architecture (cpp/core/weights.cpp, through the
+    bound module), by part: "embeddings", "layer" (a layer past the first, unprefixed),
+    "pooler" and "model" (the rest: a relative bias table, a final norm)."""
+    config = dict(vocab_size=8, hidden_size=4, num_hidden_layers=2, num_attention_heads=1,
+                  intermediate_size=4, max_position_embeddings=8, type_vocab_size=2,
+                  layer_norm_eps=1e-12, hidden_act="gelu", has_pooler=bool(family.weights.pooler),
+                  position_ids=family.position_ids, pad_token_id=0, architecture=family.architecture)
+    if family.relative_bias:
+        config[RELATIVE_BUCKETS] = 8
+    if family.derive_layer is not None:
+        config[LAYER] = dict(rotary_theta=1e4, local_rotary_theta=1e4, local_window=4, global_every=2)
+    names = [n for n, _, _ in _C.expected_tensors(config)]
+    parts = {"embeddings": set(), "layer": set(), "pooler": set(), "model": set()}
+    for n in names:
+        if n.startswith("layers.1."):
+            parts["layer"].add(n[len("layers.1."):])
+        elif n.startswith("embeddings.") and n not in PROJECTION_TENSORS:
+            parts["embeddings"].add(n)
+        elif n.startswith("pooler."):
+            parts["pooler"].add(n)
+        elif not n.startswith(("layers.", "classifier.")) and n not in PROJECTION_TENSORS:
+            parts["model"].add(n)
+    return parts
+
+
 def _check(family: Family) -> Family:
     """Refuses a table that does not cover the engine layout exactly: a gap would otherwise surface
     only when a checkpoint of that family is converted."""
@@ -623,9 +645,12 @@ def _check(family: Family) -> Family:
     want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act", "pad_token_id",
                  *([RELATIVE_BUCKETS] if family.relative_bias else [])}
     modern = family.derive_layer is not None
-    want_embeddings = {n for n in (MODERN_EMBEDDING_TENSORS if modern else EMBEDDING_TENSORS)
-                       if family.token_types or n != "embeddings.token_type"}
-    want_layer = set(MODERN_LAYER_TENSORS if modern else LAYER_TENSORS)
+    if not (isinstance(family.architecture, str) and family.architecture.isidentifier()):
+        raise AssertionError(f"family {family.name!r}: architecture {family.architecture!r} must name "
+                             "an architecture unit")
+    engine = _engine_names(family)
+    want_embeddings = {n for n in engine["embeddings"] if family.token_types or n != "embeddings.token_type"}
+    want_layer = engine["layer"]
     problems = []
     if set(family.config) != want_keys:
         problems.append(f"config keys {sorted(family.config)} != {sorted(want_keys)}")
@@ -633,12 +658,12 @@ def _check(family: Family) -> Family:
         problems.append(f"embeddings {sorted(w.embeddings)} != {sorted(want_embeddings)}")
     if set(w.layer) != want_layer:
         problems.append(f"layer tensors {sorted(w.layer)} != {sorted(want_layer)}")
-    if modern and set(w.model) != set(FINAL_NORM_TENSORS):
-        problems.append(f"a ModernBERT layer's model tensors {sorted(w.model)} != the final norm")
+    if set(w.model) != engine["model"]:
+        problems.append(f"model tensors {sorted(w.model)} != the engine's {sorted(engine['model'])}")
     if modern and w.pooler:
         problems.append("the engine runs no pooler with ModernBERT's layer")
-    if w.pooler and set(w.pooler) != set(POOLER_TENSORS):
-        problems.append(f"pooler {sorted(w.pooler)} != {sorted(POOLER_TENSORS)}")
+    if w.pooler and set(w.pooler) != engine["pooler"]:
+        problems.append(f"pooler {sorted(w.pooler)} != {sorted(engine['pooler'])}")
     head = family.sequence_head
     if (head is None) != (family.token_head is None):
         problems.append("a family runs both heads or neither")
@@ -663,8 +688,6 @@ def _check(family: Family) -> Family:
         problems.append("a projection's width comes from config.json: it needs a key")
     if family.name not in family.model_types:
         problems.append("the family's name is the model_type the engine config records: it must be one")
-    if not (isinstance(family.architecture, str) and family.architecture.isidentifier()):
-        problems.append(f"architecture {family.architecture!r} must name an architecture unit")
     if problems:
         raise AssertionError(f"family {family.name!r}: " + "; ".join(problems))
     return family

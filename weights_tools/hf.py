@@ -26,9 +26,7 @@ from .families import ABSOLUTE, Family, family_for, supported_model_types
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
-    EMBEDDING_TENSORS,
     LAYER,
-    RELATIVE_BIAS_TENSORS,
     RELATIVE_BUCKETS,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -40,14 +38,12 @@ from .layout import (
     TOKEN_CLASSIFICATION,
     WEIGHTS_FILE,
     check_finite,
-    check_fits,
     check_hyperparameters,
     check_positions,
-    expected_tensors,
     fmt_shape,
-    iter_expected_tensors,
 )
 from .safetensors_header import read_header
+from .schema import check_fits, expected_tensors, iter_tensors
 
 Log = Callable[[str], None]
 
@@ -465,10 +461,10 @@ class _Collector:
         return [self.by_canonical[c] for c in self.by_canonical if c not in self.used]
 
 
-def _is_linear(engine_name: str, shape: tuple[int, ...]) -> bool:
+def _is_linear(tensor) -> bool:
     """A Linear weight (the projection's too): HF stores it [out, in], the engine [in, out].
-    Embedding tables are row lookups and keep HF's [rows, E]."""
-    return len(shape) == 2 and engine_name not in (*EMBEDDING_TENSORS, *RELATIVE_BIAS_TENSORS)
+    Lookup tables (embeddings, a relative bias) keep HF's [rows, E]."""
+    return len(tensor.shape) == 2 and not tensor.table
 
 
 def _is_zero_token_types(family: Family, engine_name: str) -> bool:
@@ -489,14 +485,15 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
               log: Log) -> dict[str, torch.Tensor]:
     """HF tensors ([out, in] Linear weights, separate Q/K/V) -> engine tensors ([in, out], fused QKV).
 
-    Walks the engine layout (layout.iter_expected_tensors) and takes each tensor's source(s) from the
+    Walks the engine layout (schema.iter_tensors) and takes each tensor's source(s) from the
     family's table. get(canonical HF name, shape) supplies each tensor: _Collector.get, or
     _Collector.check for a dry run on tensors without data that checks every input before any is read.
     """
     out: dict[str, torch.Tensor] = {}
     shown = None
     kind = cfg[HEAD]["kind"] if cfg.get(HEAD) else None
-    for name, shape in iter_expected_tensors({**cfg, "has_pooler": has_pooler}):
+    for tensor in iter_tensors({**cfg, "has_pooler": has_pooler}):
+        name, shape = tensor.name, tensor.shape
         part = _progress(name, cfg["num_hidden_layers"])
         if part != shown:
             log(f"  {part}")
@@ -510,7 +507,7 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
         if sources == (None,):  # a bias the model does not have (ModernBERT's head dense): zeros
             out[name] = torch.zeros(shape, dtype=torch.float32)
             continue
-        if _is_linear(name, shape):
+        if _is_linear(tensor):
             n_in, n_out = shape
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
             # the fused GEMM's output row keeps.
@@ -539,11 +536,12 @@ def hf_state_dict(family: Family, config: dict,
     under the family's prefix, the head's at the top."""
     sd: dict[str, torch.Tensor] = {}
     kind = config[HEAD]["kind"] if config.get(HEAD) else None
-    for name, shape in iter_expected_tensors(config):
+    for tensor in iter_tensors(config):
+        name = tensor.name
         if _is_zero_token_types(family, name):
             continue  # supplied by the converter; the HF model has no such tensor
         t = tensors[name].float()
-        if _is_linear(name, shape):
+        if _is_linear(tensor):
             t = t.t()  # [in, k * out] -> [k * out, in]
         sources = family.hf_names(name, kind)
         if sources == (None,):

@@ -1,7 +1,7 @@
 """The engine's side of the format: file names, the config keys, and the tensors a config implies.
 
 Kept apart from the HuggingFace reader so that the loader (read_converted) and the converter agree on
-one definition; cpp/core/weights.cpp holds the C++ twin of `expected_tensors`.
+one definition. The tensors a config implies are the engine's (schema.py).
 """
 
 from __future__ import annotations
@@ -120,139 +120,24 @@ CONFIG_KEYS = (
     "max_seq_length",
 )
 
-# The tensors of a converted directory: these, then LAYER_TENSORS for each layer as
-# "layers.{i}.<name>", then the pooler's when the model has one.
-EMBEDDING_TENSORS = (
-    "embeddings.word",
-    "embeddings.position",
-    "embeddings.token_type",
-    "embeddings.ln_gamma",
-    "embeddings.ln_beta",
-)
-POOLER_TENSORS = ("pooler.weight", "pooler.bias")
-# The relative position bias table [relative_attention_num_buckets, num_attention_heads], after the
-# embeddings (and projection), only when the config has one. A lookup table like the embeddings,
-# kept in HF's layout.
+# Engine tensor names the family tables map HF names onto (the full list of each architecture's
+# tensors, with their shapes, is the engine's own: cpp/core/weights.cpp, read through schema.py).
+# The relative position bias table [relative_attention_num_buckets, num_attention_heads] (MPNet).
 RELATIVE_BIAS_TENSORS = ("encoder.relative_attention_bias",)
-# A model with ModernBERT's layer (LAYER): its embeddings (no position table, no beta), its layers'
-# (no biases, no betas; layer 0 has no pre-attention norm), then the final norm.
-MODERN_EMBEDDING_TENSORS = ("embeddings.word", "embeddings.token_type", "embeddings.ln_gamma")
-MODERN_LAYER_TENSORS = ("attn_ln_gamma", "qkv_weight", "attn_out_weight", "ffn_ln_gamma",
-                        "ffn_in_weight", "ffn_out_weight")
+# ModernBERT's final norm.
 FINAL_NORM_TENSORS = ("final_norm.gamma",)
-# The embeddings -> hidden projection, right after embeddings.ln_beta, only when embedding_size !=
-# hidden_size: [E, H] ([in, out], like every matrix) and [H].
+# The embeddings -> hidden projection (ELECTRA, where embedding_size != hidden_size).
 PROJECTION_TENSORS = ("embeddings.project_weight", "embeddings.project_bias")
-# The head's, after the pooler's: its own dense ([H, H], [H]; where the head has an activation),
-# its norm's gamma ([H]; "norm" true), then its output Linear ([H, num_labels], [num_labels]).
+# The head's: its own dense, its norm's gamma, its output Linear.
 HEAD_DENSE_TENSORS = ("classifier.dense_weight", "classifier.dense_bias")
 HEAD_NORM_TENSORS = ("classifier.norm_gamma",)
 HEAD_OUT_TENSORS = ("classifier.out_weight", "classifier.out_bias")
 HEAD_TENSORS = (*HEAD_DENSE_TENSORS, *HEAD_NORM_TENSORS, *HEAD_OUT_TENSORS)
 
-LAYER_TENSORS = (
-    "qkv_weight",
-    "qkv_bias",
-    "attn_out_weight",
-    "attn_out_bias",
-    "attn_ln_gamma",
-    "attn_ln_beta",
-    "ffn_in_weight",
-    "ffn_in_bias",
-    "ffn_out_weight",
-    "ffn_out_bias",
-    "ffn_ln_gamma",
-    "ffn_ln_beta",
-)
-
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 # The engine holds every size in a C++ int.
 MAX_SIZE = 2**31 - 1
-
-
-def expected_tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """The tensors an engine config implies, as (name, shape), embeddings first (with the projection
-    to hidden_size when embedding_size differs from it), then layers in order, then the pooler, then
-    the head's.
-
-    Matrices are [in, out] (the transpose of nn.Linear's [out, in]). A config without
-    "embedding_size" has embeddings of hidden_size.
-    """
-    return list(iter_expected_tensors(config))
-
-
-def iter_expected_tensors(config: dict):
-    """expected_tensors one at a time: a reader can stop at the first mismatch without building the
-    whole list, which an absurd num_hidden_layers would make huge."""
-    V = int(config["vocab_size"])
-    H = int(config["hidden_size"])
-    I = int(config["intermediate_size"])  # noqa: E741 (the FFN inner size, as in the docs)
-    if config.get(LAYER) is not None:
-        yield from _modern_tensors(config, V, H, I)
-        return
-    P = int(config["max_position_embeddings"])
-    T = int(config["type_vocab_size"])
-    E = embedding_size(config)
-    embedding_shapes = {
-        "embeddings.word": (V, E),
-        "embeddings.position": (P, E),
-        "embeddings.token_type": (T, E),
-        "embeddings.ln_gamma": (E,),
-        "embeddings.ln_beta": (E,),
-    }
-    yield from ((name, embedding_shapes[name]) for name in EMBEDDING_TENSORS)
-    if E != H:
-        projection_shapes = {"embeddings.project_weight": (E, H), "embeddings.project_bias": (H,)}
-        yield from ((name, projection_shapes[name]) for name in PROJECTION_TENSORS)
-    R = int(config.get(RELATIVE_BUCKETS, 0))
-    if R > 0:
-        yield RELATIVE_BIAS_TENSORS[0], (R, int(config["num_attention_heads"]))
-    layer_shapes = {
-        "qkv_weight": (H, 3 * H),
-        "qkv_bias": (3 * H,),
-        "attn_out_weight": (H, H),
-        "attn_out_bias": (H,),
-        "attn_ln_gamma": (H,),
-        "attn_ln_beta": (H,),
-        "ffn_in_weight": (H, I),
-        "ffn_in_bias": (I,),
-        "ffn_out_weight": (I, H),
-        "ffn_out_bias": (H,),
-        "ffn_ln_gamma": (H,),
-        "ffn_ln_beta": (H,),
-    }
-    for i in range(int(config["num_hidden_layers"])):
-        yield from ((f"layers.{i}.{name}", layer_shapes[name]) for name in LAYER_TENSORS)
-    if config["has_pooler"]:
-        pooler_shapes = {"pooler.weight": (H, H), "pooler.bias": (H,)}
-        yield from ((name, pooler_shapes[name]) for name in POOLER_TENSORS)
-    yield from head_tensors(config, H)
-
-
-def head_tensors(config: dict, H: int):
-    """The head's tensors a config implies (see HEAD_TENSORS), as (name, shape)."""
-    head = config.get(HEAD)
-    if head is None:
-        return
-    N = int(head["num_labels"])
-    if head["activation"] is not None:
-        yield from zip(HEAD_DENSE_TENSORS, ((H, H), (H,)))
-    if head.get("norm"):
-        yield HEAD_NORM_TENSORS[0], (H,)
-    yield from zip(HEAD_OUT_TENSORS, ((H, N), (N,)))
-
-
-def _modern_tensors(config: dict, V: int, H: int, I: int):  # noqa: E741
-    """iter_expected_tensors for ModernBERT's layer (see MODERN_LAYER_TENSORS)."""
-    yield from zip(MODERN_EMBEDDING_TENSORS, ((V, H), (int(config["type_vocab_size"]), H), (H,)))
-    shapes = {"attn_ln_gamma": (H,), "qkv_weight": (H, 3 * H), "attn_out_weight": (H, H),
-              "ffn_ln_gamma": (H,), "ffn_in_weight": (H, 2 * I), "ffn_out_weight": (I, H)}
-    for i in range(int(config["num_hidden_layers"])):
-        for name in MODERN_LAYER_TENSORS[1 if i == 0 else 0:]:
-            yield f"layers.{i}.{name}", shapes[name]
-    yield FINAL_NORM_TENSORS[0], (H,)
-    yield from head_tensors(config, H)
 
 
 def embedding_size(config: dict) -> int:
@@ -277,40 +162,6 @@ def seq_limit_text(config: dict) -> str:
         return (f"the usable length {P - pad - 1} (max_position_embeddings {P} - pad_token_id {pad} "
                 "- 1: position ids start at pad_token_id + 1)")
     return f"max_position_embeddings {P}"
-
-
-def _numel(shape) -> int:
-    return math.prod(int(d) for d in shape)
-
-
-def parameter_count(config: dict) -> tuple[int, str]:
-    """(number of parameters the config implies, what holds most of them), computed from the sizes
-    alone: one layer's tensors times the layer count, never a list as long as the model."""
-    L = int(config["num_hidden_layers"])
-    one = expected_tensors({**config, "num_hidden_layers": 1})
-    layer = sum(_numel(s) for n, s in one if n.startswith("layers."))
-    parts = [(_numel(s), f"{n} {fmt_shape(s)}") for n, s in one if not n.startswith("layers.")]
-    parts.append((L * layer, f"{L} layers of {layer} parameters"))
-    return sum(p for p, _ in parts), max(parts)[1]
-
-
-def check_fits(config: dict, available: int, itemsize: int, where: str, files: str,
-               error: Callable[[str], Exception]) -> None:
-    """Refuses a config whose tensors need more bytes than the weight files hold.
-
-    Runs before any tensor is read: an absurd size in the config (vocab_size 10**9, say) fails
-    here, naming the sizes, instead of in an allocation or a loop over the model's tensors.
-    """
-    count, largest = parameter_count(config)
-    need = count * itemsize
-    if need > available:
-        keys = [*INT_KEYS, *([EMBEDDING_SIZE] if EMBEDDING_SIZE in config else [])]
-        sizes = ", ".join(f"{k}={config[k]}" for k in keys)
-        raise error(
-            f"{where}: the sizes it declares ({sizes}) imply {count} parameters, at least "
-            f"{human_size(need)}, but the weight files ({files}) hold only {human_size(available)} "
-            f"(most of it would be {largest}); a size in the config is wrong"
-        )
 
 
 def check_finite(name: str, t: torch.Tensor, where: str, error: Callable[[str], Exception]) -> None:

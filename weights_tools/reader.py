@@ -23,12 +23,11 @@ from .layout import (
     FORMAT_VERSION,
     READABLE_VERSIONS,
     check_finite,
-    check_fits,
     fmt_shape,
-    iter_expected_tensors,
     sha256_file,
 )
 from .safetensors_header import read_header
+from .schema import check_fits, iter_expected_tensors
 
 
 def is_converted(directory) -> bool:

@@ -115,9 +115,16 @@ using IdArray = py::array_t<int32_t, py::array::c_style>;
 }  // namespace
 
 void register_encoder(py::module_& m) {
-  m.def("expected_tensors", [](const py::dict& config) {
-    return expected_tensors(config_from_dict(config));
-  });
+  m.def(
+      "expected_tensors",
+      [](const py::dict& config) {
+        py::list out;
+        for (const ExpectedTensor& t : expected_tensors(config_from_dict(config))) {
+          out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.table));
+        }
+        return out;
+      },
+      "The tensors an engine config implies, in file order: (name, shape, is a lookup table).");
   m.def("architectures", &model_architectures,
         "The architecture units this build runs, by the names the engine config's "
         "\"architecture\" takes.");

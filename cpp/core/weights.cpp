@@ -43,6 +43,7 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   DeviceBuffer* dest;
   bool gemm_weight = false;  // read only by Backend::weight_gemm: uploaded in its layout
+  bool table = false;        // a lookup table (ExpectedTensor::table)
 };
 
 // Checked like the others but not uploaded: the architecture reads it from the host weights
@@ -73,9 +74,11 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_size;
   auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
   std::vector<TensorSpec> t = {
-      {"embeddings.word", {c.vocab_size, E}, at(&ModelWeights::word_embeddings)},
-      {"embeddings.position", {c.max_position_embeddings, E}, at(&ModelWeights::position_embeddings)},
-      {"embeddings.token_type", {c.type_vocab_size, E}, at(&ModelWeights::token_type_embeddings)},
+      {"embeddings.word", {c.vocab_size, E}, at(&ModelWeights::word_embeddings), false, true},
+      {"embeddings.position", {c.max_position_embeddings, E}, at(&ModelWeights::position_embeddings),
+       false, true},
+      {"embeddings.token_type", {c.type_vocab_size, E}, at(&ModelWeights::token_type_embeddings),
+       false, true},
       {"embeddings.ln_gamma", {E}, at(&ModelWeights::emb_ln_gamma)},
       {"embeddings.ln_beta", {E}, at(&ModelWeights::emb_ln_beta)},
   };
@@ -85,7 +88,7 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   }
   if (c.relative_attention_buckets > 0) {
     t.push_back({"encoder.relative_attention_bias", {c.relative_attention_buckets, c.num_heads},
-                 kHostOnly});
+                 kHostOnly, false, true});
   }
   if (w) w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -120,8 +123,9 @@ std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* 
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
   std::vector<TensorSpec> t = {
-      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings)},
-      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings)},
+      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings), false, true},
+      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings),
+       false, true},
       {"embeddings.ln_gamma", {H}, at(&ModelWeights::emb_ln_gamma)},
   };
   if (w) w->layers.resize(c.num_layers);
@@ -144,9 +148,11 @@ std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* 
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const ModelConfig& c) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (TensorSpec& t : tensor_table(c, nullptr)) out.emplace_back(std::move(t.name), std::move(t.shape));
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
+  std::vector<ExpectedTensor> out;
+  for (TensorSpec& t : tensor_table(c, nullptr)) {
+    out.push_back({std::move(t.name), std::move(t.shape), t.table});
+  }
   return out;
 }
 

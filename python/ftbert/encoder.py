@@ -26,7 +26,7 @@ from .inputs import (
     mask_message, ndim_message, staged_dtypes, tensor_to_numpy,
 )
 from .weights_tools import is_converted, load_hf_checkpoint, read_converted
-from .weights_tools.families import family_for, supported_model_types
+from .weights_tools.schema import engine_config
 from .weights_tools.layout import usable_seq_length
 # text.py and cross_encoder.py take an Encoder and import this module for its type only.
 from .cross_encoder import predict as predict_pairs
@@ -760,13 +760,8 @@ class NonFiniteError(FloatingPointError):
 
 
 def _native_config(config: dict) -> dict:
-    """The engine config with the architecture unit its family runs (weights_tools/families.py):
-    the converted file records the family (model_type), the family table names the unit."""
-    family = family_for(config.get("model_type", "bert"))
-    if family is None:
-        raise ValueError(f"model_type {config.get('model_type')!r} is not one ftbert runs "
-                         f"(supported: {', '.join(supported_model_types())})")
-    return {**config, "architecture": family.architecture}
+    """The engine config with the architecture unit its family runs (weights_tools/schema.py)."""
+    return engine_config(config)
 
 
 def _check_nonfinite(mode) -> str:

@@ -57,15 +57,21 @@ def test_an_unknown_model_type_is_refused_before_the_engine(bert_dir):
 
 
 @pytest.mark.parametrize("family,kind", family_kinds(("model", "cls", "token")))
-def test_the_units_expected_tensors_are_the_layout_s(tmp_path, family, kind):
-    # The C++ tensor table (cpp/core/weights.cpp) and weights_tools/layout.py agree for every family
-    # and head: MPNet's relative bias table, ModernBERT's layer and heads, ELECTRA's projection.
-    from ftbert.weights_tools.layout import expected_tensors
+def test_the_schema_repeats_the_engine_s_layers(tmp_path, family, kind):
+    # weights_tools/schema.py asks the engine (cpp/core/weights.cpp) for two layers and repeats the
+    # second's pattern: the same list as the engine's own for every layer count, every family and
+    # head (MPNet's relative bias table, ModernBERT's first layer and heads, ELECTRA's projection).
+    from ftbert.weights_tools.schema import engine_config, iter_tensors
 
     make_model(tmp_path, family, kind, hidden=48, heads=3, layers=2, seed=12)
-    config, _ = load_hf_checkpoint(tmp_path)
-    cfg = _native_config(config)
-    assert [(n, tuple(s)) for n, s in _C.expected_tensors(cfg)] == expected_tensors(cfg)
+    config, tensors = load_hf_checkpoint(tmp_path)
+    for layers in (1, 2, 5):
+        cfg = engine_config({**config, "num_hidden_layers": layers})
+        assert [(t.name, t.shape, t.table) for t in iter_tensors(cfg)] == \
+            [(n, tuple(s), table) for n, s, table in _C.expected_tensors(cfg)]
+    tables = {t.name for t in iter_tensors(engine_config(config)) if t.table}
+    assert tables == {n for n in tensors if n.startswith("embeddings.") and n[11:] in ("word", "position",
+                      "token_type")} | {n for n in tensors if n == "encoder.relative_attention_bias"}
 
 
 def test_the_bert_unit_refuses_a_relative_bias_it_would_drop(bert_dir):

@@ -4,39 +4,21 @@ HF tensor names come from the family tables (`wt.family_for(model_type)`, throug
 spelled here or in the tests. Checkpoints are BERT unless a test asks for another family
 (`make_checkpoint(..., family="roberta")`).
 
-`wt` is `ftbert.weights_tools` when ftbert is installed, else the repository's top-level
-`weights_tools/` folder (so the converter can be tested without building the C++ engine).
-FTBERT_TEST_SOURCE_WEIGHTS_TOOLS=1 picks the folder even when ftbert is installed, to test edits
-without reinstalling.
+`wt` is the installed `ftbert.weights_tools`: the converter reads each architecture's tensors from
+the engine's own table (weights_tools/schema.py), so it needs the built package.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+import ftbert.weights_tools as wt_module
 
-
-def _import_weights_tools():
-    try:
-        if os.environ.get("FTBERT_TEST_SOURCE_WEIGHTS_TOOLS") == "1":
-            raise ImportError("source folder requested")
-        import ftbert.weights_tools as mod
-    except (ImportError, OSError):  # not installed, or installed without its native library
-        if str(REPO_ROOT) not in sys.path:
-            sys.path.insert(0, str(REPO_ROOT))
-        import weights_tools as mod
-    return mod
-
-
-wt_module = _import_weights_tools()
 BERT = wt_module.family_for("bert")
 
 # Small, with odd sizes everywhere: head_dim 16, I not a multiple of H, V and P odd.

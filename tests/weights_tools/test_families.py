@@ -370,8 +370,9 @@ def test_electra_table_is_berts_under_its_prefix_with_a_projection(wt):
 
 
 def test_expected_tensors_place_the_projection_after_the_embeddings(wt):
-    base = {"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 1, "intermediate_size": 5,
-            "max_position_embeddings": 7, "type_vocab_size": 2, "has_pooler": False}
+    base = {"vocab_size": 11, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "intermediate_size": 5, "max_position_embeddings": 7, "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12, "hidden_act": "gelu", "has_pooler": False}
     projected = wt.expected_tensors({**base, "embedding_size": 4})
     assert projected[:7] == [
         ("embeddings.word", (11, 4)), ("embeddings.position", (7, 4)), ("embeddings.token_type", (2, 4)),

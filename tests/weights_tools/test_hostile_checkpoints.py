@@ -522,7 +522,7 @@ def test_oversized_json_file_is_refused_without_reading_it(wt, make_checkpoint, 
 
 
 def test_parameter_count_agrees_with_expected_tensors(wt, rng):
-    parameter_count = importlib.import_module(wt.__name__ + ".layout").parameter_count
+    parameter_count = importlib.import_module(wt.__name__ + ".schema").parameter_count
     for _ in range(20):
         heads = int(rng.integers(1, 5))
         config = {
@@ -533,6 +533,8 @@ def test_parameter_count_agrees_with_expected_tensors(wt, rng):
             "intermediate_size": int(rng.integers(1, 100)),
             "max_position_embeddings": int(rng.integers(1, 100)),
             "type_vocab_size": int(rng.integers(1, 4)),
+            "layer_norm_eps": 1e-12,
+            "hidden_act": "gelu",
             "has_pooler": bool(rng.integers(2)),
         }
         want = sum(int(torch.Size(s).numel()) for _, s in wt.expected_tensors(config))

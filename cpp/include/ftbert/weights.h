@@ -27,8 +27,18 @@ struct HostTensor {
 
 using HostWeights = std::map<std::string, HostTensor>;
 
-// The tensors a converted checkpoint must hold for `config`, with their shapes, in file order.
-std::vector<std::pair<std::string, std::vector<int64_t>>> expected_tensors(const ModelConfig& config);
+// A tensor a converted checkpoint holds: its name, shape, and whether it is a lookup table (an
+// embedding, MPNet's relative bias: rows kept as HuggingFace stores them) rather than a Linear's
+// matrix ([in, out], the transpose of nn.Linear's) or a vector.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool table = false;
+};
+
+// The tensors a converted checkpoint must hold for `config`, in file order: the one definition
+// the loader and the converter (weights_tools/schema.py, through the binding) both read.
+std::vector<ExpectedTensor> expected_tensors(const ModelConfig& config);
 
 // A buffer in a backend's memory, freed with it. Move-only.
 class DeviceBuffer {

@@ -173,7 +173,7 @@ class Encoder:
                 "HuggingFace checkpoint (config.json)"
             )
         weights = {name: _host_tensor(t) for name, t in tensors.items()}
-        native = _C.Encoder(_native_config(config), weights, f"{kind}:{index}" if kind == "cuda" else "cpu",
+        native = _C.Encoder(engine_config(config), weights, f"{kind}:{index}" if kind == "cuda" else "cpu",
                             dtype)
         del weights, tensors
         native.attention = attention
@@ -757,11 +757,6 @@ class Encoder:
 # ---- argument and input conversion helpers --------------------------------------------------
 class NonFiniteError(FloatingPointError):
     """The encoder's output holds NaN or Inf (raised when `Encoder.nonfinite` is "raise")."""
-
-
-def _native_config(config: dict) -> dict:
-    """The engine config with the architecture unit its family runs (weights_tools/schema.py)."""
-    return engine_config(config)
 
 
 def _check_nonfinite(mode) -> str:

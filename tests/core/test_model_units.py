@@ -8,7 +8,8 @@ import torch
 
 import ftbert
 from ftbert import _C
-from ftbert.encoder import _host_tensor, _native_config
+from ftbert.encoder import _host_tensor
+from ftbert.weights_tools.schema import engine_config
 from ftbert.weights_tools import load_hf_checkpoint
 from tests._models import family_kinds, make_bert, make_model
 
@@ -28,7 +29,7 @@ def native(config, tensors, **changes):
 def test_the_family_table_names_the_unit_and_the_config_carries_it(bert_dir):
     config, _ = load_hf_checkpoint(bert_dir)
     assert "architecture" not in config  # the converted format records the family, not the unit
-    assert _native_config(config)["architecture"] == "bert"
+    assert engine_config(config)["architecture"] == "bert"
 
 
 def test_a_config_without_an_architecture_runs_bert_as_before(bert_dir, rng):
@@ -53,7 +54,7 @@ def test_an_architecture_the_build_does_not_run_is_refused_by_name(bert_dir, nam
 def test_an_unknown_model_type_is_refused_before_the_engine(bert_dir):
     config, _ = load_hf_checkpoint(bert_dir)
     with pytest.raises(ValueError, match="model_type 'deberta-v2' is not one ftbert runs"):
-        _native_config({**config, "model_type": "deberta-v2"})
+        engine_config({**config, "model_type": "deberta-v2"})
 
 
 @pytest.mark.parametrize("family,kind", family_kinds(("model", "cls", "token")))
@@ -61,7 +62,7 @@ def test_the_schema_repeats_the_engine_s_layers(tmp_path, family, kind):
     # weights_tools/schema.py asks the engine (cpp/core/weights.cpp) for two layers and repeats the
     # second's pattern: the same list as the engine's own for every layer count, every family and
     # head (MPNet's relative bias table, ModernBERT's first layer and heads, ELECTRA's projection).
-    from ftbert.weights_tools.schema import engine_config, iter_tensors
+    from ftbert.weights_tools.schema import iter_tensors
 
     make_model(tmp_path, family, kind, hidden=48, heads=3, layers=2, seed=12)
     config, tensors = load_hf_checkpoint(tmp_path)

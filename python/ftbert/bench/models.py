@@ -134,11 +134,12 @@ def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf3
     """
     from .. import _C
     from .._native import ensure_cuda_libraries
-    from ..encoder import Encoder, _native_config
+    from ..encoder import Encoder
+    from ..weights_tools.schema import engine_config
 
     if device.startswith("cuda"):
         ensure_cuda_libraries()
-    native = _C.Encoder(_native_config(model.config), model.host_weights, device, dtype)
+    native = _C.Encoder(engine_config(model.config), model.host_weights, device, dtype)
     native.attention = attention
     native.graphs = cuda_graphs
     if allow_tf32:

@@ -183,6 +183,7 @@ void register_encoder(py::module_& m) {
            py::arg("tokens"), py::arg("first_token_differs") = false)
       // These wait for the forwards running in the sessions they touch: without the GIL.
       .def("set_allow_tf32", &Encoder::set_allow_tf32, py::call_guard<py::gil_scoped_release>())
+      .def_property("batch_invariant", &Encoder::batch_invariant, &Encoder::set_batch_invariant)
       .def_property("graphs", &Encoder::graphs,
                     py::cpp_function(&Encoder::set_graphs, py::call_guard<py::gil_scoped_release>()))
       .def_property("concurrency", &Encoder::concurrency,

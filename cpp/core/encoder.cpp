@@ -49,7 +49,12 @@ void Encoder::synchronize() {
 
 void Encoder::set_attention(AttentionMode mode) {
   // Forcing flash where it cannot run fails now, not at the next forward.
-  select_attention(mode, *backend_, dtype(), config().head_dim(), 1, 1);
+  const AttentionKind kind = select_attention(mode, *backend_, dtype(), config().head_dim(), 1, 1);
+  if (batch_invariant_) {
+    const std::string why = backend_->batch_invariant_unsupported_reason(dtype(), kind);
+    FTBERT_CHECK_INPUT(why.empty(), "attention='" << attention_mode_name(mode)
+                                                  << "' with batch_invariant=True: " << why);
+  }
   attention_mode_ = mode;
 }
 
@@ -63,6 +68,7 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
 // batch is large enough for the read back to pay (auto_counts_on_device). See docs/api.md
 // (`padding_free`).
 bool Encoder::padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs) const {
+  if (batch_invariant_) return true;
   switch (padding_free_.load()) {
     case PaddingFree::kOff: return false;
     case PaddingFree::kOn: return true;
@@ -193,6 +199,15 @@ void Encoder::set_allow_tf32(bool allow) {
   }
 }
 
+void Encoder::set_batch_invariant(bool on) {
+  if (on) {
+    const std::string why =
+        backend_->batch_invariant_unsupported_reason(dtype(), attention_for(1, 1));
+    FTBERT_CHECK_INPUT(why.empty(), "batch_invariant=True: " << why);
+  }
+  batch_invariant_ = on;  // each session's backend takes it at its next forward
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 void Encoder::validate(const ForwardArgs& a) const {
@@ -215,6 +230,7 @@ void Encoder::validate(const ForwardArgs& a) const {
 ForwardResult Encoder::forward(const ForwardArgs& in) {
   validate(in);
   ForwardArgs args = in;
+  const bool invariant = batch_invariant_;
   // Host masks are counted here (for the rule and the GEMM sizes), with whether every sequence
   // starts with a token.
   bool first_positions_attended = true;
@@ -238,7 +254,7 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
   // padding_free=True only), so auto's results for device inputs never depend on whether anyone
   // counted.
   const int64_t counted = args.inputs_on_device ? -1 : args.tokens;
-  args.packed = args.packed_outputs ||
+  args.packed = args.packed_outputs || invariant ||
                 padding_free_for(args.batch, args.seq, counted,
                                  first_token_output && !first_positions_attended);
   args.pack_if_it_pays = !args.packed && args.inputs_on_device && args.outputs_on_device &&
@@ -261,6 +277,13 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     Backend* be = first ? backend_.get() : own.get();
     be->set_allow_tf32(allow_tf32_);
     slot.session = std::make_unique<Session>(*model_, be, std::move(own));
+  }
+  // The setting as this forward read it (args.packed above): the session's recordings hold the
+  // kernels of the other one.
+  Backend& be = slot.session->backend();
+  if (be.batch_invariant() != invariant) {
+    slot.session->drop_recordings();
+    be.set_batch_invariant(invariant);
   }
   ForwardArgs a = args;
   if (a.inputs_on_device) a.bad_input = bad_input_device_;

@@ -338,6 +338,14 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k
   FTBERT_CHECK(m >= 0 && n >= 0 && k >= 0,
                "gemm: negative size (m " << m << ", n " << n << ", k " << k << ")");
   if (m == 0 || n == 0) return;
+  // Batch-invariant: plain products of the weights' layout (heads, projections) on the fixed
+  // algorithm of weight_gemm's.
+  if (batch_invariant_ && !trans_a && !trans_b && alpha == 1.0f && beta == 0.0f && k > 0 &&
+      lda == k && ldb == n && ldc == n && (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
+    DeviceScope scope(device_);
+    run_invariant_gemm({dt, m, n, k, a, b, nullptr, c, Activation::kIdentity});
+    return;
+  }
   DeviceScope scope(device_);
   const cudaDataType_t type = cuda_data_type(dt);
   const cublasComputeType_t compute = dt == DType::kFloat32 && allow_tf32_
@@ -358,7 +366,8 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
                                            const void* gamma, const void* beta, void* out,
                                            float eps, void* workspace, size_t workspace_bytes,
                                            int32_t* nonfinite, void* product) {
-  const int splits = dense_layernorm_splits(m, n, k);
+  // A split by the row count would change how a row's products are summed: none when invariant.
+  const int splits = batch_invariant_ ? 1 : dense_layernorm_splits(m, n, k);
   if (splits <= 1 || workspace == nullptr ||
       workspace_bytes < dense_layernorm_partials_bytes(m, n, splits)) {
     // Unsplit, the LayerNorm adds the bias and the residual. Adding them in the GEMM's epilogue
@@ -373,7 +382,7 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
       invoke_dense_residual_layernorm<T>(
           static_cast<const T*>(product), static_cast<const T*>(residual),
           static_cast<const T*>(bias), static_cast<const T*>(gamma), static_cast<const T*>(beta),
-          static_cast<T*>(out), m, n, eps, nonfinite, stream_);
+          static_cast<T*>(out), m, n, eps, nonfinite, stream_, batch_invariant_);
     });
     return;
   }
@@ -520,7 +529,7 @@ void CudaBackend::add_bias_residual_layernorm(DType dt, void* x, const void* res
                                           static_cast<const T*>(bias),
                                           static_cast<const T*>(gamma),
                                           static_cast<const T*>(beta), rows, hidden, eps,
-                                          nonfinite, stream_);
+                                          nonfinite, stream_, batch_invariant_);
   });
 }
 
@@ -586,7 +595,7 @@ void CudaBackend::flash_attention(DType dt, const void* qkv, const void* qkv_bia
   FTBERT_CHECK(why.empty(), "flash attention on " << device_name_ << ": " << why);
   DeviceScope scope(device_);
   invoke_flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, options,
-                         stream_);
+                         stream_, batch_invariant_);
 }
 
 }  // namespace ftbert::cuda

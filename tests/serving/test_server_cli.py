@@ -62,3 +62,13 @@ def test_bad_model_path_is_one_line(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "missing"), "--port", "1"]) == 1
     err = capsys.readouterr().err
     assert "ftbert serve: error: model path" in err and "does not exist" in err and "Traceback" not in err
+
+
+def test_batch_invariant_flag_reaches_the_settings():
+    from ftbert.serving.server import build_parser, settings_from_args
+    from ftbert.serving.settings import ServeSettings
+
+    assert settings_from_args(build_parser().parse_args(["--batch-invariant"])).batch_invariant is True
+    assert settings_from_args(build_parser().parse_args([])).batch_invariant is False
+    with pytest.raises(ValueError, match="batch_invariant must be True or False"):
+        ServeSettings(batch_invariant="yes")

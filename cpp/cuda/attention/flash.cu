@@ -500,7 +500,7 @@ bool portable_forced() {
 // compiles without spills.
 template <typename T>
 void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool batch_invariant) {
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
 #ifdef FTBERT_FLASH_SM90
@@ -509,7 +509,7 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   // Nor do they take a sliding window: a call with one stays here too.
   if (p.relative_bias == nullptr && p.window == 0 && flash_sm90_takes(head_dim) &&
       is_sm90(device) && !portable_forced()) {
-    launch_flash_sm90<T>(p, batch, head_dim, device, stream);
+    launch_flash_sm90<T>(p, batch, head_dim, device, stream, batch_invariant);
     return;
   }
 #endif
@@ -517,11 +517,14 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   // blocks finish sooner (measured on an H100: batch 1 x 128 tokens runs best narrow, batch 32
   // wide).
   const int64_t wide_blocks = static_cast<int64_t>((p.seq + 127) / 128) * p.heads * batch;
-  const bool wide = wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
+  // Batch-invariant: wide blocks at every grid, never the 128-key tiles (a row's keys are summed
+  // in 64-key tiles either way; the rows a block takes do not change a row's result).
+  const bool wide = batch_invariant ||
+                    wide_blocks >= 2 * static_cast<int64_t>(multiprocessor_count(device));
   // 128-key tiles only pay once a sequence has several of them to pipeline. With a window, a
   // wide block visits at most its 128 rows' keys plus the window either side.
   const int block_keys = p.window > 0 ? std::min(p.seq, 128 + 2 * p.window) : p.seq;
-  const bool long_keys = block_keys > 256;
+  const bool long_keys = block_keys > 256 && !batch_invariant;
   switch (head_dim) {
     case 32:
       if (wide) {
@@ -564,7 +567,8 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim) {
 
 void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                             const SequenceLayout& layout, int heads, int head_dim, float scale,
-                            const AttentionOptions& options, cudaStream_t stream) {
+                            const AttentionOptions& options, cudaStream_t stream,
+                            bool batch_invariant) {
   const std::string why = flash_attention_unsupported_reason(dt, head_dim);
   FTBERT_CHECK(why.empty(), why);
   const int batch = layout.batch, seq = layout.max_seq;
@@ -622,9 +626,9 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     p.token_index = layout.packed() ? layout.token_index : nullptr;
   }
   if (dt == DType::kFloat16) {
-    launch_flash_for_head_dim<__half>(p, batch, head_dim, stream);
+    launch_flash_for_head_dim<__half>(p, batch, head_dim, stream, batch_invariant);
   } else {
-    launch_flash_for_head_dim<__nv_bfloat16>(p, batch, head_dim, stream);
+    launch_flash_for_head_dim<__nv_bfloat16>(p, batch, head_dim, stream, batch_invariant);
   }
 }
 

@@ -20,12 +20,15 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim);
 // rows give zeros), packed ones over their own rows. rel: the options' relative position bias
 // (none by default; its span must be >= layout.max_seq), at the rows' padded positions. With the
 // options' window W > 0, only keys within W positions of the query attend (a row with none left
-// gives zeros); W >= layout.max_seq is no window.
+// gives zeros); W >= layout.max_seq is no window. batch_invariant: one kernel per head dim (and
+// bias/window) whatever the batch's shape, so a row's result never depends on its batch (else the
+// kernel is picked by the grid's size).
 void invoke_flash_attention(DType dt,
                             const void* qkv,       // [rows, 3H] (Q|K|V, bias not added)
                             const void* qkv_bias,  // [3H]
                             void* out,             // [rows, H]
                             const SequenceLayout& layout, int heads, int head_dim, float scale,
-                            const AttentionOptions& options, cudaStream_t stream);
+                            const AttentionOptions& options, cudaStream_t stream,
+                            bool batch_invariant = false);
 
 }  // namespace ftbert::cuda

@@ -55,7 +55,7 @@ namespace ftbert::cuda {
 // one-warpgroup kernel, with 128-key tiles while its blocks fit one wave.
 template <typename T>
 void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, bool batch_invariant) {
   // These kernels leave the relative position bias and the sliding window out; flash.cu runs
   // calls that have one.
   FTBERT_CHECK(p.relative_bias == nullptr, "flash attention (Hopper): no relative position bias");
@@ -64,6 +64,18 @@ void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device
   const auto items = [&](int rows) {
     return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;
   };
+  // Batch-invariant: the one-warpgroup kernel at every grid (128-key tiles at head dim 64, 64-key
+  // at 128), so each row's keys are summed in the same tiles whatever the batch; the persistent
+  // kernels sum a row's terms differently (through the tensor cores).
+  if (batch_invariant) {
+    if (head_dim == 128) {
+      launch_sm90<T, 128, 1, 64, 2>(p, batch, device, stream);
+    } else {
+      FTBERT_CHECK(head_dim == 64, "flash attention (Hopper): head dim " << head_dim);
+      launch_sm90<T, 64, 1, 128, 3>(p, batch, device, stream);
+    }
+    return;
+  }
   if (head_dim == 128) {
     if (items(128) >= sms && items(128) <= INT32_MAX) {
       launch_sm90_ws<T, 128, 2, 128, 2, 240, true>(p, batch, device, stream);
@@ -83,7 +95,8 @@ void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device
     launch_sm90<T, 64, 1, 128, 3>(p, batch, device, stream);
   }
 }
-template void launch_flash_sm90<__half>(const FlashParams&, int, int, int, cudaStream_t);
-template void launch_flash_sm90<__nv_bfloat16>(const FlashParams&, int, int, int, cudaStream_t);
+template void launch_flash_sm90<__half>(const FlashParams&, int, int, int, cudaStream_t, bool);
+template void launch_flash_sm90<__nv_bfloat16>(const FlashParams&, int, int, int, cudaStream_t,
+                                               bool);
 
 }  // namespace ftbert::cuda

@@ -15,9 +15,9 @@ constexpr bool flash_sm90_takes(int head_dim) { return head_dim == 64 || head_di
 
 // invoke_flash_attention's contract for a head dim flash_sm90_takes on a compute capability 9.0
 // device, after its checks, without a relative position bias (p.relative_bias null); T is __half
-// or __nv_bfloat16.
+// or __nv_bfloat16. batch_invariant: the one-warpgroup kernel at every grid size.
 template <typename T>
 void launch_flash_sm90(const flash_detail::FlashParams& p, int batch, int head_dim, int device,
-                       cudaStream_t stream);
+                       cudaStream_t stream, bool batch_invariant = false);
 
 }  // namespace ftbert::cuda

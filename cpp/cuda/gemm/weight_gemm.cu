@@ -322,6 +322,71 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   return ms[best] < (1.0f - kRuleMargin) * rule_ms ? candidates[best] : rule;
 }
 
+// Batch invariance: one cuBLASLt algorithm per (dtype, n, k, epilogue) for every row count:
+// cuBLASLt's ranking at kInvariantRows rows given no workspace (so no split of k, whose partial
+// sums would change with the grid), the first that also takes a single row and a large row count,
+// else the first unsplit one (a row count it refuses then fails the forward, never silently runs
+// another kernel).
+constexpr int kInvariantRows = 2048;
+constexpr int kInvariantCheckRows[] = {1, 16384};
+
+const GemmPick& CudaBackend::invariant_gemm_pick(const WeightGemm& g) {
+  const cublasLtEpilogue_t epilogue = lt_epilogue(g.act);
+  const auto key = std::make_tuple(static_cast<int>(g.dt), g.n, g.k, static_cast<int>(epilogue));
+  if (auto it = invariant_picks_.find(key); it != invariant_picks_.end()) return it->second;
+  LtShape reference(g.dt, kInvariantRows, g.n, g.k, epilogue);
+  const std::vector<cublasLtMatmulHeuristicResult_t> ranked = lt_heuristic(reference, 0);
+  const cublasLtMatmulAlgo_t* chosen = nullptr;
+  const cublasLtMatmulAlgo_t* unsplit = nullptr;
+  for (const cublasLtMatmulHeuristicResult_t& found : ranked) {
+    int32_t splits = 1;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&found.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                             sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+        splits > 1) {
+      continue;
+    }
+    if (unsplit == nullptr) unsplit = &found.algo;
+    bool every = true;
+    for (const int m : kInvariantCheckRows) {
+      LtShape at(g.dt, m, g.n, g.k, epilogue);
+      cublasLtMatmulHeuristicResult_t check{};
+      every = every && cublasLtMatmulAlgoCheck(cublaslt_, at.desc, at.w, at.a, at.c, at.c,
+                                               &found.algo, &check) == CUBLAS_STATUS_SUCCESS &&
+              check.workspaceSize == 0;
+    }
+    if (every) {
+      chosen = &found.algo;
+      break;
+    }
+  }
+  if (chosen == nullptr) chosen = unsplit;
+  FTBERT_CHECK(chosen != nullptr, "batch_invariant: cuBLASLt offers no unsplit algorithm for the "
+                                      << dtype_name(g.dt) << " GEMM n=" << g.n << ", k=" << g.k
+                                      << " on " << device_name_);
+  GemmPick pick{"cublaslt-invariant", GemmKernel::kCublasLt, *chosen, {}, 0};
+  return invariant_picks_.emplace(key, std::move(pick)).first->second;
+}
+
+void CudaBackend::run_invariant_gemm(const WeightGemm& g) {
+  FTBERT_CHECK(run_gemm(invariant_gemm_pick(g), g),
+               "batch_invariant: the fixed cuBLASLt algorithm refused the " << dtype_name(g.dt)
+               << " GEMM m=" << g.m << ", n=" << g.n << ", k=" << g.k);
+}
+
+std::string CudaBackend::batch_invariant_unsupported_reason(DType dt, AttentionKind attention) const {
+  if (dt != DType::kFloat16 && dt != DType::kBFloat16) {
+    return std::string("on a GPU only float16 and bfloat16 forwards are batch-invariant (got ") +
+           dtype_name(dt) + ": its attention runs unfused, on cuBLAS's choice per sequence " +
+           "length); load the model in float16 or bfloat16, or run it on the CPU";
+  }
+  if (attention != AttentionKind::kFlash) {
+    return "on a GPU a batch-invariant forward needs the fused attention (attention='flash' or "
+           "'auto'): the unfused path's products are cuBLAS's choice per sequence length";
+  }
+  return "";
+}
+
 GemmCacheFile CudaBackend::gemm_cache_file() const {
   GemmCacheFile file;
   const std::string dir = PickStore::default_dir();
@@ -463,6 +528,10 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
   DeviceScope scope(device_);
   // Without a bias the activation is not applied (as in Backend::weight_gemm).
   const WeightGemm g{dt, m, n, k, a, w, bias, c, bias != nullptr ? act : Activation::kIdentity};
+  if (batch_invariant_) {
+    run_invariant_gemm(g);
+    return;
+  }
   const GemmPick& pick = measure_gemms_ && m >= kTunedMinRows ? measured_gemm_pick(g)
                                                                : fixed_gemm_choice(g);
   if (!run_gemm(pick, g)) run_gemm(kCublasPick, g);  // e.g. unaligned pointers

@@ -103,7 +103,9 @@ void invoke_dense_residual_layernorm(const T* x,         // [M, H]
                                      T* out,             // [M, H]
                                      int rows, int hidden, float eps,
                                      int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
-                                     cudaStream_t stream);
+                                     cudaStream_t stream,
+                                     // one kernel form at every row count (else by rows)
+                                     bool batch_invariant = false);
 
 // The same in place: x = LayerNorm(x + bias + residual) · gamma + beta.
 template <typename T>
@@ -114,7 +116,7 @@ void invoke_add_bias_residual_layernorm(T* x,               // [M, H]
                                         const T* beta,      // [H]
                                         int rows, int hidden, float eps,
                                         int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
-                                        cudaStream_t stream);
+                                        cudaStream_t stream, bool batch_invariant = false);
 
 // out = LayerNorm(Σ_s partials[s] + bias + residual) · gamma + beta: a k-split GEMM's fp32
 // partial products (split order, summed in fp32) normalized with the residual, as above.

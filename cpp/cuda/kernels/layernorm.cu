@@ -613,16 +613,17 @@ void with_warp_chunks(int per_lane, F&& f) {
 }
 
 // Runs the residual LayerNorm over `source` with VEC-wide vectors: a warp per row for the GEMM's
-// own output from kWarpMinRows rows when each row fits kWarpMaxChunks vectors per lane, else a
-// block per row.
+// own output from kWarpMinRows rows (at every row count when batch_invariant) when each row fits
+// kWarpMaxChunks vectors per lane, else a block per row.
 template <typename T, int VEC, typename Source>
 void launch_residual_layernorm(const Source& source, const T* residual, const T* bias,
                                const T* gamma, const T* beta, T* out, int rows, int hidden,
-                               float eps, int32_t* nonfinite, cudaStream_t stream) {
+                               float eps, int32_t* nonfinite, cudaStream_t stream,
+                               bool batch_invariant = false) {
   const int chunks = hidden / VEC;
   if constexpr (!std::is_same<Source, SplitPartials>::value) {
     const int per_lane = ceil_div(chunks, 32);
-    if (rows >= kWarpMinRows && per_lane <= kWarpMaxChunks) {
+    if ((rows >= kWarpMinRows || batch_invariant) && per_lane <= kWarpMaxChunks) {
       const int blocks = ceil_div(rows, kWarpRowsPerBlock);
       with_warp_chunks(per_lane, [&](auto chunks_c) {
         constexpr int kChunks = decltype(chunks_c)::value;
@@ -646,13 +647,14 @@ void launch_residual_layernorm(const Source& source, const T* residual, const T*
 template <typename T>
 void invoke_dense_residual_layernorm(const T* x, const T* residual, const T* bias, const T* gamma,
                                      const T* beta, T* out, int rows, int hidden, float eps,
-                                     int32_t* nonfinite, cudaStream_t stream) {
+                                     int32_t* nonfinite, cudaStream_t stream,
+                                     bool batch_invariant) {
   if (rows == 0 || hidden == 0) return;
   const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta, out});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     launch_residual_layernorm<T, VEC>(DenseOutput<T>{x}, residual, bias, gamma, beta, out, rows,
-                                      hidden, eps, nonfinite, stream);
+                                      hidden, eps, nonfinite, stream, batch_invariant);
   });
   FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel", stream);
 }
@@ -660,9 +662,10 @@ void invoke_dense_residual_layernorm(const T* x, const T* residual, const T* bia
 template <typename T>
 void invoke_add_bias_residual_layernorm(T* x, const T* residual, const T* bias, const T* gamma,
                                         const T* beta, int rows, int hidden, float eps,
-                                        int32_t* nonfinite, cudaStream_t stream) {
+                                        int32_t* nonfinite, cudaStream_t stream,
+                                        bool batch_invariant) {
   invoke_dense_residual_layernorm(x, residual, bias, gamma, beta, x, rows, hidden, eps, nonfinite,
-                                  stream);
+                                  stream, batch_invariant);
 }
 
 template <typename T>
@@ -763,9 +766,10 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
 #define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
   template void invoke_dense_residual_layernorm<T>(const T*, const T*, const T*, const T*,        \
                                                    const T*, T*, int, int, float, int32_t*,       \
-                                                   cudaStream_t);                                 \
+                                                   cudaStream_t, bool);                           \
   template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
-                                                      int, int, float, int32_t*, cudaStream_t);   \
+                                                      int, int, float, int32_t*, cudaStream_t,    \
+                                                      bool);                                      \
   template void invoke_partials_residual_layernorm<T>(const float*, int, const T*, const T*,      \
                                                       const T*, const T*, T*, int, int, float,    \
                                                       int32_t*, cudaStream_t);                    \

@@ -67,6 +67,20 @@ class Backend : public Device {
   // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
   // Allow TF32 tensor cores for float32 GEMMs (CUDA only; off by default for exact fp32 parity).
   virtual void set_allow_tf32(bool /*allow*/) {}
+
+  // ---- batch invariance ----------------------------------------------------------------------
+  // On: each output row is computed by the same kernels in the same order whatever the row count,
+  // so a sequence's results never depend on the batch it came in (its size, its neighbours): one
+  // GEMM kernel per (n, k) for every m, no reduction split by the row count, one form of each
+  // row kernel, one attention kernel per head dim. Off (the default): kernels chosen per shape.
+  // The CPU backend's kernels are invariant either way (cpp/cpu/gemm.cpp).
+  virtual void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+  // Why this backend cannot keep a forward in `dt` with `attention` invariant ("" where it can).
+  virtual std::string batch_invariant_unsupported_reason(DType /*dt*/,
+                                                         AttentionKind /*attention*/) const {
+    return "";
+  }
   // C = alpha * op(A) · op(B) + beta * C, where op(X) = Xᵀ if trans_x.
   //   op(A): [m, k], op(B): [k, n], C: [m, n]; lda/ldb/ldc are the row strides of A, B, C as stored.
   virtual void gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
@@ -343,6 +357,9 @@ class Backend : public Device {
     gemm(dt, false, false, B, out_size, hidden_size, x, ldx, weight, out_size, out, out_size);
     add_bias_activation(dt, out, bias, B, out_size, act);
   }
+
+ protected:
+  bool batch_invariant_ = false;
 };
 
 // Creates the backend for "cpu" or "cuda[:N]". CUDA lives in a separate shared library loaded on

@@ -102,6 +102,14 @@ class Encoder {
   // GEMMs as recorded.
   void set_allow_tf32(bool allow);
 
+  // Batch invariance (Backend::set_batch_invariant): on, every batch runs packed (so a sequence
+  // is laid out the same whatever its padding; a first-token output is its first real token) on
+  // the backend's invariant kernels, and each sequence's outputs are the same bits whatever else
+  // is in its batch. Refused, naming why, where the backend cannot keep this dtype and attention
+  // invariant; set_attention is refused likewise while it is on. Drops the recordings.
+  void set_batch_invariant(bool on);
+  bool batch_invariant() const { return batch_invariant_; }
+
  private:
   // A place in the pool. `mutex` is held by the forward running in it and by setting changes;
   // the other fields are guarded by pool_mutex_.
@@ -128,6 +136,7 @@ class Encoder {
   std::atomic<PaddingFree> padding_free_{PaddingFree::kAuto};
   std::atomic<bool> graphs_{true};
   std::atomic<bool> allow_tf32_{false};
+  std::atomic<bool> batch_invariant_{false};
   std::atomic<int> concurrency_{1};
   // Where stage_inputs records bad device input values: host memory the device writes, shared by
   // the sessions (the first bad value of any forward).

@@ -42,7 +42,8 @@ class Service:
 
         model = settings.model or str(ftbert.default_model_path())
         encoders = [ftbert.Encoder.from_pretrained(model, device=d, dtype=settings.dtype, attention=settings.attention,
-                                                   cuda_graphs=settings.cuda_graphs, warmup=True)
+                                                   cuda_graphs=settings.cuda_graphs, warmup=True,
+                                                   batch_invariant=settings.batch_invariant)
                     for d in settings.devices]
         service = cls(settings, encoders)
         service.batcher.start()

@@ -23,6 +23,8 @@ class ServeSettings:
     # shape is recorded at its second forward, up to 32 kept: whether replaying beats the recording
     # churn depends on the traffic, hence the switch.
     cuda_graphs: bool = True
+    # Encoder.batch_invariant: an input's result never depends on what else was in its batch.
+    batch_invariant: bool = False
 
     # ---- dynamic batching
     # A forward holds at most this many tokens, counted as sequences x the longest one (what the
@@ -75,6 +77,8 @@ class ServeSettings:
             raise ValueError(f"long_texts must be 'truncate' or 'chunk', got {self.long_texts!r}")
         if isinstance(self.chunk_overlap, bool) or not isinstance(self.chunk_overlap, int) or self.chunk_overlap < 0:
             raise ValueError(f"chunk_overlap must be a whole number of tokens >= 0, got {self.chunk_overlap!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
 

@@ -1,0 +1,154 @@
+"""Batch invariance on the GPU (`batch_invariant=True`): a reference sequence's outputs (hidden
+states at its tokens, pooled output, head logits) are the same bits whatever else is in the batch,
+its size (up to 64) and padded length, the reference's place, host or CUDA-tensor inputs, CUDA
+graphs on or off, in float16 and bfloat16, across threads on their own streams, between processes,
+and through `encode`; Hypothesis draws the compositions. The models cover the Hopper attention
+kernel (head dim 64), the portable one (head dim 32, MPNet's relative bias, ModernBERT's windows
+and rotary), a sequence head on the pooler and a token head. Also the settings it refuses."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import ftbert
+from tests._invariance import VOCAB, check_invariance, make_batch
+from tests._models import make_model, minilm_path
+
+pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NVIDIA GPU and a CUDA build")
+
+# (family, kind, hidden, heads) -> whether left padding leaves the positions alone (as in
+# tests/core/test_batch_invariance.py).
+MODELS = {("bert", "cls", 128, 2): False, ("bert", "cls", 96, 3): False, ("roberta", "cls", 128, 2): True,
+          ("mpnet", "cls", 128, 2): True, ("modernbert", "cls", 128, 2): False,
+          ("electra", "token", 128, 2): False}
+
+
+@pytest.fixture(scope="module", params=list(MODELS), ids=lambda m: f"{m[0]}-{m[1]}-d{m[2] // m[3]}")
+def model(request, tmp_path_factory):
+    family, kind, hidden, heads = request.param
+    path = tmp_path_factory.mktemp(family)
+    hf = make_model(path, family, kind, hidden=hidden, heads=heads, layers=2, vocab=VOCAB, num_labels=3,
+                    seed=23)
+    return request.param, path, hf.config.pad_token_id or 0
+
+
+def _numpy(t):
+    return None if t is None else t.float().cpu().numpy()
+
+
+def cuda_run(enc):
+    """(ids, mask) -> the outputs as numpy, the inputs given as CUDA tensors."""
+    def run(ids, mask):
+        out = enc(torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda())
+        return _numpy(out.last_hidden_state), _numpy(out.pooler_output), _numpy(out.logits)
+    return run
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("inputs", ["host", "cuda"])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "no-graphs"])
+def test_a_sequence_gives_the_same_bits_in_any_batch(model, dtype, inputs, graphs):
+    (family, kind, _, _), path, pad = model
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, cuda_graphs=graphs,
+                                         batch_invariant=True)
+    check_invariance(enc, kind, pad, left_ok=MODELS[model[0]], first_token_always=True,
+                     run=cuda_run(enc) if inputs == "cuda" else None)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_long_sequences_and_large_batches(tmp_path, dtype):
+    # Several key tiles per sequence and up to 64 x 300 rows: every GEMM row count on one kernel.
+    make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=2, vocab=VOCAB, num_labels=3, seed=3,
+               max_position_embeddings=512)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype=dtype, batch_invariant=True)
+    check_invariance(enc, "cls", 0, left_ok=False, first_token_always=True, max_len=260, max_seq=300,
+                     examples=8)
+
+
+def test_threads_on_their_own_streams(tmp_path):
+    make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=2, vocab=VOCAB, num_labels=3, seed=4)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", concurrency=4,
+                                         batch_invariant=True)
+    rng = np.random.default_rng(0)
+    ref = rng.integers(3, VOCAB, 37)
+    alone = enc(ref[None], np.ones((1, 37), np.int32)).last_hidden_state[0]
+    cases = []
+    for seed in range(24):
+        batch = int(rng.integers(1, 65))
+        cases.append((batch, [int(n) for n in rng.integers(1, 49, batch)], seed))
+
+    def work(case):
+        batch, lengths, seed = case
+        place = seed % batch
+        ids, mask, span = make_batch(37, batch, 48, place, False, lengths, seed, ref, 0)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            out = enc(torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda())
+            return out.last_hidden_state[place, span].float().cpu().numpy()
+
+    with ThreadPoolExecutor(4) as pool:
+        for got in pool.map(work, cases):
+            np.testing.assert_array_equal(got, alone.astype(np.float32))
+
+
+def test_between_processes(tmp_path):
+    make_model(tmp_path / "m", "bert", "cls", hidden=128, heads=2, layers=2, vocab=VOCAB, num_labels=3, seed=6)
+    rng = np.random.default_rng(1)
+    ref = rng.integers(3, VOCAB, 29)
+    np.save(tmp_path / "ref.npy", ref)
+    # The other process runs the reference inside a batch of 40 ragged sequences, at row 17.
+    script = textwrap.dedent(f"""
+        import numpy as np, ftbert
+        from tests._invariance import make_batch
+        ref = np.load({str(tmp_path / 'ref.npy')!r})
+        enc = ftbert.Encoder.from_pretrained({str(tmp_path / 'm')!r}, device="cuda", dtype="bfloat16",
+                                             batch_invariant=True)
+        lengths = list(np.random.default_rng(2).integers(1, 61, 40))
+        ids, mask, span = make_batch(29, 40, 60, 17, False, lengths, 9, ref, 0)
+        out = enc(ids, mask)
+        np.save({str(tmp_path / 'other.npy')!r}, out.last_hidden_state[17, span].astype(np.float32))
+        np.save({str(tmp_path / 'other-pooled.npy')!r}, out.pooler_output[17].astype(np.float32))
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    enc = ftbert.Encoder.from_pretrained(tmp_path / "m", device="cuda", dtype="bfloat16", batch_invariant=True)
+    alone = enc(ref[None], np.ones((1, 29), np.int32))
+    np.testing.assert_array_equal(np.load(tmp_path / "other.npy"), alone.last_hidden_state[0].astype(np.float32))
+    np.testing.assert_array_equal(np.load(tmp_path / "other-pooled.npy"), alone.pooler_output[0].astype(np.float32))
+
+
+def test_encode_honours_it():
+    enc = ftbert.Encoder.from_pretrained(minilm_path(), device="cuda", dtype="float16", batch_invariant=True)
+    rng = np.random.default_rng(3)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "engine", "quiet", "north"]
+    others = [" ".join(rng.choice(words, int(rng.integers(1, 120)))) for _ in range(300)]
+    text = "the same sentence, embedded alone and among three hundred others"
+    alone = enc.encode([text])
+    among = enc.encode(others[:150] + [text] + others[150:])
+    np.testing.assert_array_equal(among[150], alone[0])
+
+
+def test_settings_it_refuses(tmp_path):
+    make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=5)
+    with pytest.raises(ValueError, match="float16 and bfloat16"):
+        ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float32", batch_invariant=True)
+    with pytest.raises(ValueError, match="fused attention"):
+        ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", attention="unfused",
+                                       batch_invariant=True)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", batch_invariant=True)
+    with pytest.raises(ValueError, match="fused attention"):
+        enc.attention = "unfused"
+    assert enc.attention == "auto" and enc.batch_invariant
+    with pytest.raises(TypeError, match="batch_invariant"):
+        enc.batch_invariant = 1
+    enc.batch_invariant = False  # and back: the per-shape kernels again
+    enc.attention = "unfused"
+    with pytest.raises(ValueError, match="fused attention"):
+        enc.batch_invariant = True
+    assert not enc.batch_invariant

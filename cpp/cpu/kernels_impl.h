@@ -11,8 +11,8 @@
 
 #include "cpu/kernels.h"
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>  // the bfloat16 dot product (its functions are inline and file-local)
+#if defined(__AVX512BF16__) || defined(__FMA__)
+#include <immintrin.h>  // the bfloat16 dot product and FMA (inline, file-local functions)
 #endif
 
 namespace ftbert::cpu::FTBERT_ISA_NS {
@@ -44,6 +44,21 @@ inline vf load_part(const float* p, int n, float fill) {
 }
 inline void store_part(float* p, vf v, int n) {
   for (int i = 0; i < n; ++i) p[i] = v[i];
+}
+// a * b + c. Fused (rounded once) wherever the instruction set has FMA, written as an instruction
+// rather than left to the compiler's contraction of `a * b + c`, which one GCC release applies to
+// some template instances and not to others (the GEMM's one-row tile against its full tile: a
+// sequence alone then summed differently from the same sequence in a batch).
+inline vf fmadd(vf a, vf b, vf c) {
+#if defined(__FMA__) && FTBERT_VBYTES == 64
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) && FTBERT_VBYTES == 32
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__FMA__) && FTBERT_VBYTES == 16
+  return (vf)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+#else
+  return a * b + c;  // x86 without FMA: a product rounded, then the sum, in every instance
+#endif
 }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
@@ -489,7 +504,7 @@ void panel_rows(const float* __restrict a, int64_t lda, const float* __restrict 
     for (int r = 0; r < R; ++r) {
       const vf x = splat(a[r * lda + p]);
 #pragma GCC unroll 4
-      for (int v = 0; v < kPV; ++v) acc[r][v] += x * b[v];
+      for (int v = 0; v < kPV; ++v) acc[r][v] = fmadd(x, b[v], acc[r][v]);
     }
   }
   if (bias != nullptr) {  // the epilogue, while the tile is in registers: no second pass over c

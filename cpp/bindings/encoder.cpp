@@ -133,15 +133,19 @@ void register_encoder(py::module_& m) {
 
   py::class_<Encoder>(m, "Encoder")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,
-                       const std::string& dtype) {
+                       const std::string& dtype, const std::string& quantization) {
              std::vector<py::array> keep_alive;
              const ModelConfig c = config_from_dict(config);
              const HostWeights w = weights_from_dict(weights, keep_alive);
              const DType dt = dtype_from_string(dtype);
+             const Quantization q = quantization_from_string(quantization);
              py::gil_scoped_release release;
-             return std::make_unique<Encoder>(c, w, device, dt);
+             return std::make_unique<Encoder>(c, w, device, dt, q);
            }),
-           py::arg("config"), py::arg("weights"), py::arg("device"), py::arg("dtype"))
+           py::arg("config"), py::arg("weights"), py::arg("device"), py::arg("dtype"),
+           py::arg("quantization") = "none")
+      .def_property_readonly("quantization",
+                             [](const Encoder& e) { return std::string(quantization_name(e.quantization())); })
       .def_property_readonly("backend", [](const Encoder& e) { return e.backend().name(); })
       .def_property_readonly("device_name",
                              [](const Encoder& e) { return e.backend().device_name(); })

@@ -26,6 +26,16 @@ void Backend::flash_attention(DType dt, const void*, const void*, void*, const S
               << attention_unsupported_reason(AttentionKind::kFlash, dt, head_dim));
 }
 
+Quantization quantization_from_string(const std::string& name) {
+  if (name == "none") return Quantization::kNone;
+  if (name == "int8") return Quantization::kInt8;
+  throw InputError("unknown quantization '" + name + "': expected 'none' or 'int8'");
+}
+
+const char* quantization_name(Quantization q) {
+  return q == Quantization::kInt8 ? "int8" : "none";
+}
+
 void check_gemm_choice_mode(const std::string& mode) {
   FTBERT_CHECK_INPUT(mode == "auto" || mode == "fixed",
                      "gemm choice must be 'auto' or 'fixed', got '" << mode << "'");

@@ -7,9 +7,12 @@
 namespace ftbert {
 
 Encoder::Encoder(const ModelConfig& config, const HostWeights& weights, const std::string& device,
-                 DType compute)
+                 DType compute, Quantization quantization)
     : device_(device) {
   backend_ = create_backend(device);
+  const std::string why = backend_->quantization_unsupported_reason(quantization, compute);
+  FTBERT_CHECK_INPUT(why.empty(), why);
+  backend_->set_quantization(quantization);
   model_ = create_model(config, weights, backend_.get(), compute);
   constexpr size_t kWords = sizeof(BadInputValue) / sizeof(int32_t);
   int32_t* words = backend_->allocate_host_flag(kWords);
@@ -276,6 +279,7 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     std::unique_ptr<Backend> own = first ? nullptr : create_backend(device_);
     Backend* be = first ? backend_.get() : own.get();
     be->set_allow_tf32(allow_tf32_);
+    be->set_quantization(backend_->quantization());  // reads the weights backend_ uploaded
     slot.session = std::make_unique<Session>(*model_, be, std::move(own));
   }
   // The setting as this forward read it (args.packed above): the session's recordings hold the

@@ -42,7 +42,10 @@ class CpuBackend final : public Backend {
                     const void* types, int types_bytes, int64_t n, int32_t* ids_out,
                     int32_t* mask_out, int32_t* types_out, int vocab, int type_vocab,
                     BadInputValue* bad) override;
-  // Weights packed into cpu::kGemmPanel-wide panels (kernels.h), multiplied by our own kernel.
+  // quantization "int8": float32 forwards only (weight_gemm.cpp's int8 panels).
+  std::string quantization_unsupported_reason(Quantization q, DType dt) const override;
+  // Weights packed into cpu::kGemmPanel-wide panels (kernels.h), multiplied by our own kernel;
+  // under quantization "int8", int8 panels with a scale per column.
   size_t weight_bytes(DType dt, int k, int n) const override;
   void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) override;
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,

@@ -12,6 +12,7 @@
 // own threading gained. So OpenBLAS runs one thread, and each GEMM is cut into column (or row)
 // slices that the pool runs: one pool, FTBERT_NUM_THREADS threads, for every op.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "cpu/blas.h"
@@ -206,12 +207,107 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
 // packed once, at load, into cpu::kGemmPanel-wide panels, and weight_gemm runs the register-tiled
 // panel kernel of the CPU's instruction set (kernels.h) over them.
 
+// ---- int8 weights (quantization "int8") ---------------------------------------------------------
+// W's column j as int8 q[p, j] = round(W[p, j] / s_j), s_j = max_p |W[p, j]| / 127 (symmetric,
+// per output channel). Each GEMM's row i of a as uint8 u[i, p] = round((a[i, p] - lo_i) / t_i),
+// t_i = (hi_i - lo_i) / 255 over the row's range (asymmetric, per token, computed as the GEMM
+// starts: a GELU's output, mostly positive, keeps twice the levels of a symmetric range);
+// c = (Σ_p u · q · t_i + lo_i · Σ_p q) · s_j + bias, the sum exact in int32 (k · 255 · 127 stays
+// far below 2³¹ for any k a model has). The weight buffer: the scales [n4] floats, the column sums
+// [n4] int32 (kernels.h, panel_gemm_s8), then the panels [panels, k4, 16, 4] int8.
+namespace {
+int k4_of(int k) { return (k + 3) / 4; }
+int64_t s8_header_bytes(int n) { return int64_t{panels_of(n)} * kPanel * 8; }
+
+// Rows of a [m, k] (row stride lda) as uint8 rows of 4·k4 (zeros past k, where the weights are
+// zero too), their scales and their lows.
+void quantize_rows(const float* a, int64_t lda, int m, int k, uint8_t* out, float* scales,
+                   float* lows) {
+  const int64_t ldq = int64_t{k4_of(k)} * 4;
+  const auto& kernels = cpu::kernels();
+  cpu::parallel_for(m, int64_t{m} * k / 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      kernels.quantize_row_u8(a + i * lda, k, out + i * ldq, static_cast<int>(ldq), scales + i, lows + i);
+    }
+  });
+}
+
+void run_s8_panels(int m, int n, int k, const float* a, int64_t lda, const void* w, float* c,
+                   int64_t ldc, const float* bias, Activation act) {
+  const int k4 = k4_of(k);
+  const int64_t ldq = int64_t{k4} * 4;
+  // The quantized rows, kept per calling thread (forwards run on many threads at once).
+  thread_local std::vector<uint8_t> rows;
+  thread_local std::vector<float> row_scales, row_lows;
+  rows.resize(static_cast<size_t>(m) * ldq);
+  row_scales.resize(static_cast<size_t>(m));
+  row_lows.resize(static_cast<size_t>(m));
+  quantize_rows(a, lda, m, k, rows.data(), row_scales.data(), row_lows.data());
+  const auto* scales = static_cast<const float*>(w);
+  const auto* sums = reinterpret_cast<const int32_t*>(static_cast<const char*>(w) + s8_header_bytes(n) / 2);
+  const auto* panels = reinterpret_cast<const int8_t*>(static_cast<const char*>(w) + s8_header_bytes(n));
+  const auto& kernels = cpu::kernels();
+  const uint8_t* q = rows.data();
+  const float* t = row_scales.data();
+  const float* lo = row_lows.data();
+  // Threads take pairs of panels (the kernel's widest tile).
+  const int pairs = (panels_of(n) + 1) / 2;
+  cpu::parallel_for(pairs, int64_t{m} * n * k / 4, [&](int64_t begin, int64_t end) {
+    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int block = std::min(kRowBlock, m - i0);
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t j = 2 * u;
+        const int c0 = static_cast<int>(j) * kPanel, cols = std::min(2 * kPanel, n - c0);
+        kernels.panel_gemm_s8(q + i0 * ldq, ldq, t + i0, lo + i0, panels + j * int64_t{k4} * 4 * kPanel,
+                              scales + c0, sums + c0, k4, c + i0 * ldc + c0, ldc, block, cols,
+                              bias == nullptr ? nullptr : bias + c0, act);
+      }
+    }
+  });
+}
+}  // namespace
+
+std::string CpuBackend::quantization_unsupported_reason(Quantization q, DType dt) const {
+  if (q == Quantization::kInt8 && dt != DType::kFloat32) {
+    return std::string("quantization 'int8' runs float32 activations on the CPU (got dtype ") +
+           dtype_name(dt) + "); load it with dtype='float32'";
+  }
+  return "";
+}
+
 size_t CpuBackend::weight_bytes(DType dt, int k, int n) const {
+  if (quantization_ == Quantization::kInt8) {
+    return static_cast<size_t>(s8_header_bytes(n) + int64_t{panels_of(n)} * k4_of(k) * 4 * kPanel);
+  }
   return static_cast<size_t>(panel_rows_of(dt, k)) * panels_of(n) * kPanel * dtype_size(dt);
 }
 
 void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void* dst) {
   require_cpu_dtype(dt, "upload_weight");
+  if (quantization_ == Quantization::kInt8) {
+    FTBERT_CHECK(dt == DType::kFloat32, "int8 weights are quantized from float32");
+    const auto* w = static_cast<const float*>(host_w);  // [k, n]
+    const int n4 = panels_of(n) * kPanel, k4 = k4_of(k);
+    auto* scales = static_cast<float*>(dst);
+    auto* sums = reinterpret_cast<int32_t*>(static_cast<char*>(dst) + s8_header_bytes(n) / 2);
+    auto* panels = reinterpret_cast<int8_t*>(static_cast<char*>(dst) + s8_header_bytes(n));
+    std::fill(panels, panels + int64_t{panels_of(n)} * k4 * 4 * kPanel, int8_t{0});
+    for (int j = 0; j < n4; ++j) {
+      float top = 0.0f;
+      for (int p = 0; j < n && p < k; ++p) top = std::max(top, std::fabs(w[int64_t{p} * n + j]));
+      scales[j] = top / 127.0f;
+      const float inv = top > 0.0f ? 127.0f / top : 0.0f;
+      int32_t sum = 0;
+      int8_t* panel = panels + int64_t{j / kPanel} * k4 * 4 * kPanel;
+      for (int p = 0; j < n && p < k; ++p) {
+        const auto v = static_cast<int8_t>(std::nearbyint(w[int64_t{p} * n + j] * inv));
+        panel[(p / 4) * 4 * kPanel + (j % kPanel) * 4 + p % 4] = v;
+        sum += v;
+      }
+      sums[j] = sum;
+    }
+    return;
+  }
   if (dt == DType::kBFloat16) {
     // [panels, ceil(k / 2), kPanel, 2]: column j's values of rows 2q and 2q + 1 side by side.
     const auto* w = static_cast<const uint16_t*>(host_w);  // [k, n]
@@ -236,6 +332,11 @@ void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int l
   require_cpu_dtype(dt, "weight_gemm");
   const cpu::Floats bias_floats(dt, bias, n);  // applied in the kernel's epilogue, in float32
   const float* B = bias_floats.data();
+  if (quantization_ == Quantization::kInt8) {
+    FTBERT_CHECK(dt == DType::kFloat32, "int8 weights run float32 activations");
+    run_s8_panels(m, n, k, static_cast<const float*>(a), lda, w, static_cast<float*>(c), ldc, B, act);
+    return;
+  }
   if (dt == DType::kFloat32) {
     run_panels(m, n, k, static_cast<const float*>(a), lda, static_cast<const float*>(w),
                static_cast<float*>(c), ldc, B, act);

@@ -61,6 +61,15 @@ bool has_bf16_instructions() {
 #endif
 }
 
+bool has_int8_dot_product() {
+#if defined(FTBERT_CPU_MULTI_ISA)
+  __builtin_cpu_init();
+  return isa() == Isa::kAvx512Bf16 && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 std::string bf16_unsupported_reason() {
   if (isa() == Isa::kAvx512Bf16) return "";
   if (!has_bf16_instructions()) {

@@ -71,6 +71,21 @@ struct Kernels {
   void (*panel_gemm_bf16)(const uint16_t* a, int64_t lda, const uint16_t* panel, int k,
                           uint16_t* c, int64_t ldc, int m, int cols, const float* bias,
                           Activation act);
+  // The int8 weight GEMM (quantization "int8"): c[i, j] = act((S[i, j] · a_scale[i] + a_min[i] ·
+  // w_sums[j]) · w_scale[j] + bias[j]) for rows i < m and columns j < cols, S[i, j] = Σ_p a[i, p] ·
+  // panel[p, j] summed exactly in int32 (a row of a stands for a_min + a_scale · a). The panel:
+  // [k4, kGemmPanel, 4], column j's values of rows 4q..4q + 3 side by side, zeros past k; cols may
+  // reach 2·kGemmPanel, the columns past kGemmPanel then the next panel's (it follows at panel +
+  // 4·k4·kGemmPanel). a: uint8 rows of 4·k4 values, stride lda; w_sums[j] = Σ_p panel[p, j]. The
+  // sums being exact, every instruction set's kernel gives the same S. bias may be null: no bias,
+  // no activation.
+  void (*panel_gemm_s8)(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                        const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
+                        float* c, int64_t ldc, int m, int cols, const float* bias, Activation act);
+  // One row of panel_gemm_s8's a: x [k] as out[p] = round((x[p] - low) / scale) in [0, 255] (to
+  // nearest even), scale = (max - min) / 255 and low = min over the row; zeros from k to padded.
+  void (*quantize_row_u8)(const float* x, int k, uint8_t* out, int padded, float* scale,
+                          float* low);
 };
 
 // Floats of scratch one attention tile needs (same for every instruction set).

@@ -11,7 +11,7 @@
 
 #include "cpu/kernels.h"
 
-#if defined(__AVX512BF16__) || defined(__FMA__)
+#if defined(__AVX512BF16__) || defined(__FMA__) || defined(__AVX512VNNI__)
 #include <immintrin.h>  // the bfloat16 dot product and FMA (inline, file-local functions)
 #endif
 
@@ -66,6 +66,11 @@ inline float hsum(vf v) {
   float s = 0.0f;
   for (int i = 0; i < W; ++i) s += v[i];
   return s;
+}
+inline float hmin(vf v) {
+  float m = v[0];
+  for (int i = 1; i < W; ++i) m = v[i] < m ? v[i] : m;
+  return m;
 }
 inline float hmax(vf v) {
   float m = v[0];
@@ -626,11 +631,219 @@ constexpr auto kPanelGemmBf16 = panel_gemm_bf16;
 constexpr decltype(Kernels::panel_gemm_bf16) kPanelGemmBf16 = nullptr;
 #endif
 
+// ---- int8 packed-panel GEMM (quantization "int8") ----------------------------------------------
+// One row of a tile from its int32 sums: y = act((S · a_scale + a_min · w_sums) · w_scale + bias),
+// written the same way by every int8 kernel of this instruction set.
+inline void store_s8_row(const int32_t* sums, float a_scale, float a_min, const float* w_scale,
+                         const int32_t* w_sums, const float* bias, Activation act, float* c, int cols) {
+  for (int v = 0; v < kGemmPanel / W; ++v) {
+    vi s, ws;
+    __builtin_memcpy(&s, sums + v * W, sizeof s);
+    __builtin_memcpy(&ws, w_sums + v * W, sizeof ws);
+    const vf scale = load(w_scale + v * W);
+    const vf x = fmadd(__builtin_convertvector(s, vf), splat(a_scale),
+                       __builtin_convertvector(ws, vf) * a_min);  // Σ_p a[p] · q[p, j]
+    vf y;
+    if (bias != nullptr) {
+      const int left = cols - v * W;
+      const vf b = left >= W ? load(bias + v * W) : load_part(bias + v * W, left > 0 ? left : 0, 0.0f);
+      y = activate(fmadd(x, scale, b), act);
+    } else {
+      y = x * scale;
+    }
+    if (cols == kGemmPanel) {
+      store(c + v * W, y);
+    } else if (v * W < cols) {
+      store_part(c + v * W, y, imin(W, cols - v * W));
+    }
+  }
+}
+
+typedef uint8_t vb __attribute__((vector_size(FTBERT_VBYTES / 4)));  // W bytes
+
+void quantize_row_u8(const float* x, int k, uint8_t* out, int padded, float* scale, float* low) {
+  float lo = x[0], hi = x[0];
+  int p = 0;
+  if (k >= W) {
+    vf vlo = load(x), vhi = vlo;
+    for (; p + W <= k; p += W) {
+      const vf v = load(x + p);
+      vlo = vmin(vlo, v);
+      vhi = vmax(vhi, v);
+    }
+    lo = hmin(vlo);
+    hi = hmax(vhi);
+  }
+  for (; p < k; ++p) {
+    lo = x[p] < lo ? x[p] : lo;
+    hi = x[p] > hi ? x[p] : hi;
+  }
+  *scale = (hi - lo) / 255.0f;
+  *low = lo;
+  const float inv = hi > lo ? 255.0f / (hi - lo) : 0.0f;
+  // Adding and taking off 1.5 · 2^23 rounds to the nearest integer (ties to even), as nearbyint.
+  const vf magic = splat(12582912.0f);
+  for (p = 0; p + W <= k; p += W) {
+    vf y = vmin(vmax((load(x + p) - lo) * inv, splat(0.0f)), splat(255.0f));
+    y = (y + magic) - magic;
+    const vb b = __builtin_convertvector(__builtin_convertvector(y, vi), vb);
+    __builtin_memcpy(out + p, &b, sizeof b);
+  }
+  for (; p < k; ++p) {
+    float y = (x[p] - lo) * inv;
+    y = y < 0.0f ? 0.0f : (y > 255.0f ? 255.0f : y);
+    out[p] = static_cast<uint8_t>((y + 12582912.0f) - 12582912.0f);
+  }
+  for (; p < padded; ++p) out[p] = 0;
+}
+
+// The portable int8 tile: R rows, int32 sums (the compiler vectorizes the inner loop).
+template <int R>
+void panel_rows_s8(const uint8_t* __restrict a, int64_t lda, const float* a_scale, const float* a_min,
+                   const int8_t* __restrict panel, const float* w_scale, const int32_t* w_sums, int k4,
+                   float* c, int64_t ldc, int cols, const float* bias, Activation act) {
+  int32_t acc[R][kGemmPanel] = {};
+  for (int q = 0; q < k4; ++q) {
+    const int8_t* b = panel + q * 4 * kGemmPanel;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* x = a + r * lda + 4 * q;
+      const int32_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+      for (int j = 0; j < kGemmPanel; ++j) {
+        acc[r][j] += x0 * b[4 * j] + x1 * b[4 * j + 1] + x2 * b[4 * j + 2] + x3 * b[4 * j + 3];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    store_s8_row(acc[r], a_scale[r], a_min[r], w_scale, w_sums, bias, act, c + r * ldc, cols);
+  }
+}
+
+template <int R>
+struct PanelRowsS8 {
+  static void run(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                  const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4, float* c,
+                  int64_t ldc, int cols, const float* bias, Activation act) {
+    panel_rows_s8<R>(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, cols, bias, act);
+  }
+};
+
+void panel_gemm_s8(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                   const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4, float* c,
+                   int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  if (cols > kGemmPanel) {  // the next panel's columns too, one panel at a time
+    panel_gemm_s8(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, m, kGemmPanel, bias, act);
+    panel_gemm_s8(a, lda, a_scale, a_min, panel + 4 * k4 * kGemmPanel, w_scale + kGemmPanel,
+                  w_sums + kGemmPanel, k4, c + kGemmPanel, ldc, m, cols - kGemmPanel,
+                  bias == nullptr ? nullptr : bias + kGemmPanel, act);
+    return;
+  }
+  constexpr int kRows = 4;
+  int i = 0;
+  for (; i + kRows <= m; i += kRows) {
+    PanelRowsS8<kRows>::run(a + i * lda, lda, a_scale + i, a_min + i, panel, w_scale, w_sums, k4,
+                            c + i * ldc, ldc, cols, bias, act);
+  }
+  for (; i < m; ++i) {
+    PanelRowsS8<1>::run(a + i * lda, lda, a_scale + i, a_min + i, panel, w_scale, w_sums, k4,
+                        c + i * ldc, ldc, cols, bias, act);
+  }
+}
+
+#if defined(__AVX512VNNI__)
+// AVX512-VNNI: vpdpbusd adds four u8 x s8 products into each of 16 int32 lanes, one k-group of a
+// whole panel per instruction: the same exact sums as the portable tile.
+static_assert(W == kGemmPanel, "the int8 VNNI kernel keeps a panel's sums in one vector");
+constexpr int kVnniRows = 12;  // one panel: 12 accumulators
+constexpr int kVnniRows2 = 6;   // two panels: 12 accumulators (more spilled or ran slower)
+
+// R rows x P panels (P <= 2): a broadcast of a's four values serves P panels, so two panels take
+// fewer loads per multiply-add.
+template <int R, int P>
+void panel_rows_s8_vnni(const uint8_t* __restrict a, int64_t lda, const float* a_scale,
+                        const float* a_min, const int8_t* __restrict panel, const float* w_scale,
+                        const int32_t* w_sums, int k4, float* c, int64_t ldc, int cols,
+                        const float* bias, Activation act) {
+  const int64_t next = int64_t{4} * k4 * kGemmPanel;  // the second panel
+  __m512i acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < P; ++j) acc[r][j] = _mm512_setzero_si512();
+  for (int q = 0; q < k4; ++q) {
+    __m512i b[P];
+    for (int j = 0; j < P; ++j) b[j] = _mm512_loadu_si512(panel + j * next + q * 4 * kGemmPanel);
+    for (int r = 0; r < R; ++r) {
+      int32_t x;
+      __builtin_memcpy(&x, a + r * lda + 4 * q, sizeof x);
+      const __m512i xs = _mm512_set1_epi32(x);
+      for (int j = 0; j < P; ++j) acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], xs, b[j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < P; ++j) {
+      const int left = cols - j * kGemmPanel;
+      int32_t sums[kGemmPanel];
+      __builtin_memcpy(sums, &acc[r][j], sizeof sums);
+      store_s8_row(sums, a_scale[r], a_min[r], w_scale + j * kGemmPanel, w_sums + j * kGemmPanel,
+                   bias == nullptr ? nullptr : bias + j * kGemmPanel, act,
+                   c + r * ldc + j * kGemmPanel, left < kGemmPanel ? left : kGemmPanel);
+    }
+  }
+}
+
+// panel_rows_s8_vnni over P panels as a tile of R rows (rows_tail's Tile<R>).
+template <int P>
+struct S8Vnni {
+  template <int R>
+  struct Rows {
+    static void run(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                    const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
+                    float* c, int64_t ldc, int cols, const float* bias, Activation act) {
+      panel_rows_s8_vnni<R, P>(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, cols,
+                               bias, act);
+    }
+  };
+};
+
+template <template <int> class Tile, int Rows>
+void s8_vnni_tiles(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                   const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4, float* c,
+                   int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  int i = 0;
+  for (; i + Rows <= m; i += Rows) {
+    Tile<Rows>::run(a + i * lda, lda, a_scale + i, a_min + i, panel, w_scale, w_sums, k4,
+                    c + i * ldc, ldc, cols, bias, act);
+  }
+  if (i < m) {
+    rows_tail<Tile, Rows - 1>(m - i, a + i * lda, lda, a_scale + i, a_min + i, panel, w_scale,
+                                   w_sums, k4, c + i * ldc, ldc, cols, bias, act);
+  }
+}
+
+void panel_gemm_s8_vnni(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                        const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
+                        float* c, int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  if (cols > kGemmPanel) {
+    s8_vnni_tiles<S8Vnni<2>::Rows, kVnniRows2>(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, m, cols,
+                             bias, act);
+  } else {
+    s8_vnni_tiles<S8Vnni<1>::Rows, kVnniRows>(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, m, cols,
+                             bias, act);
+  }
+}
+// Chosen when the table is built: a CPU with AVX512-BF16 but no VNNI gets the portable tile.
+decltype(Kernels::panel_gemm_s8) panel_gemm_s8_for_cpu() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") ? panel_gemm_s8_vnni : panel_gemm_s8;
+}
+#else
+decltype(Kernels::panel_gemm_s8) panel_gemm_s8_for_cpu() { return panel_gemm_s8; }
+#endif
+
 }  // namespace
 
 const Kernels& table() {
   static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention, panel_gemm,
-                         widen_bf16,      narrow_bf16,    kPanelGemmBf16};
+                         widen_bf16,      narrow_bf16,    kPanelGemmBf16, panel_gemm_s8_for_cpu(),
+                         quantize_row_u8};
   return k;
 }
 

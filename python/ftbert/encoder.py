@@ -41,6 +41,7 @@ DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 1}
 MAX_CONCURRENCY = 64
 NONFINITE = ("warn", "raise", "ignore")
 ATTENTIONS = ("auto", "unfused", "flash")
+QUANTIZATIONS = (None, "int8")
 
 
 @dataclass
@@ -129,6 +130,7 @@ class Encoder:
         input_check: str = "async",
         warmup: bool = False,
         batch_invariant: bool = False,
+        quantization: str | None = None,
     ) -> "Encoder":
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
@@ -145,10 +147,14 @@ class Encoder:
         `Encoder.input_check`). warmup: run `warm_up()` before returning, so that the first calls
         do not pay the process's one-time costs (what `ftbert serve` does). batch_invariant: each
         sequence's outputs the same bits whatever it is batched with (see `Encoder.batch_invariant`).
+        quantization: None, or "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
+        per output channel and int8 activations per token (see `Encoder.quantization`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
         _check_bool("warmup", warmup)
         _check_bool("batch_invariant", batch_invariant)
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r}: expected None or 'int8'")
         _check_padding_free(padding_free)
         _check_input_check(input_check)
         path = Path(path)
@@ -177,7 +183,7 @@ class Encoder:
             )
         weights = {name: _host_tensor(t) for name, t in tensors.items()}
         native = _C.Encoder(engine_config(config), weights, f"{kind}:{index}" if kind == "cuda" else "cpu",
-                            dtype)
+                            dtype, quantization or "none")
         del weights, tensors
         native.attention = attention
         native.padding_free = padding_free
@@ -187,6 +193,11 @@ class Encoder:
             native.set_allow_tf32(True)
         if batch_invariant:
             native.batch_invariant = True
+        if quantization == "int8" and not _C.cpu_has_int8_dot_product():
+            warnings.warn(
+                "quantization='int8' runs a portable kernel on this CPU (no AVX512-VNNI, or "
+                "FTBERT_CPU_ISA below avx512_bf16): exact, but slower than float32 here",
+                RuntimeWarning, stacklevel=2)
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
         enc._input_check = input_check
@@ -305,6 +316,17 @@ class Encoder:
     def padding_free(self, mode) -> None:
         self._native.padding_free = _check_padding_free(mode)
         self._packs_always = self._native.padding_free is True or self._native.batch_invariant
+
+    @property
+    def quantization(self) -> str | None:
+        """How the weights are kept (set at load): None (in `dtype`), or "int8" on the CPU: each weight
+        matrix's columns as int8 with a float32 scale each (symmetric, from the largest magnitude),
+        each GEMM's input rows quantized likewise per token as the GEMM starts, the products summed
+        exactly in int32 and scaled back, with the bias and activation, in float32. Embeddings,
+        LayerNorms, attention, pooler and heads stay float32. Its error against float32 and its
+        speed: docs/performance.md ("CPU int8")."""
+        q = self._native.quantization
+        return None if q == "none" else q
 
     @property
     def batch_invariant(self) -> bool:

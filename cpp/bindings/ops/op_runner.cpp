@@ -237,6 +237,11 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("a"), py::arg("b"), py::arg("trans_a") = false,
            py::arg("trans_b") = false, py::arg("alpha") = 1.0f)
+      // How weight_gemm keeps the weights it uploads from now on (Backend::set_quantization).
+      .def_property(
+          "quantization",
+          [](OpRunner& r) { return std::string(quantization_name(r.backend().quantization())); },
+          [](OpRunner& r, const std::string& q) { r.backend().set_quantization(quantization_from_string(q)); })
       // c = act(a · w + bias) through the backend's weight path: w [k, n] uploaded with
       // upload_weight (the backend's packed layout), multiplied by weight_gemm `repeat` times (for
       // kernel timing).

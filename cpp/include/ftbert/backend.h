@@ -62,6 +62,12 @@ inline const char* attention_kind_name(AttentionKind k) {
   return k == AttentionKind::kFlash ? "flash" : "unfused";
 }
 
+// Weights a backend keeps quantized, weight_gemm running on them: none, or "int8" (per output
+// channel int8 weights; each GEMM's activations quantized per row; exact int32 sums).
+enum class Quantization : int { kNone = 0, kInt8 = 1 };
+Quantization quantization_from_string(const std::string& name);  // "none" or "int8"
+const char* quantization_name(Quantization q);
+
 class Backend : public Device {
  public:
   // ---- GEMMs (fp32 accumulation) -------------------------------------------------------------
@@ -76,6 +82,17 @@ class Backend : public Device {
   // The CPU backend's kernels are invariant either way (cpp/cpu/gemm.cpp).
   virtual void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
+  // ---- quantized weights ----------------------------------------------------------------------
+  // Why this backend cannot keep its weights as `q` for forwards in `dt` ("" where it can).
+  virtual std::string quantization_unsupported_reason(Quantization q, DType /*dt*/) const {
+    if (q == Quantization::kNone) return "";
+    return std::string("quantization '") + quantization_name(q) + "' is not available on the " +
+           name() + " backend";
+  }
+  // Set before the weights are uploaded: weight_bytes, upload_weight and weight_gemm follow it.
+  virtual void set_quantization(Quantization q) { quantization_ = q; }
+  Quantization quantization() const { return quantization_; }
+
   // Why this backend cannot keep a forward in `dt` with `attention` invariant ("" where it can).
   virtual std::string batch_invariant_unsupported_reason(DType /*dt*/,
                                                          AttentionKind /*attention*/) const {
@@ -360,6 +377,7 @@ class Backend : public Device {
 
  protected:
   bool batch_invariant_ = false;
+  Quantization quantization_ = Quantization::kNone;
 };
 
 // Creates the backend for "cpu" or "cuda[:N]". CUDA lives in a separate shared library loaded on

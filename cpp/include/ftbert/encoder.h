@@ -28,8 +28,10 @@ namespace ftbert {
 
 class Encoder {
  public:
+  // quantization: how the backend keeps the weights (Backend::set_quantization); refused, naming
+  // why, where the backend cannot.
   Encoder(const ModelConfig& config, const HostWeights& weights, const std::string& device,
-          DType compute);
+          DType compute, Quantization quantization = Quantization::kNone);
   ~Encoder();
 
   // Runs the model. Sizes are checked here (batch, sequence length against the position table).
@@ -49,6 +51,7 @@ class Encoder {
 
   const ModelConfig& config() const { return model_->config(); }
   DType dtype() const { return model_->dtype(); }
+  Quantization quantization() const { return backend_->quantization(); }
   Backend& backend() { return *backend_; }
   const Backend& backend() const { return *backend_; }
 

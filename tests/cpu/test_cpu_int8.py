@@ -1,0 +1,146 @@
+"""quantization="int8" on the CPU: the int8 weight GEMM against a numpy model of the same
+quantization (per output channel weights, per row asymmetric activations, exact integer sums) at
+odd sizes, with and without bias and activation; batch invariance; every family through it; the
+accuracy gate on the real all-MiniLM-L6-v2 (embedding cosine against float32); the settings it
+refuses."""
+
+import numpy as np
+import pytest
+
+import ftbert
+from ftbert import _C, _ops
+from tests._invariance import VOCAB, check_invariance
+from tests._models import make_model, minilm_path
+
+
+def quantized_reference(a: np.ndarray, w: np.ndarray, bias, act: str) -> np.ndarray:
+    """What the int8 GEMM computes, in numpy: float64 except where the engine rounds to float32."""
+    f = np.float32
+    top = np.abs(w).max(0).astype(f)
+    sw = top / f(127)
+    inv_w = np.where(top > 0, f(127) / np.where(top > 0, top, 1), f(0)).astype(f)
+    qw = np.rint(w * inv_w).astype(np.int64)
+    lo, hi = a.min(1).astype(f), a.max(1).astype(f)
+    t = (hi - lo) / f(255)
+    inv_a = np.where(hi > lo, f(255) / np.where(hi > lo, hi - lo, 1), f(0)).astype(f)
+    qa = np.rint(np.clip((a - lo[:, None]) * inv_a[:, None], 0, 255)).astype(np.int64)
+    s = (qa @ qw).astype(np.float64)
+    y = (s * t[:, None] + lo[:, None].astype(np.float64) * qw.sum(0)) * sw
+    if bias is not None:
+        y = y + bias
+    return _gelu(y) if act == "gelu" else y
+
+
+def _gelu(x):
+    import torch
+
+    return torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 5, 3), (7, 384, 1536), (33, 1536, 384), (13, 70, 49), (200, 129, 33)])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "bias+gelu"])
+def test_int8_gemm_is_the_quantized_product(rng, m, k, n, epilogue):
+    r = _ops.OpRunner("cpu")
+    r.quantization = "int8"
+    assert r.quantization == "int8"
+    a = (rng.standard_normal((m, k)) + rng.uniform(-1, 1)).astype(np.float32)
+    w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    w[:, 0] = 0.0  # an all-zero column: scale 0
+    bias = None if epilogue == "none" else rng.standard_normal(n).astype(np.float32)
+    act = "gelu" if epilogue == "bias+gelu" else "identity"
+    got = r.weight_gemm("float32", a, w, bias=bias, act=act)
+    want = quantized_reference(a, w, bias, act)
+    scale = np.abs(want).max() + 1.0
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * scale)
+    # And within quantization error of the float product.
+    exact = a.astype(np.float64) @ w + (0 if bias is None else bias)
+    if act == "gelu":
+        exact = _gelu(exact)
+    assert np.abs(got - exact).max() <= 0.05 * np.abs(exact).max() + 1e-3
+
+
+def test_a_constant_row_is_exact(rng):
+    r = _ops.OpRunner("cpu")
+    r.quantization = "int8"
+    a = np.full((3, 64), 0.75, np.float32)  # no range: scale 0, every value the row's low
+    w = (rng.standard_normal((64, 20)) * 0.05).astype(np.float32)
+    got = r.weight_gemm("float32", a, w)
+    np.testing.assert_allclose(got, quantized_reference(a, w, None, "identity"), rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module", params=["bert", "roberta", "mpnet", "modernbert", "electra"])
+def family(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    kind = "token" if request.param == "electra" else "cls"
+    hf = make_model(path, request.param, kind, hidden=64, heads=2, layers=2, vocab=VOCAB, num_labels=3, seed=9)
+    return request.param, kind, path, hf.config.pad_token_id or 0
+
+
+def test_every_family_runs_int8_close_to_float32(family, rng):
+    name, kind, path, pad = family
+    f32 = ftbert.Encoder.from_pretrained(path)
+    q8 = ftbert.Encoder.from_pretrained(path, quantization="int8")
+    assert q8.quantization == "int8" and f32.quantization is None
+    ids = rng.integers(3, VOCAB, (3, 41))
+    mask = np.ones_like(ids)
+    mask[1, 30:] = 0
+    ids[mask == 0] = pad
+    a, b = f32(ids, mask).last_hidden_state, q8(ids, mask).last_hidden_state
+    rows = mask.astype(bool)
+    cos = (a * b).sum(-1)[rows] / np.linalg.norm(a, axis=-1)[rows] / np.linalg.norm(b, axis=-1)[rows]
+    assert cos.min() > 0.98, f"{name}: cosine {cos.min()}"
+
+
+def test_int8_is_batch_invariant(family):
+    name, kind, path, pad = family
+    enc = ftbert.Encoder.from_pretrained(path, quantization="int8", padding_free=True)
+    left_ok = name in ("roberta", "mpnet")
+    check_invariance(enc, kind, pad, left_ok=left_ok, first_token_always=True, examples=6)
+
+
+def test_accuracy_gate_on_minilm():
+    # The issue's gate: embedding cosine against float32, mean >= 0.995 and min >= 0.99, over
+    # varied sentences (benchmarks/cpu_int8.py runs it over 4,096).
+    from pathlib import Path
+
+    from ftbert.bench.varlen import load_tokenizer, make_sentences
+
+    path = minilm_path()
+    texts = make_sentences(load_tokenizer(Path(path)), 512, 126, 1)
+    f32 = ftbert.Encoder.from_pretrained(path).encode(texts)
+    q8 = ftbert.Encoder.from_pretrained(path, quantization="int8").encode(texts)
+    cos = (f32 * q8).sum(1) / np.linalg.norm(f32, axis=1) / np.linalg.norm(q8, axis=1)
+    assert cos.mean() >= 0.995 and cos.min() >= 0.99, (cos.mean(), cos.min())
+
+
+def test_settings_it_refuses(tmp_path):
+    make_model(tmp_path, "bert", "cls", hidden=64, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=2)
+    with pytest.raises(ValueError, match="unknown quantization 'int4'"):
+        ftbert.Encoder.from_pretrained(tmp_path, quantization="int4")
+    if not _C.cpu_dtype_unsupported_reason("bfloat16"):
+        with pytest.raises(ValueError, match="float32 activations"):
+            ftbert.Encoder.from_pretrained(tmp_path, dtype="bfloat16", quantization="int8")
+    r = _ops.OpRunner("cpu")
+    with pytest.raises(ValueError, match="unknown quantization"):
+        r.quantization = "fp4"
+
+
+def test_the_portable_kernel_is_named_in_a_warning(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    make_model(tmp_path, "bert", "cls", hidden=64, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=2)
+    code = (f"import ftbert, numpy as np; e = ftbert.Encoder.from_pretrained({str(tmp_path)!r}, "
+            "quantization='int8'); print(e(np.ones((1, 5), np.int64)).last_hidden_state.shape)")
+    env = dict(os.environ, FTBERT_CPU_ISA="avx2")
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "portable kernel" in done.stderr and "(1, 5, 64)" in done.stdout
+    if _C.cpu_has_int8_dot_product():
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ftbert.Encoder.from_pretrained(tmp_path, quantization="int8")

@@ -16,7 +16,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("unfused", "flash", "auto")
 # "ftbert" expands to one engine per attention variant; the others are the transformers peers and
 # ONNX Runtime (CPU, float32 fused and int8; optional, bench/onnx.py).
-ENGINES = ("ftbert", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
+ENGINES = ("ftbert", "ftbert-int8", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
 # torch.compile's modes for hf-compile ("default": torch.compile's own default).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 BUILTIN_MODELS = ("minilm", "bert-base", "mpnet-base", "modernbert-base")
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", nargs="+", help="sequence lengths (default 32,128,512)")
     p.add_argument("--attention", nargs="+", help="ftbert attention variants: unfused, flash, auto "
                    "(default: all three)")
-    p.add_argument("--engines", nargs="+", help="ftbert, hf-eager, hf-sdpa, hf-compile, onnxruntime, "
+    p.add_argument("--engines", nargs="+", help="ftbert, ftbert-int8 (cpu, float32), hf-eager, hf-sdpa, hf-compile, onnxruntime, "
                    "onnxruntime-int8 (default: ftbert,hf-eager,hf-sdpa; the onnxruntime rows run on "
                    "the cpu and need pip install 'ftbert[onnx]'); with --rerank: ftbert, hf-eager, hf-sdpa, "
                    "sentence-transformers; with --varlen: the rows of each ragged batch, from "

@@ -125,7 +125,7 @@ def load_model(label: str, path: Path) -> Model:
 
 # ---- ftbert --------------------------------------------------------------------------------
 def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf32: bool,
-                cuda_graphs: bool = True):
+                cuda_graphs: bool = True, quantization: str = "none"):
     """A fresh ftbert Encoder from the already-read weights.
 
     Fresh per configuration on purpose: the engine's workspace only grows (to the largest batch x
@@ -139,7 +139,7 @@ def make_ftbert(model: Model, device: str, dtype: str, attention: str, allow_tf3
 
     if device.startswith("cuda"):
         ensure_cuda_libraries()
-    native = _C.Encoder(engine_config(model.config), model.host_weights, device, dtype)
+    native = _C.Encoder(engine_config(model.config), model.host_weights, device, dtype, quantization)
     native.attention = attention
     native.graphs = cuda_graphs
     if allow_tf32:

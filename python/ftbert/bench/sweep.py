@@ -271,9 +271,20 @@ class Sweep:
             return {"status": "skipped", "note": why}
         if engine in ONNX_ENGINES and (device != "cpu" or dtype != "float32"):
             return {"status": "skipped", "note": "onnxruntime rows run on the cpu in float32"}
+        if engine == "ftbert-int8" and (device != "cpu" or dtype != "float32"):
+            return {"status": "skipped", "note": "ftbert's int8 rows run on the cpu in float32"}
         try:
             res: dict = {}
-            if engine.startswith("ftbert"):
+            if engine == "ftbert-int8":
+                runner = make_ftbert(self.model, device, dtype, "auto", o.allow_tf32, o.cuda_graphs,
+                                     quantization="int8")
+                res["kernel"] = runner.attention_for(ft_in["input_ids"].shape[0], seq) + ", int8 weights"
+                enc = runner
+                ids, mask, types = ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]
+
+                def fn():
+                    return enc(ids, mask, types).last_hidden_state
+            elif engine.startswith("ftbert"):
                 attention = engine.split("-", 1)[1]
                 if attention == "flash" and not self.flash_supported(device, dtype):
                     c = self.model.config

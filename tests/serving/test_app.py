@@ -351,3 +351,21 @@ def test_shutting_down_is_503(embedder):
     assert_error(r, 503, None, "shutting down")
     assert r.headers["retry-after"] == str(ServeSettings().retry_after_s)
     assert_error(health, 503, None, "shutting down")
+
+
+def test_quantization_and_batch_invariance_reach_the_encoders_and_info(embedder):
+    from ftbert.serving.service import Service
+
+    svc = Service.load(ServeSettings(model=str(embedder), quantization="int8", batch_invariant=True))
+    try:
+        enc = svc.encoders[0]
+        assert enc.quantization == "int8" and enc.batch_invariant
+        info = svc.info()
+        assert info["quantization"] == "int8" and info["batch_invariant"] is True
+    finally:
+        svc.close()
+    plain = Service.load(ServeSettings(model=str(embedder)))
+    try:
+        assert plain.info()["quantization"] is None and plain.info()["batch_invariant"] is False
+    finally:
+        plain.close()

@@ -72,3 +72,13 @@ def test_batch_invariant_flag_reaches_the_settings():
     assert settings_from_args(build_parser().parse_args([])).batch_invariant is False
     with pytest.raises(ValueError, match="batch_invariant must be True or False"):
         ServeSettings(batch_invariant="yes")
+
+
+def test_quantization_flag_reaches_the_settings():
+    from ftbert.serving.server import build_parser, settings_from_args
+    from ftbert.serving.settings import ServeSettings
+
+    assert settings_from_args(build_parser().parse_args(["--quantization", "int8"])).quantization == "int8"
+    assert settings_from_args(build_parser().parse_args([])).quantization is None
+    with pytest.raises(ValueError, match="quantization must be None or 'int8'"):
+        ServeSettings(quantization="int4")

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", help="the model name in responses and /info (default: the directory's name)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run every forward op by op (batches vary in shape; see Encoder.cuda_graphs)")
+    p.add_argument("--quantization", choices=["int8"],
+                   help="int8 weight GEMMs on the CPU, float32 around them (see Encoder.quantization)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="each input's result the same bits whatever it is batched with (see "
                         "Encoder.batch_invariant)")
@@ -79,7 +81,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         model=args.model, model_name=args.model_name, devices=args.devices, dtype=args.dtype,
         attention=args.attention, pooling=args.pooling, cuda_graphs=not args.no_cuda_graphs,
-        batch_invariant=args.batch_invariant,
+        batch_invariant=args.batch_invariant, quantization=args.quantization,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         max_client_batch=args.max_client_batch, max_input_length=args.max_input_length,

@@ -43,7 +43,8 @@ class Service:
         model = settings.model or str(ftbert.default_model_path())
         encoders = [ftbert.Encoder.from_pretrained(model, device=d, dtype=settings.dtype, attention=settings.attention,
                                                    cuda_graphs=settings.cuda_graphs, warmup=True,
-                                                   batch_invariant=settings.batch_invariant)
+                                                   batch_invariant=settings.batch_invariant,
+                                                   quantization=settings.quantization)
                     for d in settings.devices]
         service = cls(settings, encoders)
         service.batcher.start()
@@ -87,6 +88,8 @@ class Service:
             "pooling": self.batcher.pooling,
             "attention": enc.attention,
             "cuda_graphs": enc.cuda_graphs,
+            "quantization": enc.quantization,
+            "batch_invariant": enc.batch_invariant,
             "head": enc.head,
             "labels": enc.labels,
             "routes": self.routes(),

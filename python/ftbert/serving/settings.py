@@ -25,6 +25,8 @@ class ServeSettings:
     cuda_graphs: bool = True
     # Encoder.batch_invariant: an input's result never depends on what else was in its batch.
     batch_invariant: bool = False
+    # Encoder.quantization: None, or "int8" (CPU devices, float32).
+    quantization: str | None = None
 
     # ---- dynamic batching
     # A forward holds at most this many tokens, counted as sequences x the longest one (what the
@@ -77,6 +79,8 @@ class ServeSettings:
             raise ValueError(f"long_texts must be 'truncate' or 'chunk', got {self.long_texts!r}")
         if isinstance(self.chunk_overlap, bool) or not isinstance(self.chunk_overlap, int) or self.chunk_overlap < 0:
             raise ValueError(f"chunk_overlap must be a whole number of tokens >= 0, got {self.chunk_overlap!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
         if not self.max_wait_ms >= 0:

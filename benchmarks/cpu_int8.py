@@ -6,7 +6,8 @@ The real all-MiniLM-L6-v2 (default: the bundled copy) embeds N varied sentences 
 `ftbert.bench.varlen.make_sentences`) in float32 and with int8 weights, one process: the cosine of
 each sentence's two embeddings (mean and min), how many of each sentence's 10 nearest neighbours in
 the corpus the two agree on, and each encode's time (the better of two passes). The CPU's flags
-that matter (AVX-512, VNNI, AMX, BF16) are printed with them. Kernel speed against peers is
+that matter (AVX-512, VNNI, AMX, BF16) and the int8 kernel that ran (FTBERT_CPU_AMX=0 leaves AMX
+out) are printed with them. Kernel speed against peers is
 `ftbert bench --engines ftbert ftbert-int8 onnxruntime onnxruntime-int8`.
 """
 
@@ -60,10 +61,10 @@ def main(argv=None) -> int:
         np.fill_diagonal(s, -np.inf)
     near = [np.argsort(-s, axis=1)[:, :10] for s in sims]
     overlap = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(*near)]))
-    res = {"cpu": cpu_flags(), "int8_dot_product": bool(_C.cpu_has_int8_dot_product()),
+    res = {"cpu": cpu_flags(), "int8_kernel": _C.cpu_int8_kernel(),
            "sentences": len(texts), "cos_mean": float(cos.mean()), "cos_min": float(cos.min()),
            "knn10_overlap": overlap, "encode_float32_s": t32, "encode_int8_s": t8}
-    print(f"CPU: {res['cpu']} (int8 dot product used: {res['int8_dot_product']})")
+    print(f"CPU: {res['cpu']} (int8 kernel: {res['int8_kernel']})")
     print(f"all-MiniLM-L6-v2, {len(texts)} sentences: cosine int8 vs float32 mean {res['cos_mean']:.5f}, "
           f"min {res['cos_min']:.5f}; 10 nearest neighbours shared {overlap:.1%}")
     print(f"encode: float32 {t32:.2f} s, int8 {t8:.2f} s ({t32 / t8:.2f}x)")

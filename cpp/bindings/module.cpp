@@ -19,6 +19,8 @@ PYBIND11_MODULE(_C, m) {
         "Whether this CPU has AVX512-BF16 (what the CPU backend's bfloat16 GEMMs run on).");
   m.def("cpu_has_int8_dot_product", &cpu::has_int8_dot_product,
         "Whether quantization='int8' runs on this CPU's int8 dot product (AVX512-VNNI).");
+  m.def("cpu_int8_kernel", &cpu::int8_kernel,
+        "The kernel quantization='int8' runs on this CPU: 'amx', 'vnni' or 'portable'.");
   m.def("cpu_dtype_unsupported_reason",
         [](const std::string& dtype) {
           return cpu_dtype_unsupported_reason(bindings::dtype_from_string(dtype));

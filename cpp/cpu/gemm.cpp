@@ -216,7 +216,7 @@ void CpuBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
 // far below 2³¹ for any k a model has). The weight buffer: the scales [n4] floats, the column sums
 // [n4] int32 (kernels.h, panel_gemm_s8), then the panels [panels, k4, 16, 4] int8.
 namespace {
-int k4_of(int k) { return (k + 3) / 4; }
+int k4_of(int k) { return (k + 4 * cpu::kS8KGroups - 1) / (4 * cpu::kS8KGroups) * cpu::kS8KGroups; }
 int64_t s8_header_bytes(int n) { return int64_t{panels_of(n)} * kPanel * 8; }
 
 // Rows of a [m, k] (row stride lda) as uint8 rows of 4·k4 (zeros past k, where the weights are
@@ -239,9 +239,10 @@ void run_s8_panels(int m, int n, int k, const float* a, int64_t lda, const void*
   // The quantized rows, kept per calling thread (forwards run on many threads at once).
   thread_local std::vector<uint8_t> rows;
   thread_local std::vector<float> row_scales, row_lows;
-  rows.resize(static_cast<size_t>(m) * ldq);
-  row_scales.resize(static_cast<size_t>(m));
-  row_lows.resize(static_cast<size_t>(m));
+  const size_t padded = static_cast<size_t>((m + cpu::kS8RowPad - 1) / cpu::kS8RowPad * cpu::kS8RowPad);
+  rows.resize(padded * ldq);
+  row_scales.resize(padded);
+  row_lows.resize(padded);
   quantize_rows(a, lda, m, k, rows.data(), row_scales.data(), row_lows.data());
   const auto* scales = static_cast<const float*>(w);
   const auto* sums = reinterpret_cast<const int32_t*>(static_cast<const char*>(w) + s8_header_bytes(n) / 2);

@@ -61,15 +61,6 @@ bool has_bf16_instructions() {
 #endif
 }
 
-bool has_int8_dot_product() {
-#if defined(FTBERT_CPU_MULTI_ISA)
-  __builtin_cpu_init();
-  return isa() == Isa::kAvx512Bf16 && __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
-#endif
-}
-
 std::string bf16_unsupported_reason() {
   if (isa() == Isa::kAvx512Bf16) return "";
   if (!has_bf16_instructions()) {
@@ -99,6 +90,10 @@ const char* isa_name(Isa isa) {
 #include "cpu/kernels.h"
 
 namespace ftbert::cpu {
+
+const char* int8_kernel() { return kernels().s8_kernel; }
+
+bool has_int8_dot_product() { return std::strcmp(int8_kernel(), "portable") != 0; }
 
 const Kernels& kernels() {
   static const Kernels* chosen = [] {

@@ -43,6 +43,11 @@ struct AttentionTile {
 // panels of [k, 16] floats, each row of a panel contiguous, zeros past column n. The same on every
 // instruction set, so the packing does not depend on the ISA picked at run time.
 constexpr int kGemmPanel = 16;
+// The int8 panels' k in groups of 4, padded to a multiple of this many groups (64 values: an AMX
+// tile's row), and the rows of a panel_gemm_s8 input padded to a multiple of kS8RowPad (two AMX
+// tiles of 16 rows).
+constexpr int kS8KGroups = 16;
+constexpr int kS8RowPad = 32;
 
 struct Kernels {
   // x[c] = act(x[c] + bias[c]) for c < n.
@@ -76,7 +81,9 @@ struct Kernels {
   // panel[p, j] summed exactly in int32 (a row of a stands for a_min + a_scale · a). The panel:
   // [k4, kGemmPanel, 4], column j's values of rows 4q..4q + 3 side by side, zeros past k; cols may
   // reach 2·kGemmPanel, the columns past kGemmPanel then the next panel's (it follows at panel +
-  // 4·k4·kGemmPanel). a: uint8 rows of 4·k4 values, stride lda; w_sums[j] = Σ_p panel[p, j]. The
+  // 4·k4·kGemmPanel). k4 is a multiple of kS8KGroups and a holds round_up(m, kS8RowPad) rows
+  // (those past m any values: a tile kernel reads them and drops their results). a: uint8 rows of
+  // 4·k4 values, stride lda; w_sums[j] = Σ_p panel[p, j]. The
   // sums being exact, every instruction set's kernel gives the same S. bias may be null: no bias,
   // no activation.
   void (*panel_gemm_s8)(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
@@ -86,6 +93,8 @@ struct Kernels {
   // nearest even), scale = (max - min) / 255 and low = min over the row; zeros from k to padded.
   void (*quantize_row_u8)(const float* x, int k, uint8_t* out, int padded, float* scale,
                           float* low);
+  // Which panel_gemm_s8 this is: "amx", "vnni" or "portable".
+  const char* s8_kernel;
 };
 
 // Floats of scratch one attention tile needs (same for every instruction set).

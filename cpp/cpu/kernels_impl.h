@@ -14,6 +14,14 @@
 #if defined(__AVX512BF16__) || defined(__FMA__) || defined(__AVX512VNNI__)
 #include <immintrin.h>  // the bfloat16 dot product and FMA (inline, file-local functions)
 #endif
+#if defined(__AMX_INT8__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#endif
 
 namespace ftbert::cpu::FTBERT_ISA_NS {
 
@@ -697,6 +705,12 @@ void quantize_row_u8(const float* x, int k, uint8_t* out, int padded, float* sca
   for (; p < padded; ++p) out[p] = 0;
 }
 
+// An int8 GEMM kernel and its name (Kernels::s8_kernel).
+struct S8Kernel {
+  decltype(Kernels::panel_gemm_s8) gemm;
+  const char* name;
+};
+
 // The portable int8 tile: R rows, int32 sums (the compiler vectorizes the inner loop).
 template <int R>
 void panel_rows_s8(const uint8_t* __restrict a, int64_t lda, const float* a_scale, const float* a_min,
@@ -829,21 +843,109 @@ void panel_gemm_s8_vnni(const uint8_t* a, int64_t lda, const float* a_scale, con
                              bias, act);
   }
 }
-// Chosen when the table is built: a CPU with AVX512-BF16 but no VNNI gets the portable tile.
-decltype(Kernels::panel_gemm_s8) panel_gemm_s8_for_cpu() {
+#if defined(__AMX_INT8__)
+// AMX-INT8: a tile instruction multiplies a 16 x 64 u8 tile by a 64 x 16 s8 tile into 16 x 16 int32,
+// the latter in exactly the panels' layout (16 k-groups of 16 columns x 4). A step takes 32 rows x
+// 2 panels: four accumulator tiles, two of a's, two of the panels'. The tile configuration is
+// loaded at each call and released after it: other code on the same thread (oneDNN, under torch)
+// may configure the tiles its own way.
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Whether this CPU has AMX-INT8 and the kernel lets this process use its tile state (Linux gives it
+// only when asked: ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool amx_int8_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return false;  // AMX-TILE, AMX-INT8
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+void panel_gemm_s8_amx(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                       const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
+                       float* c, int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  TileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t next = int64_t{4} * k4 * kGemmPanel;  // the second panel
+  const bool two = cols > kGemmPanel;
+  alignas(64) int32_t out[kS8RowPad][2 * kGemmPanel];
+  for (int i = 0; i < m; i += kS8RowPad) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint8_t* rows = a + i * lda;
+    for (int g = 0; g < k4; g += kS8KGroups) {
+      _tile_loadd(4, rows + 4 * g, lda);
+      _tile_loadd(5, rows + 16 * lda + 4 * g, lda);
+      _tile_loadd(6, panel + g * 4 * kGemmPanel, 4 * kGemmPanel);
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(2, 5, 6);
+      if (two) {
+        _tile_loadd(7, panel + next + g * 4 * kGemmPanel, 4 * kGemmPanel);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(3, 5, 7);
+      }
+    }
+    constexpr int64_t stride = sizeof(out[0]);
+    _tile_stored(0, &out[0][0], stride);
+    _tile_stored(2, &out[16][0], stride);
+    if (two) {
+      _tile_stored(1, &out[0][kGemmPanel], stride);
+      _tile_stored(3, &out[16][kGemmPanel], stride);
+    }
+    const int n_rows = m - i < kS8RowPad ? m - i : kS8RowPad;
+    for (int r = 0; r < n_rows; ++r) {
+      float* cr = c + (i + r) * ldc;
+      store_s8_row(out[r], a_scale[i + r], a_min[i + r], w_scale, w_sums, bias, act, cr,
+                   two ? kGemmPanel : cols);
+      if (two) {
+        store_s8_row(out[r] + kGemmPanel, a_scale[i + r], a_min[i + r], w_scale + kGemmPanel,
+                     w_sums + kGemmPanel, bias == nullptr ? nullptr : bias + kGemmPanel, act,
+                     cr + kGemmPanel, cols - kGemmPanel);
+      }
+    }
+  }
+  _tile_release();
+}
+#endif
+
+// Chosen when the table is built: AMX-INT8 where the CPU has it and the OS lets this process use
+// it (FTBERT_CPU_AMX=0 leaves it out), else VNNI (a CPU with AVX512-BF16 but neither gets the
+// portable tile).
+S8Kernel s8_kernel_for_cpu() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") ? panel_gemm_s8_vnni : panel_gemm_s8;
+  const bool vnni = __builtin_cpu_supports("avx512vnni");
+#if defined(__AMX_INT8__)
+  const char* amx = std::getenv("FTBERT_CPU_AMX");
+  if (vnni && (amx == nullptr || std::strcmp(amx, "0") != 0) && amx_int8_usable()) {
+    return {panel_gemm_s8_amx, "amx"};
+  }
+#endif
+  return vnni ? S8Kernel{panel_gemm_s8_vnni, "vnni"} : S8Kernel{panel_gemm_s8, "portable"};
 }
 #else
-decltype(Kernels::panel_gemm_s8) panel_gemm_s8_for_cpu() { return panel_gemm_s8; }
+S8Kernel s8_kernel_for_cpu() { return {panel_gemm_s8, "portable"}; }
 #endif
 
 }  // namespace
 
 const Kernels& table() {
+  static const S8Kernel s8 = s8_kernel_for_cpu();
   static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention, panel_gemm,
-                         widen_bf16,      narrow_bf16,    kPanelGemmBf16, panel_gemm_s8_for_cpu(),
-                         quantize_row_u8};
+                         widen_bf16,      narrow_bf16,    kPanelGemmBf16, s8.gemm,
+                         quantize_row_u8, s8.name};
   return k;
 }
 

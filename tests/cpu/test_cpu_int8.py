@@ -144,3 +144,30 @@ def test_the_portable_kernel_is_named_in_a_warning(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             ftbert.Encoder.from_pretrained(tmp_path, quantization="int8")
+
+
+def test_every_int8_kernel_of_this_cpu_gives_the_same_bits(tmp_path, rng):
+    # AMX, VNNI and the portable kernel sum exactly, and share the epilogue of their instruction
+    # set: with AMX left out (FTBERT_CPU_AMX=0) the GEMM gives the same bits.
+    import os
+    import subprocess
+    import sys
+
+    a = (rng.standard_normal((45, 200)) + 0.3).astype(np.float32)
+    w = (rng.standard_normal((200, 70)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(70).astype(np.float32)
+    np.save(tmp_path / "a.npy", a), np.save(tmp_path / "w.npy", w), np.save(tmp_path / "b.npy", b)
+    code = ("import numpy as np; from ftbert import _C, _ops; r = _ops.OpRunner('cpu'); r.quantization = 'int8'; "
+            f"d = {str(tmp_path)!r}; "
+            "c = r.weight_gemm('float32', np.load(d + '/a.npy'), np.load(d + '/w.npy'), bias=np.load(d + '/b.npy'), act='gelu'); "
+            "np.save(d + '/c.npy', c); print(_C.cpu_int8_kernel())")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FTBERT_CPU_AMX="0"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() in ("vnni", "portable")
+    r = _ops.OpRunner("cpu")
+    r.quantization = "int8"
+    here = r.weight_gemm("float32", a, w, bias=b, act="gelu")
+    if _C.cpu_int8_kernel() == "portable" or done.stdout.strip() == _C.cpu_int8_kernel():
+        pytest.skip(f"one int8 kernel on this CPU ({_C.cpu_int8_kernel()}): nothing to compare")
+    np.testing.assert_array_equal(here, np.load(tmp_path / "c.npy"))

@@ -276,9 +276,12 @@ class Sweep:
         try:
             res: dict = {}
             if engine == "ftbert-int8":
+                from .. import _C
+
                 runner = make_ftbert(self.model, device, dtype, "auto", o.allow_tf32, o.cuda_graphs,
                                      quantization="int8")
-                res["kernel"] = runner.attention_for(ft_in["input_ids"].shape[0], seq) + ", int8 weights"
+                res["kernel"] = (runner.attention_for(ft_in["input_ids"].shape[0], seq)
+                                 + f", int8 weights ({_C.cpu_int8_kernel()})")
                 enc = runner
                 ids, mask, types = ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]
 

@@ -345,12 +345,13 @@ void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int l
   }
   const auto& kernels = cpu::kernels();
   const int64_t panel_elements = int64_t{panel_rows_of(dt, k)} * kPanel;
-  // As run_panels, on the bfloat16 panels.
-  cpu::parallel_for(panels_of(n), int64_t{m} * n * k, [&](int64_t begin, int64_t end) {
+  // As run_panels, on the bfloat16 panels, threads taking pairs of panels (the kernels' widest tile).
+  cpu::parallel_for((panels_of(n) + 1) / 2, int64_t{m} * n * k, [&](int64_t begin, int64_t end) {
     for (int i0 = 0; i0 < m; i0 += kRowBlock) {
       const int rows = std::min(kRowBlock, m - i0);
-      for (int64_t j = begin; j < end; ++j) {
-        const int c0 = static_cast<int>(j) * kPanel, cols = std::min(kPanel, n - c0);
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t j = 2 * u;
+        const int c0 = static_cast<int>(j) * kPanel, cols = std::min(2 * kPanel, n - c0);
         kernels.panel_gemm_bf16(static_cast<const uint16_t*>(a) + int64_t{i0} * lda, lda,
                                 static_cast<const uint16_t*>(w) + j * panel_elements, k,
                                 static_cast<uint16_t*>(c) + int64_t{i0} * ldc + c0, ldc, rows,

@@ -71,8 +71,11 @@ struct Kernels {
   void (*narrow_bf16)(const float* in, uint16_t* out, int n);
   // panel_gemm over bfloat16: a and c bfloat16, the panel in upload_weight's bfloat16 layout
   // ([ceil(k / 2), kGemmPanel, 2]: rows p and p + 1 interleaved, a zero row past an odd k),
-  // float32 accumulation, bias (float32) and activation, c rounded once. Null where the
-  // instruction set has no bfloat16 dot product (every table but avx512_bf16's).
+  // float32 accumulation, bias (float32) and activation, c rounded once; cols may reach
+  // 2·kGemmPanel, the columns past kGemmPanel then the next panel's (it follows at panel +
+  // ceil(k / 2)·2·kGemmPanel). AMX-BF16's tiles where the CPU has them (k a multiple of 32), else
+  // AVX512-BF16's dot product. Null where the instruction set has neither (every table but
+  // avx512_bf16's).
   void (*panel_gemm_bf16)(const uint16_t* a, int64_t lda, const uint16_t* panel, int k,
                           uint16_t* c, int64_t ldc, int m, int cols, const float* bias,
                           Activation act);

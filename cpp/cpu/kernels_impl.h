@@ -21,6 +21,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 #endif
 
 namespace ftbert::cpu::FTBERT_ISA_NS {
@@ -632,11 +633,14 @@ struct PanelRowsBf16 {
 
 void panel_gemm_bf16(const uint16_t* a, int64_t lda, const uint16_t* panel, int k, uint16_t* c,
                      int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  if (cols > kGemmPanel) {  // the next panel's columns too, one panel at a time
+    panel_gemm_bf16(a, lda, panel, k, c, ldc, m, kGemmPanel, bias, act);
+    panel_gemm_bf16(a, lda, panel + int64_t{(k + 1) / 2 * 2} * kGemmPanel, k, c + kGemmPanel, ldc, m,
+                    cols - kGemmPanel, bias == nullptr ? nullptr : bias + kGemmPanel, act);
+    return;
+  }
   panel_tiles<PanelRowsBf16, kBf16Rows>(a, lda, panel, k, c, ldc, m, cols, bias, act);
 }
-constexpr auto kPanelGemmBf16 = panel_gemm_bf16;
-#else
-constexpr decltype(Kernels::panel_gemm_bf16) kPanelGemmBf16 = nullptr;
 #endif
 
 // ---- int8 packed-panel GEMM (quantization "int8") ----------------------------------------------
@@ -844,11 +848,7 @@ void panel_gemm_s8_vnni(const uint8_t* a, int64_t lda, const float* a_scale, con
   }
 }
 #if defined(__AMX_INT8__)
-// AMX-INT8: a tile instruction multiplies a 16 x 64 u8 tile by a 64 x 16 s8 tile into 16 x 16 int32,
-// the latter in exactly the panels' layout (16 k-groups of 16 columns x 4). A step takes 32 rows x
-// 2 panels: four accumulator tiles, two of a's, two of the panels'. The tile configuration is
-// loaded at each call and released after it: other code on the same thread (oneDNN, under torch)
-// may configure the tiles its own way.
+// The AMX tiles, shared by the int8 kernel below and the bfloat16 one after it.
 struct alignas(64) TileConfig {
   uint8_t palette;
   uint8_t start_row;
@@ -857,19 +857,20 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-// Whether this CPU has AMX-INT8 and the kernel lets this process use its tile state (Linux gives it
-// only when asked: ARCH_REQ_XCOMP_PERM for XTILEDATA).
-bool amx_int8_usable() {
+// Whether this CPU has AMX-TILE and the AMX feature of CPUID.(7, 0):EDX bit `feature` (22 BF16,
+// 25 INT8), and the kernel lets this process use the tile state (Linux gives it only when asked:
+// ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool amx_usable(int feature) {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return false;  // AMX-TILE, AMX-INT8
+  if (!(edx & (1u << 24)) || !(edx & (1u << feature))) return false;
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-void panel_gemm_s8_amx(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
-                       const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
-                       float* c, int64_t ldc, int m, int cols, const float* bias, Activation act) {
+// Tiles 0-3 the accumulators (rows 0-15 and 16-31 of panels 0 and 1), 4-5 a's two row tiles, 6-7
+// the two panels' tiles: all 16 rows of 64 bytes.
+void load_amx_tiles() {
   TileConfig cfg{};
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) {
@@ -877,6 +878,30 @@ void panel_gemm_s8_amx(const uint8_t* a, int64_t lda, const float* a_scale, cons
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
+}
+
+// The accumulator tiles into out [32][2 · kGemmPanel] (4-byte values), the second panel's where
+// there is one.
+template <typename T>
+void store_amx_accumulators(T (&out)[32][2 * kGemmPanel], bool two) {
+  constexpr int64_t stride = sizeof(out[0]);
+  _tile_stored(0, &out[0][0], stride);
+  _tile_stored(2, &out[16][0], stride);
+  if (two) {
+    _tile_stored(1, &out[0][kGemmPanel], stride);
+    _tile_stored(3, &out[16][kGemmPanel], stride);
+  }
+}
+
+// AMX-INT8: a tile instruction multiplies a 16 x 64 u8 tile by a 64 x 16 s8 tile into 16 x 16 int32,
+// the latter in exactly the panels' layout (16 k-groups of 16 columns x 4). A step takes 32 rows x
+// 2 panels: four accumulator tiles, two of a's, two of the panels'. The tile configuration is
+// loaded at each call and released after it: other code on the same thread (oneDNN, under torch)
+// may configure the tiles its own way.
+void panel_gemm_s8_amx(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                       const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
+                       float* c, int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  load_amx_tiles();
   const int64_t next = int64_t{4} * k4 * kGemmPanel;  // the second panel
   const bool two = cols > kGemmPanel;
   alignas(64) int32_t out[kS8RowPad][2 * kGemmPanel];
@@ -898,13 +923,7 @@ void panel_gemm_s8_amx(const uint8_t* a, int64_t lda, const float* a_scale, cons
         _tile_dpbusd(3, 5, 7);
       }
     }
-    constexpr int64_t stride = sizeof(out[0]);
-    _tile_stored(0, &out[0][0], stride);
-    _tile_stored(2, &out[16][0], stride);
-    if (two) {
-      _tile_stored(1, &out[0][kGemmPanel], stride);
-      _tile_stored(3, &out[16][kGemmPanel], stride);
-    }
+    store_amx_accumulators(out, two);
     const int n_rows = m - i < kS8RowPad ? m - i : kS8RowPad;
     for (int r = 0; r < n_rows; ++r) {
       float* cr = c + (i + r) * ldc;
@@ -929,7 +948,7 @@ S8Kernel s8_kernel_for_cpu() {
   const bool vnni = __builtin_cpu_supports("avx512vnni");
 #if defined(__AMX_INT8__)
   const char* amx = std::getenv("FTBERT_CPU_AMX");
-  if (vnni && (amx == nullptr || std::strcmp(amx, "0") != 0) && amx_int8_usable()) {
+  if (vnni && (amx == nullptr || std::strcmp(amx, "0") != 0) && amx_usable(25)) {
     return {panel_gemm_s8_amx, "amx"};
   }
 #endif
@@ -939,12 +958,96 @@ S8Kernel s8_kernel_for_cpu() {
 S8Kernel s8_kernel_for_cpu() { return {panel_gemm_s8, "portable"}; }
 #endif
 
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__) && defined(__AVX512BF16__)
+// AMX-BF16: one tile instruction multiplies 16 rows x 32 bfloat16 values by 32 x 16 into float32,
+// the weights' bfloat16 panels ([k/2, 16, 2]) being the tile's layout; 32 rows x 2 panels a step,
+// on the int8 kernel's tiles (whose helpers it shares, hence the guard). For k a multiple of 32; other k run the AVX512-BF16 kernel (the choice is the
+// weight's, never the batch's). Rows past the last multiple of 32 are copied, zero-padded, so that
+// no tile reads past a's last row.
+
+inline void store_bf16_row(const float* acc, const float* bias, Activation act, uint16_t* c, int cols) {
+  vf y;
+  __builtin_memcpy(&y, acc, sizeof y);
+  if (bias != nullptr) {
+    const vf bv = cols >= W ? load(bias) : load_part(bias, cols, 0.0f);
+    y = activate(y + bv, act);
+  }
+  const vh h = narrow(y);
+  if (cols == kGemmPanel) {
+    store_h(c, h);
+  } else {
+    for (int j = 0; j < cols; ++j) c[j] = h[j];
+  }
+}
+
+void panel_gemm_bf16_amx(const uint16_t* a, int64_t lda, const uint16_t* panel, int k, uint16_t* c,
+                         int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  if (k % 32 != 0) return panel_gemm_bf16(a, lda, panel, k, c, ldc, m, cols, bias, act);
+  load_amx_tiles();
+  const int64_t next = int64_t{k} * kGemmPanel;  // the second panel
+  const bool two = cols > kGemmPanel;
+  thread_local std::vector<uint16_t> tail;
+  alignas(64) float out[32][2 * kGemmPanel];
+  for (int i = 0; i < m; i += 32) {
+    const int n_rows = m - i < 32 ? m - i : 32;
+    const uint16_t* rows = a + i * lda;
+    int64_t stride = lda;
+    if (n_rows < 32) {
+      tail.assign(static_cast<size_t>(32) * k, 0);
+      for (int r = 0; r < n_rows; ++r) std::memcpy(tail.data() + int64_t{r} * k, rows + r * lda, 2 * k);
+      rows = tail.data();
+      stride = k;
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int p = 0; p < k; p += 32) {
+      _tile_loadd(4, rows + p, 2 * stride);
+      _tile_loadd(5, rows + 16 * stride + p, 2 * stride);
+      _tile_loadd(6, panel + int64_t{p} * kGemmPanel, 4 * kGemmPanel);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+      if (two) {
+        _tile_loadd(7, panel + next + int64_t{p} * kGemmPanel, 4 * kGemmPanel);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    store_amx_accumulators(out, two);
+    for (int r = 0; r < n_rows; ++r) {
+      uint16_t* cr = c + (i + r) * ldc;
+      store_bf16_row(out[r], bias, act, cr, two ? kGemmPanel : cols);
+      if (two) {
+        store_bf16_row(out[r] + kGemmPanel, bias == nullptr ? nullptr : bias + kGemmPanel, act,
+                       cr + kGemmPanel, cols - kGemmPanel);
+      }
+    }
+  }
+  _tile_release();
+}
+#endif
+
+// The bfloat16 weight GEMM: AMX-BF16 where the CPU has it and the OS lets this process use it
+// (FTBERT_CPU_AMX=0 leaves it out), else AVX512-BF16's dot product; null without either.
+decltype(Kernels::panel_gemm_bf16) bf16_kernel_for_cpu() {
+#if defined(__AVX512BF16__)
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+  const char* amx = std::getenv("FTBERT_CPU_AMX");
+  if ((amx == nullptr || std::strcmp(amx, "0") != 0) && amx_usable(22)) return panel_gemm_bf16_amx;
+#endif
+  return panel_gemm_bf16;
+#else
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 const Kernels& table() {
   static const S8Kernel s8 = s8_kernel_for_cpu();
   static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention, panel_gemm,
-                         widen_bf16,      narrow_bf16,    kPanelGemmBf16, s8.gemm,
+                         widen_bf16,      narrow_bf16,    bf16_kernel_for_cpu(), s8.gemm,
                          quantize_row_u8, s8.name};
   return k;
 }

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+import ftbert
 from ftbert import _C, _ops
 from tests._util import layernorm64, ragged_mask
 from tests.cpu.test_cpu_ops import ACTS, attention64
@@ -192,3 +193,15 @@ def test_first_token_dense_is_act_of_dense_on_token_0(cpu, rng, act, out):
 
 def test_both_attention_kinds_run_bfloat16(cpu):
     assert cpu.supports_attention("flash", BF, 64) and cpu.supports_attention("unfused", BF, 7)
+
+
+def test_bfloat16_models_on_tile_sized_weights_stay_batch_invariant(tmp_path):
+    # hidden 64, intermediate 128: k a multiple of 32, where AMX-BF16 takes the weight GEMMs on a
+    # CPU that has it (its 32-row steps and the zero-padded last rows included).
+    from tests._invariance import VOCAB, check_invariance
+    from tests._models import make_model
+
+    make_model(tmp_path, "bert", "cls", hidden=64, heads=2, layers=2, vocab=VOCAB, num_labels=3, seed=4,
+               intermediate=128)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, dtype="bfloat16")
+    check_invariance(enc, "cls", 0, left_ok=False, first_token_always=False, examples=10)

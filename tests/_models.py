@@ -83,6 +83,24 @@ def _wants_biases(kind: str, fill_biases) -> bool:
     return kind in HEAD_KINDS if fill_biases is None else bool(fill_biases)
 
 
+def _sizes(vocab, hidden, layers, heads, intermediate, max_pos, **extra) -> dict:
+    """The config keys the BERT-like families name alike (the intermediate size odd on purpose by
+    the callers' defaults), with the family's own `extra`."""
+    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=intermediate, max_position_embeddings=max_pos, **extra)
+
+
+def _save(model, path: Path, save_kwargs: dict, fill_biases: bool = True, perturb: bool = True):
+    """Fills the biases init leaves at zero and perturbs the LayerNorms (where asked), saves `model`
+    to `path` and returns it."""
+    if fill_biases:
+        _fill_biases(model)
+    if perturb:
+        _perturb_layer_norms(model)
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
 def make_bert(
     path: Path,
     hidden=64,
@@ -106,24 +124,11 @@ def make_bert(
     the biases HF's init leaves at zero; the bare model keeps them zero, as it always has.
     """
     torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 4 * hidden - 3,  # odd on purpose
-        max_position_embeddings=max_pos,
-        type_vocab_size=type_vocab,
-        hidden_act=act,
-        attn_implementation="eager",
-        **_labels_config(kind, num_labels),
-    )
+    cfg = BertConfig(**_sizes(vocab, hidden, layers, heads, intermediate or 4 * hidden - 3, max_pos,
+                              type_vocab_size=type_vocab, hidden_act=act, attn_implementation="eager"),
+                     **_labels_config(kind, num_labels))
     model = (BertModel(cfg) if kind == "model" else model_class("bert", kind)(cfg)).eval()
-    if _wants_biases(kind, fill_biases):
-        _fill_biases(model)
-    _perturb_layer_norms(model)
-    model.save_pretrained(path, **save_kwargs)
-    return model
+    return _save(model, path, save_kwargs, _wants_biases(kind, fill_biases))
 
 
 # model_type -> the transformers classes of that RoBERTa-family model: (config, bare encoder, task
@@ -177,28 +182,13 @@ def make_roberta(
     """
     torch.manual_seed(seed)
     config_cls, model_cls = roberta_classes(family, kind)
-    cfg = config_cls(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 4 * hidden - 3,  # odd on purpose
-        max_position_embeddings=max_pos,
-        type_vocab_size=type_vocab,
-        hidden_act=act,
-        layer_norm_eps=eps,
-        pad_token_id=pad,
-        bos_token_id=0 if pad != 0 else 2,
-        eos_token_id=2 if pad != 2 else 0,
-        attn_implementation="eager",
-        **_labels_config(kind, num_labels),
-    )
+    cfg = config_cls(**_sizes(vocab, hidden, layers, heads, intermediate or 4 * hidden - 3, max_pos,
+                              type_vocab_size=type_vocab, hidden_act=act, layer_norm_eps=eps,
+                              pad_token_id=pad, bos_token_id=0 if pad != 0 else 2,
+                              eos_token_id=2 if pad != 2 else 0, attn_implementation="eager"),
+                     **_labels_config(kind, num_labels))
     model = (model_cls(cfg, add_pooling_layer=pooler) if kind == "model" else model_cls(cfg)).eval()
-    if _wants_biases(kind, fill_biases):
-        _fill_biases(model)
-    _perturb_layer_norms(model)
-    model.save_pretrained(path, **save_kwargs)
-    return model
+    return _save(model, path, save_kwargs, _wants_biases(kind, fill_biases))
 
 
 DISTILBERT_KINDS = {k: "DistilBert" + v for k, v in KIND_SUFFIXES.items() if k != "pretrain"}
@@ -240,11 +230,7 @@ def make_distilbert(
         attn_implementation="eager",
         **_labels_config(kind, num_labels),
     )
-    model = getattr(transformers, DISTILBERT_KINDS[kind])(cfg).eval()
-    _fill_biases(model)
-    _perturb_layer_norms(model)
-    model.save_pretrained(path, **save_kwargs)
-    return model
+    return _save(getattr(transformers, DISTILBERT_KINDS[kind])(cfg).eval(), path, save_kwargs)
 
 
 ELECTRA_KINDS = {k: "Electra" + v for k, v in KIND_SUFFIXES.items()}
@@ -275,23 +261,12 @@ def make_electra(
 
     torch.manual_seed(seed)
     cfg = transformers.ElectraConfig(
-        vocab_size=vocab,
-        embedding_size=embedding,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 4 * hidden - 3,  # odd on purpose
-        max_position_embeddings=max_pos,
-        type_vocab_size=type_vocab,
-        hidden_act=act,
-        attn_implementation="eager",
-        **_labels_config(kind, num_labels),
-    )
-    model = getattr(transformers, ELECTRA_KINDS[kind])(cfg).eval()
-    _fill_biases(model)  # the projection's too
-    _perturb_layer_norms(model)
-    model.save_pretrained(path, **save_kwargs)
-    return model
+        **_sizes(vocab, hidden, layers, heads, intermediate or 4 * hidden - 3, max_pos,
+                 embedding_size=embedding, type_vocab_size=type_vocab, hidden_act=act,
+                 attn_implementation="eager"),
+        **_labels_config(kind, num_labels))
+    # The biases filled include the projection's.
+    return _save(getattr(transformers, ELECTRA_KINDS[kind])(cfg).eval(), path, save_kwargs)
 
 
 MPNET_KINDS = {k: "MPNet" + v for k, v in KIND_SUFFIXES.items() if k != "pretrain"}
@@ -322,25 +297,14 @@ def make_mpnet(
 
     torch.manual_seed(seed)
     cfg = transformers.MPNetConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 4 * hidden - 3,  # odd on purpose
-        max_position_embeddings=max_pos,
-        hidden_act=act,
-        pad_token_id=pad,
-        relative_attention_num_buckets=buckets,
-        **_labels_config(kind, num_labels),
-    )
+        **_sizes(vocab, hidden, layers, heads, intermediate or 4 * hidden - 3, max_pos, hidden_act=act,
+                 pad_token_id=pad, relative_attention_num_buckets=buckets),
+        **_labels_config(kind, num_labels))
     model = getattr(transformers, MPNET_KINDS[kind])(cfg).eval()
     base = model if kind == "model" else model.mpnet
     with torch.no_grad():
         base.encoder.relative_attention_bias.weight.normal_(0.0, 1.0)
-    _fill_biases(model)
-    _perturb_layer_norms(model)
-    model.save_pretrained(path, **save_kwargs)
-    return model
+    return _save(model, path, save_kwargs)
 
 
 MODERNBERT_KINDS = {k: "ModernBert" + v for k, v in KIND_SUFFIXES.items() if k != "pretrain"}
@@ -370,26 +334,17 @@ def make_modernbert(
 
     torch.manual_seed(seed)
     cfg = transformers.ModernBertConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=intermediate or 2 * hidden - 3,  # odd on purpose
-        hidden_activation=act,
-        max_position_embeddings=max_pos,
-        local_attention=window,
-        global_attn_every_n_layers=every,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
-        attn_implementation="eager",
-        **_labels_config(kind, num_labels),
-    )
+        **_sizes(vocab, hidden, layers, heads, intermediate or 2 * hidden - 3, max_pos,
+                 hidden_activation=act, local_attention=window, global_attn_every_n_layers=every,
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                 attn_implementation="eager"),
+        **_labels_config(kind, num_labels))
     model = getattr(transformers, MODERNBERT_KINDS[kind])(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(path, **save_kwargs)
-    return model
+    return _save(model, path, save_kwargs, fill_biases=False, perturb=False)
 
 
 def make_model(

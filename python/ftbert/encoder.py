@@ -111,7 +111,8 @@ class Encoder:
         kind, index = _parse_device(device)
         self._cuda_index = index if kind == "cuda" else -1
         self._hidden = int(config["hidden_size"])
-        self._packs_always = native.padding_free is True or native.batch_invariant
+        self._packs_always = False  # whether every forward runs packed: _note_packing keeps it
+        self._note_packing()
         self._out_dtype = None  # the torch dtype of outputs, once torch is imported
 
     # ---- construction ----------------------------------------------------------------------
@@ -315,7 +316,7 @@ class Encoder:
     @padding_free.setter
     def padding_free(self, mode) -> None:
         self._native.padding_free = _check_padding_free(mode)
-        self._packs_always = self._native.padding_free is True or self._native.batch_invariant
+        self._note_packing()
 
     @property
     def quantization(self) -> str | None:
@@ -347,7 +348,12 @@ class Encoder:
     def batch_invariant(self, on: bool) -> None:
         _check_bool("batch_invariant", on)
         self._native.batch_invariant = on
-        self._packs_always = self._native.padding_free is True or on
+        self._note_packing()
+
+    def _note_packing(self) -> None:
+        """Caches whether every forward runs packed (padding_free=True, or batch_invariant), which
+        each forward of CUDA tensors reads; called by whatever changes either setting."""
+        self._packs_always = self._native.padding_free is True or self._native.batch_invariant
 
     def padding_free_for(self, batch: int, seq: int, tokens: int) -> bool:
         """Whether a host batch of `tokens` attended tokens in [batch, seq] (every sequence starting

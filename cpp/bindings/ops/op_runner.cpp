@@ -242,6 +242,11 @@ void register_op_runner(py::module_& m) {
           "quantization",
           [](OpRunner& r) { return std::string(quantization_name(r.backend().quantization())); },
           [](OpRunner& r, const std::string& q) { r.backend().set_quantization(quantization_from_string(q)); })
+      // Whether the backend's kernels keep each row's arithmetic independent of the row count
+      // (Backend::set_batch_invariant), for the op tests and the GEMM class check.
+      .def_property(
+          "batch_invariant", [](OpRunner& r) { return r.backend().batch_invariant(); },
+          [](OpRunner& r, bool on) { r.backend().set_batch_invariant(on); })
       // c = act(a · w + bias) through the backend's weight path: w [k, n] uploaded with
       // upload_weight (the backend's packed layout), multiplied by weight_gemm `repeat` times (for
       // kernel timing).

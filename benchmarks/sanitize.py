@@ -16,8 +16,8 @@
                          op and replayed (1: float16 flash only)
   sanitize.py invariant - batch_invariant=True: a small BERT with a sequence head and a small
                          ModernBERT, float16 and bfloat16, a ragged batch op by op and replayed
-                         (the fixed cuBLASLt algorithms, the LayerNorm's one form, the fixed
-                         attention kernels)
+                         (the reference GEMMs and the measured ones of their class, the
+                         LayerNorm's one form, the fixed attention kernels)
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one

@@ -208,9 +208,14 @@ class CudaBackend : public Backend {
   // Enqueues g as `pick` says; false, enqueuing nothing, where that kernel cannot take it.
   bool run_gemm(const GemmPick& pick, const WeightGemm& g);
   bool run_cublaslt(const GemmPick& pick, const WeightGemm& g);
-  // Batch invariance: the one algorithm g's (dtype, n, k, epilogue) runs at every row count.
+  // Batch invariance: the reference algorithm of g's (dtype, n, k, epilogue), the same at every
+  // row count; run_invariant_gemm runs it, or under "auto" the measured kernel of g's row bucket
+  // whose bits equal it (measure_gemm with key.invariant).
   const GemmPick& invariant_gemm_pick(const WeightGemm& g);
   void run_invariant_gemm(const WeightGemm& g);
+  // Whether `pick` may ever give other bits than the reference: cuBLAS's own choice (its kernel
+  // changes with the row count), and cuBLASLt algorithms that split k or take a workspace.
+  bool may_split_k(const GemmPick& pick) const;
 
   void release() noexcept;
   // Points cuBLAS at `stream` and at our own workspace (cublasSetStream resets it to cuBLAS's
@@ -240,9 +245,10 @@ class CudaBackend : public Backend {
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;
-  // measure_gemm's a [m, k], W [k, n], bias [n], c [m, n]: stream-ordered allocations
-  void* tuning_operands_[4] = {};
-  size_t tuning_bytes_[4] = {};
+  // measure_gemm's a [m, k], W [k, n], bias [n], c [m, n], and for invariant shapes the
+  // reference's c [m, n] followed by a count: stream-ordered allocations
+  void* tuning_operands_[5] = {};
+  size_t tuning_bytes_[5] = {};
 };
 
 }  // namespace ftbert::cuda

@@ -336,9 +336,9 @@ class Encoder:
         CUDA graphs, the thread and stream, and between processes on the same device and build.
         Off by default. On, every batch runs packed (`padding_free` then has no effect; a pooled or
         sequence-classification output is taken at each sequence's first real token even under left
-        padding) and, on a GPU, on kernels fixed per shape of the weights: one GEMM algorithm per
-        weight matrix for every row count, no split of a sum by the row count, one attention
-        kernel per head dim. The CPU's kernels are invariant either way. On a GPU it needs float16
+        padding) and, on a GPU, on kernels whose bits never depend on the row count: GEMMs that
+        never split k (each weight's reference algorithm, or a faster one checked to give its
+        bits), one LayerNorm form, one attention kernel per head dim. The CPU's kernels are invariant either way. On a GPU it needs float16
         or bfloat16 and the fused attention (a ValueError says why otherwise). What it costs:
         docs/performance.md ("Batch invariance"). Settable at any time; forwards that start after
         the change follow it."""

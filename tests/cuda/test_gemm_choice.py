@@ -132,6 +132,32 @@ def test_no_workspace_candidates_clear_nothing_and_match_cpu(gpu, cpu, rng, dtyp
         check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n,k,act", [(264, 1544, "identity"), (1032, 264, "gelu")])
+def test_batch_invariant_picks_give_the_reference_bits_at_every_row_count(gpu, rng, dtype, n, k, act):
+    # Under batch_invariant "auto" measures every row bucket, among the kernels whose bits equal
+    # the reference's (the one algorithm "fixed" runs at every row count). A long k is where
+    # cuBLAS splits k at few rows; a kernel that did, or any other order of the sums, would differ
+    # in the rows below. Rows computed at 3,001 rows are the reference for every row count.
+    a = randn(rng, (3001, k), dtype)
+    w = randn(rng, (k, n), dtype, scale=k**-0.5)
+    bias = randn(rng, (n,), dtype) if act != "identity" else None
+    gpu.batch_invariant = True
+    try:
+        gpu.set_gemm_choice("fixed")
+        reference = gpu.weight_gemm(dtype, a, w, bias=bias, act=act)
+        gpu.set_gemm_choice("auto")
+        for m in (1, 7, 130, 700, 3001):
+            got = gpu.weight_gemm(dtype, a[:m], w, bias=bias, act=act)  # the bucket's pick (inline)
+            gpu.wait_for_tuning()
+            pick = gpu.weight_gemm_pick(dtype, m, n, k, act=act)
+            assert pick == "cublaslt-invariant" or pick.startswith(("cublaslt-nows:", "cutlass")), pick
+            assert np.array_equal(got.view(np.uint32), reference[:m].view(np.uint32)), (m, pick)
+    finally:
+        gpu.batch_invariant = False
+        gpu.set_gemm_choice("auto")
+
+
 def test_fewer_rows_and_fixed_mode_measure_nothing(gpu, rng):
     n, k = 328, 56
     a = randn(rng, (511, k), "float16")

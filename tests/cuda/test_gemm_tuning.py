@@ -180,6 +180,37 @@ print(json.dumps(dict(loaded=loaded, early=early, done=enc.gemm_tuning)))
         assert np.array_equal(a[key], b[key]), key
 
 
+def test_batch_invariant_picks_persist_and_keep_the_bits(tmp_path, model_dir):
+    # Batch-invariant forwards measure their own picks (among kernels with the reference's bits),
+    # under keys of their own in the same cache file; a later process loads them and computes the
+    # same bits, as does a process that measures nothing ("fixed": the reference everywhere).
+    code = FORWARDS.replace("import json, sys", "import json, os, sys") + f"""
+enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16",
+                                     batch_invariant=True)
+loaded = enc.gemm_tuning
+forwards(enc, [1, 4, 12], 1)
+enc._native.wait_for_tuning()
+outs = forwards(enc, [1, 4, 12], 2)
+name = "/fixed.npz" if os.environ["FTBERT_GEMM_CHOICE"] == "fixed" else (
+    "/second.npz" if loaded["loaded"] else "/first.npz")
+np.savez({str(tmp_path)!r} + name, *outs)
+print(json.dumps(dict(loaded=loaded, done=enc.gemm_tuning)))
+"""
+    first, err = run(code, tmp_path)
+    assert first["done"]["measured"] >= 4, first
+    text = cache_files(tmp_path)[0].read_text()
+    assert ",invariant" in text, text[:2000]
+    second, err = run(code, tmp_path)
+    assert "warning" not in err, err
+    assert second["loaded"]["loaded"] == first["done"]["measured"]
+    assert second["done"]["measured"] == 0
+    fixed, _ = run(code, tmp_path / "none", FTBERT_GEMM_CHOICE="fixed")
+    assert fixed["done"]["measured"] == 0
+    a, b, c = (np.load(tmp_path / f) for f in ("first.npz", "second.npz", "fixed.npz"))
+    for key in a.files:
+        assert np.array_equal(a[key], b[key]) and np.array_equal(a[key], c[key]), key
+
+
 COUNT_PICKS = FORWARDS + """
 enc = ftbert.Encoder.from_pretrained(sys.argv[1], device="cuda", dtype="float16")
 batches = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 and sys.argv[2] else []

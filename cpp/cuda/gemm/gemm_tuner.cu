@@ -28,8 +28,8 @@ int rows_bucket(int m) {
 }
 
 bool GemmShapeKey::operator<(const GemmShapeKey& o) const {
-  return std::tie(device, dt, rows_bucket, n, k, act) <
-         std::tie(o.device, o.dt, o.rows_bucket, o.n, o.k, o.act);
+  return std::tie(device, dt, rows_bucket, n, k, act, invariant) <
+         std::tie(o.device, o.dt, o.rows_bucket, o.n, o.k, o.act, o.invariant);
 }
 
 namespace {
@@ -272,6 +272,7 @@ std::string gemm_key_text(const GemmShapeKey& key) {
   std::ostringstream os;
   os << static_cast<int>(key.dt) << ',' << key.rows_bucket << ',' << key.n << ',' << key.k << ','
      << static_cast<int>(key.act);
+  if (key.invariant) os << ",invariant";
   return os.str();
 }
 
@@ -308,16 +309,19 @@ bool parse_int(const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
 }  // namespace
 
 bool parse_gemm_key(const std::string& text, int device, GemmShapeKey* key) {
-  const std::vector<std::string> f = fields(text, 5);
+  std::vector<std::string> f = fields(text, 6);
+  const bool invariant = !f.empty() && f[5] == "invariant";
+  if (!invariant) f = fields(text, 5);
   int64_t dt, rows, n, k, act;
   if (f.empty() || !parse_int(f[0], 1, 2, &dt) ||  // float16, bfloat16
-      !parse_int(f[1], kTunedMinRows, INT32_MAX, &rows) || rows_bucket(rows) != rows ||
+      !parse_int(f[1], invariant ? 1 : kTunedMinRows, INT32_MAX, &rows) ||
+      rows_bucket(static_cast<int>(rows)) != rows ||
       !parse_int(f[2], 1, INT32_MAX, &n) || !parse_int(f[3], 1, INT32_MAX, &k) ||
       !parse_int(f[4], 0, 4, &act) || act == static_cast<int>(Activation::kTanh)) {
     return false;
   }
   *key = {device, static_cast<DType>(dt), static_cast<int>(rows), static_cast<int>(n),
-          static_cast<int>(k), static_cast<Activation>(act)};
+          static_cast<int>(k), static_cast<Activation>(act), invariant};
   return true;
 }
 

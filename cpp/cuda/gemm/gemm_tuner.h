@@ -44,6 +44,9 @@ struct GemmShapeKey {
   int rows_bucket;
   int n, k;
   Activation act;  // the epilogue: kIdentity (no bias) or act(a·W + bias)
+  // A batch-invariant forward's pick: only kernels whose bits equal the invariant reference's
+  // (CudaBackend::invariant_gemm_pick) at every row count are candidates; every bucket is tuned.
+  bool invariant = false;
   bool operator<(const GemmShapeKey& o) const;
 };
 

@@ -28,7 +28,7 @@ namespace ftbert::cuda {
 namespace {
 
 // The cache file's format and candidate set: a change to either makes older files foreign.
-constexpr int kGemmCacheFormat = 1;
+constexpr int kGemmCacheFormat = 2;
 
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
 constexpr const char* kCublasLtNoWorkspacePrefix = "cublaslt-nows:";  // ranked, run with none
@@ -262,6 +262,26 @@ __global__ void fill_uniform(T* p, size_t n, uint32_t seed, float scale) {
   }
 }
 
+__global__ void count_differing_elements(const uint16_t* a, const uint16_t* b, size_t n,
+                                         int* differing) {
+  int local = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    local += a[i] != b[i];
+  }
+  if (local > 0) atomicAdd(differing, local);  // a count: the order of the adds does not matter
+}
+
+// Adds to *differing the number of 16-bit elements in which a [n] and b [n] differ.
+void count_differing_bits(const void* a, const void* b, size_t n, int* differing,
+                          cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<size_t>((n + 255) / 256, 1024));
+  count_differing_elements<<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(a),
+                                                       static_cast<const uint16_t*>(b), n,
+                                                       differing);
+  FTBERT_CUDA_CHECK(cudaGetLastError());
+}
+
 void fill(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<size_t>((n + 255) / 256, 4096));
   if (dt == DType::kFloat16) {
@@ -273,16 +293,26 @@ void fill(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t 
 }
 }  // namespace
 
+// Batch-invariant shapes' candidates are checked against the reference on this many rows at least.
+constexpr int kInvariantCheckedRows = 4096;
+
 GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   DeviceScope scope(device_);
   const int m = key.rows_bucket, n = key.n, k = key.k;
   const bool has_bias = key.act != Activation::kIdentity;
   const size_t es = dtype_size(key.dt);
+  // Invariant shapes' candidates are checked on at least kInvariantCheckedRows rows, whatever
+  // the bucket: two orders of fp32 sums round to different 16-bit outputs in only about one
+  // output in 10^4, which a few rows would miss.
+  const int checked_rows = key.invariant ? std::max(m, kInvariantCheckedRows) : m;
+  const size_t out_bytes = static_cast<size_t>(checked_rows) * n * es;
+  const size_t count_at = (out_bytes + 255) / 256 * 256;  // the reference's count of differences
   // The operands, grown as larger shapes come, in stream order: cudaFree would synchronize the
   // device, which fails while another thread records a CUDA graph.
-  const size_t need[4] = {static_cast<size_t>(m) * k * es, static_cast<size_t>(k) * n * es,
-                          static_cast<size_t>(n) * es, static_cast<size_t>(m) * n * es};
-  for (int i = 0; i < 4; ++i) {
+  const size_t need[5] = {static_cast<size_t>(checked_rows) * k * es,
+                          static_cast<size_t>(k) * n * es, static_cast<size_t>(n) * es, out_bytes,
+                          key.invariant ? count_at + sizeof(int) : 0};
+  for (int i = 0; i < 5; ++i) {
     if (tuning_bytes_[i] >= need[i]) continue;
     if (tuning_operands_[i] != nullptr) FTBERT_CUDA_CHECK(cudaFreeAsync(tuning_operands_[i], stream_));
     tuning_operands_[i] = nullptr;
@@ -296,7 +326,34 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   }
   const WeightGemm g{key.dt, m, n, k, tuning_operands_[0], tuning_operands_[1],
                      has_bias ? tuning_operands_[2] : nullptr, tuning_operands_[3], key.act};
-  const GemmPick& rule = fixed_gemm_choice(g);
+  // Batch-invariant shapes: the reference is the rule, and only kernels that give its bits
+  // here are candidates. A kernel that does not split k keeps each output's sum in k order
+  // whatever its tiling, and cuBLASLt's and CUTLASS's such kernels agree bit for bit
+  // (docs/performance.md, "Batch invariance"); the check keeps any that does not out.
+  const GemmPick& rule = key.invariant ? invariant_gemm_pick(g) : fixed_gemm_choice(g);
+  void* const reference_out = tuning_operands_[4];
+  int* const differing = key.invariant
+      ? reinterpret_cast<int*>(static_cast<char*>(tuning_operands_[4]) + count_at) : nullptr;
+  if (key.invariant) {
+    // Checked on products of a model's size (|a·W| ~ 2, where GELU bends) rather than the
+    // timing's small ones, on which two epilogues may round alike by chance.
+    fill(key.dt, tuning_operands_[1], need[1] / es, 0x7f4a7c15u, 3.5f / std::sqrt(float(k)), stream_);
+    FTBERT_CHECK(run_gemm(rule, {g.dt, checked_rows, n, k, g.a, g.w, g.bias, reference_out, g.act}),
+                 "batch_invariant: the reference GEMM refused its own shape");
+  }
+  const auto gives_reference_bits = [&](const GemmPick& p) {
+    // Only the order of the sums may differ between kernels of the class, never the epilogue's
+    // code: CUTLASS's fused GELU is another implementation than cuBLASLt's.
+    if (may_split_k(p) || (p.kernel != rule.kernel && g.bias != nullptr)) return false;
+    FTBERT_CUDA_CHECK(cudaMemsetAsync(g.c, 0xff, out_bytes, stream_));
+    if (!run_gemm(p, {g.dt, checked_rows, n, k, g.a, g.w, g.bias, g.c, g.act})) return false;
+    int count = 0;
+    FTBERT_CUDA_CHECK(cudaMemsetAsync(differing, 0, sizeof(int), stream_));
+    count_differing_bits(g.c, reference_out, out_bytes / es, differing, stream_);
+    FTBERT_CUDA_CHECK(cudaMemcpyAsync(&count, differing, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    FTBERT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return count == 0;
+  };
   // Timed on the stream, not captured into graphs as a forward runs them: a capture in progress
   // makes another thread's cudaDeviceSynchronize (torch.cuda.synchronize()) fail, and the tuner
   // runs beside the caller's code. Without graphs, a cuBLASLt algorithm that clears its workspace
@@ -305,7 +362,13 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   // the twins only, run with no workspace.
   std::vector<GemmPick> candidates;
   for (GemmPick& p : gemm_candidates(g)) {
-    if (p.kernel != GemmKernel::kCublasLt || p.workspace == 0) candidates.push_back(std::move(p));
+    if (p.kernel == GemmKernel::kCublasLt && p.workspace > 0) continue;
+    if (key.invariant && !gives_reference_bits(p)) continue;
+    candidates.push_back(std::move(p));
+  }
+  if (key.invariant) {
+    candidates.insert(candidates.begin(), rule);  // its time is the bar
+    fill(key.dt, tuning_operands_[1], need[1] / es, 0x9e3779b9u * 2, scales[1], stream_);
   }
   std::vector<std::function<bool()>> runs;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -368,7 +431,33 @@ const GemmPick& CudaBackend::invariant_gemm_pick(const WeightGemm& g) {
   return invariant_picks_.emplace(key, std::move(pick)).first->second;
 }
 
+bool CudaBackend::may_split_k(const GemmPick& pick) const {
+  if (pick.kernel == GemmKernel::kCublas) return true;
+  if (pick.kernel != GemmKernel::kCublasLt) return false;  // CUTLASS: one tile per output block
+  if (pick.workspace > 0) return true;
+  int32_t splits = 1;
+  size_t written = 0;
+  return cublasLtMatmulAlgoConfigGetAttribute(&pick.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                              sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+         splits > 1;
+}
+
 void CudaBackend::run_invariant_gemm(const WeightGemm& g) {
+  if (measure_gemms_) {
+    // The measured kernel of this row bucket gives the reference's bits (measure_gemm); until it
+    // is measured, and wherever it cannot take these operands, the reference runs.
+    GemmShapeKey key = gemm_key(g);
+    key.invariant = true;
+    const GemmPick* pick = GemmPicks::find(key);
+    if (pick == nullptr) {
+      if (gemm_tuning_inline()) {
+        pick = GemmPicks::measure_and_wait(key);
+      } else {
+        GemmPicks::request(key);
+      }
+    }
+    if (pick != nullptr && run_gemm(*pick, g)) return;
+  }
   FTBERT_CHECK(run_gemm(invariant_gemm_pick(g), g),
                "batch_invariant: the fixed cuBLASLt algorithm refused the " << dtype_name(g.dt)
                << " GEMM m=" << g.m << ", n=" << g.n << ", k=" << g.k);
@@ -574,7 +663,10 @@ std::vector<std::string> CudaGemmChoice::candidates(DType dt, int m, int n, int 
 }
 
 std::string CudaGemmChoice::pick(DType dt, int m, int n, int k, Activation act) const {
-  const GemmPick* pick = GemmPicks::find({backend_.device_, dt, rows_bucket(m), n, k, act});
+  // The pick of the backend's current setting: batch-invariant shapes have picks of their own.
+  GemmShapeKey key{backend_.device_, dt, rows_bucket(m), n, k, act};
+  key.invariant = backend_.batch_invariant();
+  const GemmPick* pick = GemmPicks::find(key);
   return pick != nullptr ? pick->name : std::string();
 }
 

@@ -24,7 +24,8 @@ class GemmChoiceControl {
   // The candidates' names for a weight_gemm shape and epilogue (act: kIdentity for none, else
   // act(a·W + bias)), empty where there is one way.
   virtual std::vector<std::string> candidates(DType dt, int m, int n, int k, Activation act) = 0;
-  // The candidate "auto" picked for the shape's bucket; "" where none was measured.
+  // The candidate "auto" picked for the shape's bucket (under the backend's batch-invariance
+  // setting: those picks are kept apart); "" where none was measured.
   virtual std::string pick(DType dt, int m, int n, int k, Activation act) const = 0;
   // One run of a named candidate with weight_gemm's arguments (lda = k, ldc = n, a bias exactly
   // when act is not kIdentity); false, enqueuing nothing, where it cannot take them.

@@ -173,9 +173,11 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
         own = service is None or close_service
         svc = service if service is not None else await run_in_threadpool(Service.load, settings)
         app.state.service = svc
+        await svc.attach()
         try:
             yield
         finally:
+            await svc.detach()
             if own:
                 await run_in_threadpool(svc.close)
                 report = getattr(app.state, "on_closed", None)
@@ -295,8 +297,8 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        m = _service(request).metrics
-        return Response(m.render(), media_type=m.content_type)
+        svc = _service(request)
+        return Response(await svc.metrics_text(), media_type=svc.metrics.content_type)
 
     return app
 
@@ -339,8 +341,6 @@ async def rerank_scores(svc: Service, request: Request, query: str, texts: list[
     activation (CrossEncoder's), or the raw logits; and the job's result (its usage)."""
     import torch
 
-    from ..cross_encoder import _resolve_activation
-
     if svc.head != "sequence_classification" or svc.num_labels != 1:
         raise ApiError(400, f"{route} needs a cross-encoder (a sequence-classification head with one label); "
                             f"the loaded model has {_head_words(svc)}", param=None)
@@ -348,21 +348,21 @@ async def rerank_scores(svc: Service, request: Request, query: str, texts: list[
     request.state.inputs = len(texts)
     res = await _run(svc, Job(SCORE, PAIR, [(query, t) for t in texts], **job_options), "texts")
     logits = torch.from_numpy(res.values)  # [N, 1]
-    act = None if raw_scores else _resolve_activation(svc.encoders[0], "auto")
+    act = None if raw_scores else svc.score_activation()
     return (logits if act is None else act(logits)).squeeze(-1).tolist(), res
 
 
 async def _run(svc: Service, job: Job, param: str):
+    # The batcher refuses a job at once (a local one) or once the engine has answered (a front
+    # process's): either way as one of these errors.
     try:
-        fut = svc.batcher.submit(job)
+        return await svc.batcher.submit(job)
     except QueueFull as e:
         retry = str(svc.settings.retry_after_s)
         raise ApiError(429, f"server busy: {e}; retry after {retry} s", "rate_limit_error",
                        headers={"Retry-After": retry}) from None
     except ShuttingDown as e:
         raise ApiError(503, str(e), "unavailable", headers={"Retry-After": str(svc.settings.retry_after_s)}) from None
-    try:
-        return await fut
     except InputTooLong as e:
         raise ApiError(413, f"{param}[{e.index}] has {e.tokens} tokens, more than the limit of {e.limit} "
                             "(inputs are not truncated: the server's setting, or the request's truncate)",

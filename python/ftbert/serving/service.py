@@ -3,12 +3,14 @@ the batcher that feeds them, and the metrics. The app only talks to a Service.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 from pathlib import Path
 
+from ..text import tokenizer_lock
 from .batcher import Batcher
 from .metrics import Metrics
 from .settings import ServeSettings
@@ -130,6 +132,30 @@ class Service:
         else:
             routes.append("/embed")
         return routes + ["/tokenize", "/"]
+
+    def score_activation(self):
+        """What turns a one-label cross-encoder's logits into /rerank's scores: the checkpoint's
+        activation (CrossEncoder's), as a function of a float32 tensor, or None."""
+        from ..cross_encoder import _resolve_activation
+
+        return _resolve_activation(self.encoders[0], "auto")
+
+    @contextlib.contextmanager
+    def tokenizer(self):
+        """The checkpoint's tokenizer (transformers'), held for the block: /tokenize's."""
+        enc = self.encoders[0]
+        with tokenizer_lock(enc):
+            yield enc.tokenizer
+
+    async def metrics_text(self) -> bytes:
+        """GET /metrics's body (Prometheus text)."""
+        return self.metrics.render()
+
+    async def attach(self) -> None:
+        """The app starts serving this service (a front process connects to its engine here)."""
+
+    async def detach(self) -> None:
+        """The app has answered its last request (before `close`, where the app owns the service)."""
 
     def close(self) -> None:
         """Finishes every accepted request, then stops the threads."""

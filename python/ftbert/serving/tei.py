@@ -203,15 +203,11 @@ def register_tei_routes(app: FastAPI) -> None:
         return await predict_rows(body, request, nested=False)
 
     async def tokenize(body: TokenizeRequest, request: Request):
-        from ..text import tokenizer_lock
-
         svc = core._service(request)
         texts, _ = body.inputs
         texts = prompted(svc, texts, body.prompt_name)
         core._check_client_batch(svc, len(texts), "inputs")
-        enc = svc.encoders[0]
-        with tokenizer_lock(enc):
-            tok = enc.tokenizer
+        with svc.tokenizer() as tok:
             out = tok(texts, add_special_tokens=body.add_special_tokens, return_offsets_mapping=True,
                       return_special_tokens_mask=True, return_attention_mask=False)
         rows = []

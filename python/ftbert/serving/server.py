@@ -3,6 +3,7 @@
     ftbert serve                                  # bundled all-MiniLM-L6-v2 on the CPU, port 8000
     ftbert serve MODEL --device cuda --dtype float16 --port 8080
     ftbert serve MODEL --devices cuda:0,cuda:1    # one encoder and forward thread per GPU
+    ftbert serve MODEL --device cuda --workers 8  # 8 front processes before one engine process
     ftbert serve MODEL --ray --replicas 4 --gpus-per-replica 1
 
 Shutdown (Ctrl-C, SIGTERM): uvicorn stops accepting connections, finishes the requests in flight,
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="HF or converted checkpoint dir (default: bundled all-MiniLM-L6-v2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=1,
+                   help="front processes (HTTP, validation, JSON) on the port, before one engine process "
+                        "that batches and runs the forwards (engine.py); 1: all in this process (default)")
     p.add_argument("--device", "--devices", dest="devices", default="cpu",
                    help="cpu, cuda, cuda:N, or a comma-separated list (one encoder and forward thread each)")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -126,6 +130,35 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, lo
     return 0
 
 
+def serve_workers(settings: ServeSettings, workers: int, host: str = "127.0.0.1", port: int = 8000,
+                  log_level: str = "info") -> int:
+    """Runs `workers` front processes under uvicorn and one engine process (engine.py) until
+    SIGINT/SIGTERM; the fronts finish their requests, then the engine its jobs. Returns the exit
+    status."""
+    import os
+    import tempfile
+
+    import uvicorn
+
+    from .engine import FRONT_ENV, EngineSupervisor, front_environment
+
+    with tempfile.TemporaryDirectory(prefix="ftbert-serve-") as folder:  # 0700: the socket is private
+        engine = EngineSupervisor(settings, os.path.join(folder, "engine.sock"))
+        try:
+            description = engine.start()
+        except RuntimeError as e:
+            print(f"ftbert serve: error: {e}", file=sys.stderr)
+            return 1
+        engine.watch()
+        os.environ[FRONT_ENV] = front_environment(description, engine.socket_path, workers)
+        try:
+            uvicorn.run("ftbert.serving.engine:create_front_app", factory=True, host=host, port=port,
+                        workers=workers, log_level=log_level, lifespan="on", timeout_graceful_shutdown=None)
+        finally:
+            status = engine.stop()
+        return 0 if status in (0, None) else 1
+
+
 def main(argv: list[str]) -> int:
     from . import missing_serve_extra
 
@@ -143,4 +176,8 @@ def main(argv: list[str]) -> int:
         from .ray import run_ray
 
         return run_ray(settings, args)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        return serve_workers(settings, args.workers, args.host, args.port, args.log_level)
     return serve(settings, args.host, args.port, args.log_level)

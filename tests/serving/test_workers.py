@@ -1,0 +1,170 @@
+"""`ftbert serve --workers N` (serving/engine.py): front processes before one engine process, as a
+user runs it (a subprocess on a free port). Results equal the single-process server's, from many
+clients at once; /metrics counts every front's requests; the engine's errors keep their statuses;
+an engine killed mid-service answers 503 at once and is replaced; SIGTERM ends it cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tests.serving._helpers import MAX_POS, make_embedder, need_serve_extra, serve
+
+need_serve_extra()
+httpx = pytest.importorskip("httpx")
+
+from ftbert.serving.batcher import InputTooLong, NoTokens, QueueFull, ShuttingDown  # noqa: E402
+from ftbert.serving.engine import error_fields, error_from_fields  # noqa: E402
+
+START_TIMEOUT = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WorkersServer:
+    def __init__(self, model, *flags: str, workers: int = 2):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ftbert", "serve", str(model), "--model-name", "tiny", "--workers",
+             str(workers), "--port", str(self.port), "--log-level", "warning", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.wait_healthy(START_TIMEOUT)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()[1][-3000:]
+            try:
+                if self.client.get("/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"the server was not healthy within {timeout} s")
+
+    def stop(self) -> tuple[int, str]:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    return make_embedder(tmp_path_factory.mktemp("embedder"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def single(embedder):
+    with serve(embedder) as s:
+        yield s
+
+
+def embed(client, texts):
+    r = client.post("/v1/embeddings", json={"input": texts})
+    assert r.status_code == 200, r.text
+    return np.array([row["embedding"] for row in r.json()["data"]])
+
+
+TEXTS = [f"sentence number {i} " + "word " * (i % 9) for i in range(40)]
+
+
+def test_fronts_answer_as_one_process_does_from_many_clients(embedder, single):
+    server = WorkersServer(embedder)
+    try:
+        info = server.client.get("/info").json()
+        assert info["workers"] == 2 and info["model"] == "tiny"
+        want = {t: embed(httpx.Client(base_url=single.url), [t])[0] for t in TEXTS}
+
+        def one(i):
+            with httpx.Client(base_url=server.url, timeout=60) as c:
+                texts = [TEXTS[(i + j) % len(TEXTS)] for j in range(1 + i % 3)]
+                return texts, embed(c, texts)
+
+        with ThreadPoolExecutor(16) as pool:
+            done = list(pool.map(one, range(64)))
+        for texts, got in done:
+            for t, row in zip(texts, got):
+                np.testing.assert_allclose(row, want[t], rtol=0, atol=1e-6)
+        # Every front's requests, counted in one place (the engine's metrics).
+        text = server.client.get("/metrics").text
+        line = next(x for x in text.splitlines()
+                    if x.startswith('ftbert_requests_total{route="/v1/embeddings",status="200"}'))
+        assert float(line.split()[-1]) == 64
+        # The engine's refusals keep their statuses through the socket.
+        r = server.client.post("/embed", json={"inputs": "word " * (MAX_POS + 7), "truncate": False})
+        assert r.status_code == 413, r.text
+        assert "tokens, more than the limit" in r.text
+    finally:
+        status, err = server.stop()
+    assert status == 0, err[-3000:]
+    assert "engine shut down" in err
+
+
+def test_a_killed_engine_answers_503_at_once_and_is_replaced(embedder):
+    server = WorkersServer(embedder)
+    try:
+        before = embed(server.client, TEXTS[:3])
+        engine = server.client.get("/info").json()["pid"]
+        os.kill(engine, signal.SIGKILL)
+        t0 = time.monotonic()
+        r = server.client.post("/v1/embeddings", json={"input": TEXTS[:3]})
+        if r.status_code != 200:  # answered before the new engine serves: at once, in OpenAI's shape
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["type"] == "unavailable"
+            assert time.monotonic() - t0 < 10
+        server.wait_healthy(START_TIMEOUT)
+        np.testing.assert_allclose(embed(server.client, TEXTS[:3]), before, rtol=0, atol=1e-6)
+        assert server.client.get("/info").json()["pid"] != engine
+    finally:
+        status, err = server.stop()
+    assert status == 0, err[-3000:]
+    assert "the engine process ended" in err
+
+
+def test_a_model_that_cannot_load_is_one_line_and_status_1(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ftbert", "serve", str(tmp_path / "missing"), "--workers", "2",
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("ftbert serve: error:"), done.stderr[-2000:]
+
+
+def test_workers_below_one_is_a_usage_error(capsys):
+    from ftbert.serving.server import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--workers", "0"])
+    assert e.value.code == 2
+    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [InputTooLong(3, 90, 64), NoTokens(2), QueueFull("the queue holds 5 inputs"),
+                                   ShuttingDown("the server is shutting down"), ValueError("bad kind"),
+                                   KeyError("x")])
+def test_errors_cross_the_socket_as_what_they_were(error):
+    back = error_from_fields(json.loads(json.dumps(error_fields(error))))  # plain values only
+    if isinstance(error, KeyError):
+        assert type(back) is RuntimeError and "KeyError" in str(back)
+        return
+    assert type(back) is type(error) and str(back) == str(error)
+    assert vars(back) == vars(error)

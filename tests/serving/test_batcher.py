@@ -209,7 +209,7 @@ def test_too_long_input_fails_its_job_when_not_truncating(embedder):
 def test_tokenizer_errors_fail_their_round_and_the_thread_goes_on(embedder):
     b, _ = _batcher(embedder)
     b.start()
-    real_tok, real_check = b._tok, b._check_lengths
+    real_tok, real_check = b.tokenizer._tok, b.tokenizer.check_lengths
 
     def tok(texts, *args, **kwargs):
         if "boom" in texts:
@@ -221,7 +221,7 @@ def test_tokenizer_errors_fail_their_round_and_the_thread_goes_on(embedder):
             raise RuntimeError("length check failed on purpose")
         return real_check(how, seqs, truncate)
 
-    b._tok, b._check_lengths = tok, check
+    b.tokenizer._tok, b.tokenizer.check_lengths = tok, check
     try:
         first = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["boom"])]))
         second = asyncio.run(_gather(b, [Job(EMBED, TEXT, ["a", "b", "c"])]))

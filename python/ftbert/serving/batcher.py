@@ -117,6 +117,9 @@ class Job:
         self.kind, self.how, self.inputs = kind, how, list(inputs)
         self.normalize, self.truncate, self.truncation_side = normalize, truncate, truncation_side
         self.tokens = 0
+        # Its inputs' token ids, where a front process tokenized them (JobTokenizer.tokenize's
+        # rows); None: the batcher's tokenizer thread does.
+        self.tokenized: list | None = None
         self.cancelled = False
         self._out: np.ndarray | None = None
         self._remaining = len(self.inputs)  # rows (inputs, or windows of chunked texts) not yet written
@@ -138,6 +141,105 @@ class _Seq(NamedTuple):
     weight: float | None = None  # a window of a chunked text: the tokens it holds; else None
 
 
+class JobTokenizer:
+    """Jobs' inputs as token ids, as the server's settings say: the input limits (`limits` by input
+    kind), truncation (the job's or the server's, either side), long texts cut into windows. The
+    batcher's tokenizer thread runs it, and so does each front process of `ftbert serve --workers`
+    (engine.py), whose jobs then reach the batcher tokenized. `lock()` guards the tokenizer (a
+    context manager: the same tokenizer object is never called from two threads at once)."""
+
+    def __init__(self, tokenizer, settings: "ServeSettings", limits: dict[str, int], lock: Callable):
+        self._tok, self.settings, self.limits, self._lock = tokenizer, settings, limits, lock
+        self._specials: tuple[list[int], list[int]] | None = None  # around a window (long_texts "chunk")
+
+    def tokenize(self, job: Job) -> list:
+        """One job's rows [(slot, ids, types, weight)], checked against the limits; raises the
+        job's InputTooLong or NoTokens."""
+        rows = (self.tokenize_windows([job])[0] if self.chunks(job)
+                else self.tokenize_group(job.how, [job], self.truncates(job), job.truncation_side)[0])
+        error = self.check_lengths(job.how, rows, self.truncates(job) or self.chunks(job))
+        if error is not None:
+            raise error
+        return rows
+
+    def chunks(self, job: Job) -> bool:
+        """Whether the job's texts are embedded in windows (long_texts "chunk")."""
+        mode = self.settings.long_texts if job.long_texts is None else job.long_texts
+        return mode == "chunk" and job.kind == EMBED and job.how == TEXT
+
+    def window_width(self) -> int:
+        if self._specials is None:
+            with self._lock():
+                self._specials = special_tokens(self._tok)
+        prefix, suffix = self._specials
+        width = self.limits[TEXT] - len(prefix) - len(suffix)
+        if self.settings.chunk_overlap >= width:
+            raise ValueError(f"chunk_overlap {self.settings.chunk_overlap} must be less than a window's "
+                             f"{width} tokens (the input limit less the special tokens)")
+        return width
+
+    def tokenize_windows(self, group: list[Job]) -> list[list]:
+        """Each job's texts as windows (text.chunk_windows): [(slot, ids, None, weight)] per job."""
+        width, overlap = self.window_width(), self.settings.chunk_overlap
+        prefix, suffix = self._specials
+        flat = [x for job in group for x in job.inputs]
+        with self._lock():
+            content = self._tok(flat, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        out, k = [], 0
+        for job in group:
+            rows = []
+            for slot in range(len(job)):
+                ids = content[k + slot]
+                windows = chunk_windows(ids, prefix, suffix, width, overlap)
+                rows.extend((slot, np.asarray(w, dtype=np.int32), None, float(weight)) for w, weight in windows)
+            out.append(rows)
+            k += len(job)
+        return out
+
+    def truncates(self, job: Job) -> bool:
+        return self.settings.truncate if job.truncate is None else job.truncate
+
+    def tokenize_group(self, how: str, group: list[Job], truncate: bool, side: str) -> list[list]:
+        limit = self.limits[how]
+        if how == IDS:
+            cut = (lambda ids: ids[:limit]) if side == "right" else (lambda ids: ids[max(0, len(ids) - limit):])
+            return [[(slot, np.asarray(cut(ids) if truncate else ids, dtype=np.int32), None, None)
+                     for slot, ids in enumerate(job.inputs)] for job in group]
+        flat = [x for job in group for x in job.inputs]
+        opts = dict(return_attention_mask=False)
+        if truncate:
+            opts.update(truncation=True if how == TEXT else "longest_first", max_length=limit)
+        with self._lock():
+            # The tokenizer's side is its own setting: set for this call, put back after.
+            before = getattr(self._tok, "truncation_side", "right")
+            if side != before:
+                self._tok.truncation_side = side
+            try:
+                if how == TEXT:
+                    enc = self._tok(flat, **opts)
+                else:
+                    enc = self._tok([a for a, _ in flat], [b for _, b in flat], **opts)
+            finally:
+                if side != before:
+                    self._tok.truncation_side = before
+        ids, types = enc["input_ids"], enc.get("token_type_ids")
+        out, k = [], 0
+        for job in group:
+            out.append([(slot, np.asarray(ids[k + slot], dtype=np.int32),
+                         None if types is None else np.asarray(types[k + slot], np.int32), None)
+                        for slot in range(len(job))])
+            k += len(job)
+        return out
+
+    def check_lengths(self, how: str, seqs: list, truncate: bool) -> BatcherError | None:
+        for slot, ids, _, _ in seqs:
+            if len(ids) == 0:
+                return NoTokens(slot)
+            if not truncate and len(ids) > self.limits[how]:
+                return InputTooLong(slot, len(ids), self.limits[how])
+        return None
+
+
 class Batcher:
     def __init__(self, encoders: Sequence["Encoder"], settings: "ServeSettings", metrics=None):
         if not encoders:
@@ -150,9 +252,8 @@ class Batcher:
         self.num_labels = first.num_labels
         self.pooling = settings.pooling or default_pooling(first.path)
         self._tok_enc = first  # every encoder holds the same checkpoint: one tokenizer serves all
-        self._tok = None
         self.limits: dict[str, int] = {}
-        self._specials: tuple[list[int], list[int]] = ([], [])  # around a window (long_texts "chunk")
+        self.tokenizer: JobTokenizer | None = None  # set by start()
 
         self._lock = threading.Lock()  # guards the counters below and each job's remaining count
         self._waiting = 0  # inputs accepted and not yet taken into a forward
@@ -171,19 +272,18 @@ class Batcher:
         encoder)."""
         enc = self._tok_enc
         with tokenizer_lock(enc):
-            self._tok = enc.tokenizer
+            tok = enc.tokenizer
         model_limit = enc.max_seq_length
-        pair_limit = _truncation_length(enc, self._tok)
+        pair_limit = _truncation_length(enc, tok)
         cap = self.settings.max_input_length
         self.limits = {
             TEXT: min(model_limit, cap) if cap else model_limit,
             IDS: min(model_limit, cap) if cap else model_limit,
             PAIR: min(pair_limit, cap) if cap else pair_limit,
         }
+        self.tokenizer = JobTokenizer(tok, self.settings, self.limits, lambda: tokenizer_lock(enc))
         if self.settings.long_texts == "chunk":
-            with tokenizer_lock(enc):
-                self._specials = special_tokens(self._tok)
-            self._window_width()  # refuses an overlap the limit leaves no room for, at start
+            self.tokenizer.window_width()  # refuses an overlap the limit leaves no room for, at start
         self._threads = [threading.Thread(target=self._tokenize_loop, name="ftbert-serve-tokenize", daemon=True)]
         for i, e in enumerate(self.encoders):
             self._threads.append(threading.Thread(target=self._forward_loop, args=(e,),
@@ -277,13 +377,18 @@ class Batcher:
         failed: set[int] = set()
         # One tokenizer call per kind of input and way of truncating.
         groups: dict[tuple, list[Job]] = {}
+        t = self.tokenizer
         for j in jobs:
-            if not j.cancelled:
-                groups.setdefault((j.how, self._truncates(j), j.truncation_side, self._chunks(j)), []).append(j)
+            if j.cancelled:
+                continue
+            if j.tokenized is not None:  # tokenized by a front process already
+                tokenized[id(j)] = j.tokenized
+                continue
+            groups.setdefault((j.how, t.truncates(j), j.truncation_side, t.chunks(j)), []).append(j)
         for (how, truncate, side, chunk), group in groups.items():
             try:
-                rows = (self._tokenize_windows(group) if chunk
-                        else self._tokenize_group(how, group, truncate, side))
+                rows = (t.tokenize_windows(group) if chunk
+                        else t.tokenize_group(how, group, truncate, side))
                 for job, seqs in zip(group, rows):
                     tokenized[id(job)] = seqs
             except Exception as e:  # a tokenizer error fails these jobs only
@@ -299,95 +404,18 @@ class Batcher:
                 if job.cancelled and id(job) not in failed:
                     self._fail_unqueued(job, asyncio.CancelledError())
                 continue
-            error = self._check_lengths(job.how, seqs, self._truncates(job) or self._chunks(job))
+            error = t.check_lengths(job.how, seqs, t.truncates(job) or t.chunks(job))
             if error is not None:
                 self._fail_unqueued(job, error)
                 continue
             job.tokens = sum(len(ids) for _, ids, _, _ in seqs)
-            if self._chunks(job):  # windows: each is a row to write and an input queued
+            if t.chunks(job):  # windows: each is a row to write and an input queued
                 job._chunks = (np.zeros((len(job), self.hidden_size)), np.zeros(len(job)))
                 job._remaining = len(seqs)
                 with self._lock:
                     self._waiting += len(seqs) - len(job)
             out.extend(_Seq(job, slot, ids, types, now, weight) for slot, ids, types, weight in seqs)
         return out
-
-    def _chunks(self, job: Job) -> bool:
-        """Whether the job's texts are embedded in windows (long_texts "chunk")."""
-        mode = self.settings.long_texts if job.long_texts is None else job.long_texts
-        return mode == "chunk" and job.kind == EMBED and job.how == TEXT
-
-    def _window_width(self) -> int:
-        prefix, suffix = self._specials
-        width = self.limits[TEXT] - len(prefix) - len(suffix)
-        if self.settings.chunk_overlap >= width:
-            raise ValueError(f"chunk_overlap {self.settings.chunk_overlap} must be less than a window's "
-                             f"{width} tokens (the input limit less the special tokens)")
-        return width
-
-    def _tokenize_windows(self, group: list[Job]) -> list[list]:
-        """Each job's texts as windows (text.chunk_windows): [(slot, ids, None, weight)] per job."""
-        if not self._specials[0] and not self._specials[1]:
-            with tokenizer_lock(self._tok_enc):
-                self._specials = special_tokens(self._tok)
-        prefix, suffix = self._specials
-        width, overlap = self._window_width(), self.settings.chunk_overlap
-        flat = [x for job in group for x in job.inputs]
-        with tokenizer_lock(self._tok_enc):
-            content = self._tok(flat, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-        out, k = [], 0
-        for job in group:
-            rows = []
-            for slot in range(len(job)):
-                ids = content[k + slot]
-                windows = chunk_windows(ids, prefix, suffix, width, overlap)
-                rows.extend((slot, np.asarray(w, dtype=np.int32), None, float(weight)) for w, weight in windows)
-            out.append(rows)
-            k += len(job)
-        return out
-
-    def _truncates(self, job: Job) -> bool:
-        return self.settings.truncate if job.truncate is None else job.truncate
-
-    def _tokenize_group(self, how: str, group: list[Job], truncate: bool, side: str) -> list[list]:
-        limit = self.limits[how]
-        if how == IDS:
-            cut = (lambda ids: ids[:limit]) if side == "right" else (lambda ids: ids[max(0, len(ids) - limit):])
-            return [[(slot, np.asarray(cut(ids) if truncate else ids, dtype=np.int32), None, None)
-                     for slot, ids in enumerate(job.inputs)] for job in group]
-        flat = [x for job in group for x in job.inputs]
-        opts = dict(return_attention_mask=False)
-        if truncate:
-            opts.update(truncation=True if how == TEXT else "longest_first", max_length=limit)
-        with tokenizer_lock(self._tok_enc):
-            # The tokenizer's side is its own setting: set for this call, put back after.
-            before = getattr(self._tok, "truncation_side", "right")
-            if side != before:
-                self._tok.truncation_side = side
-            try:
-                if how == TEXT:
-                    enc = self._tok(flat, **opts)
-                else:
-                    enc = self._tok([a for a, _ in flat], [b for _, b in flat], **opts)
-            finally:
-                if side != before:
-                    self._tok.truncation_side = before
-        ids, types = enc["input_ids"], enc.get("token_type_ids")
-        out, k = [], 0
-        for job in group:
-            out.append([(slot, np.asarray(ids[k + slot], dtype=np.int32),
-                         None if types is None else np.asarray(types[k + slot], np.int32), None)
-                        for slot in range(len(job))])
-            k += len(job)
-        return out
-
-    def _check_lengths(self, how: str, seqs: list, truncate: bool) -> BatcherError | None:
-        for slot, ids, _, _ in seqs:
-            if len(ids) == 0:
-                return NoTokens(slot)
-            if not truncate and len(ids) > self.limits[how]:
-                return InputTooLong(slot, len(ids), self.limits[how])
-        return None
 
     # ---- the forward threads -----------------------------------------------------------------
     def _forward_loop(self, enc: "Encoder") -> None:

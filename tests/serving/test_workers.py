@@ -121,6 +121,21 @@ def test_fronts_answer_as_one_process_does_from_many_clients(embedder, single):
     assert "engine shut down" in err
 
 
+def test_long_texts_in_windows_tokenized_by_the_fronts_match_one_process(embedder):
+    # The fronts cut long texts into windows themselves (JobTokenizer); the engine combines the
+    # windows' rows. The same embedding as the single-process server's with the same setting.
+    long_text = " ".join(f"word{i % 50} token" for i in range(3 * MAX_POS))
+    server = WorkersServer(embedder, "--long-texts", "chunk", "--chunk-overlap", "8")
+    try:
+        with serve(embedder, long_texts="chunk", chunk_overlap=8) as one:
+            want = embed(httpx.Client(base_url=one.url, timeout=60), [long_text, "short one"])
+        got = embed(server.client, [long_text, "short one"])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    finally:
+        status, err = server.stop()
+    assert status == 0, err[-3000:]
+
+
 def test_a_killed_engine_answers_503_at_once_and_is_replaced(embedder):
     server = WorkersServer(embedder)
     try:

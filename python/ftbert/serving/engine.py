@@ -5,12 +5,14 @@ front processes (HTTP, validation, JSON), one port.
                     (SIGINT/SIGTERM) the workers finish their requests first, then the engine
                     finishes every job it accepted
     engine process ── Service.load, and a Unix socket that takes jobs from the fronts
-    front process ── the same app (app.py) over a RemoteService: each job goes to the engine
-                    and its rows come back
+    front process ── the same app (app.py) over a RemoteService: each job is tokenized here
+                    (JobTokenizer, the batcher's own rules), goes to the engine, and its rows
+                    come back
 
 The fronts and the engine speak length-prefixed pickle frames over a Unix socket in a private
 folder (asyncio streams on both sides: no thread per connection, no dependency beyond the standard
-library). A front sends {"op": "job", "id", "job": Job's arguments}; the engine answers
+library). A front sends {"op": "job", "id", "job": Job's arguments, "tokenized": its rows}; the
+engine answers
 {"id", "values", "tokens"} or {"id", "error": (kind, fields)}; {"op": "cancel", "id"} drops a job
 whose client went away; {"op": "request", ...} records a finished request in the engine's metrics
 (so /metrics counts every front's requests); {"op": "metrics", "id"} returns the metrics' text.
@@ -33,7 +35,7 @@ import sys
 import threading
 import time
 
-from .batcher import InputTooLong, Job, JobResult, NoTokens, QueueFull, ShuttingDown
+from .batcher import InputTooLong, Job, JobResult, JobTokenizer, NoTokens, QueueFull, ShuttingDown
 from .settings import ServeSettings
 
 log = logging.getLogger("ftbert.serve")
@@ -89,6 +91,7 @@ def describe(service) -> dict:
     return {"settings": service.settings, "model_name": service.model_name, "head": service.head,
             "num_labels": service.num_labels, "labels": service.labels, "hidden_size": service.hidden_size,
             "vocab_size": service.vocab_size, "prompts": service.prompts, "info": service.info(),
+            "limits": dict(service.batcher.limits),
             "path": str(service.path) if service.path else None, "config": service.config,
             "started": service.started, "content_type": service.metrics.content_type}
 
@@ -131,6 +134,7 @@ async def _serve(service, socket_path: str, control) -> None:
     async def run_job(msg: dict, writer, running: dict) -> None:
         try:
             job = Job(**msg["job"])
+            job.tokenized = msg["tokenized"]
             fut = service.batcher.submit(job)
         except Exception as e:  # noqa: BLE001 - refused at once: answered as the batcher's error
             write_frame(writer, {"id": msg["id"], "error": error_fields(e)})
@@ -191,8 +195,9 @@ class RemoteBatcher:
     """Batcher.submit's contract over the engine's socket: a future per job that resolves to its
     JobResult or raises the error the job ended with."""
 
-    def __init__(self, socket_path: str, on_info=None):
+    def __init__(self, socket_path: str, tokenize, on_info=None):
         self.socket_path = socket_path
+        self._tokenize = tokenize  # a job's rows (JobTokenizer.tokenize), run in a thread
         self._on_info = on_info  # called with the engine's info as each connection opens
         self._reconnect_task: asyncio.Task | None = None
         self._detached = False
@@ -267,14 +272,17 @@ class RemoteBatcher:
         write_frame(self._writer, obj)
 
     async def submit(self, job: Job) -> JobResult:
-        """Sends `job` and waits for its rows (a coroutine, where Batcher.submit returns a
-        future: the app awaits either)."""
+        """Tokenizes `job` here (front processes tokenize in parallel; a too long or empty input is
+        refused without the engine), sends it and waits for its rows (a coroutine, where
+        Batcher.submit returns a future: the app awaits either)."""
         await self.connect()
+        loop = asyncio.get_running_loop()
+        tokenized = await loop.run_in_executor(None, self._tokenize, job)
         self._next_id += 1
         key = self._next_id
-        fut = asyncio.get_running_loop().create_future()
+        fut = loop.create_future()
         self._pending[key] = (job, fut)
-        self._send({"op": "job", "id": key, "job": {
+        self._send({"op": "job", "id": key, "tokenized": tokenized, "job": {
             "kind": job.kind, "how": job.how, "inputs": job.inputs, "normalize": job.normalize,
             "truncate": job.truncate, "truncation_side": job.truncation_side, "long_texts": job.long_texts}})
         self.accepted += 1
@@ -332,10 +340,27 @@ class RemoteService:
         self.prompts, self.config, self.path, self.started = d["prompts"], d["config"], d["path"], d["started"]
         self._workers = workers
         self._info = {**d["info"], "workers": workers}
-        self.batcher = RemoteBatcher(socket_path, on_info=self._engine_info)
-        self.metrics = _RemoteMetrics(self.batcher, d["content_type"])
+        self._limits = d["limits"]
         self._tokenizer = None
         self._tokenizer_lock = threading.Lock()
+        self._job_tokenizer: JobTokenizer | None = None
+        self.batcher = RemoteBatcher(socket_path, self._tokenize, on_info=self._engine_info)
+        self.metrics = _RemoteMetrics(self.batcher, d["content_type"])
+
+    def _load_tokenizer(self) -> None:
+        """The checkpoint's tokenizer, as the engine's encoder loads it (transformers')."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True,
+                                                                trust_remote_code=False)
+                self._job_tokenizer = JobTokenizer(self._tokenizer, self.settings, self._limits,
+                                                   lambda: self._tokenizer_lock)
+
+    def _tokenize(self, job: Job) -> list:
+        self._load_tokenizer()
+        return self._job_tokenizer.tokenize(job)
 
     def _engine_info(self, info: dict) -> None:
         self._info = {**info, "workers": self._workers}
@@ -355,18 +380,15 @@ class RemoteService:
 
     @contextlib.contextmanager
     def tokenizer(self):
+        self._load_tokenizer()
         with self._tokenizer_lock:
-            if self._tokenizer is None:
-                from transformers import AutoTokenizer
-
-                self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True,
-                                                                trust_remote_code=False)
             yield self._tokenizer
 
     async def metrics_text(self) -> bytes:
         return await self.batcher.metrics_text()
 
     async def attach(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._load_tokenizer)
         with contextlib.suppress(EngineGone):  # /health says so until the engine answers
             await self.batcher.connect()
 

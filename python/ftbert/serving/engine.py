@@ -211,6 +211,8 @@ class RemoteBatcher:
         self.accepted = self.finished = 0
 
     async def connect(self) -> None:
+        if self._writer is not None and not self._writer.is_closing():
+            return  # connected: every request passes here
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:

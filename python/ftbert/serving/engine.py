@@ -124,6 +124,7 @@ def run_engine(settings: ServeSettings, socket_path: str, control) -> None:
 async def _serve(service, socket_path: str, control) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+
     def on_control() -> None:  # "stop" from the main process, or its end closed (it died)
         loop.remove_reader(control.fileno())
         stop.set()

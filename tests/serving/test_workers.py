@@ -5,7 +5,6 @@ an engine killed mid-service answers 503 at once and is replaced; SIGTERM ends i
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -23,7 +22,7 @@ need_serve_extra()
 httpx = pytest.importorskip("httpx")
 
 from ftbert.serving.batcher import InputTooLong, NoTokens, QueueFull, ShuttingDown  # noqa: E402
-from ftbert.serving.engine import error_fields, error_from_fields  # noqa: E402
+from ftbert.serving.engine import decode, encode, error_fields, error_from_fields  # noqa: E402
 
 START_TIMEOUT = 120
 
@@ -164,6 +163,21 @@ def test_a_model_that_cannot_load_is_one_line_and_status_1(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("ftbert serve: error:"), done.stderr[-2000:]
 
 
+def test_frames_carry_json_values_and_arrays_exactly():
+    rng = np.random.default_rng(0)
+    obj = {"op": "job", "id": 7, "inputs": [["a", "b"], "ç ✓"], "none": None, "weight": 0.25,
+           "rows": [[0, rng.integers(0, 99, 11).astype(np.int32), None, None]],
+           "values": rng.standard_normal((3, 5)).astype(np.float32), "empty": np.zeros((0, 4), np.float32)}
+    back = decode(encode(obj))
+    assert back["inputs"] == [["a", "b"], "ç ✓"] and back["none"] is None and back["weight"] == 0.25
+    for got, want in ((back["rows"][0][1], obj["rows"][0][1]), (back["values"], obj["values"]),
+                      (back["empty"], obj["empty"])):
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    assert back["values"].flags.writeable
+    with pytest.raises(TypeError, match="cannot send a object"):
+        encode({"x": object()})
+
+
 def test_workers_below_one_is_a_usage_error(capsys):
     from ftbert.serving.server import main
 
@@ -177,7 +191,7 @@ def test_workers_below_one_is_a_usage_error(capsys):
                                    ShuttingDown("the server is shutting down"), ValueError("bad kind"),
                                    KeyError("x")])
 def test_errors_cross_the_socket_as_what_they_were(error):
-    back = error_from_fields(json.loads(json.dumps(error_fields(error))))  # plain values only
+    back = error_from_fields(decode(encode(error_fields(error))))  # plain values only
     if isinstance(error, KeyError):
         assert type(back) is RuntimeError and "KeyError" in str(back)
         return

@@ -9,10 +9,11 @@ front processes (HTTP, validation, JSON), one port.
                     (JobTokenizer, the batcher's own rules), goes to the engine, and its rows
                     come back
 
-The fronts and the engine speak length-prefixed pickle frames over a Unix socket in a private
-folder (asyncio streams on both sides: no thread per connection, no dependency beyond the standard
-library). A front sends {"op": "job", "id", "job": Job's arguments, "tokenized": its rows}; the
-engine answers
+The fronts and the engine speak length-prefixed frames over a Unix socket in a private folder
+(asyncio streams on both sides: no thread per connection, no dependency beyond the standard
+library and numpy): JSON, with numpy arrays (token ids, result rows) as raw bytes after it. Nothing
+is unpickled, so a frame can only ever be data. A front sends {"op": "job", "id", "job": Job's
+arguments, "tokenized": its rows}; the engine answers
 {"id", "values", "tokens"} or {"id", "error": (kind, fields)}; {"op": "cancel", "id"} drops a job
 whose client went away; {"op": "request", ...} records a finished request in the engine's metrics
 (so /metrics counts every front's requests); {"op": "metrics", "id"} returns the metrics' text.
@@ -24,16 +25,18 @@ process starts a new engine; the fronts connect to it on their next request.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
+import dataclasses
+import json
 import logging
 import os
-import pickle
 import signal
 import struct
 import sys
 import threading
 import time
+
+import numpy as np
 
 from .batcher import InputTooLong, Job, JobResult, JobTokenizer, NoTokens, QueueFull, ShuttingDown
 from .settings import ServeSettings
@@ -46,17 +49,55 @@ _HEADER = struct.Struct(">I")
 FRONT_ENV = "FTBERT_SERVE_FRONT"
 
 
+def encode(obj) -> bytes:
+    """`obj` (JSON values and numpy arrays) as bytes: the JSON's length and text, then each
+    array's length and raw bytes, which the JSON names by index. Tuples come back as lists."""
+    blobs: list[bytes] = []
+
+    def array(o):
+        if isinstance(o, np.ndarray):
+            blobs.append(np.ascontiguousarray(o).tobytes())
+            return {"__array__": [o.dtype.str, list(o.shape), len(blobs) - 1]}
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"cannot send a {type(o).__name__} to the engine")
+
+    text = json.dumps(obj, default=array, separators=(",", ":")).encode()
+    parts = [_HEADER.pack(len(text)), text]
+    for b in blobs:
+        parts += [_HEADER.pack(len(b)), b]
+    return b"".join(parts)
+
+
+def decode(data: bytes):
+    (n,) = _HEADER.unpack_from(data, 0)
+    text, at, blobs = data[4:4 + n], 4 + n, []
+    while at < len(data):
+        (size,) = _HEADER.unpack_from(data, at)
+        blobs.append(data[at + 4:at + 4 + size])
+        at += 4 + size
+
+    def hook(d: dict):
+        spec = d.get("__array__")
+        if spec is None or len(d) != 1:
+            return d
+        dtype, shape, index = spec
+        return np.frombuffer(blobs[index], dtype=np.dtype(dtype)).reshape(shape).copy()
+
+    return json.loads(text, object_hook=hook)
+
+
 async def read_frame(reader: asyncio.StreamReader):
     """The next object on the stream; None once the other side has closed it."""
     try:
         header = await reader.readexactly(_HEADER.size)
-        return pickle.loads(await reader.readexactly(_HEADER.unpack(header)[0]))
+        return decode(await reader.readexactly(_HEADER.unpack(header)[0]))
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
 
 
 def write_frame(writer: asyncio.StreamWriter, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = encode(obj)
     writer.write(_HEADER.pack(len(data)) + data)
 
 
@@ -88,7 +129,7 @@ def error_from_fields(fields: tuple) -> BaseException:
 # ---- the engine process -----------------------------------------------------------------------
 def describe(service) -> dict:
     """What a front needs to answer without the engine: the service's static facts."""
-    return {"settings": service.settings, "model_name": service.model_name, "head": service.head,
+    return {"settings": dataclasses.asdict(service.settings), "model_name": service.model_name, "head": service.head,
             "num_labels": service.num_labels, "labels": service.labels, "hidden_size": service.hidden_size,
             "vocab_size": service.vocab_size, "prompts": service.prompts, "info": service.info(),
             "limits": dict(service.batcher.limits),
@@ -110,7 +151,7 @@ def run_engine(settings: ServeSettings, socket_path: str, control) -> None:
     try:
         service = Service.load(settings)
     except Exception as e:  # noqa: BLE001 - any failure to load is reported in one line
-        control.send(("error", f"{e}"))
+        control.send_bytes(encode(["error", f"{e}"]))
         return
     try:
         asyncio.run(_serve(service, socket_path, control))
@@ -169,7 +210,7 @@ async def _serve(service, socket_path: str, control) -> None:
             elif op == "request":
                 service.metrics.on_request(*msg["observed"])
             elif op == "metrics":
-                write_frame(writer, {"id": msg["id"], "text": service.metrics.render()})
+                write_frame(writer, {"id": msg["id"], "text": service.metrics.render().decode()})
         # The front went away: its jobs in flight have nobody to answer.
         for fut in list(running.values()):
             fut.cancel()
@@ -177,7 +218,7 @@ async def _serve(service, socket_path: str, control) -> None:
 
     server = await asyncio.start_unix_server(connection, path=socket_path)
     os.chmod(socket_path, 0o600)
-    control.send(("ready", describe(service)))
+    control.send_bytes(encode(["ready", describe(service)]))
     async with server:
         await stop.wait()
         server.close()
@@ -302,7 +343,7 @@ class RemoteBatcher:
         with contextlib.suppress(EngineGone):
             self._send({"op": "request", "observed": observed})
 
-    async def metrics_text(self) -> bytes:
+    async def metrics_text(self) -> str:
         await self.connect()
         self._next_id += 1
         fut = asyncio.get_running_loop().create_future()
@@ -337,7 +378,7 @@ class RemoteService:
 
     def __init__(self, description: dict, socket_path: str, workers: int):
         d = description
-        self.settings: ServeSettings = d["settings"]
+        self.settings = ServeSettings(**d["settings"])
         self.model_name, self.head, self.num_labels = d["model_name"], d["head"], d["num_labels"]
         self.labels, self.hidden_size, self.vocab_size = d["labels"], d["hidden_size"], d["vocab_size"]
         self.prompts, self.config, self.path, self.started = d["prompts"], d["config"], d["path"], d["started"]
@@ -387,7 +428,7 @@ class RemoteService:
         with self._tokenizer_lock:
             yield self._tokenizer
 
-    async def metrics_text(self) -> bytes:
+    async def metrics_text(self) -> str:
         return await self.batcher.metrics_text()
 
     async def attach(self) -> None:
@@ -400,14 +441,14 @@ class RemoteService:
 
 
 def front_environment(description: dict, socket_path: str, workers: int) -> str:
-    return base64.b64encode(pickle.dumps((description, socket_path, workers))).decode()
+    return json.dumps([description, socket_path, workers])
 
 
 def create_front_app():
     """uvicorn's app factory in each front process (FRONT_ENV names the engine)."""
     from .app import create_app
 
-    description, socket_path, workers = pickle.loads(base64.b64decode(os.environ[FRONT_ENV]))
+    description, socket_path, workers = json.loads(os.environ[FRONT_ENV])
     return create_app(service=RemoteService(description, socket_path, workers))
 
 
@@ -445,7 +486,7 @@ class EngineSupervisor:
                 self.process.kill()
                 raise RuntimeError(f"the engine process did not start within {timeout:.0f} s")
         try:
-            status, payload = parent.recv()
+            status, payload = decode(parent.recv_bytes())
         except EOFError:
             status, payload = "error", f"the engine process ended with status {self.process.join() or self.process.exitcode}"
         if status != "ready":
@@ -481,7 +522,7 @@ class EngineSupervisor:
             self._watcher.join()
         if self.process is not None and self.process.is_alive():
             with contextlib.suppress(OSError):
-                self._control.send("stop")
+                self._control.send_bytes(b"stop")
             self.process.join(timeout)
         return None if self.process is None else self.process.exitcode
 

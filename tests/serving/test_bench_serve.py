@@ -60,6 +60,36 @@ def test_bench_serve_writes_rows_json_and_plot(embedder, tmp_path, capsys):
     assert "req/s" in capsys.readouterr().out
 
 
+def test_bench_serve_runs_ftbert_workers_next_to_the_noop_ceiling(embedder, tmp_path):
+    # ftbert with two front processes and the no-op server in two workers, in one run.
+    argv = ["--model", str(embedder), "--engines", "ftbert,noop", "--concurrency", "2", "--lengths", "short",
+            "--duration", "0.5", "--warmup", "0.2", "--client-procs", "1", "--texts", "8",
+            "--serve-args", "--workers 2", "--noop-workers", "2", "--out", str(tmp_path), "--name", "run"]
+    assert bench_serve.main(argv) == 0
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert [r["engine"] for r in doc["results"]] == ["ftbert", "noop"]
+    assert all(r["errors"] == 0 and r["requests"] > 0 for r in doc["results"])
+    assert doc["servers"]["ftbert"]["workers"] == 2 and doc["servers"]["noop"]["engine"] == "no-op"
+    assert "noop" not in doc["check_cosine_min"]
+
+
+def test_noop_server_answers_unit_vectors_of_the_width_asked(monkeypatch):
+    from ftbert.bench import serve_noop
+
+    monkeypatch.setenv("FTBERT_NOOP_DIM", "7")
+    app = serve_noop.build_app()
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://noop") as c:
+            return await c.post("/v1/embeddings", json={"input": ["a b", "c"]})
+
+    r = asyncio.run(main())
+    assert r.status_code == 200, r.text
+    rows = np.array([d["embedding"] for d in r.json()["data"]])
+    assert rows.shape == (2, 7)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-12)
+
+
 def test_bench_serve_refuses_an_unknown_engine(capsys):
     assert bench_serve.main(["--engines", "ftbert,vllm"]) == 2
     assert "unknown engine" in capsys.readouterr().err

@@ -4,6 +4,8 @@ sentence-transformers server (`ftbert.bench.serve_peer`) doing the same work.
     ftbert bench-serve                                   # bundled all-MiniLM-L6-v2, CPU, small run
     ftbert bench-serve --device cuda --dtype float16 --concurrency 1,16,64 --duration 20
     ftbert bench-serve --device cuda --devices cuda:0,cuda:1 ...   # ftbert on two GPUs
+    ftbert bench-serve --device cuda --dtype float16 --serve-args "--workers 8" \
+        --engines ftbert,sentence-transformers,noop   # 8 front processes; the no-op ceiling too
 
 Both servers run in subprocesses on the loopback address, each started, checked and measured
 alone (one at a time, so they never compete for the device or the cores). A request embeds one
@@ -13,7 +15,9 @@ different text; the token counts are the model tokenizer's, with its special tok
 connections in all, each sending its next request when the last is answered -- warm up, then run
 for `--duration` seconds; requests/s is the requests answered within that time, latencies are
 theirs as the client sees them (sent to answered). Before timing, both servers' embeddings of the same texts are
-compared (cosine), so the two do the same work.
+compared (cosine), so the two do the same work. The engine "noop" (`ftbert.bench.serve_noop`, in
+`--noop-workers` processes) answers a constant vector with no model: the ceiling of the client and
+the HTTP stack, measured in the same run.
 
 Writes OUT/NAME.json (options, environment, both servers' /info, every row), OUT/NAME.png
 (requests/s against concurrency) and prints a table.
@@ -181,6 +185,12 @@ def _embeddings(url: str, texts: list[str]):
 
 
 # ---- the run -----------------------------------------------------------------------------------
+def _hidden_size(model: str) -> int:
+    """The checkpoint's embedding width (the no-op server answers vectors of it)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    return int(config.get("hidden_size") or config.get("dim") or 384)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ftbert bench-serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="checkpoint dir (default: bundled all-MiniLM-L6-v2)")
@@ -189,13 +199,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default %(default)s)")
     p.add_argument("--lengths", default="short,long", help="short (~16 tokens), long (~256), or N tokens")
-    p.add_argument("--engines", default="ftbert,sentence-transformers")
+    p.add_argument("--engines", default="ftbert,sentence-transformers",
+                   help="comma-separated: ftbert, sentence-transformers, noop (default %(default)s)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per row (default %(default)s)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring (default %(default)s)")
     p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                    help="client processes sharing the connections (default %(default)s)")
     p.add_argument("--texts", type=int, default=512, help="distinct texts per length (default %(default)s)")
     p.add_argument("--serve-args", default="", help="extra arguments for `ftbert serve` (quoted)")
+    p.add_argument("--noop-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                   help="worker processes of the no-op server (engine 'noop': the ceiling of the client "
+                        "and HTTP stack; default %(default)s)")
     p.add_argument("--out", default="benchmarks/results", help="output directory (default %(default)s)")
     p.add_argument("--name", help="file stem (default serve-<model>-<device>-<time>)")
     return p
@@ -217,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ftbert bench-serve: {missing_serve_extra()}", file=sys.stderr)
         return 2
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = set(engines) - {"ftbert", "sentence-transformers"}
+    unknown = set(engines) - {"ftbert", "sentence-transformers", "noop"}
     if unknown:
         print(f"ftbert bench-serve: unknown engine(s) {sorted(unknown)}", file=sys.stderr)
         return 2
@@ -244,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--dtype", args.dtype, "--log-level", "warning", *shlex.split(args.serve_args)],
         "sentence-transformers": [sys.executable, "-m", "ftbert.bench.serve_peer", model, "--device", args.device,
                                   "--dtype", args.dtype],
+        "noop": [sys.executable, "-m", "ftbert.bench.serve_noop", "--workers", str(args.noop_workers),
+                 "--dim", str(_hidden_size(model))],
     }
     rows, infos, check_texts, reference = [], {}, pools[next(iter(pools))][:8], None
     checks = {}
@@ -252,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         with _Server(engine, commands[engine] + ["--port", str(port)], port, out / f"{stem}-{engine}.log") as srv:
             infos[engine] = srv.info
             emb = _embeddings(srv.url, check_texts)
-            if reference is None:
+            if engine == "noop":  # a constant vector: nothing to check
+                pass
+            elif reference is None:
                 reference = emb
             else:
                 cos = (emb * reference).sum(1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(reference, axis=1))

@@ -1,5 +1,6 @@
 """Load: 2,000 requests from 32 concurrent clients (mixed lengths, a tiny model) all answered, each
-with exactly its own rows; and SIGTERM in the middle of a load loses no accepted request."""
+with exactly its own rows; and SIGTERM in the middle of a load loses no accepted request, in one
+process and with front processes before an engine (`--workers 2`)."""
 
 from __future__ import annotations
 
@@ -102,14 +103,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_during_load_loses_no_accepted_request(embedder, pool, rng):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_during_load_loses_no_accepted_request(embedder, pool, rng, workers):
+    # workers 2: the front processes finish their requests first, then the engine its jobs.
     texts, want = pool
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftbert", "serve", str(embedder), "--port", str(port), "--model-name", "tiny",
-         "--log-level", "warning"],
+         "--log-level", "warning", "--workers", str(workers)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
@@ -165,7 +168,7 @@ def test_sigterm_during_load_loses_no_accepted_request(embedder, pool, rng):
     # uvicorn ends the process by re-raising the signal once it has shut down.
     assert proc.returncode in (0, -signal.SIGTERM), err
     assert not failures, failures[:5]
-    m = re.search(r"(\d+) request\(s\) accepted, (\d+) answered", err)
+    m = re.search(r"(\d+) (?:request|job)\(s\) accepted, (\d+) answered", err)
     assert m, err
     accepted, finished = int(m.group(1)), int(m.group(2))
     # Every request the server accepted was answered, and every answer reached its client.

@@ -76,7 +76,8 @@ def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTo
     d = Path(directory)
     try:
         config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
-        spec = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+        text = (d / "tokenizer.json").read_text(encoding="utf-8")
+        spec = json.loads(text)
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict) or not isinstance(spec, dict):
@@ -92,7 +93,7 @@ def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTo
     try:
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_str(json.dumps(spec))
+        tok = Tokenizer.from_str(text)  # the file as it is: writing the parsed dict back cost more
     except Exception:  # a file the installed tokenizers cannot read: transformers decides
         return None
     tok.no_padding()

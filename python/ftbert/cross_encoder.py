@@ -94,8 +94,6 @@ def _check_pairs(pairs) -> tuple[list[tuple[str, str]], bool]:
 
 def _resolve_activation(enc: "Encoder", activation) -> Callable[[Any], Any] | None:
     """The function applied to each batch's float32 logits [B, num_labels], or None for none."""
-    import torch
-
     if callable(activation):
         return activation
     if activation is None:
@@ -111,8 +109,20 @@ def _resolve_activation(enc: "Encoder", activation) -> Callable[[Any], Any] | No
             "None or a callable"
         )
     if activation == "auto":
-        head = enc.config.get("head") or {}
-        activation = head.get("score_activation") or ("sigmoid" if enc.num_labels == 1 else "identity")
+        return auto_activation(enc.config, enc.num_labels)
+    return _activation_function(activation)
+
+
+def auto_activation(config: dict, num_labels: int | None) -> Callable[[Any], Any] | None:
+    """activation="auto": the checkpoint's score activation (CrossEncoder's, in the engine config's
+    head), else sigmoid for one label and none for several."""
+    head = config.get("head") or {}
+    return _activation_function(head.get("score_activation") or ("sigmoid" if num_labels == 1 else "identity"))
+
+
+def _activation_function(activation: str) -> Callable[[Any], Any] | None:
+    import torch
+
     if activation == "sigmoid":
         return torch.sigmoid
     if activation == "softmax":

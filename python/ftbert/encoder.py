@@ -32,7 +32,7 @@ from .weights_tools.layout import usable_seq_length
 from .cross_encoder import predict as predict_pairs
 from .cross_encoder import rank as rank_documents
 from .text import encode_texts, pool_packed
-from .tokenization import load_text_tokenizer
+from .tokenization import load_text_tokenizer, load_transformers_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
 # Forwards that may run at once, by device kind. The CPU backend's GEMMs and row loops already use
@@ -730,16 +730,7 @@ class Encoder:
         if self._tokenizer is None:
             if self.path is None:
                 raise ValueError("this encoder was not loaded from a directory with a tokenizer")
-            from transformers import AutoTokenizer
-
-            try:
-                # trust_remote_code=False: a checkpoint's auto_map must never run its own code
-                # (left unset, transformers asks on stdin, and a "y" runs it).
-                self._tokenizer = AutoTokenizer.from_pretrained(
-                    str(self.path), local_files_only=True, trust_remote_code=False
-                )
-            except Exception as e:  # transformers raises several types here
-                raise ValueError(f"no usable tokenizer in {str(self.path)!r}: {e}") from e
+            self._tokenizer = load_transformers_tokenizer(self.path)
         return self._tokenizer
 
     def _text_tokenizer(self):

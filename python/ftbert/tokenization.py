@@ -68,6 +68,19 @@ class TextTokenizer:
         return ids, (types if types.any() else None), lengths
 
 
+def load_transformers_tokenizer(directory: str | Path):
+    """The checkpoint's tokenizer as transformers loads it (a fast tokenizer), never running a
+    checkpoint's own code; a ValueError names the folder when none loads."""
+    from transformers import AutoTokenizer
+
+    try:
+        # trust_remote_code=False: a checkpoint's auto_map must never run its own code (left
+        # unset, transformers asks on stdin, and a "y" runs it).
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
+    except Exception as e:  # transformers raises several types here
+        raise ValueError(f"no usable tokenizer in {str(directory)!r}: {e}") from e
+
+
 def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTokenizer | None:
     """The checkpoint's tokenizer.json as a TextTokenizer, or None where transformers must load it
     (see the module docstring)."""

@@ -395,10 +395,9 @@ class RemoteService:
         """The checkpoint's tokenizer, as the engine's encoder loads it (transformers')."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                from transformers import AutoTokenizer
+                from ..tokenization import load_transformers_tokenizer
 
-                self._tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True,
-                                                                trust_remote_code=False)
+                self._tokenizer = load_transformers_tokenizer(self.path)
                 self._job_tokenizer = JobTokenizer(self._tokenizer, self.settings, self._limits,
                                                    lambda: self._tokenizer_lock)
 
@@ -416,11 +415,9 @@ class RemoteService:
         return list(self._info["routes"])
 
     def score_activation(self):
-        import torch
+        from ..cross_encoder import auto_activation
 
-        head = self.config.get("head") or {}
-        name = head.get("score_activation") or ("sigmoid" if self.num_labels == 1 else "identity")
-        return {"sigmoid": torch.sigmoid, "softmax": lambda s: torch.softmax(s, dim=-1)}.get(name)
+        return auto_activation(self.config, self.num_labels)
 
     @contextlib.contextmanager
     def tokenizer(self):

@@ -178,13 +178,15 @@ def test_frames_carry_json_values_and_arrays_exactly():
         encode({"x": object()})
 
 
-def test_workers_below_one_is_a_usage_error(capsys):
+@pytest.mark.parametrize("argv,words", [(["--workers", "0"], "--workers must be at least 1, got 0"),
+                                        (["--ray", "--workers", "2"], "with --ray, scale with --replicas")])
+def test_bad_workers_are_usage_errors(capsys, argv, words):
     from ftbert.serving.server import main
 
     with pytest.raises(SystemExit) as e:
-        main(["--workers", "0"])
+        main(argv)
     assert e.value.code == 2
-    assert "--workers must be at least 1, got 0" in capsys.readouterr().err
+    assert words in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("error", [InputTooLong(3, 90, 64), NoTokens(2), QueueFull("the queue holds 5 inputs"),

@@ -172,12 +172,15 @@ def main(argv: list[str]) -> int:
         settings = settings_from_args(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.ray and args.workers != 1:
+        parser.error("--workers runs front processes before one engine in this machine; with --ray, "
+                     "scale with --replicas (each replica is a process of its own)")
     if args.ray:
         from .ray import run_ray
 
         return run_ray(settings, args)
-    if args.workers < 1:
-        parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.workers > 1:
         return serve_workers(settings, args.workers, args.host, args.port, args.log_level)
     return serve(settings, args.host, args.port, args.log_level)

@@ -1,6 +1,7 @@
 #include "cuda/gemm/gemm_tuner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -36,8 +37,22 @@ namespace {
 
 // Everything the picks and the tuner share, under one mutex. Leaked on purpose: the tuner's thread
 // may still run while static destructors do (it is stopped and joined by an atexit handler).
+// When the tuner times shapes. Timing on a GPU that runs forwards slows them (a first pass over a
+// corpus paid ~20% for it) and blurs the timings: the tuner waits for the device to be quiet (no
+// forward enqueued for kQuiet); on a device that never is, it starts kBusyGrace into a busy stretch
+// and then takes at most kBusyShare of the time. A forward waiting for a pick (inline tuning) or a
+// caller of wait_idle does not wait for either.
+using Clock = std::chrono::steady_clock;
+constexpr auto kQuiet = std::chrono::milliseconds(20);
+constexpr auto kBusyGrace = std::chrono::seconds(2);
+constexpr double kBusyShare = 0.1;
+
 struct DeviceState {
   int in_flight = 0;      // forwards between forward_begins and forward_ends
+  Clock::time_point last_forward{};  // the latest forward_begins or forward_ends
+  Clock::time_point busy_since{};    // the first forward after a quiet moment
+  Clock::time_point busy_timing_from{};  // the busy share's next allowed start
+  int idle_waiters = 0;   // threads in wait_idle
   uint64_t generation = 0;
   int measuring = 0;      // shapes of this device the tuner is timing now
   bool cache_loaded = false;
@@ -88,6 +103,19 @@ void stage(TunerState& s, const GemmShapeKey& key, const GemmPick& pick) {
   s.changed.notify_all();
 }
 
+// Under the state's mutex: whether the tuner may time `key` now (see kQuiet).
+bool may_time_now(const TunerState& s, const DeviceState& d, const GemmShapeKey& key,
+                  Clock::time_point now) {
+  if (d.idle_waiters > 0 || s.waited_for.count(key) > 0) return true;
+  // A forward waits for a shape queued behind this one.
+  if (std::any_of(s.queue.begin(), s.queue.end(),
+                  [&](const GemmShapeKey& k) { return s.waited_for.count(k) > 0; })) {
+    return true;
+  }
+  if (d.in_flight == 0 && now - d.last_forward >= kQuiet) return true;
+  return now - d.busy_since >= kBusyGrace && now >= d.busy_timing_from;
+}
+
 void warn(const std::string& what) {
   std::fprintf(stderr, "ftbert: warning: %s\n", what.c_str());
 }
@@ -103,11 +131,18 @@ void tuner_loop() {
       if (s.stop) return;
       key = s.queue.front();
       s.queue.pop_front();
-      ++s.devices[key.device].measuring;
+      DeviceState& d = s.devices[key.device];
+      ++d.measuring;
+      // Forwards do not wake the tuner (they only note the time), so it looks again every few ms.
+      while (!s.stop && !may_time_now(s, d, key, Clock::now())) {
+        s.changed.wait_for(lock, std::chrono::milliseconds(5));
+      }
+      if (s.stop) return;
     }
     GemmCacheFile cache;
     GemmPick pick;
     bool measured = false;
+    const Clock::time_point started = Clock::now();
     try {
       pick = measure_gemm_shape(key, &cache);
       measured = true;
@@ -117,6 +152,10 @@ void tuner_loop() {
     }
     {
       std::lock_guard<std::mutex> lock(s.mutex);
+      const Clock::time_point ended = Clock::now();
+      s.devices[key.device].busy_timing_from =
+          ended + std::chrono::duration_cast<Clock::duration>((ended - started) *
+                                                              ((1.0 - kBusyShare) / kBusyShare));
       if (measured) {
         ++s.counters.measured;
         stage(s, key, pick);
@@ -180,6 +219,9 @@ uint64_t GemmPicks::forward_begins(int device) {
   TunerState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   DeviceState& d = s.devices[device];
+  const Clock::time_point now = Clock::now();
+  if (d.in_flight == 0 && now - d.last_forward >= kQuiet) d.busy_since = now;
+  d.last_forward = now;
   ++d.in_flight;
   return d.generation;
 }
@@ -188,6 +230,7 @@ void GemmPicks::forward_ends(int device) {
   TunerState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   DeviceState& d = s.devices[device];
+  d.last_forward = Clock::now();
   if (--d.in_flight == 0 && !d.staged.empty()) publish(s, d);
 }
 
@@ -222,13 +265,16 @@ const GemmPick* GemmPicks::measure_and_wait(const GemmShapeKey& key) {
 void GemmPicks::wait_idle(int device) {
   TunerState& s = state();
   std::unique_lock<std::mutex> lock(s.mutex);
+  DeviceState& d = s.devices[device];
+  ++d.idle_waiters;  // the tuner no longer waits for a quiet device
+  s.changed.notify_all();
   s.changed.wait(lock, [&] {
     if (s.stop) return true;
-    const DeviceState& d = s.devices[device];
     if (d.measuring > 0 || !d.staged.empty()) return false;
     return std::none_of(s.queue.begin(), s.queue.end(),
                         [&](const GemmShapeKey& k) { return k.device == device; });
   });
+  --d.idle_waiters;
 }
 
 void GemmPicks::stage_loaded(const GemmShapeKey& key, const GemmPick& pick) {

@@ -31,7 +31,7 @@ from .weights_tools.layout import usable_seq_length
 # text.py and cross_encoder.py take an Encoder and import this module for its type only.
 from .cross_encoder import predict as predict_pairs
 from .cross_encoder import rank as rank_documents
-from .text import encode_texts, pool_packed
+from .text import DEFAULT_MAX_BATCH_TOKENS, encode_texts, pool_packed, warm_up_token_counts
 from .tokenization import load_text_tokenizer, load_transformers_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -450,20 +450,24 @@ class Encoder:
         self._native.wait_for_tuning()
         return dict(self._native.tuning_counters)
 
-    def warm_up(self, max_tokens: int = 4096) -> None:
-        """Pays a process's one-time costs now rather than in the first calls: runs packed forwards
-        of 16 up to `max_tokens` tokens (the kernels each size picks are set up on first use: on a
-        GPU, CUDA loads them then), a padded one, and the pooling `encode` runs after them.
+    def warm_up(self, max_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> None:
+        """Pays a process's one-time costs now rather than in the first calls: packed forwards at
+        every GEMM row bucket up to `max_tokens` tokens (four an octave: the kernels each size
+        picks are set up on first use, and on a GPU CUDA loads them then), at each sequence length
+        up to the model's limit (the attention kernels chosen by length), a padded one, and the
+        pooling `encode` runs after them. The default covers `encode`'s batches. On the CPU, which
+        loads no kernels, a small packed forward or two and the padded one.
         `from_pretrained(warmup=True)` and `ftbert serve` call it; what it saves is measured in
         docs/performance.md ("First calls"). The tokenizer still loads on first use, and a GPU's
         GEMM shapes met here are measured in the background as any forward's are (see `tune`)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         torch = _torch()
-        seq = min(128, usable_seq_length(self.config))
+        limit = usable_seq_length(self.config)
         device = torch.device(self.device)
         pad = int(self.config.get("pad_token_id") or 0)
-        for tokens in sorted({min(t, max_tokens) for t in (16, 256, 1024, 4096, max_tokens)}):
+
+        def packed(tokens: int, seq: int) -> None:
             lengths = [seq] * (tokens // seq) + ([tokens % seq] if tokens % seq else [])
             cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             ids = torch.full((tokens,), pad, dtype=torch.int32, device=device)
@@ -471,6 +475,19 @@ class Encoder:
             offsets = torch.from_numpy(cu).to(device)
             for pooling in ("mean", "cls"):
                 pool_packed(out.last_hidden_state, None, offsets, pooling, True).cpu()
+
+        if not self.device.startswith("cuda"):
+            # The CPU loads no kernels: its one-time costs are the thread pool and the workspace.
+            for tokens in sorted({min(16, max_tokens), min(256, max_tokens)}):
+                packed(tokens, min(128, limit))
+        else:
+            for tokens in warm_up_token_counts(max_tokens):
+                packed(tokens, min(128, limit))
+            seq = 32
+            while seq < limit:
+                packed(min(max_tokens, 4 * seq), seq)
+                seq *= 2
+            packed(min(max_tokens, limit), min(max_tokens, limit))
         ids = torch.full((2, 16), pad, dtype=torch.int64, device=device)
         self(ids, torch.ones_like(ids)).last_hidden_state.cpu()
 

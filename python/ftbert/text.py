@@ -303,6 +303,18 @@ def _cut(chunks: Iterable[_Batch], max_tokens: int, max_sequences: int) -> Itera
         yield pending
 
 
+def warm_up_token_counts(max_tokens: int) -> list[int]:
+    """Token counts of packed forwards that together meet every row bucket of the GPU's measured
+    GEMM choice up to `max_tokens` (four an octave: gemm_tuner.h) and a few smaller sizes: what
+    `Encoder.warm_up` runs, so that `encode`'s batches find their kernels loaded."""
+    counts = {16, 64, 128, 256}
+    top = 512
+    while top // 2 < max_tokens:
+        counts.update(top * eighths // 8 for eighths in (5, 6, 7, 8))
+        top *= 2
+    return sorted({min(c, max_tokens) for c in counts})
+
+
 def _batch_starts(lengths: list[int], max_tokens: int, max_sequences: int) -> list[int]:
     """Where each batch starts in `lengths`, greedily (see _cut)."""
     starts, count, longest = [0], 0, 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ftbert.text import _Batch, _cut, _longest_first, _tokenize, _tokenize_flat
+from ftbert.text import _Batch, _cut, _longest_first, _tokenize, _tokenize_flat, warm_up_token_counts
 from ftbert.tokenization import TextTokenizer
 
 
@@ -136,3 +136,20 @@ def test_pack_sequences_lays_out_the_server_batchers_sequences():
     assert b.input_ids.tolist() == [5, 6, 7, 8, 9, 10] and b.input_ids.dtype == np.int32
     assert b.token_type_ids.tolist() == [0, 0, 0, 1, 0, 0]
     assert pack_sequences(ids, [None] * 3).token_type_ids is None
+
+
+def _rows_bucket(m: int) -> int:
+    """The GPU's GEMM row bucket (gemm_tuner.h): m up to a multiple of an eighth of the power of
+    two at or above it."""
+    top = 1 << max(0, (m - 1).bit_length())
+    step = top // 8 if top >= 8 else 1
+    return -(-m // step) * step
+
+
+@pytest.mark.parametrize("max_tokens", [1, 37, 300, 511, 4096, 5000, 16384])
+def test_warm_up_meets_every_row_bucket_up_to_its_limit(max_tokens):
+    counts = warm_up_token_counts(max_tokens)
+    assert counts == sorted(set(counts)) and counts[-1] == max_tokens and counts[0] >= 1
+    met = {_rows_bucket(c) for c in counts}
+    missing = sorted({_rows_bucket(m) for m in range(256, max_tokens + 1)} - met)
+    assert not missing, missing

@@ -262,6 +262,11 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
                                  first_token_output && !first_positions_attended);
   args.pack_if_it_pays = !args.packed && args.inputs_on_device && args.outputs_on_device &&
                          auto_counts_on_device(args.batch, args.seq);
+  // Batch invariance packs every forward; uncounted small batches of device inputs skip the read
+  // back of the count (its wait for the inputs costs more than their padding's rows).
+  args.packed_over_all_rows = invariant && args.inputs_on_device && args.outputs_on_device &&
+                              args.tokens < 0 && !args.packed_outputs &&
+                              !auto_counts_on_device(args.batch, args.seq);
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);
   Slot& slot = acquire(stream);

@@ -191,6 +191,7 @@ int64_t Session::pack(const ForwardArgs& a) {
                            token_index_.as<int32_t>(), padded,
                            a.pack_if_it_pays ? first_unattended : nullptr);
   if (a.tokens >= 0 && !a.pack_if_it_pays) return a.tokens;
+  if (a.packed_over_all_rows) return -1;  // T stays on the device
   // T decides the GEMMs' sizes, which the host sets: read it back once, with the flag (this waits
   // for the caller's stream up to the packing).
   backend_->copy_to_host(tally_, cu_seqlens_.as<int32_t>() + B, sizeof(tally_));
@@ -247,9 +248,12 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     layout.cu_seqlens = cu_seqlens_.as<int32_t>();
     layout.token_index = token_index_.as<int32_t>();
     // Where forwards may be recorded, rows are always the bucket's, graphs on or off: the GEMMs
-    // then have the same sizes (so the same algorithms and the same results) either way.
-    layout.bounded = backend_->records();
-    layout.rows = static_cast<int>(layout.bounded ? packed_rows_bucket(tokens, B, S) : tokens);
+    // then have the same sizes (so the same algorithms and the same results) either way. T
+    // unknown on the host (packed_over_all_rows): every position is a row.
+    layout.bounded = backend_->records() || tokens < 0;
+    layout.rows = static_cast<int>(tokens < 0          ? static_cast<int64_t>(B) * S
+                                   : layout.bounded ? packed_rows_bucket(tokens, B, S)
+                                                    : tokens);
   }
 
   // The final hidden states go straight to their destination where nothing after the last layer

@@ -351,9 +351,11 @@ class Encoder:
         self._note_packing()
 
     def _note_packing(self) -> None:
-        """Caches whether every forward runs packed (padding_free=True, or batch_invariant), which
-        each forward of CUDA tensors reads; called by whatever changes either setting."""
-        self._packs_always = self._native.padding_free is True or self._native.batch_invariant
+        """Caches whether every forward needs the token count on the host (padding_free=True),
+        which each forward of CUDA tensors reads; called by whatever changes the setting. Batch
+        invariance packs every forward too, but the engine counts on the device or runs over every
+        position (ForwardArgs::packed_over_all_rows)."""
+        self._packs_always = self._native.padding_free is True
 
     def padding_free_for(self, batch: int, seq: int, tokens: int) -> bool:
         """Whether a host batch of `tokens` attended tokens in [batch, seq] (every sequence starting

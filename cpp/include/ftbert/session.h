@@ -55,6 +55,11 @@ struct ForwardArgs {
   // Device inputs, not packed: count the attended tokens on the device (one small read back) and
   // pack where packing pays (packing_pays) and changes no first-token output asked for.
   bool pack_if_it_pays = false;
+  // Packed device inputs not counted (tokens < 0): the per-token ops run over all B·S rows (a
+  // bounded layout, rows past T zeros) instead of reading T back, so the host never waits for the
+  // inputs. For batch-invariant forwards of small batches, whose GEMMs give a row the same bits at
+  // any row count.
+  bool packed_over_all_rows = false;
 };
 
 // What a forward reports besides its outputs.

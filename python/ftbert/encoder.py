@@ -31,7 +31,7 @@ from .weights_tools.layout import usable_seq_length
 # text.py and cross_encoder.py take an Encoder and import this module for its type only.
 from .cross_encoder import predict as predict_pairs
 from .cross_encoder import rank as rank_documents
-from .text import DEFAULT_MAX_BATCH_TOKENS, encode_texts, pool_packed, warm_up_token_counts
+from .text import DEFAULT_MAX_BATCH_TOKENS, encode_texts, pool_packed, tokenizer_lock, warm_up_token_counts
 from .tokenization import load_text_tokenizer, load_transformers_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -460,8 +460,9 @@ class Encoder:
         pooling `encode` runs after them. The default covers `encode`'s batches. On the CPU, which
         loads no kernels, a small packed forward or two and the padded one.
         `from_pretrained(warmup=True)` and `ftbert serve` call it; what it saves is measured in
-        docs/performance.md ("First calls"). The tokenizer still loads on first use, and a GPU's
-        GEMM shapes met here are measured in the background as any forward's are (see `tune`)."""
+        docs/performance.md ("First calls"). The checkpoint's tokenizer.json is loaded and one
+        text encoded; a tokenizer that fails to load is left for `encode` to report. A GPU's GEMM
+        shapes met here are measured in the background as any forward's are (see `tune`)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
         torch = _torch()
@@ -492,6 +493,13 @@ class Encoder:
             packed(min(max_tokens, limit), min(max_tokens, limit))
         ids = torch.full((2, 16), pad, dtype=torch.int64, device=device)
         self(ids, torch.ones_like(ids)).last_hidden_state.cpu()
+        if self.path is not None and (Path(self.path) / "tokenizer.json").is_file():
+            try:
+                with tokenizer_lock(self):
+                    self._text_tokenizer()
+            except Exception:  # encode raises it at its first use, where it matters
+                return
+            self.encode(["warm up"])  # the tokenizer's threads and encode's own first steps
 
     @property
     def gemm_tuning(self) -> dict:

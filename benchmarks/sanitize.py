@@ -15,9 +15,10 @@
                          float32, float16 and bfloat16, padded and packed, a mask with holes, op by
                          op and replayed (1: float16 flash only)
   sanitize.py invariant - batch_invariant=True: a small BERT with a sequence head and a small
-                         ModernBERT, float16 and bfloat16, a ragged batch op by op and replayed
-                         (the reference GEMMs and the measured ones of their class, the
-                         LayerNorm's one form, the fixed attention kernels)
+                         ModernBERT, float16 and bfloat16, a ragged batch op by op and replayed,
+                         from host arrays and from CUDA tensors (the reference GEMMs and the
+                         measured ones of their class, the LayerNorm's one form, the fixed
+                         attention kernels, the packed layout over every position)
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one
@@ -148,6 +149,13 @@ def invariant() -> None:
                     np.testing.assert_array_equal(enc(ids, mask).last_hidden_state, out.last_hidden_state)
                 alone = enc(ids[2:3, :90], mask[2:3, :90])
                 np.testing.assert_array_equal(alone.last_hidden_state[0], out.last_hidden_state[2, :90])
+                # CUDA tensors: small batches run over every position, nothing read back.
+                ids_d, mask_d = torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()
+                out_d = enc(ids_d, mask_d).last_hidden_state
+                for _ in range(2):
+                    assert torch.equal(enc(ids_d, mask_d).last_hidden_state, out_d)
+                alone_d = enc(ids_d[2:3, :90], mask_d[2:3, :90]).last_hidden_state
+                assert torch.equal(alone_d[0], out_d[2, :90])
                 print("invariant", name, dtype, "ok")
 
 

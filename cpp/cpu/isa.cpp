@@ -93,7 +93,9 @@ namespace ftbert::cpu {
 
 const char* int8_kernel() { return kernels().s8_kernel; }
 
-bool has_int8_dot_product() { return std::strcmp(int8_kernel(), "portable") != 0; }
+bool has_int8_dot_product() {
+  return std::strcmp(int8_kernel(), "amx") == 0 || std::strcmp(int8_kernel(), "vnni") == 0;
+}
 
 const Kernels& kernels() {
   static const Kernels* chosen = [] {

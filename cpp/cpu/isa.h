@@ -17,10 +17,12 @@ const char* isa_name(Isa isa);
 // Whether the CPU has AVX512-BF16, the instructions the bfloat16 path's GEMMs run on (every CPU
 // with AMX-BF16 has them too).
 bool has_bf16_instructions();
-// Whether the int8 weight GEMM runs on the CPU's int8 dot product (AMX-INT8 or AVX512-VNNI, in the
-// avx512_bf16 kernels); elsewhere it runs a portable kernel, exact but slower than float32.
+// Whether the int8 weight GEMM runs on an 8-bit dot product of the CPU (AMX-INT8 or AVX512-VNNI,
+// in the avx512_bf16 kernels), faster than float32. Elsewhere it runs AVX2's 16-bit products (the
+// avx2 and avx512 kernels) or a portable kernel (baseline): exact, but slower than float32.
 bool has_int8_dot_product();
-// The kernel quantization "int8" runs here: "amx", "vnni" or "portable" (kernels.h s8_kernel).
+// The kernel quantization "int8" runs here: "amx", "vnni", "avx2" or "portable" (kernels.h
+// s8_kernel).
 const char* int8_kernel();
 
 // Why bfloat16 cannot run here ("" when it can): the CPU lacks AVX512-BF16, or FTBERT_CPU_ISA

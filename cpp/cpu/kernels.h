@@ -96,7 +96,7 @@ struct Kernels {
   // nearest even), scale = (max - min) / 255 and low = min over the row; zeros from k to padded.
   void (*quantize_row_u8)(const float* x, int k, uint8_t* out, int padded, float* scale,
                           float* low);
-  // Which panel_gemm_s8 this is: "amx", "vnni" or "portable".
+  // Which panel_gemm_s8 this is: "amx", "vnni", "avx2" or "portable".
   const char* s8_kernel;
 };
 

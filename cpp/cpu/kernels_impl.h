@@ -954,6 +954,80 @@ S8Kernel s8_kernel_for_cpu() {
 #endif
   return vnni ? S8Kernel{panel_gemm_s8_vnni, "vnni"} : S8Kernel{panel_gemm_s8, "portable"};
 }
+#elif defined(__AVX2__)
+// AVX2 without VNNI: vpmaddubsw's 16-bit sums of u8 x s8 pairs would saturate (255 · 127 · 2 >
+// 32,767), so both sides are widened to 16 bits and vpmaddwd adds each pair of products into a
+// 32-bit lane: exact, the same S as every other kernel. A k-group of 4 columns is one vector of
+// 8 lanes, each column's sum split over two of them until the end. (Half panels of 6 rows with
+// a's rows widened ahead ran slower: docs/performance.md, "CPU int8".)
+constexpr int kAvx2S8Rows = 2;  // 2 rows x 4 vectors of sums and 4 of weights: 13 of 16 registers
+
+template <int R>
+void panel_rows_s8_avx2(const uint8_t* __restrict a, int64_t lda, const float* a_scale,
+                        const float* a_min, const int8_t* __restrict panel, const float* w_scale,
+                        const int32_t* w_sums, int k4, float* c, int64_t ldc, int cols,
+                        const float* bias, Activation act) {
+  constexpr int V = kGemmPanel / 4;  // vectors of 4 columns
+  __m256i acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_si256();
+  for (int q = 0; q < k4; ++q) {
+    const int8_t* b = panel + q * 4 * kGemmPanel;
+    __m256i w[V];
+    for (int v = 0; v < V; ++v) {
+      w[v] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * v)));
+    }
+    for (int r = 0; r < R; ++r) {
+      int32_t x;
+      __builtin_memcpy(&x, a + r * lda + 4 * q, sizeof x);
+      // a's four values as 16-bit lanes, repeated for each of a vector's four columns.
+      const __m256i xs = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(x)));
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(xs, w[v]));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    int32_t halves[2 * kGemmPanel];
+    __builtin_memcpy(halves, acc[r], sizeof halves);
+    int32_t sums[kGemmPanel];
+    for (int j = 0; j < kGemmPanel; ++j) sums[j] = halves[2 * j] + halves[2 * j + 1];
+    store_s8_row(sums, a_scale[r], a_min[r], w_scale, w_sums, bias, act, c + r * ldc, cols);
+  }
+}
+
+template <int R>
+struct PanelRowsS8Avx2 {
+  static void run(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                  const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4, float* c,
+                  int64_t ldc, int cols, const float* bias, Activation act) {
+    panel_rows_s8_avx2<R>(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, cols, bias,
+                          act);
+  }
+};
+
+void panel_gemm_s8_avx2(const uint8_t* a, int64_t lda, const float* a_scale, const float* a_min,
+                        const int8_t* panel, const float* w_scale, const int32_t* w_sums, int k4,
+                        float* c, int64_t ldc, int m, int cols, const float* bias, Activation act) {
+  if (cols > kGemmPanel) {  // the next panel's columns too, one panel at a time
+    panel_gemm_s8_avx2(a, lda, a_scale, a_min, panel, w_scale, w_sums, k4, c, ldc, m, kGemmPanel,
+                       bias, act);
+    panel_gemm_s8_avx2(a, lda, a_scale, a_min, panel + 4 * k4 * kGemmPanel, w_scale + kGemmPanel,
+                       w_sums + kGemmPanel, k4, c + kGemmPanel, ldc, m, cols - kGemmPanel,
+                       bias == nullptr ? nullptr : bias + kGemmPanel, act);
+    return;
+  }
+  int i = 0;
+  for (; i + kAvx2S8Rows <= m; i += kAvx2S8Rows) {
+    PanelRowsS8Avx2<kAvx2S8Rows>::run(a + i * lda, lda, a_scale + i, a_min + i, panel, w_scale,
+                                      w_sums, k4, c + i * ldc, ldc, cols, bias, act);
+  }
+  if (i < m) {
+    rows_tail<PanelRowsS8Avx2, kAvx2S8Rows - 1>(m - i, a + i * lda, lda, a_scale + i, a_min + i,
+                                                panel, w_scale, w_sums, k4, c + i * ldc, ldc, cols,
+                                                bias, act);
+  }
+}
+
+S8Kernel s8_kernel_for_cpu() { return {panel_gemm_s8_avx2, "avx2"}; }
 #else
 S8Kernel s8_kernel_for_cpu() { return {panel_gemm_s8, "portable"}; }
 #endif

@@ -196,8 +196,8 @@ class Encoder:
             native.batch_invariant = True
         if quantization == "int8" and not _C.cpu_has_int8_dot_product():
             warnings.warn(
-                "quantization='int8' runs a portable kernel on this CPU (no AVX512-VNNI, or "
-                "FTBERT_CPU_ISA below avx512_bf16): exact, but slower than float32 here",
+                f"quantization='int8' runs the {_C.cpu_int8_kernel()} kernel on this CPU (no "
+                "AVX512-VNNI, or FTBERT_CPU_ISA below avx512_bf16): exact, but slower than float32 here",
                 RuntimeWarning, stacklevel=2)
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite

@@ -125,19 +125,67 @@ def test_settings_it_refuses(tmp_path):
         r.quantization = "fp4"
 
 
-def test_the_portable_kernel_is_named_in_a_warning(tmp_path):
+AVX2_CHECK = """
+import json, sys
+import numpy as np
+sys.path.insert(0, ROOT)
+from ftbert import _C, _ops
+from tests.cpu.test_cpu_int8 import quantized_reference
+rng = np.random.default_rng(SEED)
+worst = 0.0
+for m, k, n in ((1, 5, 3), (2, 64, 32), (3, 64, 17), (13, 70, 49), (33, 1536, 384), (7, 384, 1536)):
+    for bias, act in ((False, "identity"), (True, "identity"), (True, "gelu")):
+        r = _ops.OpRunner("cpu")
+        r.quantization = "int8"
+        a = (rng.standard_normal((m, k)) + rng.uniform(-1, 1)).astype(np.float32)
+        w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) if bias else None
+        got = r.weight_gemm("float32", a, w, bias=b, act=act)
+        want = quantized_reference(a, w, b, act)
+        worst = max(worst, float(np.abs(got - want).max() / (np.abs(want).max() + 1.0)))
+print(json.dumps(dict(kernel=_C.cpu_int8_kernel(), dot=_C.cpu_has_int8_dot_product(), worst=worst)))
+"""
+
+
+def test_the_avx2_kernel_is_the_quantized_product(rng):
+    # CPUs without VNNI (FTBERT_CPU_ISA=avx2 here) run the AVX2 kernel: 16-bit products summed
+    # exactly in 32 bits, so the same quantized product as the others, at 1 to 33 rows (its tiles
+    # of 2 and the last row alone), one and two panels, k up to 1,536.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    code = AVX2_CHECK.replace("ROOT", repr(root)).replace("SEED", str(int(rng.integers(1 << 30))))
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FTBERT_CPU_ISA="avx2"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if out["kernel"] == "portable":  # FTBERT_CPU_ISA caps at what the CPU has
+        pytest.skip("this CPU has no AVX2: the portable kernel runs")
+    assert out["kernel"] == "avx2" and out["dot"] is False  # 16-bit products: no faster than float32
+    assert out["worst"] < 2e-5, out
+
+
+@pytest.mark.parametrize("isa, kernel", [("baseline", "portable"), ("avx2", "avx2")])
+def test_a_kernel_slower_than_float32_is_named_in_a_warning(tmp_path, isa, kernel):
     import os
     import subprocess
     import sys
 
     make_model(tmp_path, "bert", "cls", hidden=64, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=2)
     code = (f"import ftbert, numpy as np; e = ftbert.Encoder.from_pretrained({str(tmp_path)!r}, "
-            "quantization='int8'); print(e(np.ones((1, 5), np.int64)).last_hidden_state.shape)")
-    env = dict(os.environ, FTBERT_CPU_ISA="avx2")
+            "quantization='int8'); print(e(np.ones((1, 5), np.int64)).last_hidden_state.shape, "
+            "ftbert._C.cpu_int8_kernel())")
+    env = dict(os.environ, FTBERT_CPU_ISA=isa)
     done = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "portable kernel" in done.stderr and "(1, 5, 64)" in done.stdout
+    if kernel not in done.stdout:  # FTBERT_CPU_ISA caps at what the CPU has
+        pytest.skip(f"this CPU has no {isa}: {done.stdout.strip()}")
+    assert f"runs the {kernel} kernel" in done.stderr and "(1, 5, 64)" in done.stdout
     if _C.cpu_has_int8_dot_product():
         import warnings
 
@@ -147,8 +195,8 @@ def test_the_portable_kernel_is_named_in_a_warning(tmp_path):
 
 
 def test_every_int8_kernel_of_this_cpu_gives_the_same_bits(tmp_path, rng):
-    # AMX, VNNI and the portable kernel sum exactly, and share the epilogue of their instruction
-    # set: with AMX left out (FTBERT_CPU_AMX=0) the GEMM gives the same bits.
+    # AMX, VNNI, AVX2 and the portable kernel sum exactly, and share the epilogue of their
+    # instruction set: with AMX left out (FTBERT_CPU_AMX=0) the GEMM gives the same bits.
     import os
     import subprocess
     import sys
@@ -164,7 +212,7 @@ def test_every_int8_kernel_of_this_cpu_gives_the_same_bits(tmp_path, rng):
     done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FTBERT_CPU_AMX="0"),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() in ("vnni", "portable")
+    assert done.stdout.strip() in ("vnni", "avx2", "portable")
     r = _ops.OpRunner("cpu")
     r.quantization = "int8"
     here = r.weight_gemm("float32", a, w, bias=b, act="gelu")

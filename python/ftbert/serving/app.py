@@ -287,7 +287,7 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
     @app.get("/health")
     async def health(request: Request):
         svc = getattr(request.app.state, "service", None)
-        if svc is None or svc.batcher.closing:
+        if svc is None or not await svc.healthy():
             return _error_response(503, "the server is starting or shutting down", "unavailable")
         return {"status": "ok"}
 

@@ -211,6 +211,8 @@ async def _serve(service, socket_path: str, control) -> None:
                 service.metrics.on_request(*msg["observed"])
             elif op == "metrics":
                 write_frame(writer, {"id": msg["id"], "text": service.metrics.render().decode()})
+            elif op == "ping":
+                write_frame(writer, {"id": msg["id"]})
         # The front went away: its jobs in flight have nobody to answer.
         for fut in list(running.values()):
             fut.cancel()
@@ -246,7 +248,7 @@ class RemoteBatcher:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
         self._pending: dict[int, tuple[Job, asyncio.Future]] = {}
-        self._metrics_waiters: dict[int, asyncio.Future] = {}
+        self._replies: dict[int, asyncio.Future] = {}  # metrics texts and pings
         self._next_id = 0
         self._connecting: asyncio.Lock | None = None
         self.closing = False  # /health: the engine is not reachable (or the front is stopping)
@@ -274,10 +276,10 @@ class RemoteBatcher:
                 if self._on_info is not None:
                     self._on_info(msg["info"])
                 continue
-            waiter = self._metrics_waiters.pop(msg["id"], None)
+            waiter = self._replies.pop(msg["id"], None)
             if waiter is not None:
                 if not waiter.done():
-                    waiter.set_result(msg["text"])
+                    waiter.set_result(msg.get("text"))
                 continue
             job, fut = self._pending.pop(msg["id"], (None, None))
             if fut is None or fut.done():
@@ -295,11 +297,11 @@ class RemoteBatcher:
         for _, fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(gone)
-        for fut in self._metrics_waiters.values():
+        for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(gone)
         self._pending.clear()
-        self._metrics_waiters.clear()
+        self._replies.clear()
         if not self._detached:  # the main process starts a new engine: be connected when it serves
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
@@ -343,13 +345,28 @@ class RemoteBatcher:
         with contextlib.suppress(EngineGone):
             self._send({"op": "request", "observed": observed})
 
-    async def metrics_text(self) -> str:
+    async def _ask(self, op: str):
+        """Sends `op` and waits for the engine's reply to it (EngineGone if the engine goes)."""
         await self.connect()
         self._next_id += 1
         fut = asyncio.get_running_loop().create_future()
-        self._metrics_waiters[self._next_id] = fut
-        self._send({"op": "metrics", "id": self._next_id})
+        self._replies[self._next_id] = fut
+        self._send({"op": op, "id": self._next_id})
         return await fut
+
+    async def metrics_text(self) -> str:
+        return await self._ask("metrics")
+
+    async def ping(self, timeout_s: float = 5.0) -> bool:
+        """Whether the engine answers now. A flag alone would lag: a front may answer a request
+        before it reads that its connection ended (a killed engine)."""
+        if self._detached:
+            return False
+        try:
+            await asyncio.wait_for(self._ask("ping"), timeout_s)
+        except (EngineGone, asyncio.TimeoutError):
+            return False
+        return True
 
     async def close(self) -> None:
         self._detached = self.closing = True
@@ -427,6 +444,9 @@ class RemoteService:
 
     async def metrics_text(self) -> str:
         return await self.batcher.metrics_text()
+
+    async def healthy(self) -> bool:
+        return await self.batcher.ping()
 
     async def attach(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._load_tokenizer)

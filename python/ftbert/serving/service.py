@@ -151,6 +151,11 @@ class Service:
         """GET /metrics's body (Prometheus text)."""
         return self.metrics.render()
 
+    async def healthy(self) -> bool:
+        """Whether requests are served now (/health): not while the batcher closes; a front
+        process asks its engine."""
+        return not self.batcher.closing
+
     async def attach(self) -> None:
         """The app starts serving this service (a front process connects to its engine here)."""
 

@@ -37,6 +37,25 @@ def make_embedder(path: Path, seed: int = 0) -> Path:
     return path
 
 
+# A token id whose embedding row overflows make_overflowing_embedder's forwards to NaN.
+OVERFLOW_ID = 7
+
+
+def make_overflowing_embedder(path: Path) -> Path:
+    """make_embedder's model with word embedding row OVERFLOW_ID at ±3e38 (finite, so it loads):
+    the embeddings' LayerNorm overflows, and any input holding that id comes out NaN."""
+    from safetensors.torch import load_file, save_file
+
+    make_embedder(path)
+    weights = path / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(n for n in tensors if n.endswith("word_embeddings.weight"))
+    tensors[name][OVERFLOW_ID] = 3e38
+    tensors[name][OVERFLOW_ID][::2] = -3e38
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return path
+
+
 def make_cross_encoder(path: Path, num_labels: int = 1, seed: int = 0) -> Path:
     """A random BertForSequenceClassification (hidden 32, 1 layer) with a trained WordPiece
     tokenizer; its Linear weights are redrawn at unit gain so the logits move with the input."""

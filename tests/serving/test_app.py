@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.serving._helpers import make_embedder, need_serve_extra, serve
+from tests.serving._helpers import OVERFLOW_ID, make_embedder, make_overflowing_embedder, need_serve_extra, serve
 from tests._vocab import random_texts
 
 need_serve_extra()
@@ -306,6 +306,22 @@ def test_wrong_rerank_requests_are_422(rerank_server, body, param):
 ])
 def test_wrong_classify_requests_are_422(classify_server, body, contains):
     assert_error(_post(classify_server, "/classify", body), 422, "input", contains)
+
+
+def test_an_output_with_nan_is_a_500_naming_the_input_and_the_server_goes_on(tmp_path):
+    # JSON has no NaN: the job fails with a clear 5xx, never an encoder error mid-response, and
+    # the next requests (on the same connection) are served.
+    with serve(make_overflowing_embedder(tmp_path / "m")) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            for inputs, index in (([[2, OVERFLOW_ID, 3]], 0), ([[2, 8, 3], [4, OVERFLOW_ID, 5, 6]], 1)):
+                r = client.post("/v1/embeddings", json={"input": inputs})
+                assert r.status_code == 500, r.text
+                err = r.json()["error"]
+                assert err["type"] == "server_error" and err["param"] == "input"
+                assert f"input[{index}] holds NaN or Inf" in err["message"], err
+            r = client.post("/v1/embeddings", json={"input": [[2, 8, 3]]})
+            assert r.status_code == 200 and np.isfinite(r.json()["data"][0]["embedding"]).all()
+            assert client.get("/health").status_code == 200
 
 
 def test_too_long_without_truncation_is_413(embedder):

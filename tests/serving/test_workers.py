@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.serving._helpers import MAX_POS, make_embedder, need_serve_extra, serve
+from tests.serving._helpers import MAX_POS, OVERFLOW_ID, make_embedder, make_overflowing_embedder, need_serve_extra, serve
 
 need_serve_extra()
 httpx = pytest.importorskip("httpx")
@@ -154,6 +154,18 @@ def test_a_killed_engine_answers_503_at_once_and_is_replaced(embedder):
         status, err = server.stop()
     assert status == 0, err[-3000:]
     assert "the engine process ended" in err
+
+
+def test_an_output_with_nan_crosses_the_socket_as_a_500(tmp_path):
+    server = WorkersServer(make_overflowing_embedder(tmp_path / "m"))
+    try:
+        r = server.client.post("/v1/embeddings", json={"input": [[2, 8, 3], [2, OVERFLOW_ID, 3]]})
+        assert r.status_code == 500, r.text
+        assert "input[1] holds NaN or Inf" in r.json()["error"]["message"]
+        embed(server.client, ["a sentence that is fine"])  # served after it
+    finally:
+        status, err = server.stop()
+    assert status == 0, err[-3000:]
 
 
 def test_a_model_that_cannot_load_is_one_line_and_status_1(tmp_path):

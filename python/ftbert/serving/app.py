@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batcher import EMBED, IDS, PAIR, SCORE, TEXT, InputTooLong, Job, NoTokens, QueueFull, ShuttingDown
+from .batcher import (EMBED, IDS, PAIR, SCORE, TEXT, InputTooLong, Job, NonFiniteOutput, NoTokens, QueueFull,
+                      ShuttingDown)
 from .service import Service
 from .settings import ServeSettings
 from .tei import register_tei_routes
@@ -370,6 +371,10 @@ async def _run(svc: Service, job: Job, param: str):
     except NoTokens as e:
         raise ApiError(422, f"{param}[{e.index}] gives no tokens, so there is nothing to encode",
                        param=param) from None
+    except NonFiniteOutput as e:
+        raise ApiError(500, f"the model's output for {param}[{e.index}] holds NaN or Inf: the checkpoint's "
+                            "weights drive its activations out of range for this input (float16 overflow, "
+                            "say; float32 or bfloat16 may not)", "server_error", param=param) from None
 
 
 def _validation_response(errors: list[dict]) -> JSONResponse:

@@ -88,6 +88,15 @@ class NoTokens(BatcherError):
         super().__init__(f"input {index} gives no tokens, so there is nothing to encode")
 
 
+class NonFiniteOutput(BatcherError):
+    """A job's output holds NaN or Inf (the checkpoint's weights drive the activations out of range
+    for that input): it cannot be returned as JSON numbers, nor trusted."""
+
+    def __init__(self, index: int):
+        self.index = index
+        super().__init__(f"the model's output for input {index} holds NaN or Inf")
+
+
 # ---- jobs -------------------------------------------------------------------------------------
 @dataclass
 class JobResult:
@@ -508,7 +517,11 @@ class Batcher:
             if last:
                 if job._chunks is not None:
                     job._out[:] = _combine_windows(*job._chunks, job.normalize)
-                self._settle(job, JobResult(job._out, job.tokens), None)
+                finite = np.isfinite(job._out).all(axis=1)
+                if finite.all():
+                    self._settle(job, JobResult(job._out, job.tokens), None)
+                else:
+                    self._settle(job, None, NonFiniteOutput(int(np.argmin(finite))))
 
     def _drop(self, seq: _Seq) -> None:
         """A queued input of a cancelled or failed job, taken out unforwarded (holding _cond)."""

@@ -38,7 +38,8 @@ import time
 
 import numpy as np
 
-from .batcher import InputTooLong, Job, JobResult, JobTokenizer, NoTokens, QueueFull, ShuttingDown
+from .batcher import (InputTooLong, Job, JobResult, JobTokenizer, NoTokens, NonFiniteOutput, QueueFull,
+                      ShuttingDown)
 from .settings import ServeSettings
 
 log = logging.getLogger("ftbert.serve")
@@ -108,6 +109,8 @@ def error_fields(e: BaseException) -> tuple:
         return ("InputTooLong", e.index, e.tokens, e.limit)
     if isinstance(e, NoTokens):
         return ("NoTokens", e.index)
+    if isinstance(e, NonFiniteOutput):
+        return ("NonFiniteOutput", e.index)
     for kind in (QueueFull, ShuttingDown):
         if isinstance(e, kind):
             return (kind.__name__, str(e))
@@ -122,6 +125,8 @@ def error_from_fields(fields: tuple) -> BaseException:
         return InputTooLong(*rest)
     if kind == "NoTokens":
         return NoTokens(*rest)
+    if kind == "NonFiniteOutput":
+        return NonFiniteOutput(*rest)
     known = {"QueueFull": QueueFull, "ShuttingDown": ShuttingDown, "ValueError": ValueError}
     return known.get(kind, RuntimeError)(*rest)
 

@@ -16,7 +16,6 @@ largest difference of ftbert's last_hidden_state from torch's (float32 copies). 
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,18 +26,13 @@ import torch
 
 import ftbert
 from ftbert import _C
+from ftbert.bench import cpu_summary
 
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
 
 
 def cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    return f"{model}; {os.cpu_count()} CPUs; " + " ".join(f for f in FLAGS if f in flags)
+    return cpu_summary(FLAGS)
 
 
 def block_ms(run, n: int = 5) -> float:

@@ -21,19 +21,14 @@ import numpy as np
 
 import ftbert
 from ftbert import _C
+from ftbert.bench import cpu_summary
 from ftbert.bench.varlen import load_tokenizer, make_sentences
 
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
 
 
 def cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    return f"{model}; " + " ".join(f for f in FLAGS if f in flags)
+    return cpu_summary(FLAGS)
 
 
 def timed_encode(enc, texts) -> tuple[np.ndarray, float]:

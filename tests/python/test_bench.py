@@ -938,3 +938,17 @@ def test_interleaved_timing_rotates_the_rounds_and_drops_a_function_that_raises(
     assert calls[12:16] == list("bbbc")  # round 1 starts at the next one; c fails there
     assert "c" not in calls[16:] and errors == [("c", "boom")]
     assert set(samples) == {"a", "b"} and all(len(v) == 6 for v in samples.values())
+
+
+def test_cpu_summary_names_the_model_and_only_the_flags_it_has():
+    import os
+    import platform
+
+    from ftbert.bench import cpu_summary
+
+    text = cpu_summary(("sse2", "no_such_flag_here"))
+    if text == "unknown":
+        pytest.skip("no /proc/cpuinfo here")
+    assert f"{os.cpu_count()} CPUs" in text and "no_such_flag_here" not in text
+    if platform.machine() == "x86_64":
+        assert text.endswith("; sse2")  # every x86-64 CPU has it

@@ -30,6 +30,20 @@ from .args import BenchError, Options, parse_options
 __all__ = ["main", "BenchError"]
 
 
+def cpu_summary(flags: tuple[str, ...]) -> str:
+    """This CPU for a results file: its model name, core count and which of `flags` (names as
+    /proc/cpuinfo spells them) it has."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return "unknown"
+    lines = text.splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
+    have = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    return f"{model}; {os.cpu_count()} CPUs; " + " ".join(f for f in flags if f in have)
+
+
 def _check_devices(opts: Options) -> None:
     import torch
 

@@ -56,8 +56,10 @@ def test_bench_serve_writes_rows_json_and_plot(embedder, tmp_path, capsys):
     # At least the target (the tiny vocabulary splits words into several pieces, so a text may pass it).
     assert 16 <= rows[0]["tokens"] < rows[2]["tokens"] and rows[2]["tokens"] >= 24
     assert doc["servers"]["ftbert"]["family"] == "bert"
+    assert doc["ready_s"]["ftbert"] > 0  # process start to /health 200
     assert (tmp_path / "run.png").stat().st_size > 0
-    assert "req/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "req/s" in out and "ftbert: ready (/health 200)" in out
 
 
 def test_bench_serve_runs_ftbert_workers_next_to_the_noop_ceiling(embedder, tmp_path):

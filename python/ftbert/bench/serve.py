@@ -71,7 +71,8 @@ def _free_port() -> int:
 
 
 class _Server:
-    """A server subprocess; waits for /health, stops with SIGTERM."""
+    """A server subprocess; waits for /health (ready_s: from starting the process to the first
+    200, polled every 50 ms), stops with SIGTERM."""
 
     def __init__(self, name: str, argv: list[str], port: int, log: Path):
         self.name, self.argv, self.port = name, argv, port
@@ -82,6 +83,7 @@ class _Server:
         import httpx
 
         self.log = open(self.log_path, "w")
+        t0 = time.monotonic()
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy())
         deadline = time.monotonic() + 600
         while True:
@@ -94,7 +96,8 @@ class _Server:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} server did not start in 600 s; see {self.log_path}")
-            time.sleep(0.2)
+            time.sleep(0.05)
+        self.ready_s = time.monotonic() - t0
         self.info = httpx.get(self.url + "/info", timeout=30).json()
         return self
 
@@ -262,11 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                  "--dim", str(_hidden_size(model))],
     }
     rows, infos, check_texts, reference = [], {}, pools[next(iter(pools))][:8], None
-    checks = {}
+    checks, ready = {}, {}
     for engine in engines:
         port = _free_port()
         with _Server(engine, commands[engine] + ["--port", str(port)], port, out / f"{stem}-{engine}.log") as srv:
             infos[engine] = srv.info
+            ready[engine] = srv.ready_s
+            console.print(f"  {engine}: ready (/health 200) {srv.ready_s:.2f} s after its process started")
             emb = _embeddings(srv.url, check_texts)
             if engine == "noop":  # a constant vector: nothing to check
                 pass
@@ -306,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "ftbert_bench_serve_version": 1,
         "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "options": vars(args), "model": model, "servers": infos, "check_cosine_min": checks,
+        "options": vars(args), "model": model, "servers": infos, "ready_s": ready, "check_cosine_min": checks,
         "environment": {"ftbert": ftbert.__version__, "python": platform.python_version(),
                         "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "results": rows,

@@ -211,3 +211,40 @@ def test_errors_cross_the_socket_as_what_they_were(error):
         return
     assert type(back) is type(error) and str(back) == str(error)
     assert vars(back) == vars(error)
+
+
+def test_uvicorn_gives_a_busy_front_a_minute_before_killing_it(monkeypatch):
+    # uvicorn's supervisor kills a front that misses its health ping for timeout_worker_healthcheck
+    # seconds (5 by default), with its requests in flight; serve_workers asks for a minute.
+    import inspect
+
+    import uvicorn
+
+    from ftbert.serving import engine as engine_module
+    from ftbert.serving import server
+    from ftbert.serving.settings import ServeSettings
+
+    if "timeout_worker_healthcheck" not in inspect.signature(uvicorn.Config).parameters:
+        pytest.skip(f"uvicorn {uvicorn.__version__} has no worker health check")
+    seen = {}
+
+    class Engine:  # the engine process is not what this checks
+        def __init__(self, settings, socket_path):
+            self.socket_path = socket_path
+
+        def start(self):
+            return {}
+
+        def watch(self):
+            pass
+
+        def stop(self):
+            return 0
+
+    monkeypatch.setattr(engine_module, "EngineSupervisor", Engine)
+    monkeypatch.setattr(engine_module, "front_environment", lambda *args: "{}")
+    monkeypatch.setenv(engine_module.FRONT_ENV, "")  # serve_workers sets it; restored afterwards
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: seen.update(kwargs))
+    assert server.serve_workers(ServeSettings(model="unused"), workers=2) == 0
+    assert seen["workers"] == 2 and seen["timeout_worker_healthcheck"] == server.FRONT_HEALTHCHECK_S >= 30
+    assert seen["timeout_graceful_shutdown"] is None

@@ -14,11 +14,14 @@ As uvicorn does, the process then ends by the signal that stopped it (status 128
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 
 from .settings import ServeSettings
 
 DTYPES = ("float32", "float16", "bfloat16")
+# Seconds a front process may miss uvicorn's health ping before its supervisor kills it (--workers).
+FRONT_HEALTHCHECK_S = 60
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,9 +154,15 @@ def serve_workers(settings: ServeSettings, workers: int, host: str = "127.0.0.1"
             return 1
         engine.watch()
         os.environ[FRONT_ENV] = front_environment(description, engine.socket_path, workers)
+        # uvicorn's supervisor kills a front that misses its health ping (a thread of the front
+        # that needs the GIL) for 5 s by default, losing its requests in flight: on a host whose
+        # cores are all busy that can be a front at work, not a hung one. Allow a minute.
+        patience = {"timeout_worker_healthcheck": FRONT_HEALTHCHECK_S} if "timeout_worker_healthcheck" in \
+            inspect.signature(uvicorn.Config).parameters else {}
         try:
             uvicorn.run("ftbert.serving.engine:create_front_app", factory=True, host=host, port=port,
-                        workers=workers, log_level=log_level, lifespan="on", timeout_graceful_shutdown=None)
+                        workers=workers, log_level=log_level, lifespan="on", timeout_graceful_shutdown=None,
+                        **patience)
         finally:
             status = engine.stop()
         return 0 if status in (0, None) else 1

@@ -342,14 +342,16 @@ def test_flash_attention_all_masked_sequence_is_zero_not_nan(cpu, rng):
 
 
 def test_flash_attention_agrees_with_unfused_path_on_large_scores(cpu, rng):
-    # Scores in the hundreds: the running max must keep exp() from overflowing.
+    # Scores in the thousands: the running max must keep exp() from overflowing, which would give
+    # non-finite values or errors of the size of v itself. A float32 score that large carries a
+    # rounding error the softmax passes on, beyond 1e-4 of the output's range for some draws.
     qkv = (rng.standard_normal((2, 40, 3 * 64)) * 12).astype(np.float32)
     bias = rng.standard_normal(3 * 64).astype(np.float32)
     mask = ragged_mask(rng, 2, 40)
     ref = attention64(qkv, bias, mask, 2, 1.0)
     got = cpu.flash_attention("float32", qkv, bias, mask, 2, 1.0)
     assert np.isfinite(got).all()
-    assert_close(got, ref, 1e-4 * np.abs(ref).max())
+    assert_close(got, ref, 1e-3 * np.abs(ref).max())
 
 
 def test_cpu_attention_support_and_reasons(cpu, rng):

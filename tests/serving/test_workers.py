@@ -248,3 +248,22 @@ def test_uvicorn_gives_a_busy_front_a_minute_before_killing_it(monkeypatch):
     assert server.serve_workers(ServeSettings(model="unused"), workers=2) == 0
     assert seen["workers"] == 2 and seen["timeout_worker_healthcheck"] == server.FRONT_HEALTHCHECK_S >= 30
     assert seen["timeout_graceful_shutdown"] is None
+
+
+def test_a_ping_the_engine_never_answers_is_false_and_leaves_nothing_waiting(tmp_path):
+    # An engine that accepts the connection but never replies (hung): /health's ping gives up.
+    import asyncio
+
+    from ftbert.serving.engine import RemoteBatcher
+
+    async def main():
+        server = await asyncio.start_unix_server(lambda r, w: None, path=str(tmp_path / "s"))
+        async with server:
+            batcher = RemoteBatcher(str(tmp_path / "s"), tokenize=None)
+            answered = await batcher.ping(timeout_s=0.2)
+            left = dict(batcher._replies)
+            await batcher.close()
+            return answered, left
+
+    answered, left = asyncio.run(main())
+    assert answered is False and left == {}

@@ -354,10 +354,14 @@ class RemoteBatcher:
         """Sends `op` and waits for the engine's reply to it (EngineGone if the engine goes)."""
         await self.connect()
         self._next_id += 1
+        key = self._next_id
         fut = asyncio.get_running_loop().create_future()
-        self._replies[self._next_id] = fut
-        self._send({"op": op, "id": self._next_id})
-        return await fut
+        self._replies[key] = fut
+        try:
+            self._send({"op": op, "id": key})
+            return await fut
+        finally:  # answered, or given up on (a ping's timeout): nothing left waiting
+            self._replies.pop(key, None)
 
     async def metrics_text(self) -> str:
         return await self._ask("metrics")

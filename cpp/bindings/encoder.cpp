@@ -112,6 +112,57 @@ HostWeights weights_from_dict(const py::dict& d, std::vector<py::array>& keep_al
 
 using IdArray = py::array_t<int32_t, py::array::c_style>;
 
+// Packed inputs' offsets into `a` (batch, cu_seqlens); `tokens` >= 0: the inputs' length, which
+// the last offset must equal. The array must outlive the forward.
+void set_offsets(ForwardArgs& a, const IdArray& cu_seqlens, py::ssize_t tokens) {
+  FTBERT_CHECK_INPUT(cu_seqlens.ndim() == 1 && cu_seqlens.shape(0) >= 2,
+                     "cu_seqlens must be 1-D with at least 2 entries [B + 1]");
+  const int32_t last = cu_seqlens.data()[cu_seqlens.shape(0) - 1];
+  FTBERT_CHECK_INPUT(tokens < 0 || last == tokens,
+                     "cu_seqlens ends at " << last << " but input_ids has " << tokens << " tokens");
+  a.cu_seqlens = cu_seqlens.data();
+  a.batch = static_cast<int>(cu_seqlens.shape(0) - 1);
+}
+
+// Runs `a` (inputs set) into host arrays it allocates: last_hidden_state [B, S, H] ([T, H] with
+// packed outputs), pooler_output [B, H] where the model has a pooler, logits [B, N] / per token
+// where it has a head. Returns (hidden, pooled, logits, nonfinite, earlier_nonfinite).
+py::tuple forward_to_host(Encoder& e, ForwardArgs& a) {
+  const int H = e.config().hidden_size;
+  const auto np_dtype = e.dtype() == DType::kFloat32   ? py::dtype("float32")
+                        : e.dtype() == DType::kFloat16 ? py::dtype("float16")
+                                                       : py::dtype("uint16");
+  // Packed inputs: T is their last offset.
+  const py::ssize_t tokens = a.cu_seqlens != nullptr ? a.cu_seqlens[a.batch] : a.tokens;
+  const bool packed = a.cu_seqlens != nullptr || a.packed_outputs;
+  const auto per_token = [&](py::ssize_t width) {
+    return packed ? std::vector<py::ssize_t>{tokens, width}
+                  : std::vector<py::ssize_t>{a.batch, a.seq, width};
+  };
+  py::array hidden(np_dtype, per_token(H));
+  py::object pooled = py::none(), logits = py::none();
+  a.last_hidden_state = hidden.mutable_data();
+  if (e.config().has_pooler) {
+    py::array p(np_dtype, std::vector<py::ssize_t>{a.batch, H});
+    a.pooler_output = p.mutable_data();
+    pooled = p;
+  }
+  const HeadConfig& head = e.config().head;
+  if (head.kind != HeadKind::kNone) {
+    const py::ssize_t N = head.num_labels;
+    py::array l(np_dtype, head.kind == HeadKind::kToken ? per_token(N)
+                                                        : std::vector<py::ssize_t>{a.batch, N});
+    a.logits = l.mutable_data();
+    logits = l;
+  }
+  ForwardResult r;
+  {
+    py::gil_scoped_release release;
+    r = e.forward(a);
+  }
+  return py::make_tuple(hidden, pooled, logits, r.nonfinite, r.earlier_nonfinite);
+}
+
 }  // namespace
 
 void register_encoder(py::module_& m) {
@@ -205,7 +256,7 @@ void register_encoder(py::module_& m) {
       // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to
       // view), then the ForwardResult's two flags.
       // packed_outputs: last_hidden_state [T, H] and token logits [T, N], the attended tokens in
-      // order (Encoder.forward_packed).
+      // order.
       .def("forward_host",
            [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types,
               bool packed_outputs) {
@@ -216,55 +267,35 @@ void register_encoder(py::module_& m) {
              FTBERT_CHECK_INPUT(types.ndim() == 2 && types.shape(0) == ids.shape(0) &&
                                     types.shape(1) == ids.shape(1),
                                 "token_type_ids must have the shape of input_ids");
-             const int B = static_cast<int>(ids.shape(0)), S = static_cast<int>(ids.shape(1));
-             const int H = e.config().hidden_size;
-             const auto item = static_cast<py::ssize_t>(dtype_size(e.dtype()));
-             const auto np_dtype = e.dtype() == DType::kFloat32 ? py::dtype("float32")
-                                   : e.dtype() == DType::kFloat16 ? py::dtype("float16")
-                                                                  : py::dtype("uint16");
-             (void)item;
              ForwardArgs a;
+             a.input_ids = ids.data();
+             a.attention_mask = mask.data();
+             a.token_type_ids = types.data();
+             a.batch = static_cast<int>(ids.shape(0));
+             a.seq = static_cast<int>(ids.shape(1));
              if (packed_outputs) {
                a.packed_outputs = true;
                a.tokens = 0;
                for (py::ssize_t i = 0; i < mask.size(); ++i) a.tokens += mask.data()[i] != 0;
              }
-             // Per-token outputs: [B, S, ...], or [T, ...] packed.
-             const auto per_token = [&](py::ssize_t width) {
-               return packed_outputs ? std::vector<py::ssize_t>{a.tokens, width}
-                                     : std::vector<py::ssize_t>{B, S, width};
-             };
-             py::array hidden(np_dtype, per_token(H));
-             py::object pooled = py::none(), logits = py::none();
-             a.input_ids = ids.data();
-             a.attention_mask = mask.data();
-             a.token_type_ids = types.data();
-             a.batch = B;
-             a.seq = S;
-             a.last_hidden_state = hidden.mutable_data();
-             if (e.config().has_pooler) {
-               py::array p(np_dtype, std::vector<py::ssize_t>{B, H});
-               a.pooler_output = p.mutable_data();
-               pooled = p;
-             }
-             const HeadConfig& head = e.config().head;
-             if (head.kind != HeadKind::kNone) {
-               const py::ssize_t N = head.num_labels;
-               py::array l(np_dtype, head.kind == HeadKind::kToken
-                                         ? per_token(N)
-                                         : std::vector<py::ssize_t>{B, N});
-               a.logits = l.mutable_data();
-               logits = l;
-             }
-             ForwardResult r;
-             {
-               py::gil_scoped_release release;
-               r = e.forward(a);
-             }
-             return py::make_tuple(hidden, pooled, logits, r.nonfinite, r.earlier_nonfinite);
+             return forward_to_host(e, a);
            },
            py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
            py::arg("packed_outputs") = false)
+      // Packed host inputs (Encoder.forward_packed): input_ids and token_type_ids [T], cu_seqlens
+      // [B + 1]; packed outputs as forward_host's packed_outputs gives them.
+      .def("forward_packed_host",
+           [](Encoder& e, const IdArray& ids, const IdArray& types, const IdArray& cu_seqlens) {
+             FTBERT_CHECK_INPUT(ids.ndim() == 1, "input_ids must be 1-D [tokens]");
+             FTBERT_CHECK_INPUT(types.ndim() == 1 && types.shape(0) == ids.shape(0),
+                                "token_type_ids must have the shape of input_ids");
+             ForwardArgs a;
+             a.input_ids = ids.data();
+             a.token_type_ids = types.data();
+             set_offsets(a, cu_seqlens, ids.shape(0));
+             return forward_to_host(e, a);
+           },
+           py::arg("input_ids"), py::arg("token_type_ids"), py::arg("cu_seqlens"))
       // Device memory in and out (e.g. torch CUDA tensors), enqueued on `stream`; returns the
       // ForwardResult's two flags.
       .def(
@@ -303,6 +334,37 @@ void register_encoder(py::module_& m) {
           py::arg("logits"), py::arg("stream"), py::arg("wait_for_finite_check") = false,
           py::arg("tokens") = -1, py::arg("packed_outputs") = false, py::arg("ids_bytes") = 4,
           py::arg("mask_bytes") = 4, py::arg("types_bytes") = 4)
+      // Packed device inputs (Encoder.forward_packed): input_ids and token_type_ids [T] (types 0:
+      // none), cu_seqlens [B + 1] on the host; packed outputs.
+      .def(
+          "forward_packed_device",
+          [](Encoder& e, uintptr_t ids, uintptr_t types, const IdArray& cu_seqlens, uintptr_t hidden,
+             uintptr_t pooled, uintptr_t logits, uintptr_t stream, bool wait_for_finite_check,
+             int ids_bytes, int types_bytes) {
+            ForwardArgs a;
+            a.ids_bytes = ids_bytes;
+            a.types_bytes = types_bytes;
+            a.input_ids = reinterpret_cast<const int32_t*>(ids);
+            a.token_type_ids = reinterpret_cast<const int32_t*>(types);
+            set_offsets(a, cu_seqlens, -1);
+            a.inputs_on_device = true;
+            a.last_hidden_state = reinterpret_cast<void*>(hidden);
+            a.pooler_output = reinterpret_cast<void*>(pooled);
+            a.logits = reinterpret_cast<void*>(logits);
+            a.outputs_on_device = true;
+            a.stream = stream;
+            a.wait_for_finite_check = wait_for_finite_check;
+            ForwardResult r;
+            {
+              py::gil_scoped_release release;
+              r = e.forward(a);
+            }
+            return py::make_tuple(r.nonfinite, r.earlier_nonfinite);
+          },
+          py::arg("input_ids"), py::arg("token_type_ids"), py::arg("cu_seqlens"),
+          py::arg("last_hidden_state"), py::arg("pooler_output"), py::arg("logits"),
+          py::arg("stream"), py::arg("wait_for_finite_check") = false, py::arg("ids_bytes") = 4,
+          py::arg("types_bytes") = 4)
       // The first bad value device inputs held (Encoder::take_bad_input), cleared as it is taken:
       // None, or (argument name, value).
       .def("take_bad_input",

@@ -2,6 +2,9 @@
 // session of its pool. No backend-specific code lives here.
 #include "ftbert/encoder.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "ftbert/check.h"
 
 namespace ftbert {
@@ -220,9 +223,15 @@ void Encoder::validate(const ForwardArgs& a) const {
                      "input_ids has sequence length " << a.seq << ", longer than the "
                                                       << config().max_seq()
                                                       << " positions the model has");
-  FTBERT_CHECK_INPUT(
-      a.input_ids && a.attention_mask && a.token_type_ids && a.last_hidden_state,
-      "forward: input_ids, attention_mask, token_type_ids and the output are required");
+  if (a.cu_seqlens != nullptr) {
+    FTBERT_CHECK_INPUT(a.input_ids && a.last_hidden_state && (a.token_type_ids || a.inputs_on_device),
+                       "forward: packed inputs need input_ids, token_type_ids (on the device, "
+                       "optional) and the output");
+  } else {
+    FTBERT_CHECK_INPUT(
+        a.input_ids && a.attention_mask && a.token_type_ids && a.last_hidden_state,
+        "forward: input_ids, attention_mask, token_type_ids and the output are required");
+  }
   for (const int bytes : {a.ids_bytes, a.mask_bytes, a.types_bytes}) {
     FTBERT_CHECK_INPUT(bytes == 4 || (a.inputs_on_device && (bytes == 8 || bytes == 1)),
                        "forward: inputs hold 4-byte values (device inputs: 8 or 1 too), got "
@@ -231,13 +240,32 @@ void Encoder::validate(const ForwardArgs& a) const {
 }
 
 ForwardResult Encoder::forward(const ForwardArgs& in) {
-  validate(in);
   ForwardArgs args = in;
+  if (args.cu_seqlens != nullptr) {
+    // Packed inputs: T and the longest sequence from the offsets, which must be whole.
+    const int32_t* cu = args.cu_seqlens;
+    FTBERT_CHECK_INPUT(args.batch > 0, "empty batch: cu_seqlens needs at least 2 entries");
+    FTBERT_CHECK_INPUT(cu[0] == 0, "cu_seqlens must start at 0, got " << cu[0]);
+    int longest = 0;
+    for (int b = 0; b < args.batch; ++b) {
+      FTBERT_CHECK_INPUT(cu[b + 1] >= cu[b], "cu_seqlens must not decrease, but entry "
+                                                 << b + 1 << " (" << cu[b + 1] << ") < entry " << b
+                                                 << " (" << cu[b] << ")");
+      longest = std::max(longest, cu[b + 1] - cu[b]);
+    }
+    args.seq = std::max(longest, 1);
+    FTBERT_CHECK_INPUT(static_cast<int64_t>(args.batch) * args.seq <= INT32_MAX,
+                       "packed inputs: " << args.batch << " sequences of up to " << args.seq
+                                         << " tokens index more than 2^31 - 1 positions");
+    args.tokens = cu[args.batch];
+    args.packed_outputs = true;
+  }
+  validate(args);
   const bool invariant = batch_invariant_;
   // Host masks are counted here (for the rule and the GEMM sizes), with whether every sequence
   // starts with a token.
   bool first_positions_attended = true;
-  if (!args.inputs_on_device) {
+  if (!args.inputs_on_device && args.cu_seqlens == nullptr) {
     int64_t t = 0;
     for (int64_t b = 0; b < args.batch; ++b) {
       const int32_t* row = args.attention_mask + b * args.seq;

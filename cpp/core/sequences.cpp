@@ -26,6 +26,24 @@ int64_t pack_sequences_host(const int32_t* mask, int batch, int seq, int32_t* cu
   return t;
 }
 
+int64_t index_packed_host(const int32_t* cu_seqlens, int batch, int seq, int32_t* token_index,
+                          int64_t capacity, int32_t* mask) {
+  const int64_t tokens = cu_seqlens[batch];
+  FTBERT_CHECK(tokens <= capacity, "index_packed: more tokens than the " << capacity << " rows given");
+  if (mask != nullptr) std::fill(mask, mask + static_cast<int64_t>(batch) * seq, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t length = cu_seqlens[b + 1] - cu_seqlens[b];
+    FTBERT_CHECK(length >= 0 && length <= seq,
+                 "index_packed: sequence " << b << " has " << length << " tokens, not 0.." << seq);
+    for (int64_t s = 0; s < length; ++s) {
+      token_index[cu_seqlens[b] + s] = static_cast<int32_t>(b * seq + s);
+      if (mask != nullptr) mask[b * seq + s] = 1;
+    }
+  }
+  std::fill(token_index + tokens, token_index + capacity, -1);
+  return tokens;
+}
+
 void unpack_rows_host_in_place(void* data, const int32_t* token_index, int64_t tokens,
                                int64_t padded_rows, size_t row_bytes) {
   auto* base = static_cast<unsigned char*>(data);

@@ -158,7 +158,7 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
 }
 
 void Session::stage_inputs(const ForwardArgs& a) {
-  const int64_t n = static_cast<int64_t>(a.batch) * a.seq;
+  const int64_t n = a.cu_seqlens != nullptr ? a.tokens : static_cast<int64_t>(a.batch) * a.seq;
   int32_t *ids = ids_.as<int32_t>(), *mask = mask_.as<int32_t>(), *types = types_.as<int32_t>();
   if (a.inputs_on_device) {
     const ModelConfig& c = model_.config();
@@ -169,13 +169,23 @@ void Session::stage_inputs(const ForwardArgs& a) {
   }
   const size_t bytes = n * sizeof(int32_t);
   backend_->copy_to_device(ids, a.input_ids, bytes);
-  backend_->copy_to_device(mask, a.attention_mask, bytes);
+  if (a.attention_mask != nullptr) backend_->copy_to_device(mask, a.attention_mask, bytes);
   backend_->copy_to_device(types, a.token_type_ids, bytes);
 }
 
-int64_t Session::pack(const ForwardArgs& a) {
+int64_t Session::pack(const ForwardArgs& a, bool unfused) {
   const int B = a.batch, S = a.seq;
   const int64_t padded = static_cast<int64_t>(B) * S;
+  if (a.cu_seqlens != nullptr) {
+    host_token_index_.resize(padded);
+    if (unfused) host_mask_.resize(padded);
+    const int64_t t = index_packed_host(a.cu_seqlens, B, S, host_token_index_.data(), padded,
+                                        unfused ? host_mask_.data() : nullptr);
+    backend_->copy_to_device(cu_seqlens_.data(), a.cu_seqlens, (B + 1) * sizeof(int32_t));
+    backend_->copy_to_device(token_index_.data(), host_token_index_.data(), padded * sizeof(int32_t));
+    if (unfused) backend_->copy_to_device(mask_.data(), host_mask_.data(), padded * sizeof(int32_t));
+    return t;
+  }
   if (!a.inputs_on_device) {
     host_cu_seqlens_.resize(B + 1);
     host_token_index_.resize(padded);
@@ -238,15 +248,16 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   bool packed = a.packed;
   int64_t counted = -1;
   if (a.pack_if_it_pays) {
-    counted = pack(a);
+    counted = pack(a, attention == AttentionKind::kUnfused);
     const bool first_token_output =
         outputs.pooled || (outputs.logits && c.head.kind == HeadKind::kSequence);
     packed = packing_pays(B, S, counted) && !(first_token_output && tally_[1] != 0);
   }
   if (packed) {
-    tokens = counted >= 0 ? counted : pack(a);
+    tokens = counted >= 0 ? counted : pack(a, attention == AttentionKind::kUnfused);
     layout.cu_seqlens = cu_seqlens_.as<int32_t>();
     layout.token_index = token_index_.as<int32_t>();
+    layout.ids_packed = a.cu_seqlens != nullptr;
     // Where forwards may be recorded, rows are always the bucket's, graphs on or off: the GEMMs
     // then have the same sizes (so the same algorithms and the same results) either way. T
     // unknown on the host (packed_over_all_rows): every position is a row.
@@ -279,7 +290,7 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     model_.forward(*backend_, to, ids, types, layout, attention, outputs);
   };
   const RecordedOps* recording =
-      graphs ? recording_for({B, S, layout.rows, packed, attention, outputs},
+      graphs ? recording_for({B, S, layout.rows, packed, layout.ids_packed, attention, outputs},
                              [&] { run(recorded); }, recorded.output)
              : nullptr;
   if (recording != nullptr) {

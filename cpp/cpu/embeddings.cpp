@@ -12,8 +12,8 @@ namespace ftbert {
 
 using cpu::parallel_for;
 
-void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
-                                 const int32_t* token_type_ids,       // [B, S]
+void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]; [T] ids_packed
+                                 const int32_t* token_type_ids,       // as input_ids
                                  const void* word,                    // [V, H]
                                  const void* position,                // [P, H]
                                  const void* token_type,              // [T, H]
@@ -22,14 +22,17 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
                                  const SequenceLayout& l, int hidden, int vocab, int type_vocab,
                                  float eps, int position_pad_id) {
   require_cpu_dtype(dt, "embed_layernorm");
-  const int64_t seq = l.max_seq, padded = static_cast<int64_t>(l.batch) * seq;
-  // Positions of every padded position first (a running count per row), so that the parallel
-  // rows below need no prefix scans and packing cannot change a position.
-  std::vector<int64_t> pos(padded);
+  const int64_t seq = l.max_seq;
+  // The position of every input first (a running count per sequence), so that the parallel rows
+  // below need no prefix scans and packing cannot change a position. Inputs are indexed by their
+  // padded position b·S + s, or by their row when they came packed.
+  const auto first = [&](int64_t b) { return l.ids_packed ? l.cu_seqlens[b] : b * seq; };
+  const auto length = [&](int64_t b) { return l.ids_packed ? l.cu_seqlens[b + 1] - l.cu_seqlens[b] : seq; };
+  std::vector<int64_t> pos(l.ids_packed ? l.cu_seqlens[l.batch] : l.batch * seq);
   for (int64_t b = 0; b < l.batch; ++b) {
     int64_t counted = 0;
-    for (int64_t s = 0; s < seq; ++s) {
-      const int64_t i = b * seq + s;
+    for (int64_t s = 0; s < length(b); ++s) {
+      const int64_t i = first(b) + s;
       if (position_pad_id < 0) {
         pos[i] = s;
       } else {
@@ -46,11 +49,12 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S]
   parallel_for(rows, rows * hidden, [&](int64_t begin, int64_t end) {
     float* buf = cpu::scratch_rows(4, hidden);  // the three table rows and the output
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t i = l.packed() ? l.token_index[r] : r;
-      if (i < 0) {  // a row past the tokens of a packed batch: zeros (all bits clear in any dtype)
+      const int64_t token = l.packed() ? l.token_index[r] : r;
+      if (token < 0) {  // a row past the tokens of a packed batch: zeros (all bits clear in any dtype)
         std::memset(cpu::element(dt, out, r * hidden), 0, hidden * dtype_size(dt));
         continue;
       }
+      const int64_t i = l.ids_packed ? r : token;
       // Values are checked by the Python API; clamping keeps any other caller memory-safe.
       const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
       const int64_t tt = std::min<int64_t>(std::max<int32_t>(token_type_ids[i], 0), type_vocab - 1);

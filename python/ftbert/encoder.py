@@ -645,7 +645,8 @@ class Encoder:
         tensor: the shapes of the work depend on it). Returns packed outputs: last_hidden_state
         [T, H] and token logits [T, N] in input order; pooler_output [B, H] and sequence logits
         [B, N] per sequence (an empty sequence's are those of a zero first token). Runs packed
-        whatever `padding_free` says.
+        whatever `padding_free` says, on the inputs as they are: no padded batch is built. The
+        values of CUDA tensors are checked as `input_check` says.
         """
         torch = _torch()
         cu = _host_offsets(cu_seqlens)
@@ -672,29 +673,22 @@ class Encoder:
             raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but input_ids has {T} tokens")
         if token_type_ids is not None and tuple(token_type_ids.shape) != (T,):
             raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, expected ({T},) like input_ids")
-        lengths = np.diff(cu)
-        B, S = len(lengths), max(1, int(lengths.max()))
-        # Each token's padded position in a right-padded [B, S] batch.
-        index = np.repeat(np.arange(B, dtype=np.int64) * S - cu[:-1], lengths) + np.arange(T)
+        S = max(1, int(np.diff(cu).max()))
+        if T >= 2**31:
+            raise ValueError(f"input_ids has {T} tokens: a packed forward takes fewer than 2**31")
+        cu32 = cu.astype(np.int32)
         if on_gpu:
-            if self.device.startswith("cuda") and input_ids.device.index == int(self.device.split(":")[1]):
-                return self._forward_packed_cuda(input_ids, token_type_ids, index, B, S, T)
+            if self._cuda_index >= 0 and input_ids.get_device() == self._cuda_index:
+                return self._forward_packed_cuda(input_ids, token_type_ids, cu32, S, T)
             raise ValueError(f"input_ids is on {input_ids.device} but the encoder runs on {self.device}")
         if is_torch:
             in_device = input_ids.device
             input_ids = tensor_to_numpy("input_ids", input_ids[None])[0]
             if token_type_ids is not None:
                 token_type_ids = tensor_to_numpy("token_type_ids", token_type_ids[None])[0]
-        ids = np.zeros(B * S, np.int32)
-        mask = np.zeros(B * S, np.int32)
-        types = np.zeros(B * S, np.int32)
-        ids[index] = input_ids
-        mask[index] = 1
-        if token_type_ids is not None:
-            types[index] = token_type_ids
-        ids, mask, types = (a.reshape(B, S) for a in (ids, mask, types))
-        check_values(self.config, ids, mask, types)
-        hidden, pooled, logits, nonfinite, earlier = self._native.forward_host(ids, mask, types, packed_outputs=True)
+        types = np.zeros(T, np.int32) if token_type_ids is None else token_type_ids
+        check_values(self.config, input_ids[None], None, types[None], seq=S)
+        hidden, pooled, logits, nonfinite, earlier = self._native.forward_packed_host(input_ids, types, cu32)
         self._report_nonfinite(nonfinite, earlier)
         out = EncoderOutput(*(None if a is None else _from_native_numpy(a) for a in (hidden, pooled, logits)))
         if not is_torch:
@@ -706,26 +700,30 @@ class Encoder:
 
         return EncoderOutput(back(out.last_hidden_state), back(out.pooler_output), back(out.logits))
 
-    def _forward_packed_cuda(self, input_ids, token_type_ids, index, B, S, T) -> EncoderOutput:
-        torch = _torch()
-        dev = input_ids.device
-        idx = torch.from_numpy(index).to(dev, non_blocking=True)
-        ids = torch.zeros(B * S, dtype=torch.int32, device=dev)
-        mask = torch.zeros(B * S, dtype=torch.int32, device=dev)
-        types = torch.zeros(B * S, dtype=torch.int32, device=dev)
-        ids.index_copy_(0, idx, device_int32(input_ids))
-        mask.index_fill_(0, idx, 1)
-        if token_type_ids is not None:
-            types.index_copy_(0, idx, device_int32(token_type_ids))
-        ids, mask, types = (a.view(B, S) for a in (ids, mask, types))
-        self._check_device_values(ids, mask, types)
-        hidden, pooled, logits = self._device_outputs(dev, B, S, packed_tokens=T)
-        nonfinite, earlier = self._native.forward_device(
-            ids.data_ptr(), mask.data_ptr(), types.data_ptr(), B, S,
+    def _forward_packed_cuda(self, ids, types, cu32, S: int, T: int) -> EncoderOutput:
+        """forward_packed of CUDA tensors: staged and checked by the engine as `__call__`'s are
+        (input_check), with no padded batch and no wait for the GPU."""
+        self._raise_bad_input(earlier=True)
+        kinds = staged_dtypes()
+        if self._input_check == "async" and ids.dtype in kinds and (types is None or types.dtype in kinds):
+            check_seq_length(self.config, S)
+            ids = ids.contiguous()
+            types = None if types is None else types.contiguous()
+        else:
+            check_values(self.config, ids[None], None,
+                         ids.new_zeros(1).expand(1, T) if types is None else types[None], seq=S)
+            ids = device_int32(ids)
+            types = None if types is None else device_int32(types)
+        B = len(cu32) - 1
+        hidden, pooled, logits = self._device_outputs(ids.device, B, S, packed_tokens=T)
+        nonfinite, earlier = self._native.forward_packed_device(
+            ids.data_ptr(), 0 if types is None else types.data_ptr(), cu32,
             hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
-            0 if logits is None else logits.data_ptr(), _current_stream_handle(dev.index),
-            self._nonfinite == "raise", tokens=T, packed_outputs=True,
+            0 if logits is None else logits.data_ptr(), _current_stream_handle(self._cuda_index),
+            self._nonfinite == "raise", ids.element_size(), 4 if types is None else types.element_size(),
         )
+        if self._nonfinite == "raise":  # the forward has finished: its own bad values are known
+            self._raise_bad_input(earlier=False)
         self._report_nonfinite(nonfinite, earlier)
         return EncoderOutput(hidden, pooled, logits)
 

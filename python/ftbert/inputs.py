@@ -206,10 +206,11 @@ def _comparable(t):
     return t
 
 
-def check_values(config: dict, ids, mask, types) -> int:
+def check_values(config: dict, ids, mask, types, seq: int | None = None) -> int:
     """The value rules (and the usable length), their one home for both paths: input_ids within
     vocab_size, token_type_ids within type_vocab_size, attention_mask 0 or 1. Returns the attended
-    tokens (the mask's non-zeros).
+    tokens (the mask's non-zeros). Packed inputs (Encoder.forward_packed) come as [1, T] rows with
+    mask None (every position a token) and `seq`, their longest sequence.
 
     numpy arrays (host inputs, int32 from as_int_array) are checked with numpy; torch tensors that
     stay on their device (CUDA tensors given to a CUDA encoder, under input_check="sync" or
@@ -218,15 +219,19 @@ def check_values(config: dict, ids, mask, types) -> int:
     checks them instead, as it stages them (Backend::stage_inputs), without a read back; its kernels
     clamp ids besides, so a bad value could never read outside the tables.
     """
-    check_seq_length(config, ids.shape[1])
+    check_seq_length(config, ids.shape[1] if seq is None else seq)
+    if seq is not None and ids.shape[1] == 0:  # packed inputs of empty sequences only
+        return 0
     if isinstance(ids, np.ndarray):
-        mask_bad = (mask != 0) & (mask != 1)
+        mask_bad = None if mask is None else (mask != 0) & (mask != 1)
         ids_lo, ids_hi, types_lo, types_hi = (int(v) for v in (ids.min(), ids.max(), types.min(), types.max()))
-        tokens = int(np.count_nonzero(mask))
-        mask_any = [bool(mask_bad.any())]
+        tokens = ids.size if mask is None else int(np.count_nonzero(mask))
+        mask_any = [mask_bad is not None and bool(mask_bad.any())]
         unsigned = False, False, False
     else:
         torch = _torch()
+        if mask is None:
+            mask = torch.ones(1, dtype=torch.bool, device=ids.device).expand(ids.shape)
         ids_c, types_c, mask_c = _comparable(ids), _comparable(types), _comparable(mask)
         # torch.stack promotes: all are signed ints here.
         stats = [*torch.aminmax(ids_c), *torch.aminmax(types_c), torch.count_nonzero(mask_c)]

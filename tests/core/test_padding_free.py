@@ -579,6 +579,26 @@ def test_forward_packed_matches_the_padded_forward(zoo, rng, family, kind):
     np.testing.assert_array_equal(out.last_hidden_state, through_call.last_hidden_state[valid])
 
 
+@pytest.mark.parametrize("family", ["roberta", "mpnet"])
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_forward_packed_counts_pad_ids_within_each_sequence(zoo, rng, family, attention):
+    # padding_offset positions count the non-pad ids up to a token: packed inputs are read in
+    # place (no padded batch is built), so the count must start at each sequence's own first
+    # token, with pad ids inside sequences and a length-1 one. The unfused attention reads a
+    # padded mask that the engine builds from cu_seqlens.
+    m = zoo(family, "model")
+    ids, cu, _ = packed_inputs(rng, m, [7, 1, 12, 5])
+    ids[[0, 3, 7, 9, 10, 24]] = m.pad
+    enc = ftbert.Encoder.from_pretrained(m.path, padding_free=True, attention=attention)
+    out = enc.forward_packed(ids, cu)
+    pids, mask, _ = padded_from_packed(m, ids, cu, None)
+    valid = mask.astype(bool)
+    # The same tokens packed from a padded batch (ids at their padded positions), and padded.
+    np.testing.assert_array_equal(out.last_hidden_state, enc(pids, mask).last_hidden_state[valid])
+    assert_close(out.last_hidden_state, m.encoder(False)(pids, mask).last_hidden_state[valid], TOL,
+                 "hidden", relative=True)
+
+
 @pytest.mark.parametrize("family,kind", [("bert", "cls"), ("electra", "token"), ("camembert", "model")])
 def test_forward_packed_takes_lists_numpy_and_cpu_tensors(zoo, rng, family, kind):
     m = zoo(family, kind)

@@ -642,6 +642,9 @@ def test_forward_packed_with_cuda_tensors(bert, rng, dtype, attention):
     same_outputs(outs[0], outs[1])
     same_outputs(outs[0], outs[2])
     assert enc.recorded_shapes == 1
+    # No token types (staged as 0s), and int32 ids as int64 ones.
+    zeros = enc.forward_packed(torch.from_numpy(ids).cuda(), cu, torch.zeros(T, dtype=torch.long, device="cuda"))
+    same_outputs(enc.forward_packed(torch.from_numpy(ids).cuda().int(), cu), zeros)
     # Host inputs to the same encoder: packed on the host instead, the same forward.
     host = enc.forward_packed(ids, cu, types)
     np.testing.assert_array_equal(as_numpy(host.last_hidden_state), as_numpy(outs[2].last_hidden_state))
@@ -800,8 +803,20 @@ def test_forward_packed_device_errors(bert, rng):
         enc.forward_packed(ids, [0, 4, 10], torch.zeros(10, dtype=torch.long))
     with pytest.raises(ValueError, match=r"cu_seqlens ends at 9 but input_ids has 10 tokens"):
         enc.forward_packed(ids, [0, 4, 9])
+    # A bad value: checked on the GPU as it is staged (input_check="async"), raised by the next
+    # call or synchronize(); "sync" raises at the call itself.
+    bad = torch.full((10,), hf.config.vocab_size, device="cuda")
+    enc.forward_packed(bad, [0, 4, 10])
     with pytest.raises(ValueError, match=rf"input_ids holds {hf.config.vocab_size}, out of range"):
-        enc.forward_packed(torch.full((10,), hf.config.vocab_size, device="cuda"), [0, 4, 10])
+        enc.synchronize()
+    enc.forward_packed(ids, [0, 4, 10], bad - hf.config.vocab_size + hf.config.type_vocab_size)
+    with pytest.raises(ValueError, match=rf"an earlier forward's inputs were bad: token_type_ids holds "
+                                         rf"{hf.config.type_vocab_size}"):
+        enc.forward_packed(ids, [0, 4, 10])
+    enc.input_check = "sync"
+    with pytest.raises(ValueError, match=rf"input_ids holds {hf.config.vocab_size}, out of range"):
+        enc.forward_packed(bad, [0, 4, 10])
+    enc.input_check = "async"
     with pytest.raises(ValueError, match="exceeds max_position_embeddings 512"):
         enc.forward_packed(torch.ones(513, dtype=torch.long, device="cuda"), [0, 513])
     cpu_enc = ftbert.Encoder.from_pretrained(path, padding_free=True)

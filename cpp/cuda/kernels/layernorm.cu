@@ -444,10 +444,10 @@ struct EmbeddingRows {
 template <typename T, bool kPosition>
 __device__ __forceinline__ EmbeddingRows<T> embedding_rows(
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ token_type_ids,
-    const T* word, const T* position, const T* token_type, int token, int s, int hidden, int vocab,
+    const T* word, const T* position, const T* token_type, int at, int s, int hidden, int vocab,
     int type_vocab) {
-  const int id = min(max(input_ids[token], 0), vocab - 1);
-  const int type = token_type_ids ? min(max(token_type_ids[token], 0), type_vocab - 1) : 0;
+  const int id = min(max(input_ids[at], 0), vocab - 1);
+  const int type = token_type_ids ? min(max(token_type_ids[at], 0), type_vocab - 1) : 0;
   return {word + static_cast<int64_t>(id) * hidden,
           kPosition ? position + static_cast<int64_t>(s) * hidden : nullptr,
           token_type + static_cast<int64_t>(type) * hidden};
@@ -499,16 +499,18 @@ __global__ void __launch_bounds__(kMaxThreads)
     return;
   }
   int s = token % layout.max_seq;
+  // Where its ids are: at its row when they came packed, else at its padded position.
+  const int at = layout.ids_packed ? blockIdx.x : token;
   if (kPosition && position_pad_id >= 0) {
     // The RoBERTa family's position: the non-pad ids up to this token, counted by the block.
-    const int32_t* row_ids = input_ids + (token - s);
+    const int32_t* row_ids = input_ids + (at - s);
     float real = 0.0f;
     for (int j = threadIdx.x; j <= s; j += blockDim.x) real += row_ids[j] != position_pad_id;
     const int counted = static_cast<int>(block_sum(real, scratch));
     s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
   }
   const EmbeddingRows<T> tables = embedding_rows<T, kPosition>(
-      input_ids, token_type_ids, word, position, token_type, token, s, hidden, vocab, type_vocab);
+      input_ids, token_type_ids, word, position, token_type, at, s, hidden, vocab, type_vocab);
   const T *w = tables.word, *p = tables.position, *t = tables.type;
 
   float sum = 0.0f;
@@ -557,9 +559,11 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     return;
   }
   int s = token % layout.max_seq;
+  // Where its ids are: at its row when they came packed, else at its padded position.
+  const int at = layout.ids_packed ? row : token;
   if (kPosition && position_pad_id >= 0) {
     // The RoBERTa family's position: the non-pad ids up to this token, counted by the warp.
-    const int32_t* row_ids = input_ids + (token - s);
+    const int32_t* row_ids = input_ids + (at - s);
     int counted = 0;
     for (int j0 = 0; j0 <= s; j0 += 32) {
       const int j = j0 + lane;
@@ -568,7 +572,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     s = row_ids[s] != position_pad_id ? position_pad_id + counted : position_pad_id;
   }
   const EmbeddingRows<T> tables = embedding_rows<T, kPosition>(
-      input_ids, token_type_ids, word, position, token_type, token, s, hidden, vocab, type_vocab);
+      input_ids, token_type_ids, word, position, token_type, at, s, hidden, vocab, type_vocab);
   const T *w = tables.word, *p = tables.position, *t = tables.type;
   float v[kChunks][VEC];
 #pragma unroll

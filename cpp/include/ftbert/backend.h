@@ -193,6 +193,7 @@ class Backend : public Device {
   // holds `*_bytes`-wide values: 4 (int32), 8 (int64) or 1 (uint8 / bool). A value out of range is
   // stored as 0, so it never reads outside a table, and the first one met is recorded in `bad`
   // (when given; the device address of a BadInputValue) for the host to read without waiting.
+  // A null attention_mask stages 1s (packed inputs), null token_type_ids 0s.
   virtual void stage_inputs(const void* input_ids, int ids_bytes,            // [n]
                             const void* attention_mask, int mask_bytes,      // [n]
                             const void* token_type_ids, int types_bytes,     // [n]

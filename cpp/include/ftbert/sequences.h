@@ -32,6 +32,9 @@ struct SequenceLayout {
   // device only, and rows past it must be kept finite (Model::forward zeroes what attention
   // leaves unwritten there).
   bool bounded = false;
+  // The inputs (ids, token types) lie one per row, in row order, as packed callers give them;
+  // otherwise at their padded positions (row r's at token_index[r]).
+  bool ids_packed = false;
 
   FTBERT_HOST_DEVICE bool packed() const { return cu_seqlens != nullptr; }
   static SequenceLayout padded(int batch, int seq, const int32_t* mask) {
@@ -58,6 +61,12 @@ inline bool packing_pays(int batch, int seq, int64_t tokens) {
 // Returns T. A sequence keeps its tokens' order, wherever its padding is (left, right, inside).
 int64_t pack_sequences_host(const int32_t* mask, int batch, int seq, int32_t* cu_seqlens,
                             int32_t* token_index, int64_t capacity);
+
+// The layout of inputs that come packed: from cu_seqlens [B + 1] (sequence b is rows
+// cu[b]..cu[b+1]-1, each at most `seq` long), token_index [capacity] (b·S + s of each row; -1 from
+// T on) and, when `mask` is given, the padded mask [B, S] the unfused attention reads. Returns T.
+int64_t index_packed_host(const int32_t* cu_seqlens, int batch, int seq, int32_t* token_index,
+                          int64_t capacity, int32_t* mask = nullptr);
 
 // Scatters packed rows back to the padded layout, in place: `data` holds T rows of `row_bytes`
 // at its start and receives [B·S] rows, padding zeroed. Host memory.

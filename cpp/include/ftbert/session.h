@@ -22,11 +22,15 @@ namespace ftbert {
 // One forward's inputs and outputs. All pointers are host memory unless the matching *_on_device
 // flag says they are the backend's memory (e.g. torch CUDA tensors).
 struct ForwardArgs {
-  const int32_t* input_ids = nullptr;       // [B, S]
-  const int32_t* attention_mask = nullptr;  // [B, S] 1/0
-  const int32_t* token_type_ids = nullptr;  // [B, S]
+  const int32_t* input_ids = nullptr;       // [B, S]; [T] packed inputs
+  const int32_t* attention_mask = nullptr;  // [B, S] 1/0; null for packed inputs
+  const int32_t* token_type_ids = nullptr;  // [B, S]; [T] packed inputs; null on the device: 0s
   int batch = 0;
-  int seq = 0;
+  int seq = 0;  // S; packed inputs: the longest sequence (the Encoder sets it)
+  // Inputs that come packed, as Encoder.forward_packed takes them: [B + 1] offsets in host memory,
+  // sequence b being inputs cu_seqlens[b]..cu_seqlens[b + 1]-1 (T = cu_seqlens[B] of them). Such
+  // a forward runs packed and leaves its outputs packed; no padded batch is built.
+  const int32_t* cu_seqlens = nullptr;
   bool inputs_on_device = false;
   // Device inputs: the bytes of each value of input_ids, attention_mask and token_type_ids (4:
   // int32, 8: int64, 1: uint8 / bool; the pointers then point at such values). They are staged
@@ -100,11 +104,12 @@ class Session {
     int batch, seq;
     int rows;  // B·S padded; the token-count bucket packed
     bool packed;
+    bool ids_packed;  // the inputs came packed (SequenceLayout::ids_packed)
     AttentionKind attention;
     Model::Outputs outputs;
     bool operator<(const ShapeKey& o) const {
-      return std::tie(batch, seq, rows, packed, attention, outputs) <
-             std::tie(o.batch, o.seq, o.rows, o.packed, o.attention, o.outputs);
+      return std::tie(batch, seq, rows, packed, ids_packed, attention, outputs) <
+             std::tie(o.batch, o.seq, o.rows, o.packed, o.ids_packed, o.attention, o.outputs);
     }
   };
   struct Recording {
@@ -121,8 +126,10 @@ class Session {
   // inputs copied, device inputs staged as int32 and checked (Backend::stage_inputs).
   void stage_inputs(const ForwardArgs& args);
   // Packs the inputs' sequences into cu_seqlens_ / token_index_ (on the host for host inputs, on
-  // the device otherwise) and returns T, reading it back from the device when not given.
-  int64_t pack(const ForwardArgs& args);
+  // the device otherwise) and returns T, reading it back from the device when not given. Inputs
+  // that came packed are indexed from their offsets on the host, and get the padded mask the
+  // unfused attention reads when `unfused`.
+  int64_t pack(const ForwardArgs& args, bool unfused);
   // Copies the outputs to the caller, scattering packed rows back to the padded layout unless the
   // caller asked for them packed; the hidden states not when they went to the caller's tensor.
   void copy_outputs(const ForwardArgs& args, const SequenceLayout& layout, int64_t tokens,
@@ -156,6 +163,7 @@ class Session {
   DeviceBuffer token_index_;          // [B, S] int32, packed forwards
   DeviceBuffer first_tokens_;         // [B, H], the first tokens gathered for a pooler or head
   std::vector<int32_t> host_cu_seqlens_, host_token_index_;  // host inputs' packing
+  std::vector<int32_t> host_mask_;  // packed inputs' padded mask, for the unfused attention
   DeviceBuffer hidden_, hidden2_;     // [B, S, H]
   DeviceBuffer embedded_;             // [B, S, E], only with a projection
   DeviceBuffer qkv_;                  // [B, S, 3H]

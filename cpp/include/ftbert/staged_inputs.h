@@ -22,15 +22,16 @@ FTBERT_HOST_DEVICE inline int64_t input_value(const void* p, int bytes, int64_t 
 }
 
 // Writes position i's three int32 values (an out-of-range one as 0) and returns the field of the
-// first bad one (BadInputValue::kNone when all are good), its value in *bad_value.
+// first bad one (BadInputValue::kNone when all are good), its value in *bad_value. A null mask
+// reads as 1 (packed inputs: every position is a token), null types as 0.
 FTBERT_HOST_DEVICE inline int32_t stage_position(const void* ids, int ids_bytes, const void* mask,
                                                  int mask_bytes, const void* types, int types_bytes,
                                                  int64_t i, int32_t* ids_out, int32_t* mask_out,
                                                  int32_t* types_out, int vocab, int type_vocab,
                                                  int64_t* bad_value) {
   const int64_t id = input_value(ids, ids_bytes, i);
-  const int64_t m = input_value(mask, mask_bytes, i);
-  const int64_t t = input_value(types, types_bytes, i);
+  const int64_t m = mask != nullptr ? input_value(mask, mask_bytes, i) : 1;
+  const int64_t t = types != nullptr ? input_value(types, types_bytes, i) : 0;
   const bool id_ok = id >= 0 && id < vocab, m_ok = m == 0 || m == 1, t_ok = t >= 0 && t < type_vocab;
   ids_out[i] = id_ok ? static_cast<int32_t>(id) : 0;
   mask_out[i] = m_ok ? static_cast<int32_t>(m) : 0;

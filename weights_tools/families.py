@@ -108,6 +108,9 @@ class SequenceHead:
     activation: str | None  # after the own dense (layout.HEAD_ACTIVATIONS); None with the pooler
     out: tuple[str, str]  # HF (weight, bias) of the [num_labels, hidden] output Linear
     norm: str | None = None  # HF name of a bias-free LayerNorm's weight after the activation
+    # The config.json key whose value "mean" makes the own dense read the mean of the sequence's
+    # tokens instead of token 0 (ModernBERT's classifier_pooling); None: always token 0.
+    pooling_key: str | None = None
 
     def hf_names(self) -> Mapping[str, str | None]:
         """Engine head tensor (layout.HEAD_TENSORS) -> HF name (None: zeros)."""
@@ -561,7 +564,8 @@ def _modernbert_layer(raw: Mapping[str, Any]) -> dict:
 # layer, a GeGLU MLP (Wi gives [input | gate]), a final norm; no position table, no token types, no
 # biases and no LayerNorm betas by default (other settings are refused). Task models keep the
 # encoder under "model."; their heads are a dense without bias, GELU and a norm, then the
-# classifier, on token 0 (classifier_pooling "cls"; "mean" is refused) or on every token.
+# classifier, on token 0 or the mean of the tokens (classifier_pooling "cls" or "mean"), or on every
+# token.
 MODERNBERT = Family(
     name="modernbert",
     model_types=("modernbert",),
@@ -603,11 +607,12 @@ MODERNBERT = Family(
     token_types=False,
     projection=None,
     sequence_head=SequenceHead(dense=("head.dense.weight", None), activation="gelu",
-                               out=("classifier.weight", "classifier.bias"), norm="head.norm.weight"),
+                               out=("classifier.weight", "classifier.bias"), norm="head.norm.weight",
+                               pooling_key="classifier_pooling"),
     token_head=TokenHead(out=("classifier.weight", "classifier.bias"), dense=("head.dense.weight", None),
                          activation="gelu", norm="head.norm.weight"),
     derive_layer=_modernbert_layer,
-    head_accepted_values=_frozen({"classifier_pooling": ("cls",), "classifier_activation": ("gelu",),
+    head_accepted_values=_frozen({"classifier_pooling": ("cls", "mean"), "classifier_activation": ("gelu",),
                                   "classifier_bias": (False,)}),
 )
 

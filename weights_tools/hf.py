@@ -139,10 +139,16 @@ def read_head(src: Path, family: Family) -> dict | None:
                                   f"(only {_choices(accepted)})")
     labels = _labels(raw, path)
     own_dense = head.dense is not None
+    if kind == TOKEN_CLASSIFICATION:
+        source = "tokens"
+    elif not own_dense:
+        source = "pooler"
+    else:
+        source = "mean" if head.pooling_key and raw.get(head.pooling_key) == "mean" else "first_token"
     return {
         "kind": kind,
         "num_labels": len(labels),
-        "input": "tokens" if kind == TOKEN_CLASSIFICATION else "first_token" if own_dense else "pooler",
+        "input": source,
         "activation": head.activation if own_dense else None,
         "norm": head.norm is not None,
         "labels": labels,

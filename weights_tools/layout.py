@@ -80,8 +80,10 @@ LAYER_KEYS = ("rotary_theta", "local_rotary_theta", "local_window", "global_ever
 #   kind: SEQUENCE_CLASSIFICATION (logits [B, num_labels] from token 0) or TOKEN_CLASSIFICATION
 #     (logits [B, S, num_labels] from every token);
 #   num_labels: a positive integer;
-#   input: where a sequence head reads: "pooler" (the pooler output: BERT) or "first_token" (token 0
-#     through the head's own dense and activation: the others); "tokens" for a token head;
+#   input: where a sequence head reads: "pooler" (the pooler output: BERT), "first_token" (token 0
+#     through the head's own dense and activation: the others) or "mean" (the mean of the
+#     sequence's tokens through that dense: ModernBERT's classifier_pooling "mean"); "tokens" for a
+#     token head;
 #   activation: that own dense's activation (HEAD_ACTIVATIONS), null otherwise; a token head with
 #     an activation has a dense of its own too, on every token (ModernBERT's);
 #   norm: true where a bias-free LayerNorm follows that activation (ModernBERT's head), else false;
@@ -95,7 +97,7 @@ SEQUENCE_CLASSIFICATION = "sequence_classification"
 TOKEN_CLASSIFICATION = "token_classification"
 HEAD_KINDS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
 HEAD_KEYS = ("kind", "num_labels", "input", "activation", "norm", "labels", "score_activation")
-HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token"), TOKEN_CLASSIFICATION: ("tokens",)}
+HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token", "mean"), TOKEN_CLASSIFICATION: ("tokens",)}
 HEAD_ACTIVATIONS = ("tanh", "gelu", "relu")
 SCORE_ACTIVATIONS = ("sigmoid", "identity", "softmax")
 
@@ -329,10 +331,10 @@ def check_head(cfg: dict, where: str, error: Callable[[str], Exception]) -> None
     if head["input"] == "pooler" and cfg["has_pooler"] is not True:
         raise error(f"{where}: head.input is 'pooler', but has_pooler is {cfg['has_pooler']!r}")
     act = head["activation"]
-    if head["input"] == "first_token":
+    if head["input"] in ("first_token", "mean"):
         if act not in HEAD_ACTIVATIONS:
             raise error(f"{where}: head.activation must be one of {', '.join(map(repr, HEAD_ACTIVATIONS))} "
-                        f"for input 'first_token', got {act!r}")
+                        f"for input {head['input']!r}, got {act!r}")
     elif head["input"] == "tokens":
         if act not in (None, *HEAD_ACTIVATIONS):
             raise error(f"{where}: head.activation must be null or one of "

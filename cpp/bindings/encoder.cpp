@@ -76,6 +76,7 @@ ModelConfig config_from_dict(const py::dict& d) {
     c.head.kind = kind == "token_classification" ? HeadKind::kToken : HeadKind::kSequence;
     c.head.num_labels = get<int>(h, "num_labels");
     c.head.reads_pooler = get<std::string>(h, "input") == "pooler";
+    c.head.reads_mean = get<std::string>(h, "input") == "mean";
     // A token head with an activation has a dense of its own; heads written before "norm" have none.
     c.head.token_dense = c.head.kind == HeadKind::kToken && h.contains("activation") &&
                          !h["activation"].is_none();

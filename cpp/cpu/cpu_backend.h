@@ -53,6 +53,8 @@ class CpuBackend final : public Backend {
                    Activation act = Activation::kIdentity) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
+  void mean_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
+                   int hidden) override;
   void unpack_rows(const void* in, const SequenceLayout& layout, void* out,
                    size_t row_bytes) override;
   void clear_rows_past_tokens(void* x, const SequenceLayout& layout, size_t row_bytes) override;

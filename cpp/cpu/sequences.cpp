@@ -2,7 +2,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include <vector>
+
 #include "cpu/cpu_backend.h"
+#include "cpu/rows.h"
 
 namespace ftbert {
 
@@ -25,6 +28,29 @@ void CpuBackend::first_tokens(DType dt, const void* x,  // [rows, H]
       first = l.cu_seqlens[b];
     }
     std::memcpy(row, src + first * row_bytes, row_bytes);
+  }
+}
+
+void CpuBackend::mean_tokens(DType dt, const void* x,  // [rows, H]
+                             const SequenceLayout& l,
+                             void* out,  // [B, H]
+                             int hidden) {
+  require_cpu_dtype(dt, "mean_tokens");
+  std::vector<float> sum(hidden), row_buf(hidden);
+  for (int64_t b = 0; b < l.batch; ++b) {
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    const int64_t first = l.packed() ? l.cu_seqlens[b] : b * l.max_seq;
+    const int64_t end = l.packed() ? l.cu_seqlens[b + 1] : first + l.max_seq;
+    int64_t count = 0;
+    for (int64_t r = first; r < end; ++r) {
+      if (!l.packed() && l.mask[r] == 0) continue;
+      const float* row = cpu::load_row(dt, x, r, hidden, row_buf.data());
+      for (int c = 0; c < hidden; ++c) sum[c] += row[c];
+      ++count;
+    }
+    float* o = cpu::out_row(dt, out, b, hidden, row_buf.data());
+    for (int c = 0; c < hidden; ++c) o[c] = count > 0 ? sum[c] / static_cast<float>(count) : 0.0f;
+    cpu::store_row(dt, out, b, hidden, o);
   }
 }
 

@@ -457,6 +457,16 @@ void CudaBackend::first_tokens(DType dt, const void* x, const SequenceLayout& la
   });
 }
 
+void CudaBackend::mean_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
+                              int hidden) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_mean_tokens<T>(static_cast<const T*>(x), layout, static_cast<T*>(out), hidden,
+                          stream_);
+  });
+}
+
 void CudaBackend::unpack_rows(const void* in, const SequenceLayout& layout, void* out,
                               size_t row_bytes) {
   DeviceScope scope(device_);

@@ -126,6 +126,8 @@ class CudaBackend : public Backend {
                       int32_t* first_unattended = nullptr) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
+  void mean_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
+                   int hidden) override;
   void unpack_rows(const void* in, const SequenceLayout& layout, void* out,
                    size_t row_bytes) override;
   void clear_rows_past_tokens(void* x, const SequenceLayout& layout, size_t row_bytes) override;

@@ -14,7 +14,7 @@ import torch
 
 import ftbert
 from ftbert import _C
-from tests._models import make_modernbert
+from tests._models import make_modernbert, widen_head
 from tests._util import padded_ids
 
 TOL = 1e-4
@@ -129,15 +129,53 @@ def test_settings_the_engine_does_not_run_are_refused_by_name(tmp_path, change, 
         ftbert.Encoder.from_pretrained(tmp_path)
 
 
-def test_mean_pooling_heads_are_refused_but_bare_encoders_carrying_the_key_load(tmp_path, rng):
-    # classifier_pooling "mean" changes what a sequence head reads: refused for the head only;
-    # ModernBERT-base's own config.json carries it for its bare encoder.
-    make_modernbert(tmp_path / "cls", kind="cls", hidden=32, heads=2, layers=2, seed=10)
+def mean_head(path, seed=10):
+    """A ModernBERT sequence classifier with classifier_pooling "mean", saved to `path`."""
+    hf = make_modernbert(path, kind="cls", hidden=32, heads=2, layers=2, seed=seed, num_labels=3, window=8)
+    hf.config.classifier_pooling = "mean"
+    widen_head(hf)  # logits of order 1: token 0 in place of the mean misses by far
+    hf.save_pretrained(path)
+    return hf
+
+
+@pytest.mark.parametrize("attention", ["unfused", "flash"])
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("style", ["right", "left", "holes"])
+def test_mean_pooling_head_matches_transformers(tmp_path, rng, attention, padding_free, style):
+    # classifier_pooling "mean": the head's dense reads the mean of each sequence's attended
+    # tokens (past the window of ±4, so the tokens differ), whatever the padding.
+    hf = mean_head(tmp_path)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, padding_free=padding_free, attention=attention)
+    assert enc.config["head"]["input"] == "mean"
+    ids, mask = inputs(rng, hf, 4, 37, style)
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).logits.numpy()
+    got = enc(ids, mask).logits
+    assert np.abs(got - want).max() <= TOL * max(1.0, np.abs(want).max())
+    if style != "right":  # rotary positions count padding: packed, only right padding agrees
+        return
+    # The same through forward_packed (one sequence of a single token among them).
+    lengths = mask.sum(1)
+    lengths[1] = 1
+    flat = np.concatenate([ids[b][mask[b].astype(bool)][:lengths[b]] for b in range(len(ids))])
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    packed = enc.forward_packed(flat, cu).logits
+    one = torch.from_numpy(flat[cu[1]:cu[2]])[None]
+    with torch.no_grad():
+        want_one = hf(one).logits.numpy()[0]
+    assert np.abs(packed[1] - want_one).max() <= TOL * max(1.0, np.abs(want_one).max())
+    assert np.abs(packed[[0, 2, 3]] - want[[0, 2, 3]]).max() <= TOL * max(1.0, np.abs(want).max())
+
+
+def test_pooling_values_the_engine_does_not_run_are_refused_and_bare_encoders_load(tmp_path, rng):
+    # Any other classifier_pooling is refused for the head only; ModernBERT-base's own config.json
+    # carries the key for its bare encoder.
+    mean_head(tmp_path / "cls")
     hf = make_modernbert(tmp_path / "bare", hidden=32, heads=2, layers=2, seed=10)
     for d in ("cls", "bare"):
         cfg_path = tmp_path / d / "config.json"
-        cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "classifier_pooling": "mean"}))
-    with pytest.raises(ValueError, match="classifier_pooling 'mean' is not supported for ModernBertForSequenceClassification"):
+        cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "classifier_pooling": "max"}))
+    with pytest.raises(ValueError, match="classifier_pooling 'max' is not supported for ModernBertForSequenceClassification"):
         ftbert.Encoder.from_pretrained(tmp_path / "cls")
     ids, mask = inputs(rng, hf, 2, 20, "right")
     out = ftbert.Encoder.from_pretrained(tmp_path / "bare")(ids, mask).last_hidden_state

@@ -61,6 +61,24 @@ void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWei
   return out;
 }
 
+void sequence_head_dense(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                         const Activations& act, const void* hidden, const SequenceLayout& L) {
+  const HeadConfig& hc = c.head;
+  const int H = c.hidden_size;
+  if (!hc.reads_mean) {
+    be.first_token_dense(dt, hidden, L, w.head_dense_weight.data(), w.head_dense_bias.data(),
+                         act.head_hidden, act.first_tokens, H, H, hc.dense_activation,
+                         act.output != nullptr);
+    return;
+  }
+  // The means [B, H] go to first_tokens; `hidden` is read by a kernel only (model.h).
+  be.mean_tokens(dt, hidden, L, act.first_tokens, H);
+  be.gemm(dt, false, false, L.batch, H, H, act.first_tokens, H, w.head_dense_weight.data(), H,
+          act.head_hidden, H);
+  be.add_bias_activation(dt, act.head_hidden, w.head_dense_bias.data(), L.batch, H,
+                         hc.dense_activation);
+}
+
 namespace {
 
 // The task head: the final hidden states `hidden` (and act.pooled for a head on the pooler)
@@ -77,9 +95,7 @@ void head(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
     if (hc.reads_pooler) {
       x = act.pooled;
     } else {
-      be.first_token_dense(dt, hidden, L, w.head_dense_weight.data(), w.head_dense_bias.data(),
-                           act.head_hidden, act.first_tokens, H, H, hc.dense_activation,
-                           act.output != nullptr);
+      sequence_head_dense(be, dt, c, w, act, hidden, L);
       x = act.head_hidden;
     }
   }

@@ -34,6 +34,11 @@ void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWei
                      const Activations& act, const SequenceLayout& layout,
                      AttentionKind attention, const AttentionOptions& options);
 
+// A sequence head's own dense: act.head_hidden [B, H] = act(x_b · Wd + bd), x_b being sequence b's
+// first token, or the mean of its tokens where the head reads the mean (HeadConfig::reads_mean).
+void sequence_head_dense(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                         const Activations& act, const void* hidden, const SequenceLayout& layout);
+
 // From the final hidden states `hidden` [M, H]: the pooler into act.pooled and the task head into
 // act.logits, as `outputs` asks.
 void pooler_and_head(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,

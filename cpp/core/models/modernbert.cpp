@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/models/blocks.h"
 #include "core/models/models.h"
 #include "ftbert/attention.h"
 #include "ftbert/check.h"
@@ -111,7 +112,8 @@ class ModernBertModel final : public Model {
 
  private:
   // transformers' ModernBertPredictionHead then the classifier: x = LN(act(x · Wd + bd)) on token
-  // 0 (sequence head, classifier_pooling "cls") or every token, logits = x · Wout + bout.
+  // 0 or the mean of the tokens (sequence head, classifier_pooling "cls" or "mean") or on every
+  // token, logits = x · Wout + bout.
   void head(Backend& be, const Activations& act, const void* hidden,
             const SequenceLayout& L) const {
     const DType dt = dtype_;
@@ -121,9 +123,7 @@ class ModernBertModel final : public Model {
     const float eps = config_.layer_norm_eps;
     if (hc.kind == HeadKind::kSequence) {
       const int B = L.batch;
-      be.first_token_dense(dt, hidden, L, w.head_dense_weight.data(), w.head_dense_bias.data(),
-                           act.head_hidden, act.first_tokens, H, H, hc.dense_activation,
-                           act.output != nullptr);
+      blocks::sequence_head_dense(be, dt, config_, w, act, hidden, L);
       be.residual_add_layernorm(dt, act.head_hidden, nullptr, nullptr, w.head_ln_gamma.data(),
                                 zeros_.data(), act.pooled, B, H, eps);
       be.gemm(dt, false, false, B, N, H, act.pooled, H, w.head_out_weight.data(), N, act.logits, N);

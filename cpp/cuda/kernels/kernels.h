@@ -64,6 +64,12 @@ void invoke_first_tokens(const T* x,  // [rows, H]
                          const SequenceLayout& layout,
                          T* out,  // [B, H]
                          int hidden, cudaStream_t stream);
+// out[b] = the mean of sequence b's tokens (Backend::mean_tokens).
+template <typename T>
+void invoke_mean_tokens(const T* x,  // [rows, H]
+                        const SequenceLayout& layout,
+                        T* out,  // [B, H]
+                        int hidden, cudaStream_t stream);
 // out[token_index[r]] = in[r] for r < T, every other row of out zeroed.
 void invoke_unpack_rows(const void* in,  // [rows, row_bytes]
                         const SequenceLayout& layout,

@@ -94,6 +94,27 @@ __global__ void first_tokens_kernel(const T* __restrict__ x, SequenceLayout layo
   }
 }
 
+// One thread per column of a sequence's mean (blockIdx.x: the sequence), summing its tokens in
+// order: the same sums whatever the batch.
+template <typename T>
+__global__ void mean_tokens_kernel(const T* __restrict__ x, SequenceLayout layout,
+                                   T* __restrict__ out, int hidden) {
+  begin_dependent_kernel();
+  const int b = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= hidden) return;
+  const int64_t first = layout.packed() ? layout.cu_seqlens[b] : static_cast<int64_t>(b) * layout.max_seq;
+  const int64_t end = layout.packed() ? layout.cu_seqlens[b + 1] : first + layout.max_seq;
+  float sum = 0.0f;
+  int count = 0;
+  for (int64_t r = first; r < end; ++r) {
+    if (!layout.packed() && layout.mask[r] == 0) continue;
+    sum += to_float(x[r * hidden + c]);
+    ++count;
+  }
+  out[static_cast<int64_t>(b) * hidden + c] = from_float<T>(count > 0 ? sum / static_cast<float>(count) : 0.0f);
+}
+
 // Row moves in words of W (16, 4 or 1 bytes: the widest that the row size and pointers allow).
 template <typename W>
 __global__ void scatter_rows_kernel(const W* __restrict__ in, SequenceLayout layout,
@@ -160,6 +181,16 @@ void invoke_first_tokens(const T* x, const SequenceLayout& layout, T* out, int h
   FTBERT_LAUNCH_CHECK("first_tokens_kernel", stream);
 }
 
+template <typename T>
+void invoke_mean_tokens(const T* x, const SequenceLayout& layout, T* out, int hidden,
+                        cudaStream_t stream) {
+  if (layout.batch == 0 || hidden == 0) return;
+  constexpr int kThreads = 128;
+  launch(mean_tokens_kernel<T>, dim3(layout.batch, (hidden + kThreads - 1) / kThreads), kThreads, 0,
+         stream, x, layout, out, hidden);
+  FTBERT_LAUNCH_CHECK("mean_tokens_kernel", stream);
+}
+
 void invoke_unpack_rows(const void* in, const SequenceLayout& layout, void* out, size_t row_bytes,
                         cudaStream_t stream) {
   const size_t padded = static_cast<size_t>(layout.batch) * layout.max_seq;
@@ -189,7 +220,8 @@ void invoke_clear_rows_past_tokens(void* x, const SequenceLayout& layout, size_t
 }
 
 #define FTBERT_INSTANTIATE_SEQUENCES(T) \
-  template void invoke_first_tokens<T>(const T*, const SequenceLayout&, T*, int, cudaStream_t);
+  template void invoke_first_tokens<T>(const T*, const SequenceLayout&, T*, int, cudaStream_t); \
+  template void invoke_mean_tokens<T>(const T*, const SequenceLayout&, T*, int, cudaStream_t);
 FTBERT_INSTANTIATE_SEQUENCES(float)
 FTBERT_INSTANTIATE_SEQUENCES(__half)
 FTBERT_INSTANTIATE_SEQUENCES(__nv_bfloat16)

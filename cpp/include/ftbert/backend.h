@@ -223,6 +223,16 @@ class Backend : public Device {
                             void* out,      // [B, H]
                             int hidden) = 0;
 
+  // out[b] = the mean of sequence b's tokens: its attended rows padded (the mask), rows
+  // cu[b]..cu[b+1]-1 packed; zeros for an empty sequence. Summed in float32 in token order, so a
+  // sequence's mean does not depend on the rest of the batch. (ModernBERT's classifier_pooling
+  // "mean".)
+  virtual void mean_tokens(DType dt,
+                           const void* x,  // [rows, H]
+                           const SequenceLayout& layout,
+                           void* out,      // [B, H]
+                           int hidden) = 0;
+
   // Packed rows back to the padded layout: out[token_index[r]] = in[r], padding rows zeroed.
   virtual void unpack_rows(const void* in,  // [rows, row_bytes] packed
                            const SequenceLayout& layout,

@@ -39,6 +39,7 @@ struct HeadConfig {
   HeadKind kind = HeadKind::kNone;
   int num_labels = 0;         // N
   bool reads_pooler = false;  // sequence head on the pooler output (BERT); else its own dense
+  bool reads_mean = false;    // that own dense on the mean of the tokens, not the first token
   Activation dense_activation = Activation::kTanh;  // of that own dense
   bool token_dense = false;  // a token head with a dense + activation of its own (ModernBERT)
   bool norm = false;         // a bias-free LayerNorm after the own dense's activation (ModernBERT)
@@ -131,6 +132,8 @@ struct ModelConfig {
       FTBERT_CHECK(!head.reads_pooler || (head.kind == HeadKind::kSequence && has_pooler),
                    "config: only a sequence head of a model with a pooler reads the pooler");
       FTBERT_CHECK(!head.norm || head.has_dense(), "config: a head's norm follows its own dense");
+      FTBERT_CHECK(!head.reads_mean || (head.kind == HeadKind::kSequence && !head.reads_pooler),
+                   "config: only a sequence head with a dense of its own reads the tokens' mean");
     }
   }
 };

@@ -12,8 +12,8 @@
                          packed, a mask with holes, op by op and replayed (1: float16 flash only)
   sanitize.py modernbert [1] - a small ModernBERT's forward (rotary, the gated activation, the
                          pre-LayerNorm residual step, sliding windows in both attention kernels),
-                         float32, float16 and bfloat16, padded and packed, a mask with holes, op by
-                         op and replayed (1: float16 flash only)
+                         float32, float16 and bfloat16, padded and packed (and forward_packed), a
+                         mask with holes, op by op and replayed (1: float16 flash only)
   sanitize.py invariant - batch_invariant=True: a small BERT with a sequence head and a small
                          ModernBERT, float16 and bfloat16, a ragged batch op by op and replayed,
                          from host arrays and from CUDA tensors (the reference GEMMs and the
@@ -101,6 +101,12 @@ def _family_forwards(name: str, model, pad: int, quick: int) -> None:
                         again = enc(ids, mask)
                         np.testing.assert_array_equal(again.last_hidden_state, out.last_hidden_state)
                     print(name, dtype, enc.attention_for(3, 201), "packed" if packed else "padded", "ok")
+                    if packed:  # the same tokens given packed, from host arrays and CUDA tensors
+                        flat, cu = ids[mask == 1], np.concatenate([[0], np.cumsum(mask.sum(1))])
+                        for x in (flat, torch.from_numpy(flat).cuda()):
+                            hidden = enc.forward_packed(x, cu).last_hidden_state
+                            assert bool(torch.isfinite(torch.as_tensor(hidden)).all())
+                        print(name, dtype, enc.attention_for(3, 201), "forward_packed ok")
 
 
 def mpnet(quick: int = 0) -> None:

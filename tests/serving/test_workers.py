@@ -256,8 +256,13 @@ def test_a_ping_the_engine_never_answers_is_false_and_leaves_nothing_waiting(tmp
 
     from ftbert.serving.engine import RemoteBatcher
 
+    async def hang(reader, writer):  # reads until the client leaves, never answers
+        await reader.read()
+        writer.close()
+
     async def main():
-        server = await asyncio.start_unix_server(lambda r, w: None, path=str(tmp_path / "s"))
+        # (Python 3.12's Server.wait_closed waits for every connection: the handler closes its own.)
+        server = await asyncio.start_unix_server(hang, path=str(tmp_path / "s"))
         async with server:
             batcher = RemoteBatcher(str(tmp_path / "s"), tokenize=None)
             answered = await batcher.ping(timeout_s=0.2)

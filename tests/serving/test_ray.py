@@ -85,7 +85,7 @@ def ray_server(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_replicas_serve_the_openai_client_through_rays_proxy(ray_server, rng):
-    import openai
+    openai = pytest.importorskip("openai", reason="the openai client is not installed (the test extra has it)")
     from ray import serve
 
     path, url = ray_server

@@ -125,6 +125,25 @@ void set_offsets(ForwardArgs& a, const IdArray& cu_seqlens, py::ssize_t tokens) 
   a.batch = static_cast<int>(cu_seqlens.shape(0) - 1);
 }
 
+// Runs `a` (its inputs set, device memory) into the device outputs given, enqueued on `stream`.
+// Returns (nonfinite, earlier_nonfinite).
+py::tuple forward_on_device(Encoder& e, ForwardArgs& a, uintptr_t hidden, uintptr_t pooled,
+                            uintptr_t logits, uintptr_t stream, bool wait_for_finite_check) {
+  a.inputs_on_device = true;
+  a.last_hidden_state = reinterpret_cast<void*>(hidden);
+  a.pooler_output = reinterpret_cast<void*>(pooled);
+  a.logits = reinterpret_cast<void*>(logits);
+  a.outputs_on_device = true;
+  a.stream = stream;
+  a.wait_for_finite_check = wait_for_finite_check;
+  ForwardResult r;
+  {
+    py::gil_scoped_release release;
+    r = e.forward(a);
+  }
+  return py::make_tuple(r.nonfinite, r.earlier_nonfinite);
+}
+
 // Runs `a` (inputs set) into host arrays it allocates: last_hidden_state [B, S, H] ([T, H] with
 // packed outputs), pooler_output [B, H] where the model has a pooler, logits [B, N] / per token
 // where it has a head. Returns (hidden, pooled, logits, nonfinite, earlier_nonfinite).
@@ -314,21 +333,9 @@ void register_encoder(py::module_& m) {
             a.token_type_ids = reinterpret_cast<const int32_t*>(types);
             a.batch = batch;
             a.seq = seq;
-            a.inputs_on_device = true;
-            a.last_hidden_state = reinterpret_cast<void*>(hidden);
-            a.pooler_output = reinterpret_cast<void*>(pooled);
-            a.logits = reinterpret_cast<void*>(logits);
-            a.outputs_on_device = true;
-            a.stream = stream;
-            a.wait_for_finite_check = wait_for_finite_check;
             a.tokens = tokens;
             a.packed_outputs = packed_outputs;
-            ForwardResult r;
-            {
-              py::gil_scoped_release release;
-              r = e.forward(a);
-            }
-            return py::make_tuple(r.nonfinite, r.earlier_nonfinite);
+            return forward_on_device(e, a, hidden, pooled, logits, stream, wait_for_finite_check);
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
           py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
@@ -348,19 +355,7 @@ void register_encoder(py::module_& m) {
             a.input_ids = reinterpret_cast<const int32_t*>(ids);
             a.token_type_ids = reinterpret_cast<const int32_t*>(types);
             set_offsets(a, cu_seqlens, -1);
-            a.inputs_on_device = true;
-            a.last_hidden_state = reinterpret_cast<void*>(hidden);
-            a.pooler_output = reinterpret_cast<void*>(pooled);
-            a.logits = reinterpret_cast<void*>(logits);
-            a.outputs_on_device = true;
-            a.stream = stream;
-            a.wait_for_finite_check = wait_for_finite_check;
-            ForwardResult r;
-            {
-              py::gil_scoped_release release;
-              r = e.forward(a);
-            }
-            return py::make_tuple(r.nonfinite, r.earlier_nonfinite);
+            return forward_on_device(e, a, hidden, pooled, logits, stream, wait_for_finite_check);
           },
           py::arg("input_ids"), py::arg("token_type_ids"), py::arg("cu_seqlens"),
           py::arg("last_hidden_state"), py::arg("pooler_output"), py::arg("logits"),

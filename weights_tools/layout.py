@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from .._native import _C
+
 FORMAT_NAME = "ftbert"
 FORMAT_VERSION = 2  # what the converter writes
 READABLE_VERSIONS = (1, 2)  # what read_converted reads (version 1: reader._upgrade_version_1)
@@ -40,16 +42,19 @@ ABSOLUTE = "absolute"
 PADDING_OFFSET = "padding_offset"
 POSITION_SCHEMES = (ABSOLUTE, PADDING_OFFSET)
 
+# The engine config's keys as the engine reads them (cpp/core/config.cpp), in file order: (object ("" at
+# the top level, else the object key holding it), name, type, required, written in the file). The key
+# lists below are taken from it.
+ENGINE_KEYS: tuple[tuple[str, str, str, bool, bool], ...] = tuple(map(tuple, _C.engine_config_keys()))
+
+
+def _engine_keys(obj: str = "", type_: str | None = None, required: bool | None = None) -> tuple[str, ...]:
+    return tuple(name for o, name, t, req, in_file in ENGINE_KEYS
+                 if o == obj and in_file and type_ in (None, t) and required in (None, req))
+
+
 # Hyper-parameters copied from config.json; all must be positive integers.
-INT_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
+INT_KEYS = _engine_keys(type_="int", required=True)
 
 # The width of the embedding tables: hidden_size, except in a family with a projection (ELECTRA's
 # embedding_size), whose tables are narrower (or wider) and projected to hidden_size before the first
@@ -74,7 +79,7 @@ RELATIVE_BUCKETS_LOOKED_UP = 32
 # position table, no biases and no LayerNorm betas, and a final norm (the tensor list below).
 # Files written before the key existed hold BERT's layer (reader.read_config fills in null).
 LAYER = "layer"
-LAYER_KEYS = ("rotary_theta", "local_rotary_theta", "local_window", "global_every")
+LAYER_KEYS = _engine_keys(LAYER)
 
 # The task head above the encoder: null, or an object with these keys (check_head):
 #   kind: SEQUENCE_CLASSIFICATION (logits [B, num_labels] from token 0) or TOKEN_CLASSIFICATION
@@ -96,26 +101,19 @@ HEAD = "head"
 SEQUENCE_CLASSIFICATION = "sequence_classification"
 TOKEN_CLASSIFICATION = "token_classification"
 HEAD_KINDS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
-HEAD_KEYS = ("kind", "num_labels", "input", "activation", "norm", "labels", "score_activation")
+# The engine reads the first keys; labels and score_activation are the Python Encoder's.
+HEAD_KEYS = (*_engine_keys(HEAD), "labels", "score_activation")
 HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token", "mean"), TOKEN_CLASSIFICATION: ("tokens",)}
 HEAD_ACTIVATIONS = ("tanh", "gelu", "relu")
 SCORE_ACTIVATIONS = ("sigmoid", "identity", "softmax")
 
-# Every key of ftbert_config.json, in the order it is written.
+# Every key of ftbert_config.json, in the order it is written: the engine's between the format's and
+# the weights'.
 CONFIG_KEYS = (
     "format",
     "format_version",
     "model_type",
-    *INT_KEYS,
-    EMBEDDING_SIZE,
-    "layer_norm_eps",
-    "hidden_act",
-    "position_ids",
-    "pad_token_id",
-    RELATIVE_BUCKETS,
-    LAYER,
-    "has_pooler",
-    HEAD,
+    *_engine_keys(),
     "dtype",
     "weights_file",
     "weights_sha256",

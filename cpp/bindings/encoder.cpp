@@ -2,7 +2,6 @@
 // raw device pointers in and out of forward.
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <string>
 
 #include "bindings/bindings.h"
@@ -14,78 +13,45 @@ namespace ftbert::bindings {
 
 namespace {
 
-template <typename T>
-T get(const py::dict& d, const char* key) {
-  FTBERT_CHECK_INPUT(d.contains(key), "config: missing key '" << key << "'");
-  return d[key].cast<T>();
+// The value of `key` in the config dict as the engine's key table types it.
+ConfigValue config_value(const py::dict& d, const ConfigKey& key) {
+  ConfigValue v;
+  py::dict where = d;
+  if (*key.object) {
+    if (!d.contains(key.object) || d[key.object].is_none()) return v;
+    where = d[key.object].cast<py::dict>();
+  }
+  if (!where.contains(key.name) || where[key.name].is_none()) return v;
+  const py::handle h = where[key.name];
+  v.present = true;
+  // bool is an int to Python: a hyper-parameter of true is refused rather than read as 1.
+  const bool is_bool = py::isinstance<py::bool_>(h);
+  bool ok = false;
+  switch (key.type) {
+    case ConfigType::kInt:
+      if ((ok = py::isinstance<py::int_>(h) && !is_bool)) v.integer = h.cast<int64_t>();
+      break;
+    case ConfigType::kNumber:
+      if ((ok = (py::isinstance<py::float_>(h) || py::isinstance<py::int_>(h)) && !is_bool)) {
+        v.number = h.cast<double>();
+      }
+      break;
+    case ConfigType::kString:
+      if ((ok = py::isinstance<py::str>(h))) v.text = h.cast<std::string>();
+      break;
+    case ConfigType::kBool: ok = is_bool; if (ok) v.flag = h.cast<bool>(); break;
+    case ConfigType::kObject: ok = py::isinstance<py::dict>(h); break;
+  }
+  static const char* const kWhat[] = {"an integer", "a number", "a string", "true or false",
+                                      "an object"};
+  FTBERT_CHECK_INPUT(ok, "config: " << (*key.object ? std::string(key.object) + "." : "") << key.name
+                                    << " must be " << kWhat[static_cast<int>(key.type)] << ", got "
+                                    << py::repr(h).cast<std::string>());
+  return v;
 }
 
 ModelConfig config_from_dict(const py::dict& d) {
-  ModelConfig c;
-  // Conversions from before architecture units are BERT's.
-  if (d.contains("architecture")) {
-    c.architecture = d["architecture"].cast<std::string>();
-    const std::vector<std::string> known = model_architectures();
-    if (std::find(known.begin(), known.end(), c.architecture) == known.end()) {
-      std::string names;
-      for (const std::string& n : known) names += (names.empty() ? "'" : ", '") + n + "'";
-      throw InputError("config: architecture '" + c.architecture + "' is not one this build runs (" +
-                       names + ")");
-    }
-  }
-  c.vocab_size = get<int>(d, "vocab_size");
-  c.hidden_size = get<int>(d, "hidden_size");
-  // Conversions without the key have no projection.
-  c.embedding_size = d.contains("embedding_size") ? d["embedding_size"].cast<int>() : c.hidden_size;
-  c.num_layers = get<int>(d, "num_hidden_layers");
-  c.num_heads = get<int>(d, "num_attention_heads");
-  c.intermediate_size = get<int>(d, "intermediate_size");
-  c.max_position_embeddings = get<int>(d, "max_position_embeddings");
-  c.type_vocab_size = get<int>(d, "type_vocab_size");
-  c.layer_norm_eps = get<float>(d, "layer_norm_eps");
-  c.activation = activation_from_hf(get<std::string>(d, "hidden_act"));
-  c.has_pooler = get<bool>(d, "has_pooler");
-  // Conversions from before the RoBERTa family count positions from 0.
-  const std::string positions =
-      d.contains("position_ids") ? d["position_ids"].cast<std::string>() : "absolute";
-  FTBERT_CHECK_INPUT(positions == "absolute" || positions == "padding_offset",
-                     "config: position_ids '" << positions
-                                              << "' is not 'absolute' or 'padding_offset'");
-  if (positions == "padding_offset") c.position_pad_id = get<int>(d, "pad_token_id");
-  // ModernBERT's layer: pre-LayerNorm, rotary, gated MLP, sliding windows. Conversions without
-  // the key have BERT's.
-  if (d.contains("layer") && !d["layer"].is_none()) {
-    const auto a = d["layer"].cast<py::dict>();
-    c.rotary_theta = get<float>(a, "rotary_theta");
-    c.local_rotary_theta = get<float>(a, "local_rotary_theta");
-    c.local_window = get<int>(a, "local_window");
-    c.global_every = get<int>(a, "global_every");
-    c.gated_mlp = true;
-  }
-  // Conversions from before MPNet have no relative bias.
-  if (d.contains("relative_attention_num_buckets")) {
-    c.relative_attention_buckets = d["relative_attention_num_buckets"].cast<int>();
-  }
-  // Conversions from before heads have none.
-  if (d.contains("head") && !d["head"].is_none()) {
-    const auto h = d["head"].cast<py::dict>();
-    const auto kind = get<std::string>(h, "kind");
-    FTBERT_CHECK_INPUT(kind == "sequence_classification" || kind == "token_classification",
-                       "config: head.kind '" << kind << "' is not 'sequence_classification' or "
-                                                "'token_classification'");
-    c.head.kind = kind == "token_classification" ? HeadKind::kToken : HeadKind::kSequence;
-    c.head.num_labels = get<int>(h, "num_labels");
-    c.head.reads_pooler = get<std::string>(h, "input") == "pooler";
-    c.head.reads_mean = get<std::string>(h, "input") == "mean";
-    // A token head with an activation has a dense of its own; heads written before "norm" have none.
-    c.head.token_dense = c.head.kind == HeadKind::kToken && h.contains("activation") &&
-                         !h["activation"].is_none();
-    c.head.norm = h.contains("norm") && h["norm"].cast<bool>();
-    if (c.head.has_dense()) {
-      c.head.dense_activation = head_activation_from_name(get<std::string>(h, "activation"));
-    }
-  }
-  return c;
+  return config_from_values([&](const ConfigKey& key) { return config_value(d, key); });
 }
 
 // weights: {name: (array, stored dtype name)}; bfloat16 arrives as uint16 bits.
@@ -196,6 +162,19 @@ void register_encoder(py::module_& m) {
         return out;
       },
       "The tensors an engine config implies, in file order: (name, shape, is a lookup table).");
+  m.def(
+      "engine_config_keys",
+      [] {
+        static const char* const kTypes[] = {"int", "number", "string", "bool", "object"};
+        py::list keys;
+        for (const ConfigKey& k : engine_config_keys()) {
+          keys.append(py::make_tuple(k.object, k.name, kTypes[static_cast<int>(k.type)], k.required,
+                                     k.in_file));
+        }
+        return keys;
+      },
+      "The engine config's keys in file order: (object (\"\" at the top level), name, type, "
+      "required, written in ftbert_config.json).");
   m.def("architectures", &model_architectures,
         "The architecture units this build runs, by the names the engine config's "
         "\"architecture\" takes.");

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "ftbert/check.h"
 
@@ -137,5 +139,40 @@ struct ModelConfig {
     }
   }
 };
+
+// The engine config's keys, each written once: config_from_values reads through this table, and
+// weights_tools/layout.py takes its key lists from it (the bound module's engine_config_keys).
+enum class ConfigType : int { kInt, kNumber, kString, kBool, kObject };
+
+// One value as a reader found it: `present` false where the key is absent or null.
+struct ConfigValue {
+  bool present = false;
+  int64_t integer = 0;  // kInt
+  double number = 0;    // kNumber
+  bool flag = false;    // kBool
+  std::string text;     // kString
+};
+
+struct ConfigKey {
+  const char* object;  // "" at the top level, else the object key holding it ("layer", "head")
+  const char* name;
+  ConfigType type;
+  // Every config has it (within its object). Otherwise conversions older than the key lack it,
+  // or it may be null, and its absence has the meaning config_from_values gives it.
+  bool required;
+  // Written in ftbert_config.json; false for what the loader adds (the architecture unit, named
+  // by the family table).
+  bool in_file;
+  void (*set)(ModelConfig& c, const ConfigValue& v);  // called where the value is present
+};
+
+const std::vector<ConfigKey>& engine_config_keys();
+
+// Reads `key` wherever the config lives (the binding: a Python dict), as key.type.
+using ConfigLookup = std::function<ConfigValue(const ConfigKey& key)>;
+
+// The config the keys describe, with the meaning of absent ones filled in; a missing required key
+// or a value the engine does not run is an InputError naming it.
+ModelConfig config_from_values(const ConfigLookup& lookup);
 
 }  // namespace ftbert

@@ -11,10 +11,13 @@ import pytest
 # run's own, never the user's. Forwards wait for the picks of shapes they meet untuned
 # ("inline"), so that results compared across forwards never straddle a pick landing; the default
 # background tuning has tests of its own (tests/cuda/test_gemm_tuning.py), in processes of their own.
+# GPU encoders load unwarmed unless a test asks (a warm-up meets every GEMM row bucket, which inline
+# tuning would measure for each of the suite's many model sizes); the default has tests of its own.
 _CACHE = tempfile.mkdtemp(prefix="ftbert-test-cache-")
 atexit.register(shutil.rmtree, _CACHE, True)
 os.environ.setdefault("FTBERT_CACHE_DIR", _CACHE)
 os.environ.setdefault("FTBERT_GEMM_TUNING", "inline")
+os.environ.setdefault("FTBERT_WARMUP", "0")
 
 # Fresh random inputs on every run; FTBERT_TEST_SEED=N replays a run (the header prints N).
 RUN_SEED = int(os.environ.get("FTBERT_TEST_SEED", np.random.SeedSequence().entropy % (2**31)))

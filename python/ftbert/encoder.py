@@ -129,7 +129,7 @@ class Encoder:
         nonfinite: str = "warn",
         padding_free="auto",
         input_check: str = "async",
-        warmup: bool = False,
+        warmup: bool | None = None,
         batch_invariant: bool = False,
         quantization: str | None = None,
     ) -> "Encoder":
@@ -146,13 +146,15 @@ class Encoder:
         `Encoder.nonfinite`). padding_free: "auto", True or False (see `Encoder.padding_free`).
         input_check: "async" or "sync", how the values of CUDA tensors are checked (see
         `Encoder.input_check`). warmup: run `warm_up()` before returning, so that the first calls
-        do not pay the process's one-time costs (what `ftbert serve` does). batch_invariant: each
+        do not pay the process's one-time costs; None (the default) warms a GPU encoder and not a
+        CPU one, unless FTBERT_WARMUP says "1" or "0" for every load. batch_invariant: each
         sequence's outputs the same bits whatever it is batched with (see `Encoder.batch_invariant`).
         quantization: None, or "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
         per output channel and int8 activations per token (see `Encoder.quantization`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
-        _check_bool("warmup", warmup)
+        if warmup is not None:
+            _check_bool("warmup", warmup)
         _check_bool("batch_invariant", batch_invariant)
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r}: expected None or 'int8'")
@@ -169,6 +171,7 @@ class Encoder:
             raise ValueError(f"unknown attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
         _check_nonfinite(nonfinite)
         kind, index = _parse_device(device)
+        warm = _default_warmup(kind) if warmup is None else bool(warmup)
         if kind == "cpu" and (reason := _C.cpu_dtype_unsupported_reason(dtype)):
             raise ValueError(reason)
         if kind == "cuda":
@@ -202,7 +205,7 @@ class Encoder:
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
         enc._input_check = input_check
-        if warmup:
+        if warm:
             enc.warm_up()
         return enc
 
@@ -459,7 +462,8 @@ class Encoder:
         up to the model's limit (the attention kernels chosen by length), a padded one, and the
         pooling `encode` runs after them. The default covers `encode`'s batches. On the CPU, which
         loads no kernels, a small packed forward or two and the padded one.
-        `from_pretrained(warmup=True)` and `ftbert serve` call it; what it saves is measured in
+        `from_pretrained` calls it for a GPU encoder by default, and `ftbert serve` for every
+        encoder; what it saves is measured in
         docs/performance.md ("First calls"). The checkpoint's tokenizer.json is loaded and one
         text encoded; a tokenizer that fails to load is left for `encode` to report. A GPU's GEMM
         shapes met here are measured in the background as any forward's are (see `tune`)."""
@@ -893,6 +897,16 @@ def _check_concurrency(n) -> int:
     if not 1 <= n <= MAX_CONCURRENCY:
         raise ValueError(f"concurrency must be between 1 and {MAX_CONCURRENCY}, got {n}")
     return int(n)
+
+
+def _default_warmup(kind: str) -> bool:
+    """from_pretrained's warmup=None: FTBERT_WARMUP ("1" or "0") where set, else a GPU's first calls
+    are warmed (their one-time costs are most of a first pass) and the CPU's, which load no
+    kernels, are not."""
+    value = os.environ.get("FTBERT_WARMUP", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"FTBERT_WARMUP must be '0' or '1' (or unset), got {value!r}")
+    return value == "1" if value else kind == "cuda"
 
 
 def _check_bool(name: str, value) -> None:

@@ -325,14 +325,24 @@ def test_minilm_packed_encode_on_the_gpu_matches_the_cpu(pooling):
         np.testing.assert_allclose(gpu, cpu, atol=2e-4, err_msg=str(kwargs))
 
 
+def test_a_gpu_encoder_is_warmed_by_default(tmp_path, monkeypatch):
+    from tests._models import make_model
+
+    make_model(tmp_path, "bert", hidden=64, heads=2, layers=1)
+    monkeypatch.delenv("FTBERT_WARMUP", raising=False)
+    assert ftbert.Encoder.from_pretrained(tmp_path, device="cuda").workspace_bytes > 0
+    monkeypatch.setenv("FTBERT_WARMUP", "0")
+    assert ftbert.Encoder.from_pretrained(tmp_path, device="cuda").workspace_bytes == 0
+
+
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_warm_up_leaves_results_unchanged(tmp_path, rng, family):
     from tests._models import make_model
 
     make_model(tmp_path, family, hidden=128, heads=2, layers=2)
-    cold = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16")
+    cold = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", warmup=False)
     warm = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", warmup=True)
-    assert warm.workspace_bytes > 0
+    assert warm.workspace_bytes > 0 and cold.workspace_bytes == 0
     ids = torch.from_numpy(rng.integers(3, 99, (3, 45))).cuda()
     mask = torch.from_numpy(ragged_mask(rng, 3, 45)).cuda()
     for _ in range(2):  # the second time: CUDA graphs recorded

@@ -382,6 +382,23 @@ def test_warm_up_rejects_a_bad_token_count(enc, bad):
         enc.warm_up(max_tokens=bad)
 
 
+def test_the_default_warm_up_follows_the_device_and_ftbert_warmup(model_path, monkeypatch):
+    monkeypatch.delenv("FTBERT_WARMUP", raising=False)
+    assert ftbert.Encoder.from_pretrained(model_path)._text_tok is None  # the CPU: not warmed
+    monkeypatch.setenv("FTBERT_WARMUP", "1")
+    assert ftbert.Encoder.from_pretrained(model_path)._text_tok is not None
+    assert ftbert.Encoder.from_pretrained(model_path, warmup=False)._text_tok is None
+    monkeypatch.setenv("FTBERT_WARMUP", "0")
+    assert ftbert.Encoder.from_pretrained(model_path, warmup=True)._text_tok is not None
+
+
+@pytest.mark.parametrize("bad", ["yes", "true", "2", " 1"])
+def test_a_bad_ftbert_warmup_is_refused_by_name(model_path, monkeypatch, bad):
+    monkeypatch.setenv("FTBERT_WARMUP", bad)
+    with pytest.raises(ValueError, match=f"FTBERT_WARMUP must be '0' or '1' \\(or unset\\), got {bad!r}"):
+        ftbert.Encoder.from_pretrained(model_path)
+
+
 def test_from_pretrained_rejects_a_non_bool_warmup(model_path):
     with pytest.raises((TypeError, ValueError), match="warmup"):
         ftbert.Encoder.from_pretrained(model_path, warmup="yes")

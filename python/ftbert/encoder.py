@@ -523,27 +523,32 @@ class Encoder:
     # ---- forward ---------------------------------------------------------------------------
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> EncoderOutput:
         """Runs the encoder. See the module docstring for the input/output rules."""
-        torch = _torch()
-        is_torch = isinstance(input_ids, torch.Tensor)
-        if is_torch:
-            return self._forward_torch(input_ids, attention_mask, token_type_ids)
-        ids = as_int_array("input_ids", input_ids)
-        mask = np.ones_like(ids) if attention_mask is None else as_int_array("attention_mask", attention_mask)
-        types = np.zeros_like(ids) if token_type_ids is None else as_int_array("token_type_ids", token_type_ids)
-        check_shapes(ids.shape, mask.shape, types.shape)
-        check_values(self.config, ids, mask, types)
-        return EncoderOutput(*(None if a is None else _from_native_numpy(a)
-                               for a in self._forward_host(ids, mask, types)))
+        return self._forward(self._padded_inputs(input_ids, attention_mask, token_type_ids))
 
-    def _forward_host(self, ids, mask, types) -> tuple:
-        """The engine's host forward of checked arrays: (hidden, pooled, logits) as it returns them
-        (bfloat16 as its bits, uint16)."""
-        hidden, pooled, logits, nonfinite, earlier = self._native.forward_host(ids, mask, types)
-        self._report_nonfinite(nonfinite, earlier)
-        return hidden, pooled, logits
+    def forward_packed(self, input_ids, cu_seqlens, token_type_ids=None) -> EncoderOutput:
+        """Runs sequences given packed, one after another with no padding (FlashAttention's varlen
+        convention): sequence b is input_ids[cu_seqlens[b]:cu_seqlens[b + 1]].
 
-    def _forward_torch(self, input_ids, attention_mask, token_type_ids) -> EncoderOutput:
+        input_ids, token_type_ids: [T] (numpy, a list, or torch tensors, on the encoder's GPU or the
+        CPU); cu_seqlens: [B + 1] offsets, 0 first and T last, on the host (a list, numpy or a CPU
+        tensor: the shapes of the work depend on it). Returns packed outputs: last_hidden_state
+        [T, H] and token logits [T, N] in input order; pooler_output [B, H] and sequence logits
+        [B, N] per sequence (an empty sequence's are those of a zero first token). Runs packed
+        whatever `padding_free` says, on the inputs as they are: no padded batch is built. The
+        values of CUDA tensors are checked as `input_check` says.
+        """
+        return self._forward(self._packed_inputs(input_ids, cu_seqlens, token_type_ids))
+
+    def _padded_inputs(self, input_ids, attention_mask, token_type_ids) -> "_Inputs":
+        """`__call__`'s arguments, checked, as the one forward takes them."""
         torch = _torch()
+        if not isinstance(input_ids, torch.Tensor):
+            ids = as_int_array("input_ids", input_ids)
+            mask = np.ones_like(ids) if attention_mask is None else as_int_array("attention_mask", attention_mask)
+            types = np.zeros_like(ids) if token_type_ids is None else as_int_array("token_type_ids", token_type_ids)
+            check_shapes(ids.shape, mask.shape, types.shape)
+            check_values(self.config, ids, mask, types)
+            return _Inputs(ids, mask, types, None, _from_native_numpy)
         tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         for name, t in tensors.items():
             if t is not None:
@@ -562,61 +567,114 @@ class Encoder:
         if types is None:
             types = torch.zeros(shape, dtype=torch.int32, device=input_ids.device)
         check_shapes(shape, tuple(mask.shape), tuple(types.shape))
-
         if self._cuda_index >= 0 and where >= 0:
             if where != self._cuda_index:
                 raise ValueError(
                     f"input_ids is on {input_ids.device} but the encoder runs on {self.device}: move the "
                     f"inputs there (.to({self.device!r})), or pass CPU tensors"
                 )
-            return self._forward_cuda_tensors(input_ids, mask, types)
-
-        # Host path: through numpy, then back to the inputs' device as the encoder's dtype.
-        in_device = input_ids.device
+            return _Inputs(input_ids, mask, types, None, None, on_device=True)
         ids, mask, types = (tensor_to_numpy(name, t) for name, t in
                             (("input_ids", input_ids), ("attention_mask", mask), ("token_type_ids", types)))
         check_shapes(ids.shape, mask.shape, types.shape)
         check_values(self.config, ids, mask, types)
+        return _Inputs(ids, mask, types, None, _to_torch(input_ids.device))
 
-        def back(a):
-            if a is None:
-                return None
-            # bfloat16 bits viewed as torch's bfloat16: no conversion pass. A torch CPU op over
-            # the outputs would wake torch's intra-op threads, which then spin beside the engine's
-            # own threads through the next forward (docs/performance.md, "bfloat16 with torch CPU
-            # tensors").
-            t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 \
-                else torch.from_numpy(a)
-            return t if in_device.type == "cpu" else t.to(in_device)
+    def _packed_inputs(self, input_ids, cu_seqlens, token_type_ids) -> "_Inputs":
+        """forward_packed's arguments, checked, as the one forward takes them."""
+        torch = _torch()
+        cu = _host_offsets(cu_seqlens)
+        is_torch = isinstance(input_ids, torch.Tensor)
+        if is_torch:
+            check_tensor("input_ids", input_ids)
+            if token_type_ids is not None:
+                check_tensor("token_type_ids", token_type_ids)
+                if token_type_ids.device != input_ids.device:
+                    raise ValueError(f"token_type_ids is on {token_type_ids.device} but input_ids is on "
+                                     f"{input_ids.device}")
+        else:
+            input_ids = _packed_host_ids("input_ids", input_ids)
+            if isinstance(token_type_ids, torch.Tensor):
+                raise TypeError("token_type_ids is a torch tensor but input_ids is not: pass both as "
+                                "torch tensors, or both as numpy arrays or lists")
+            if token_type_ids is not None:
+                token_type_ids = _packed_host_ids("token_type_ids", token_type_ids)
+        if input_ids.ndim != 1:
+            raise ValueError(f"input_ids must be 1-D [tokens] for forward_packed, got shape {tuple(input_ids.shape)}")
+        T = int(input_ids.shape[0])
+        if int(cu[-1]) != T:
+            raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but input_ids has {T} tokens")
+        if token_type_ids is not None and tuple(token_type_ids.shape) != (T,):
+            raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, expected ({T},) like input_ids")
+        if T >= 2**31:
+            raise ValueError(f"input_ids has {T} tokens: a packed forward takes fewer than 2**31")
+        cu32 = cu.astype(np.int32)
+        if is_torch and input_ids.device.type == "cuda":
+            if self._cuda_index >= 0 and input_ids.get_device() == self._cuda_index:
+                return _Inputs(input_ids, None, token_type_ids, cu32, None, on_device=True)
+            raise ValueError(f"input_ids is on {input_ids.device} but the encoder runs on {self.device}")
+        back = _from_native_numpy
+        if is_torch:
+            back = _to_torch(input_ids.device)
+            input_ids = tensor_to_numpy("input_ids", input_ids[None])[0]
+            if token_type_ids is not None:
+                token_type_ids = tensor_to_numpy("token_type_ids", token_type_ids[None])[0]
+        types = np.zeros(T, np.int32) if token_type_ids is None else token_type_ids
+        inputs = _Inputs(input_ids, None, types, cu32, back)
+        check_values(self.config, input_ids[None], None, types[None], seq=inputs.seq)
+        return inputs
 
-        return EncoderOutput(*(back(a) for a in self._forward_host(ids, mask, types)))
+    def _forward(self, inputs: "_Inputs") -> EncoderOutput:
+        """The one forward every entry reaches: host arrays through the engine's host entries, the
+        results as the caller's kind (`inputs.back`); CUDA tensors through `_forward_on_device`."""
+        if inputs.on_device:
+            return self._forward_on_device(inputs)
+        if inputs.packed:
+            out = self._native.forward_packed_host(inputs.ids, inputs.types, inputs.cu_seqlens)
+        else:
+            out = self._native.forward_host(inputs.ids, inputs.mask, inputs.types)
+        hidden, pooled, logits, nonfinite, earlier = out
+        self._report_nonfinite(nonfinite, earlier)
+        return EncoderOutput(*(None if a is None else inputs.back(a) for a in (hidden, pooled, logits)))
 
-    def _forward_cuda_tensors(self, ids, mask, types) -> EncoderOutput:
-        B, S = ids.shape
+    def _forward_on_device(self, inputs: "_Inputs") -> EncoderOutput:
+        """CUDA tensors in, CUDA tensors out on the caller's stream. The engine stages and checks
+        int32/int64/uint8/bool values itself (input_check="async"); padding_free=True needs the
+        token count, which the host-side check reads back with the values."""
+        ids, mask, types, B, S = inputs.ids, inputs.mask, inputs.types, inputs.batch, inputs.seq
         if B == 0 or S == 0:
             raise ValueError(f"empty input: input_ids has shape {tuple(ids.shape)}")
         self._raise_bad_input(earlier=True)
-        # The engine stages and checks int32/int64/uint8/bool values itself (input_check="async");
-        # padding_free=True needs the token count, which the host-side check reads back with it.
         kinds = staged_dtypes()
-        staged = (self._input_check == "async" and not self._packs_always
-                  and ids.dtype in kinds and mask.dtype in kinds and types.dtype in kinds)
+        staged = (self._input_check == "async" and (inputs.packed or not self._packs_always)
+                  and all(t is None or t.dtype in kinds for t in (ids, mask, types)))
+        tokens = -1  # not counted
         if staged:
             check_seq_length(self.config, S)
-            tokens = -1  # not counted
-            ids32, mask32, types32 = ids.contiguous(), mask.contiguous(), types.contiguous()
+            ids, mask, types = (None if t is None else t.contiguous() for t in (ids, mask, types))
         else:
-            tokens = self._check_device_values(ids, mask, types)
-            ids32, mask32, types32 = (device_int32(t) for t in (ids, mask, types))
-        hidden, pooled, logits = self._device_outputs(ids.device, B, S)
+            if inputs.packed:
+                T = ids.shape[0]
+                check_values(self.config, ids[None], None,
+                             ids.new_zeros(1).expand(1, T) if types is None else types[None], seq=S)
+            else:
+                tokens = self._check_device_values(ids, mask, types)
+            ids, mask, types = (None if t is None else device_int32(t) for t in (ids, mask, types))
+        hidden, pooled, logits = self._device_outputs(
+            ids.device, B, S, packed_tokens=ids.shape[0] if inputs.packed else None)
+        outputs = (hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
+                   0 if logits is None else logits.data_ptr(), _current_stream_handle(self._cuda_index),
+                   self._nonfinite == "raise")
         # Positional: keyword arguments cost the binding ~5 us a call.
-        nonfinite, earlier = self._native.forward_device(
-            ids32.data_ptr(), mask32.data_ptr(), types32.data_ptr(), B, S,
-            hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
-            0 if logits is None else logits.data_ptr(), _current_stream_handle(self._cuda_index),
-            self._nonfinite == "raise", tokens, False,  # wait_for_finite_check, tokens, packed_outputs
-            ids32.element_size(), mask32.element_size(), types32.element_size(),
-        )
+        if inputs.packed:
+            nonfinite, earlier = self._native.forward_packed_device(
+                ids.data_ptr(), 0 if types is None else types.data_ptr(), inputs.cu_seqlens, *outputs,
+                ids.element_size(), 4 if types is None else types.element_size())
+        else:
+            nonfinite, earlier = self._native.forward_device(
+                ids.data_ptr(), mask.data_ptr(), types.data_ptr(), B, S, *outputs,
+                tokens, False,  # tokens, packed_outputs
+                ids.element_size(), mask.element_size(), types.element_size())
         if self._nonfinite == "raise":  # the forward has finished: its own bad values are known
             self._raise_bad_input(earlier=False)
         self._report_nonfinite(nonfinite, earlier)
@@ -639,97 +697,6 @@ class Encoder:
             token_rows = per_token if self.head == "token_classification" else (B,)
             logits = torch.empty((*token_rows, self.num_labels), dtype=dtype, device=device)
         return hidden, pooled, logits
-
-    def forward_packed(self, input_ids, cu_seqlens, token_type_ids=None) -> EncoderOutput:
-        """Runs sequences given packed, one after another with no padding (FlashAttention's varlen
-        convention): sequence b is input_ids[cu_seqlens[b]:cu_seqlens[b + 1]].
-
-        input_ids, token_type_ids: [T] (numpy, a list, or torch tensors, on the encoder's GPU or the
-        CPU); cu_seqlens: [B + 1] offsets, 0 first and T last, on the host (a list, numpy or a CPU
-        tensor: the shapes of the work depend on it). Returns packed outputs: last_hidden_state
-        [T, H] and token logits [T, N] in input order; pooler_output [B, H] and sequence logits
-        [B, N] per sequence (an empty sequence's are those of a zero first token). Runs packed
-        whatever `padding_free` says, on the inputs as they are: no padded batch is built. The
-        values of CUDA tensors are checked as `input_check` says.
-        """
-        torch = _torch()
-        cu = _host_offsets(cu_seqlens)
-        is_torch = isinstance(input_ids, torch.Tensor)
-        on_gpu = is_torch and input_ids.device.type == "cuda"
-        if is_torch:
-            check_tensor("input_ids", input_ids)
-            if token_type_ids is not None:
-                check_tensor("token_type_ids", token_type_ids)
-                if token_type_ids.device != input_ids.device:
-                    raise ValueError(f"token_type_ids is on {token_type_ids.device} but input_ids is on "
-                                     f"{input_ids.device}")
-        else:
-            input_ids = _packed_host_ids("input_ids", input_ids)
-            if isinstance(token_type_ids, torch.Tensor):
-                raise TypeError("token_type_ids is a torch tensor but input_ids is not: pass both as "
-                                "torch tensors, or both as numpy arrays or lists")
-            if token_type_ids is not None:
-                token_type_ids = _packed_host_ids("token_type_ids", token_type_ids)
-        if input_ids.ndim != 1:
-            raise ValueError(f"input_ids must be 1-D [tokens] for forward_packed, got shape {tuple(input_ids.shape)}")
-        T = int(input_ids.shape[0])
-        if int(cu[-1]) != T:
-            raise ValueError(f"cu_seqlens ends at {int(cu[-1])} but input_ids has {T} tokens")
-        if token_type_ids is not None and tuple(token_type_ids.shape) != (T,):
-            raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, expected ({T},) like input_ids")
-        S = max(1, int(np.diff(cu).max()))
-        if T >= 2**31:
-            raise ValueError(f"input_ids has {T} tokens: a packed forward takes fewer than 2**31")
-        cu32 = cu.astype(np.int32)
-        if on_gpu:
-            if self._cuda_index >= 0 and input_ids.get_device() == self._cuda_index:
-                return self._forward_packed_cuda(input_ids, token_type_ids, cu32, S, T)
-            raise ValueError(f"input_ids is on {input_ids.device} but the encoder runs on {self.device}")
-        if is_torch:
-            in_device = input_ids.device
-            input_ids = tensor_to_numpy("input_ids", input_ids[None])[0]
-            if token_type_ids is not None:
-                token_type_ids = tensor_to_numpy("token_type_ids", token_type_ids[None])[0]
-        types = np.zeros(T, np.int32) if token_type_ids is None else token_type_ids
-        check_values(self.config, input_ids[None], None, types[None], seq=S)
-        hidden, pooled, logits, nonfinite, earlier = self._native.forward_packed_host(input_ids, types, cu32)
-        self._report_nonfinite(nonfinite, earlier)
-        out = EncoderOutput(*(None if a is None else _from_native_numpy(a) for a in (hidden, pooled, logits)))
-        if not is_torch:
-            return out
-        tdtype = getattr(torch, self.dtype)
-
-        def back(a):
-            return None if a is None else torch.from_numpy(a).to(device=in_device, dtype=tdtype)
-
-        return EncoderOutput(back(out.last_hidden_state), back(out.pooler_output), back(out.logits))
-
-    def _forward_packed_cuda(self, ids, types, cu32, S: int, T: int) -> EncoderOutput:
-        """forward_packed of CUDA tensors: staged and checked by the engine as `__call__`'s are
-        (input_check), with no padded batch and no wait for the GPU."""
-        self._raise_bad_input(earlier=True)
-        kinds = staged_dtypes()
-        if self._input_check == "async" and ids.dtype in kinds and (types is None or types.dtype in kinds):
-            check_seq_length(self.config, S)
-            ids = ids.contiguous()
-            types = None if types is None else types.contiguous()
-        else:
-            check_values(self.config, ids[None], None,
-                         ids.new_zeros(1).expand(1, T) if types is None else types[None], seq=S)
-            ids = device_int32(ids)
-            types = None if types is None else device_int32(types)
-        B = len(cu32) - 1
-        hidden, pooled, logits = self._device_outputs(ids.device, B, S, packed_tokens=T)
-        nonfinite, earlier = self._native.forward_packed_device(
-            ids.data_ptr(), 0 if types is None else types.data_ptr(), cu32,
-            hidden.data_ptr(), 0 if pooled is None else pooled.data_ptr(),
-            0 if logits is None else logits.data_ptr(), _current_stream_handle(self._cuda_index),
-            self._nonfinite == "raise", ids.element_size(), 4 if types is None else types.element_size(),
-        )
-        if self._nonfinite == "raise":  # the forward has finished: its own bad values are known
-            self._raise_bad_input(earlier=False)
-        self._report_nonfinite(nonfinite, earlier)
-        return EncoderOutput(hidden, pooled, logits)
 
     def _report_nonfinite(self, now: bool, earlier: bool) -> None:
         if self._nonfinite == "ignore" or not (now or earlier):
@@ -831,6 +798,47 @@ class Encoder:
 # ---- argument and input conversion helpers --------------------------------------------------
 class NonFiniteError(FloatingPointError):
     """The encoder's output holds NaN or Inf (raised when `Encoder.nonfinite` is "raise")."""
+
+
+@dataclass
+class _Inputs:
+    """One forward's inputs, checked: padded ([B, S] ids, mask, types) or packed ([T] ids and types,
+    `cu_seqlens` [B + 1] int32 on the host, no mask); numpy arrays for the engine's host entries, or
+    the caller's CUDA tensors (`on_device`). `back` turns a host output into the caller's kind."""
+    ids: Any
+    mask: Any
+    types: Any
+    cu_seqlens: np.ndarray | None
+    back: Any
+    on_device: bool = False
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @property
+    def batch(self) -> int:
+        return len(self.cu_seqlens) - 1 if self.packed else int(self.ids.shape[0])
+
+    @property
+    def seq(self) -> int:
+        """The longest sequence (a packed batch's, at least 1)."""
+        return max(1, int(np.diff(self.cu_seqlens).max())) if self.packed else int(self.ids.shape[1])
+
+
+def _to_torch(device):
+    """A host output as a torch tensor on `device` (the inputs' device)."""
+    torch = _torch()
+
+    def back(a: np.ndarray):
+        # bfloat16 bits viewed as torch's bfloat16: no conversion pass. A torch CPU op over the
+        # outputs would wake torch's intra-op threads, which then spin beside the engine's own
+        # threads through the next forward (docs/performance.md, "bfloat16 with torch CPU tensors").
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16 \
+            else torch.from_numpy(a)
+        return t if device.type == "cpu" else t.to(device)
+
+    return back
 
 
 def _check_nonfinite(mode) -> str:

@@ -732,6 +732,21 @@ def test_varlen_times_every_row_of_every_case_and_the_encode_part(tiny_text, tmp
     assert png[:8] == PNG_SIGNATURE and len(png) > 5000
 
 
+def test_varlen_auto_row_runs_the_default_padding_free_and_is_checked_against_padded(tiny_text, tmp_path, capsys):
+    out = tmp_path / "vl"
+    rc = _varlen(["--model", str(tiny_text), "--cases", CASES[0], "--parts", "model",
+                  "--engines", "ftbert-padded", "ftbert-auto", "ftbert-full"], out)
+    assert rc == 0, capsys.readouterr().err
+    doc, _ = _read(out)
+    rows = {r["engine"]: r for r in doc["results"]}
+    assert list(rows) == ["ftbert-padded", "ftbert-auto", "ftbert-full"]
+    auto = rows["ftbert-auto"]
+    assert auto["status"] == "ok" and auto["diff_vs_padded"] < 1e-4 and auto["max_abs_err"] < 1e-4
+    assert auto["time_vs_full"] == pytest.approx(auto["median_ms"] / rows["ftbert-full"]["median_ms"])
+    (check,) = doc["checks"]
+    assert check["ok"] and set(check["diff_vs_padded"]) == {"ftbert-auto"}
+
+
 @pytest.mark.parametrize(
     "spec, lo, hi",
     [("16x512:20%-100%", 103, 512), ("32x128:8-128", 8, 128), ("32x384:1-384", 1, 384),

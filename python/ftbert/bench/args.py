@@ -42,8 +42,8 @@ RERANK_ITERS = {"cuda": 10, "cpu": 3}
 RERANK_WARMUP = {"cuda": 2, "cpu": 1}
 # --varlen: ragged batches run padded, padding-free and as the full batch, next to transformers,
 # and Encoder.encode of mixed-length texts next to sentence-transformers.
-VARLEN_ENGINES = ("ftbert-padded", "ftbert-padding-free", "ftbert-forward-packed", "ftbert-full",
-                  "hf-eager", "hf-sdpa", "hf-compile")
+VARLEN_ENGINES = ("ftbert-padded", "ftbert-padding-free", "ftbert-auto", "ftbert-forward-packed",
+                  "ftbert-full", "hf-eager", "hf-sdpa", "hf-compile")
 VARLEN_DEFAULT_ENGINES = ["ftbert-padded", "ftbert-padding-free", "ftbert-forward-packed",
                           "ftbert-full", "hf-sdpa"]
 VARLEN_PARTS = ("model", "encode")

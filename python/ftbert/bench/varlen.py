@@ -6,6 +6,7 @@ uniformly from [MIN, MAX] (fixed seed), right-padded to SEQ, run by
 
     ftbert-padded          enc(ids, mask) with padding_free=False: every position computed
     ftbert-padding-free    enc(ids, mask) with padding_free=True: only the attended tokens
+    ftbert-auto            enc(ids, mask) with padding_free="auto" (the default): packed where it pays
     ftbert-forward-packed  enc.forward_packed(packed ids, cu_seqlens): the same tokens given packed
     ftbert-full            enc(ids, ones) on the same ids at full length SEQ: the 1.0 of time_vs_full
     hf-sdpa / hf-eager     transformers on the padded batch (hf-compile: torch.compile of hf-sdpa)
@@ -48,7 +49,10 @@ FIELDS = (
     "speedup_vs_sdpa", "speedup_vs_st", "max_abs_err", "diff_vs_padded", "cos_mean", "cos_min",
     "note", "error",
 )
-PACKED = ("ftbert-padding-free", "ftbert-forward-packed")
+# The rows that may run packed, checked against ftbert-padded; and each ftbert row's padding_free.
+PACKED = ("ftbert-padding-free", "ftbert-forward-packed", "ftbert-auto")
+PADDING_FREE = {"ftbert-padded": False, "ftbert-full": False, "ftbert-padding-free": True,
+                "ftbert-forward-packed": True, "ftbert-auto": "auto"}
 ST = "sentence-transformers"
 ENCODE_ENGINES = ("ftbert", ST)
 # Timing rounds of the model part: each row's --iters samples come in this many blocks.
@@ -316,12 +320,12 @@ class Varlen(ProgressRun):
         o = self.opts
         B, S = ft_in[0].shape
         if engine.startswith("ftbert"):
-            packed = engine in PACKED
-            if packed not in encoders:
+            mode = PADDING_FREE[engine]
+            if mode not in encoders:
                 enc = make_ftbert(self.model, device, dtype, o.attentions[0], o.allow_tf32, o.cuda_graphs)
-                enc.padding_free = packed
-                encoders[packed] = enc
-            enc = encoders[packed]
+                enc.padding_free = mode
+                encoders[mode] = enc
+            enc = encoders[mode]
             row["kernel"] = enc.attention_for(B, S)
             if engine == "ftbert-forward-packed":
                 return lambda: enc.forward_packed(packed_ids, cu).last_hidden_state

@@ -22,7 +22,8 @@ workspace growth, kernels loaded on first use. Configurations: auto-cold (FTBERT
 FTBERT_CACHE_DIR a fresh empty directory), auto-warm (auto, the directory auto-cold filled), fixed
 (FTBERT_GEMM_CHOICE=fixed, a fresh empty directory), warmup (auto, a fresh directory,
 `from_pretrained(warmup=True)`: the one-time costs in "load s" rather than in pass 1; three
-processes, since a process has one first pass). One more child encodes the first 256 texts in float32 on the same
+processes, since a process has one first pass), default (auto, a fresh directory, `from_pretrained`
+with its defaults: warmed on a GPU unless FTBERT_WARMUP says otherwise; three processes). One more child encodes the first 256 texts in float32 on the same
 device (the reference): each configuration's pass-2 embeddings of those texts against it give
 the max abs difference and the smallest cosine; "p1 vs p2" the max abs difference between a
 configuration's first pass's embeddings and any later pass's, and
@@ -86,6 +87,9 @@ ENCODE_CONFIGS = (  # name, FTBERT_GEMM_CHOICE, which cache directory, from_pret
     ("warmup", "auto", "fresh", True),
     ("warmup", "auto", "fresh", True),
     ("warmup", "auto", "fresh", True),
+    ("default", "auto", "fresh", None),
+    ("default", "auto", "fresh", None),
+    ("default", "auto", "fresh", None),
 )
 # Passes over the same texts in each child: the first against the median of the later ones, whose
 # spread shows how much passes move anyway.
@@ -646,7 +650,7 @@ def parse_args(argv=None):
     ap.add_argument("--load-devices", default="cuda,cpu", help="devices of the load part (cuda,cpu; "
                     "float16 on cuda, float32 on cpu)")
     ap.add_argument("--configs", help="the encode part's configurations to run, comma-separated "
-                    "(default: all of auto-cold, auto-warm, fixed, warmup)")
+                    "(default: all of auto-cold, auto-warm, fixed, warmup, default)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per child (600)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

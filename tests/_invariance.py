@@ -81,3 +81,21 @@ def check_invariance(enc, kind: str, pad: int, left_ok: bool, first_token_always
                     np.testing.assert_array_equal(got[place], want[0], err_msg=name)
 
     check()
+
+
+def make_invariance_model(path, family: str, kind: str, hidden: int, heads: int, seed: int, **extra):
+    """A two-layer model of `family` with VOCAB ids and 3 labels; kind "mean" is a ModernBERT sequence
+    classifier whose head reads the mean of the tokens (classifier_pooling "mean")."""
+    from tests._models import make_model
+
+    hf = make_model(path, family, "cls" if kind == "mean" else kind, hidden=hidden, heads=heads, layers=2,
+                    vocab=VOCAB, num_labels=3, seed=seed, **extra)
+    if kind == "mean":
+        hf.config.classifier_pooling = "mean"
+        hf.save_pretrained(path)
+    return hf
+
+
+def head_kind(kind: str) -> str:
+    """The head check_invariance compares: a "mean" head is a sequence head."""
+    return "cls" if kind == "mean" else kind

@@ -13,15 +13,16 @@ import pytest
 
 import ftbert
 from ftbert import _C
-from tests._invariance import VOCAB, check_invariance
-from tests._models import make_model
+from tests._invariance import check_invariance, head_kind, make_invariance_model
 
 # (family, kind) -> whether a left-padded row's positions are a right-padded one's (RoBERTa's
 # counted positions and MPNet's; BERT's absolute ones and ModernBERT's rotary angles move with the
 # padding). ELECTRA's embeddings are narrower than its layers (the projection GEMM) and it runs
 # the token head.
+# "mean": ModernBERT's classifier_pooling "mean" (the head reads the mean of the tokens).
 MODELS = {("bert", "cls"): False, ("roberta", "cls"): True, ("mpnet", "cls"): True,
-          ("distilbert", "cls"): False, ("electra", "token"): False, ("modernbert", "cls"): False}
+          ("distilbert", "cls"): False, ("electra", "token"): False, ("modernbert", "cls"): False,
+          ("modernbert", "mean"): False}
 DTYPES = ["float32"] + ([] if _C.cpu_dtype_unsupported_reason("bfloat16") else ["bfloat16"])
 
 
@@ -29,7 +30,7 @@ DTYPES = ["float32"] + ([] if _C.cpu_dtype_unsupported_reason("bfloat16") else [
 def model(request, tmp_path_factory):
     family, kind = request.param
     path = tmp_path_factory.mktemp(family)
-    hf = make_model(path, family, kind, hidden=48, heads=3, layers=2, vocab=VOCAB, num_labels=3, seed=21)
+    hf = make_invariance_model(path, family, kind, hidden=48, heads=3, seed=21)
     return request.param, path, hf.config.pad_token_id or 0
 
 
@@ -39,7 +40,7 @@ def model(request, tmp_path_factory):
 def test_a_sequence_gives_the_same_bits_in_any_batch(model, dtype, attention, padding_free):
     (family, kind), path, pad = model
     enc = ftbert.Encoder.from_pretrained(path, dtype=dtype, attention=attention, padding_free=padding_free)
-    check_invariance(enc, kind, pad, left_ok=MODELS[(family, kind)], first_token_always=padding_free)
+    check_invariance(enc, head_kind(kind), pad, left_ok=MODELS[(family, kind)], first_token_always=padding_free)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -49,4 +50,4 @@ def test_batch_invariant_runs_packed_and_stays_invariant(model, dtype):
     (family, kind), path, pad = model
     enc = ftbert.Encoder.from_pretrained(path, dtype=dtype, padding_free=False, batch_invariant=True)
     assert enc.batch_invariant and enc.padding_free is False
-    check_invariance(enc, kind, pad, left_ok=MODELS[(family, kind)], first_token_always=True)
+    check_invariance(enc, head_kind(kind), pad, left_ok=MODELS[(family, kind)], first_token_always=True)

@@ -60,7 +60,7 @@ Activations Session::activations() const {
   a.inter = inter_.data();
   if (model_.config().gated_mlp) {
     a.gated = static_cast<char*>(inter_.data()) +
-              static_cast<size_t>(capacity_tokens_) * 2 * model_.config().intermediate_size *
+              static_cast<size_t>(capacity_rows_) * 2 * model_.config().intermediate_size *
                   dtype_size(model_.dtype());
   }
   a.first_tokens = first_tokens_.data();
@@ -115,9 +115,9 @@ const RecordedOps* Session::recording_for(const ShapeKey& key,
   return r.ops.get();
 }
 
-void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
+void Session::ensure_workspace(int batch, int seq, int64_t rows, size_t attention_bytes) {
   const ModelConfig& c = model_.config();
-  const int64_t tokens = static_cast<int64_t>(batch) * seq;
+  const int64_t positions = static_cast<int64_t>(batch) * seq;
   const size_t es = dtype_size(model_.dtype());
   const size_t H = c.hidden_size, I = c.intermediate_size, N = c.head.num_labels;
   const bool token_head = c.head.kind == HeadKind::kToken;
@@ -132,24 +132,29 @@ void Session::ensure_workspace(int batch, int seq, size_t attention_bytes) {
     if (c.head.kind == HeadKind::kSequence) logits_ = DeviceBuffer(b, static_cast<size_t>(batch) * N * es);
     capacity_batch_ = batch;
   }
-  if (tokens > capacity_tokens_) {
+  // The inputs and the packing index are per padded position.
+  if (positions > capacity_positions_) {
     drop_recordings();
-    ids_ = DeviceBuffer(b, tokens * sizeof(int32_t));
-    mask_ = DeviceBuffer(b, tokens * sizeof(int32_t));
-    types_ = DeviceBuffer(b, tokens * sizeof(int32_t));
-    token_index_ = DeviceBuffer(b, tokens * sizeof(int32_t));
-    hidden_ = DeviceBuffer(b, tokens * H * es);
-    hidden2_ = DeviceBuffer(b, tokens * H * es);
-    if (c.has_projection()) embedded_ = DeviceBuffer(b, tokens * c.embedding_size * es);
-    qkv_ = DeviceBuffer(b, tokens * 3 * H * es);
-    ctx_ = DeviceBuffer(b, tokens * H * es);
+    ids_ = DeviceBuffer(b, positions * sizeof(int32_t));
+    mask_ = DeviceBuffer(b, positions * sizeof(int32_t));
+    types_ = DeviceBuffer(b, positions * sizeof(int32_t));
+    token_index_ = DeviceBuffer(b, positions * sizeof(int32_t));
+    capacity_positions_ = positions;
+  }
+  if (rows > capacity_rows_) {
+    drop_recordings();
+    hidden_ = DeviceBuffer(b, rows * H * es);
+    hidden2_ = DeviceBuffer(b, rows * H * es);
+    if (c.has_projection()) embedded_ = DeviceBuffer(b, rows * c.embedding_size * es);
+    qkv_ = DeviceBuffer(b, rows * 3 * H * es);
+    ctx_ = DeviceBuffer(b, rows * H * es);
     // A gated MLP: the FFN-in product [M, 2I], then its activation [M, I] after it.
-    inter_ = DeviceBuffer(b, tokens * (c.gated_mlp ? 3 * I : I) * es);
-    if (token_head) logits_ = DeviceBuffer(b, tokens * N * es);
+    inter_ = DeviceBuffer(b, rows * (c.gated_mlp ? 3 * I : I) * es);
+    if (token_head) logits_ = DeviceBuffer(b, rows * N * es);
     const size_t dense_bytes = b->dense_residual_layernorm_workspace_bytes(
-        static_cast<int>(std::min<int64_t>(tokens, INT32_MAX)), static_cast<int>(H));
+        static_cast<int>(std::min<int64_t>(rows, INT32_MAX)), static_cast<int>(H));
     dense_workspace_ = dense_bytes > 0 ? DeviceBuffer(b, dense_bytes) : DeviceBuffer();
-    capacity_tokens_ = tokens;
+    capacity_rows_ = rows;
   }
   if (attention_bytes > attention_scratch_.bytes()) {
     drop_recordings();
@@ -233,8 +238,12 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     result.earlier_nonfinite = take_nonfinite();
   }
 
-  ensure_workspace(B, S, attention_workspace_bytes(attention, model_.dtype(), B, S, c.num_heads,
-                                                   c.head_dim()));
+  // Inputs that come packed need rows for their T only (its bucket, as the layout below takes).
+  const int64_t rows = a.cu_seqlens != nullptr ? packed_rows_bucket(std::max<int64_t>(a.tokens, 1), B, S)
+                                               : static_cast<int64_t>(B) * S;
+  ensure_workspace(B, S, rows,
+                   attention_workspace_bytes(attention, model_.dtype(), B, S, c.num_heads,
+                                             c.head_dim()));
   Model::Outputs outputs;
   outputs.pooled = c.has_pooler && a.pooler_output != nullptr;
   outputs.logits = c.head.kind != HeadKind::kNone && a.logits != nullptr;

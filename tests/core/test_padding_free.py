@@ -579,6 +579,32 @@ def test_forward_packed_matches_the_padded_forward(zoo, rng, family, kind):
     np.testing.assert_array_equal(out.last_hidden_state, through_call.last_hidden_state[valid])
 
 
+@pytest.mark.parametrize("family,kind", [("bert", "token"), ("modernbert", "cls"), ("mpnet", "model")])
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_forward_packed_sizes_its_row_buffers_by_its_tokens(zoo, rng, family, kind, attention):
+    # One long sequence among many short ones: the per-token buffers hold the tokens' rows, not
+    # B x the longest (the padded forward of the same batch needs those; the unfused attention's
+    # [B, heads, S, S] scratch is B x S either way). Results unchanged, also after the workspace
+    # grows for a padded forward and back.
+    m = zoo(family, kind)
+    ids, cu, types = packed_inputs(rng, m, [300] + [int(n) for n in rng.integers(1, 6, 40)])
+    enc = ftbert.Encoder.from_pretrained(m.path, padding_free=True, attention=attention)
+    first = enc.forward_packed(ids, cu, types)
+    packed_bytes = enc.workspace_bytes
+    pids, mask, ptypes = padded_from_packed(m, ids, cu, types)
+    valid = mask.astype(bool)
+    through_call = enc(pids, mask, ptypes)  # packed from the mask: rows for B x S positions
+    if attention == "flash":
+        assert packed_bytes < enc.workspace_bytes / 4, (packed_bytes, enc.workspace_bytes)
+    np.testing.assert_array_equal(first.last_hidden_state, through_call.last_hidden_state[valid])
+    again = enc.forward_packed(ids, cu, types)
+    for name in ("last_hidden_state", "pooler_output", "logits"):
+        a, b = getattr(first, name), getattr(again, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+
 @pytest.mark.parametrize("family", ["roberta", "mpnet"])
 @pytest.mark.parametrize("attention", ["flash", "unfused"])
 def test_forward_packed_counts_pad_ids_within_each_sequence(zoo, rng, family, attention):

@@ -121,7 +121,9 @@ class Session {
   // Backend::record may redirect, or null.
   const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue,
                                    const void* redirectable);
-  void ensure_workspace(int batch, int seq, size_t attention_bytes);
+  // Grows the workspace to `batch` sequences of up to `seq` positions whose per-token buffers hold
+  // `rows` rows (B * S, or fewer for inputs that come packed).
+  void ensure_workspace(int batch, int seq, int64_t rows, size_t attention_bytes);
   // Puts the inputs into ids_ / mask_ / types_, where the ops (and recordings) read them: host
   // inputs copied, device inputs staged as int32 and checked (Backend::stage_inputs).
   void stage_inputs(const ForwardArgs& args);
@@ -153,9 +155,11 @@ class Session {
   int32_t* nonfinite_device_ = nullptr;  // the same word, as ops address it
   bool unfinished_ = false;  // forwards may still run on the device (device outputs, no wait)
 
-  // Workspace, sized for the largest B*S and the largest B seen (attention scratch: the
-  // largest it needed).
-  int64_t capacity_tokens_ = 0;
+  // Workspace, sized for the largest B * S positions, rows and B seen (attention scratch: the
+  // largest it needed). Rows are B * S, except for inputs that come packed: the bucket of their T,
+  // so that one long sequence among short ones does not size every row buffer at B x the longest.
+  int64_t capacity_positions_ = 0;
+  int64_t capacity_rows_ = 0;
   int capacity_batch_ = 0;
   DeviceBuffer ids_, mask_, types_;   // [B, S] int32
   DeviceBuffer cu_seqlens_;           // [B + 2] int32, packed forwards (+ pack's first_unattended)
@@ -164,14 +168,14 @@ class Session {
   DeviceBuffer first_tokens_;         // [B, H], the first tokens gathered for a pooler or head
   std::vector<int32_t> host_cu_seqlens_, host_token_index_;  // host inputs' packing
   std::vector<int32_t> host_mask_;  // packed inputs' padded mask, for the unfused attention
-  DeviceBuffer hidden_, hidden2_;     // [B, S, H]
-  DeviceBuffer embedded_;             // [B, S, E], only with a projection
-  DeviceBuffer qkv_;                  // [B, S, 3H]
-  DeviceBuffer ctx_;                  // [B, S, H]
-  DeviceBuffer inter_;                // [B, S, I], or [B, S, 3I] with a gated MLP (model.h)
+  DeviceBuffer hidden_, hidden2_;     // [rows, H]
+  DeviceBuffer embedded_;             // [rows, E], only with a projection
+  DeviceBuffer qkv_;                  // [rows, 3H]
+  DeviceBuffer ctx_;                  // [rows, H]
+  DeviceBuffer inter_;                // [rows, I], or [rows, 3I] with a gated MLP (model.h)
   DeviceBuffer pooled_;               // [B, H]
   DeviceBuffer head_hidden_;          // [B, H], only for a sequence head with its own dense
-  DeviceBuffer logits_;               // [B, N] or [B, S, N], only with a head
+  DeviceBuffer logits_;               // [B, N] or [rows, N], only with a head
   DeviceBuffer attention_scratch_;    // run_attention's workspace (unfused: q, k, v, scores)
   DeviceBuffer dense_workspace_;      // dense_residual_layernorm's (the backend's ask; may be empty)
   // Recordings write the final hidden states here, an address no op reads or writes: each replay

@@ -1,8 +1,42 @@
 #include "core/models/blocks.h"
 
+#include <cmath>
+
 #include "ftbert/check.h"
 
 namespace ftbert::blocks {
+
+std::vector<float> rotary_table(int positions, int head_dim, float theta) {
+  const int half = head_dim / 2;
+  std::vector<float> inv(half);
+  for (int c = 0; c < half; ++c) {
+    const float exponent = static_cast<float>(2 * c) / static_cast<float>(head_dim);
+    inv[c] = 1.0f / std::pow(theta, exponent);
+  }
+  std::vector<float> t(static_cast<size_t>(positions) * head_dim);
+  for (int p = 0; p < positions; ++p) {
+    float* row = t.data() + static_cast<size_t>(p) * head_dim;
+    for (int c = 0; c < half; ++c) {
+      const float angle = static_cast<float>(p) * inv[c];
+      row[c] = std::cos(angle);
+      row[half + c] = std::sin(angle);
+    }
+  }
+  return t;
+}
+
+DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values) {
+  DeviceBuffer buf(backend, values.size() * sizeof(float));
+  backend->copy_to_device(buf.data(), values.data(), values.size() * sizeof(float));
+  return buf;
+}
+
+DeviceBuffer zeros(Backend* backend, size_t bytes) {
+  const std::vector<unsigned char> z(bytes, 0);
+  DeviceBuffer buf(backend, bytes);
+  backend->copy_to_device(buf.data(), z.data(), bytes);
+  return buf;
+}
 
 void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
                 const Activations& act, const int32_t* ids, const int32_t* types,

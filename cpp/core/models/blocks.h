@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ftbert/attention.h"
 #include "ftbert/backend.h"
@@ -12,6 +13,16 @@
 #include "ftbert/weights.h"
 
 namespace ftbert::blocks {
+
+// [P, d] float32: row p = cos of the d/2 angles p · θ^(−2c/d), then their sin, in float32 as
+// transformers computes them (inv_freq in float32, position × inv_freq in float32).
+std::vector<float> rotary_table(int positions, int head_dim, float theta);
+
+// A device copy of `values`.
+DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values);
+
+// `bytes` of zero bits (0 in every dtype): the biases and betas a model does not have.
+DeviceBuffer zeros(Backend* backend, size_t bytes);
 
 // act.hidden [M, H] = LN(word[ids] + position + token type), then (ELECTRA) · Wp + bp; rows past
 // the tokens of a bucketed recording are cleared in act.ctx (attention never writes them).

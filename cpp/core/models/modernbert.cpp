@@ -5,9 +5,6 @@
 //   -> final LN -> task head (dense + act + LN on token 0 or every token, then the classifier).
 // No biases and no LayerNorm betas (transformers' defaults; the converter refuses other
 // settings): the model keeps one zero buffer for the ops that take them.
-#include <cmath>
-#include <vector>
-
 #include "core/models/blocks.h"
 #include "core/models/models.h"
 #include "ftbert/attention.h"
@@ -16,51 +13,17 @@
 namespace ftbert {
 namespace {
 
-// [P, d]: row p = cos of the d/2 angles p · θ^(−2c/d), then their sin, in float32 as transformers
-// computes them (ModernBertRotaryEmbedding: inv_freq in float32, position × inv_freq in float32).
-std::vector<float> rotary_table(int positions, int head_dim, float theta) {
-  const int half = head_dim / 2;
-  std::vector<float> inv(half);
-  for (int c = 0; c < half; ++c) {
-    const float exponent = static_cast<float>(2 * c) / static_cast<float>(head_dim);
-    inv[c] = 1.0f / std::pow(theta, exponent);
-  }
-  std::vector<float> t(static_cast<size_t>(positions) * head_dim);
-  for (int p = 0; p < positions; ++p) {
-    float* row = t.data() + static_cast<size_t>(p) * head_dim;
-    for (int c = 0; c < half; ++c) {
-      const float angle = static_cast<float>(p) * inv[c];
-      row[c] = std::cos(angle);
-      row[half + c] = std::sin(angle);
-    }
-  }
-  return t;
-}
-
-DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values) {
-  DeviceBuffer buf(backend, values.size() * sizeof(float));
-  backend->copy_to_device(buf.data(), values.data(), values.size() * sizeof(float));
-  return buf;
-}
-
-DeviceBuffer zeros(Backend* backend, size_t bytes) {
-  const std::vector<unsigned char> z(bytes, 0);  // zero bits are 0 in every dtype
-  DeviceBuffer buf(backend, bytes);
-  backend->copy_to_device(buf.data(), z.data(), bytes);
-  return buf;
-}
-
 class ModernBertModel final : public Model {
  public:
   ModernBertModel(const ModelConfig& config, const HostWeights& weights, Backend* backend,
                   DType compute)
       : Model(config, *backend, compute),
         weights_(upload_weights(backend, config_, weights, compute)),
-        global_rotary_(upload_floats(backend, rotary_table(config_.max_seq(), config_.head_dim(),
+        global_rotary_(blocks::upload_floats(backend, blocks::rotary_table(config_.max_seq(), config_.head_dim(),
                                                            config_.rotary_theta))),
-        local_rotary_(upload_floats(backend, rotary_table(config_.max_seq(), config_.head_dim(),
+        local_rotary_(blocks::upload_floats(backend, blocks::rotary_table(config_.max_seq(), config_.head_dim(),
                                                           config_.local_rotary_theta))),
-        zeros_(zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) * dtype_size(compute))) {
+        zeros_(blocks::zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) * dtype_size(compute))) {
     backend->synchronize();  // the host tables are gone after this
   }
 

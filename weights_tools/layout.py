@@ -31,7 +31,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 # HF `hidden_act` values the engine implements (see cpp/include/ftbert/config.h).
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
 # Position-id schemes, the engine config's "position_ids". ABSOLUTE: token t sits at position t,
 # padding or not (BERT). PADDING_OFFSET: a token whose id is not pad_token_id sits at

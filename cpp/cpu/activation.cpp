@@ -1,5 +1,6 @@
 // add_bias + activation on the CPU (vectorized, kernels_impl.h): GELU (erf form, as transformers' "gelu"), GELU (tanh form,
-// "gelu_new" / "gelu_pytorch_tanh"), ReLU, tanh (the pooler) and none (a projection's bias).
+// "gelu_new" / "gelu_pytorch_tanh"), ReLU, tanh (the pooler), SiLU (SwiGLU's gate) and none (a
+// projection's bias).
 #include <vector>
 
 #include "cpu/cpu_backend.h"

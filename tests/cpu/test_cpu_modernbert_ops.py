@@ -66,6 +66,7 @@ ACTS = {
     "relu": lambda x: np.maximum(x, 0),
     "tanh": np.tanh,
     "identity": lambda x: x,
+    "silu": lambda x: x / (1 + np.exp(-x)),  # SwiGLU's gate
 }
 
 

@@ -36,7 +36,7 @@ def test_weight_gemm_matches_float64_matmul(cpu, rng, m, n, k):
     assert_close(cpu.weight_gemm("float32", a, w, repeat=3), ref, 1e-4 * math.sqrt(k))
 
 
-@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity"])
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity", "silu"])
 @pytest.mark.parametrize("m,n,k", [(1, 5, 3), (13, 37, 29), (200, 48, 64)])
 def test_weight_gemm_epilogue_matches_the_two_op_path(cpu, rng, act, m, n, k):
     # act(a · W + bias) in the GEMM's epilogue: the float64 reference, and the unfused GEMM then
@@ -257,6 +257,7 @@ ACTS = {
     "relu": lambda x: np.maximum(x, 0),
     "tanh": np.tanh,
     "identity": lambda x: x,  # a projection's bias alone
+    "silu": lambda x: x / (1 + np.exp(-x)),  # SwiGLU's gate
 }
 
 

@@ -603,7 +603,7 @@ def test_dense_residual_layernorm_flags_nonfinite(gpu, rng, dtype, m, n, where):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity"])
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu", "tanh", "identity", "silu"])
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 130), (33, 1000), (5, 3072), (3, 333)])
 def test_add_bias_activation_matches_cpu(gpu, cpu, rng, dtype, act, rows, cols):
     x = randn(rng, (rows, cols), dtype, 3.0)

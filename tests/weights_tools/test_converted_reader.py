@@ -95,7 +95,7 @@ def test_config_that_is_not_a_json_object_is_a_format_error(wt, converted, text)
         ({"format_version": True}, "format_version True is not supported"),
         ({"hidden_size": 0}, "hidden_size must be a positive integer"),
         ({"num_attention_heads": 5}, "not divisible"),
-        ({"hidden_act": "swish"}, "hidden_act 'swish'"),
+        ({"hidden_act": "quick_gelu"}, "hidden_act 'quick_gelu'"),
         ({"dtype": "int8"}, "dtype 'int8'"),
         ({"weights_file": "../ftbert_weights.safetensors"}, "weights_file must be a file name"),
         ({"weights_sha256": "abc"}, "weights_sha256 must be 64"),

@@ -51,7 +51,7 @@ def test_config_without_model_type_is_refused(wt, make_checkpoint):
         wt.load_hf_checkpoint(src)
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_fast", "tanh"])
+@pytest.mark.parametrize("act", ["quick_gelu", "gelu_fast", "tanh"])
 def test_unsupported_hidden_act_is_refused_by_name(wt, make_checkpoint, act):
     src, _ = make_checkpoint("model")
     _edit_config(src, hidden_act=act)

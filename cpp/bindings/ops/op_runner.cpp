@@ -29,7 +29,9 @@ Activation activation_from_name(const std::string& name) {
   if (name == "relu") return Activation::kRelu;
   if (name == "tanh") return Activation::kTanh;
   if (name == "identity") return Activation::kIdentity;
-  throw InputError("unknown activation '" + name + "': expected gelu, gelu_tanh, relu, tanh or identity");
+  if (name == "silu") return Activation::kSilu;
+  throw InputError("unknown activation '" + name +
+                   "': expected gelu, gelu_tanh, relu, tanh, identity or silu");
 }
 
 AttentionKind kind_from_name(const std::string& name) {

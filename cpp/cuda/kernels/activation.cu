@@ -4,6 +4,7 @@
 //   kRelu     : max(x, 0)
 //   kTanh     : tanh(x)                                      (the pooler)
 //   kIdentity : x                                            (a projection's bias alone)
+//   kSilu     : x·sigmoid(x)                                 (HF "silu" / "swish": SwiGLU's gate)
 // A few rows per block (threadIdx.y), threads striding over a row's vectors; the activation is a
 // template parameter so the inner loop has no branch.
 // Gated activation (GeGLU and its kin): out[r, c] = act(x[r, c]) · x[r, n + c], the same
@@ -31,6 +32,8 @@ __device__ __forceinline__ float activate(float x) {
     return x > 0.0f ? x : 0.0f;
   } else if constexpr (A == Activation::kIdentity) {
     return x;
+  } else if constexpr (A == Activation::kSilu) {
+    return x / (1.0f + expf(-x));
   } else {
     return tanhf(x);
   }
@@ -85,6 +88,7 @@ void dispatch_activation(Activation act, const char* op, F&& f) {
       return f(std::integral_constant<Activation, Activation::kGeluTanh>{});
     case Activation::kRelu: return f(std::integral_constant<Activation, Activation::kRelu>{});
     case Activation::kTanh: return f(std::integral_constant<Activation, Activation::kTanh>{});
+    case Activation::kSilu: return f(std::integral_constant<Activation, Activation::kSilu>{});
     case Activation::kIdentity:
       return f(std::integral_constant<Activation, Activation::kIdentity>{});
   }
@@ -104,30 +108,10 @@ void invoke_add_bias_activation(T* x, const T* bias, int rows, int cols, Activat
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(cols / VEC);
     const int grid = ceil_div(rows, block.y);
-    switch (act) {
-      case Activation::kGeluErf:
-        launch(add_bias_activation_kernel<T, VEC, Activation::kGeluErf>, grid, block, 0, stream,
-               x, bias, rows, cols);
-        break;
-      case Activation::kGeluTanh:
-        launch(add_bias_activation_kernel<T, VEC, Activation::kGeluTanh>, grid, block, 0, stream,
-               x, bias, rows, cols);
-        break;
-      case Activation::kRelu:
-        launch(add_bias_activation_kernel<T, VEC, Activation::kRelu>, grid, block, 0, stream, x,
-               bias, rows, cols);
-        break;
-      case Activation::kTanh:
-        launch(add_bias_activation_kernel<T, VEC, Activation::kTanh>, grid, block, 0, stream, x,
-               bias, rows, cols);
-        break;
-      case Activation::kIdentity:
-        launch(add_bias_activation_kernel<T, VEC, Activation::kIdentity>, grid, block, 0, stream,
-               x, bias, rows, cols);
-        break;
-      default:
-        FTBERT_FAIL("add_bias_activation: unknown activation " << static_cast<int>(act));
-    }
+    dispatch_activation(act, "add_bias_activation", [&](auto act_c) {
+      launch(add_bias_activation_kernel<T, VEC, decltype(act_c)::value>, grid, block, 0, stream,
+             x, bias, rows, cols);
+    });
   });
   FTBERT_LAUNCH_CHECK("add_bias_activation_kernel", stream);
 }

@@ -10,8 +10,16 @@
 
 namespace ftbert {
 
-// kIdentity: the bias alone (a projection with no activation, ELECTRA's embeddings).
-enum class Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2, kTanh = 3, kIdentity = 4 };
+// kIdentity: the bias alone (a projection with no activation, ELECTRA's embeddings). kSilu:
+// x·sigmoid(x), the gate of SwiGLU MLPs (NomicBERT, EuroBERT).
+enum class Activation : int {
+  kGeluErf = 0,
+  kGeluTanh = 1,
+  kRelu = 2,
+  kTanh = 3,
+  kIdentity = 4,
+  kSilu = 5,
+};
 
 // Maps a HuggingFace `hidden_act` string to the activation; anything else is rejected by name.
 // A classification head's dense activation ("tanh", "gelu" (erf), "relu").
@@ -26,8 +34,9 @@ inline Activation activation_from_hf(const std::string& name) {
   if (name == "gelu") return Activation::kGeluErf;
   if (name == "gelu_new" || name == "gelu_pytorch_tanh") return Activation::kGeluTanh;
   if (name == "relu") return Activation::kRelu;
-  FTBERT_FAIL("unsupported hidden_act '" << name
-                                         << "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)");
+  if (name == "silu" || name == "swish") return Activation::kSilu;
+  FTBERT_FAIL("unsupported hidden_act '"
+              << name << "' (supported: gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish)");
 }
 
 // A task head above the encoder.

@@ -34,7 +34,10 @@ def family_kinds(kinds) -> list[tuple[str, str]]:
     return [(f, k) for f in FAMILIES for k in kinds if k not in HEAD_KINDS or f in HEADED_FAMILIES]
 FAMILY_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
                 "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
-                "modernbert": "ModernBert"}
+                "modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte",
+                "jina_embeddings_v3": "JinaEmbeddingsV3"}
+# The rotary post-LayerNorm families (architecture rotary_bert) and their hidden_act by default.
+ROTARY_BERT_FAMILIES = {"nomic_bert": "silu", "gte": "gelu", "jina_embeddings_v3": "gelu"}
 
 # Out of alphabetical order and suffixed with the id, so a label list read in the wrong order (or
 # with "10" sorted before "2") shows.
@@ -347,6 +350,42 @@ def make_modernbert(
     return _save(model, path, save_kwargs, fill_biases=False, perturb=False)
 
 
+def make_rotary_bert(
+    path: Path,
+    family: str,
+    kind="model",
+    hidden=48,
+    heads=3,
+    layers=2,
+    intermediate=None,
+    act=None,
+    vocab=157,
+    max_pos=512,
+    theta=None,
+    seed=0,
+    num_labels=2,
+    pooler=None,
+    **save_kwargs,
+):
+    """Saves a random NomicBERT, GTE or Jina-embeddings-v3 model (ROTARY_BERT_FAMILIES) to `path`
+    and returns it in eval mode (eager attention). act: hidden_act (the family's default when None);
+    theta: rope_theta (the family's default when None); pooler: whether the bare model has one (the
+    family's default when None). Biases are filled and LayerNorms perturbed."""
+    import transformers
+
+    torch.manual_seed(seed)
+    stem = FAMILY_STEMS[family]
+    extra = {} if theta is None else {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+    cfg = getattr(transformers, stem + "Config")(
+        **_sizes(vocab, hidden, layers, heads, intermediate or 2 * hidden - 5, max_pos,
+                 hidden_act=act or ROTARY_BERT_FAMILIES[family], pad_token_id=1,
+                 attn_implementation="eager", **extra),
+        **_labels_config(kind, num_labels))
+    cls = getattr(transformers, stem + KIND_SUFFIXES[kind])
+    model = (cls(cfg) if kind != "model" or pooler is None else cls(cfg, add_pooling_layer=pooler)).eval()
+    return _save(model, path, save_kwargs)
+
+
 def make_model(
     path: Path,
     family: str,
@@ -377,6 +416,10 @@ def make_model(
         return make_mpnet(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
     if family == "modernbert":
         return make_modernbert(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family in ROTARY_BERT_FAMILIES:
+        if act == "gelu":
+            sizes["act"] = None  # the family's own default (NomicBERT's SwiGLU)
+        return make_rotary_bert(path, family, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
     raise ValueError(f"unknown family {family!r}")
 
 

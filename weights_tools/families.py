@@ -57,7 +57,8 @@ from .layout import (
 # the converted reader shares; re-exported here as the tables' vocabulary.
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
-           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "family_for",
+           "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "NOMIC_BERT", "GTE",
+           "JINA_EMBEDDINGS_V3", "Part", "family_for",
            "supported_model_types", "check_engine_config"]
 
 
@@ -142,6 +143,19 @@ class TokenHead:
 
 
 @dataclass(frozen=True)
+class Part:
+    """Block `index` of `of` equal blocks along dim 0 of the HF tensor `name`: one fused tensor that
+    feeds the engine in another order (GTE's up_gate_proj [up | gate] -> the engine's [gate | up])."""
+
+    name: str
+    index: int
+    of: int
+
+    def __radd__(self, prefix: str) -> "Part":
+        return Part(prefix + self.name, self.index, self.of)
+
+
+@dataclass(frozen=True)
 class WeightNames:
     """Engine tensor -> HuggingFace tensor name(s), names as the bare encoder model stores them."""
 
@@ -152,7 +166,8 @@ class WeightNames:
     # What precedes every per-layer name; {i} is the layer index.
     layer_prefix: str
     # Engine per-layer tensor (cpp/core/weights.cpp's table) -> HF name(s) after layer_prefix. Several names are
-    # fused in order, stacked on the output dimension (Q | K | V).
+    # fused in order, stacked on the output dimension (Q | K | V). None: a bias the family does not
+    # have (the converter supplies zeros).
     layer: Mapping[str, str | tuple[str, ...]]
     # Engine pooler tensor -> HF name; absent from a checkpoint whose task model has no pooler.
     pooler: Mapping[str, str]
@@ -175,6 +190,8 @@ class WeightNames:
             return (self.pooler[engine_name],)
         _, index, suffix = engine_name.split(".", 2)  # "layers.{i}.{suffix}"
         names = self.layer[suffix]
+        if names is None:  # a bias the family does not have: zeros
+            return (None,)
         prefix = self.layer_prefix.format(i=int(index))
         return tuple(prefix + n for n in ((names,) if isinstance(names, str) else names))
 
@@ -554,7 +571,7 @@ def _modernbert_layer(raw: Mapping[str, Any]) -> dict:
     if not isinstance(local, int) or isinstance(local, bool) or local < 2:
         raise ValueError(f"local_attention must be an integer of at least 2, got {local!r}")
     return {"rotary_theta": thetas["full_attention"], "local_rotary_theta": thetas["sliding_attention"],
-            "local_window": local // 2, "global_every": every}
+            "local_window": local // 2, "global_every": every, "gated_mlp": True}
 
 
 # ModernBERT (ModernBertModel; answerdotai/ModernBERT-base, Alibaba-NLP/gte-modernbert-base,
@@ -617,6 +634,176 @@ MODERNBERT = Family(
 )
 
 
+def _rotary_layer(default_theta: float, gated: bool) -> Callable[[Mapping[str, Any]], dict]:
+    """derive_layer of a rotary_bert family: the theta from rope_parameters (transformers 5's
+    configs) or rope_theta (older ones), default_theta when neither says; every layer global. Only
+    the default rope type is run: the scaled ones (dynamic NTK, YaRN, ...) change the angles with
+    the sequence length or the frequency, and are refused by name."""
+
+    def derive(raw: Mapping[str, Any]) -> dict:
+        rope = raw.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_parameters.rope_type {rope_type!r} is not supported (only 'default')")
+        scaling = raw.get("rope_scaling")
+        if scaling is not None:
+            raise ValueError(f"rope_scaling {scaling!r} is not supported (only none)")
+        theta = rope.get("rope_theta", raw.get("rope_theta", default_theta))
+        hidden, heads = raw.get("hidden_size", 768), raw.get("num_attention_heads", 12)
+        head_dim = raw.get("head_dim")
+        if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
+                and head_dim != hidden // heads:
+            raise ValueError(f"head_dim {head_dim!r} is not hidden_size / num_attention_heads "
+                             f"({hidden // heads}), the only head width the engine runs")
+        return {"rotary_theta": theta, "local_rotary_theta": theta, "local_window": 0, "global_every": 1,
+                "gated_mlp": gated}
+
+    return derive
+
+
+# The rotary post-LayerNorm families (architecture rotary_bert): BERT's post-LayerNorm layer with
+# rotary positions (transformers' rotate_half convention, positions 0..S-1 of the padded row) in
+# place of the position table. Their checkpoints keep the weight names of the models' original code
+# (transformers 5 maps them at load and writes them back at save: conversion_mapping.py): a fused
+# QKV, a post-attention and a post-MLP LayerNorm under names of their own. Biases a family has not
+# are zeros from the converter.
+def _rotary_config(defaults: dict) -> Mapping[str, Key]:
+    """The engine config keys of a rotary_bert family, from its config class's `defaults`."""
+    return _frozen({k: Key(k, defaults[k]) for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act", "pad_token_id")})
+
+
+# NomicBERT (NomicBertModel; nomic-ai/nomic-embed-text-v1.5): no biases in attention or the SwiGLU
+# MLP (fc12 the gate, fc11 the up projection), LayerNorms with biases. NomicBertModel has no pooler
+# unless built with add_pooling_layer (ForSequenceClassification is, and reads it); task models keep
+# the encoder under "nomic_bert.".
+NOMIC_BERT = Family(
+    name="nomic_bert",
+    model_types=("nomic_bert",),
+    architecture="rotary_bert",
+    # NomicBertConfig's defaults.
+    config=_rotary_config(dict(vocab_size=30528, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                               intermediate_size=3072, max_position_embeddings=2048, type_vocab_size=2,
+                               layer_norm_eps=1e-12, hidden_act="silu", pad_token_id=0)),
+    accepted_values=_frozen({}),
+    weights=WeightNames(
+        prefixes=("nomic_bert.",),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.word_embeddings.weight",
+            "embeddings.token_type": "embeddings.token_type_embeddings.weight",
+            "embeddings.ln_gamma": "emb_ln.weight",
+            "embeddings.ln_beta": "emb_ln.bias",
+        }),
+        layer_prefix="encoder.layers.{i}.",
+        layer=_frozen({
+            "qkv_weight": "attn.Wqkv.weight",
+            "qkv_bias": None,
+            "attn_out_weight": "attn.out_proj.weight",
+            "attn_out_bias": None,
+            "attn_ln_gamma": "norm1.weight",
+            "attn_ln_beta": "norm1.bias",
+            "ffn_in_weight": ("mlp.fc12.weight", "mlp.fc11.weight"),
+            "ffn_in_bias": None,
+            "ffn_out_weight": "mlp.fc2.weight",
+            "ffn_out_bias": None,
+            "ffn_ln_gamma": "norm2.weight",
+            "ffn_ln_beta": "norm2.bias",
+        }),
+        pooler=_frozen({"pooler.weight": "pooler.dense.weight", "pooler.bias": "pooler.dense.bias"}),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=True,
+    projection=None,
+    sequence_head=BERT.sequence_head,
+    token_head=BERT.token_head,
+    derive_layer=_rotary_layer(1000.0, gated=True),
+)
+
+# GTE (GteModel; the "new" architecture of Alibaba's gte-multilingual-base and gte-*-en-v1.5):
+# biases in attention and on the MLP's down projection; up_gate_proj holds [up | gate] without a
+# bias (the engine's FFN-in is [gate | up]); heads as NomicBERT's.
+GTE = Family(
+    name="gte",
+    model_types=("gte",),
+    architecture="rotary_bert",
+    config=_rotary_config(dict(vocab_size=250048, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                               intermediate_size=3072, max_position_embeddings=8192, type_vocab_size=1,
+                               layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=1)),
+    accepted_values=_frozen({}),
+    weights=WeightNames(
+        prefixes=("gte.", "new."),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.word_embeddings.weight",
+            "embeddings.token_type": "embeddings.token_type_embeddings.weight",
+            "embeddings.ln_gamma": "embeddings.LayerNorm.weight",
+            "embeddings.ln_beta": "embeddings.LayerNorm.bias",
+        }),
+        layer_prefix="encoder.layer.{i}.",
+        layer=_frozen({
+            "qkv_weight": "attention.qkv_proj.weight",
+            "qkv_bias": "attention.qkv_proj.bias",
+            "attn_out_weight": "attention.o_proj.weight",
+            "attn_out_bias": "attention.o_proj.bias",
+            "attn_ln_gamma": "attn_ln.weight",
+            "attn_ln_beta": "attn_ln.bias",
+            "ffn_in_weight": (Part("mlp.up_gate_proj.weight", 1, 2), Part("mlp.up_gate_proj.weight", 0, 2)),
+            "ffn_in_bias": None,
+            "ffn_out_weight": "mlp.down_proj.weight",
+            "ffn_out_bias": "mlp.down_proj.bias",
+            "ffn_ln_gamma": "mlp_ln.weight",
+            "ffn_ln_beta": "mlp_ln.bias",
+        }),
+        pooler=_frozen({"pooler.weight": "pooler.dense.weight", "pooler.bias": "pooler.dense.bias"}),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=True,
+    projection=None,
+    sequence_head=BERT.sequence_head,
+    token_head=BERT.token_head,
+    derive_layer=_rotary_layer(160000.0, gated=True),
+)
+
+# Jina-embeddings-v3 (JinaEmbeddingsV3Model, as transformers runs it natively): XLM-R's layer with
+# rotary positions counted 0..S-1, biases everywhere, BERT's MLP (fc1, act, fc2); a pooler; task
+# models keep the encoder under "roberta." with RoBERTa's heads.
+JINA_EMBEDDINGS_V3 = Family(
+    name="jina_embeddings_v3",
+    model_types=("jina_embeddings_v3",),
+    architecture="rotary_bert",
+    config=_rotary_config(dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                               intermediate_size=4096, max_position_embeddings=8194, type_vocab_size=1,
+                               layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1)),
+    accepted_values=_frozen({}),
+    weights=WeightNames(
+        prefixes=("roberta.",),
+        embeddings=NOMIC_BERT.weights.embeddings,
+        layer_prefix="encoder.layers.{i}.",
+        layer=_frozen({
+            "qkv_weight": "mixer.Wqkv.weight",
+            "qkv_bias": "mixer.Wqkv.bias",
+            "attn_out_weight": "mixer.out_proj.weight",
+            "attn_out_bias": "mixer.out_proj.bias",
+            "attn_ln_gamma": "norm1.weight",
+            "attn_ln_beta": "norm1.bias",
+            "ffn_in_weight": "mlp.fc1.weight",
+            "ffn_in_bias": "mlp.fc1.bias",
+            "ffn_out_weight": "mlp.fc2.weight",
+            "ffn_out_bias": "mlp.fc2.bias",
+            "ffn_ln_gamma": "norm2.weight",
+            "ffn_ln_beta": "norm2.bias",
+        }),
+        pooler=_frozen({"pooler.weight": "pooler.dense.weight", "pooler.bias": "pooler.dense.bias"}),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=True,
+    projection=None,
+    sequence_head=ROBERTA.sequence_head,
+    token_head=BERT.token_head,
+    derive_layer=_rotary_layer(20000.0, gated=False),
+)
+
+
 def _engine_names(family: Family) -> dict[str, set[str]]:
     """The engine's tensor names for the family's architecture (cpp/core/weights.cpp, through the
     bound module), by part: "embeddings", "layer" (a layer past the first, unprefixed),
@@ -628,7 +815,7 @@ def _engine_names(family: Family) -> dict[str, set[str]]:
     if family.relative_bias:
         config[RELATIVE_BUCKETS] = 8
     if family.derive_layer is not None:
-        config[LAYER] = dict(rotary_theta=1e4, local_rotary_theta=1e4, local_window=4, global_every=2)
+        config[LAYER] = family.derive_layer({"num_hidden_layers": 2})
     names = [n for n, _, _ in _C.expected_tensors(config)]
     parts = {"embeddings": set(), "layer": set(), "pooler": set(), "model": set()}
     for n in names:
@@ -649,7 +836,6 @@ def _check(family: Family) -> Family:
     w = family.weights
     want_keys = {*INT_KEYS, "layer_norm_eps", "hidden_act", "pad_token_id",
                  *([RELATIVE_BUCKETS] if family.relative_bias else [])}
-    modern = family.derive_layer is not None
     if not (isinstance(family.architecture, str) and family.architecture.isidentifier()):
         raise AssertionError(f"family {family.name!r}: architecture {family.architecture!r} must name "
                              "an architecture unit")
@@ -665,8 +851,6 @@ def _check(family: Family) -> Family:
         problems.append(f"layer tensors {sorted(w.layer)} != {sorted(want_layer)}")
     if set(w.model) != engine["model"]:
         problems.append(f"model tensors {sorted(w.model)} != the engine's {sorted(engine['model'])}")
-    if modern and w.pooler:
-        problems.append("the engine runs no pooler with ModernBERT's layer")
     if w.pooler and set(w.pooler) != engine["pooler"]:
         problems.append(f"pooler {sorted(w.pooler)} != {sorted(engine['pooler'])}")
     head = family.sequence_head
@@ -700,7 +884,8 @@ def _check(family: Family) -> Family:
 
 # Family name -> table.
 FAMILIES: Mapping[str, Family] = _frozen({
-    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA, MPNET, MODERNBERT)
+    f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA, MPNET, MODERNBERT,
+                                NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3)
 })
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

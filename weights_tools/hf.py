@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import torch
 
 from .errors import ConversionError
-from .families import ABSOLUTE, Family, family_for, supported_model_types
+from .families import ABSOLUTE, Family, Part, family_for, supported_model_types
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
@@ -498,7 +498,7 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
     out: dict[str, torch.Tensor] = {}
     shown = None
     kind = cfg[HEAD]["kind"] if cfg.get(HEAD) else None
-    for tensor in iter_tensors({**cfg, "has_pooler": has_pooler}):
+    for tensor in iter_tensors({**cfg, "model_type": family.name, "has_pooler": has_pooler}):
         name, shape = tensor.name, tensor.shape
         part = _progress(name, cfg["num_hidden_layers"])
         if part != shown:
@@ -517,13 +517,21 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
             n_in, n_out = shape
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
             # the fused GEMM's output row keeps.
-            parts = [get(s, (n_out // len(sources), n_in)) for s in sources]
+            parts = [_source(get, s, (n_out // len(sources), n_in)) for s in sources]
             out[name] = (parts[0] if len(parts) == 1 else _cat(parts)).t().contiguous()
         elif len(sources) == 1:
-            out[name] = get(sources[0], shape)
+            out[name] = _source(get, sources[0], shape)
         else:
-            out[name] = _cat([get(s, (shape[0] // len(sources), *shape[1:])) for s in sources])
+            out[name] = _cat([_source(get, s, (shape[0] // len(sources), *shape[1:])) for s in sources])
     return out
+
+
+def _source(get: Callable[[str, tuple], torch.Tensor], source: str | Part, shape: tuple) -> torch.Tensor:
+    """One source of an engine tensor, `shape` wide: an HF tensor, or a block of one (Part)."""
+    if isinstance(source, Part):
+        whole = get(source.name, (shape[0] * source.of, *shape[1:]))
+        return whole.chunk(source.of, dim=0)[source.index]
+    return get(source, shape)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -554,8 +562,14 @@ def hf_state_dict(family: Family, config: dict,
             continue  # supplied by the converter as zeros
         # A task model keeps its encoder under the family's prefix, its head at the top.
         prefix = family.weights.prefixes[0] if kind and name not in HEAD_TENSORS else ""
+        blocks: dict[str, dict[int, torch.Tensor]] = {}
         for source, piece in zip(sources, t.chunk(len(sources), dim=0)):
-            sd[prefix + source] = piece.contiguous()
+            if isinstance(source, Part):  # reassembled below, blocks in the HF tensor's order
+                blocks.setdefault(prefix + source.name, {})[source.index] = piece
+            else:
+                sd[prefix + source] = piece.contiguous()
+        for hf_name, by_index in blocks.items():
+            sd[hf_name] = torch.cat([by_index[i] for i in sorted(by_index)], dim=0).contiguous()
     return sd
 
 
@@ -591,8 +605,8 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
     max_seq_length = read_max_seq_length(src)
     files = WeightFiles(src)
     # No tensor has been read yet, only headers: absurd sizes in config.json fail here, cheaply.
-    check_fits({**hf, "has_pooler": False}, files.nbytes(), _MIN_ITEMSIZE, str(src / "config.json"),
-               files.describe(), ConversionError)
+    check_fits({**hf, "model_type": family.name, "has_pooler": False}, files.nbytes(), _MIN_ITEMSIZE,
+               str(src / "config.json"), files.describe(), ConversionError)
     col = _Collector(files, family, hf["num_hidden_layers"])
     pooler = family.weights.pooler
     has_pooler = bool(pooler) and col.has(pooler["pooler.weight"])

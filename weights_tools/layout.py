@@ -70,14 +70,18 @@ EMBEDDING_SIZE = "embedding_size"
 RELATIVE_BUCKETS = "relative_attention_num_buckets"
 RELATIVE_BUCKETS_LOOKED_UP = 32
 
-# ModernBERT's layer, where BERT's post-LayerNorm one does not apply: null, or an object with
+# A layer with rotary positions, where BERT's one with a position table does not apply: null, or an
+# object with
 #   rotary_theta: the rotary positions' theta of the global-attention layers (a positive number);
 #   local_rotary_theta: that of the sliding-window layers;
-#   local_window: a sliding-window layer attends keys within this distance (|j - i| <= it; > 0);
-#   global_every: layer i attends globally when i % global_every == 0 (a positive integer).
-# Such a model is pre-LayerNorm with a gated MLP ([input | gate] FFN-in, act(input) * gate), no
-# position table, no biases and no LayerNorm betas, and a final norm (the tensor list below).
-# Files written before the key existed hold BERT's layer (reader.read_config fills in null).
+#   local_window: a sliding-window layer attends keys within this distance (|j - i| <= it; 0: no
+#     sliding-window layers);
+#   global_every: layer i attends globally when i % global_every == 0 (a positive integer);
+#   gated_mlp: the FFN-in gives two halves, act(first) * second (true), or is BERT's act(x W + b).
+# The family's architecture unit says the rest: ModernBERT's is pre-LayerNorm without biases or
+# LayerNorm betas and with a final norm; rotary_bert's is BERT's post-LayerNorm layer (the tensor
+# list is the bound module's). Files written before the key existed hold BERT's layer
+# (reader.read_config fills in null), and layers written before gated_mlp existed are gated.
 LAYER = "layer"
 LAYER_KEYS = _engine_keys(LAYER)
 
@@ -245,10 +249,14 @@ def check_layer(layer: Any, where: str, error: Callable[[str], Exception]) -> No
         if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
                 or not 0 < _as_float32(v) < math.inf):
             raise error(f"{where}: {LAYER}.{key} must be a positive number, got {v!r}")
-    for key in ("local_window", "global_every"):
-        v = layer[key]
-        if not _is_int(v) or not 0 < v <= MAX_SIZE:
-            raise error(f"{where}: {LAYER}.{key} must be a positive integer, got {v!r}")
+    v = layer["global_every"]
+    if not _is_int(v) or not 0 < v <= MAX_SIZE:
+        raise error(f"{where}: {LAYER}.global_every must be a positive integer, got {v!r}")
+    v = layer["local_window"]
+    if not _is_int(v) or not 0 <= v <= MAX_SIZE:
+        raise error(f"{where}: {LAYER}.local_window must be a non-negative integer, got {v!r}")
+    if not isinstance(layer["gated_mlp"], bool):
+        raise error(f"{where}: {LAYER}.gated_mlp must be true or false, got {layer['gated_mlp']!r}")
 
 
 def check_positions(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:

@@ -76,7 +76,11 @@ def _fill_embedding_size(config: dict) -> dict:
 
 
 def _fill_layer(config: dict) -> dict:
-    """A config written before ModernBERT's layer existed holds BERT's: "layer" comes back null."""
+    """A config written before ModernBERT's layer existed holds BERT's: "layer" comes back null; a
+    layer written before gated_mlp existed is ModernBERT's, gated."""
+    layer = config.get(LAYER)
+    if isinstance(layer, dict) and "gated_mlp" not in layer:
+        return {**config, LAYER: {**layer, "gated_mlp": True}}
     if LAYER in config:
         return config
     merged = {**config, LAYER: None}

@@ -46,8 +46,8 @@ const std::vector<ConfigKey> kKeys = {
     // Conversions from before MPNet have no relative bias.
     {"", "relative_attention_num_buckets", T::kInt, false, true,
      FTBERT_SET(c.relative_attention_buckets = static_cast<int>(v.integer))},
-    // ModernBERT's layer: pre-LayerNorm, rotary, gated MLP, sliding windows. Null, or conversions
-    // without the key: BERT's.
+    // A layer with rotary positions (ModernBERT's, the rotary_bert architecture's): thetas,
+    // sliding windows, a gated MLP. Null, or conversions without the key: BERT's layer.
     {"", "layer", T::kObject, false, true, FTBERT_SET((void)v; c.gated_mlp = true)},
     {"layer", "rotary_theta", T::kNumber, true, true,
      FTBERT_SET(c.rotary_theta = static_cast<float>(v.number))},
@@ -57,6 +57,8 @@ const std::vector<ConfigKey> kKeys = {
      FTBERT_SET(c.local_window = static_cast<int>(v.integer))},
     {"layer", "global_every", T::kInt, true, true,
      FTBERT_SET(c.global_every = static_cast<int>(v.integer))},
+    // Conversions from before the key: true (ModernBERT's layers are gated).
+    {"layer", "gated_mlp", T::kBool, false, true, FTBERT_SET(c.gated_mlp = v.flag)},
     {"", "has_pooler", T::kBool, true, true, FTBERT_SET(c.has_pooler = v.flag)},
     // Null, or conversions from before heads: none.
     {"", "head", T::kObject, false, true, nullptr},

@@ -70,18 +70,23 @@ void append_head(std::vector<TensorSpec>& t, const ModelConfig& c, ModelWeights*
 
 // `w` may be null (the destinations are then null too): the names and shapes alone.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
-  if (c.gated_mlp) return modern_tensor_table(c, w);
+  if (c.architecture == "modernbert") return modern_tensor_table(c, w);
+  // BERT's tensors; rotary positions (rotary_bert) replace the position table, and a gated MLP
+  // doubles the FFN-in width.
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_size;
+  const int64_t F = c.ffn_in_width();
   auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
   std::vector<TensorSpec> t = {
       {"embeddings.word", {c.vocab_size, E}, at(&ModelWeights::word_embeddings), false, true},
-      {"embeddings.position", {c.max_position_embeddings, E}, at(&ModelWeights::position_embeddings),
-       false, true},
       {"embeddings.token_type", {c.type_vocab_size, E}, at(&ModelWeights::token_type_embeddings),
        false, true},
       {"embeddings.ln_gamma", {E}, at(&ModelWeights::emb_ln_gamma)},
       {"embeddings.ln_beta", {E}, at(&ModelWeights::emb_ln_beta)},
   };
+  if (c.rotary_theta == 0) {
+    t.insert(t.begin() + 1, {"embeddings.position", {c.max_position_embeddings, E},
+                             at(&ModelWeights::position_embeddings), false, true});
+  }
   if (c.has_projection()) {
     t.push_back({"embeddings.project_weight", {E, H}, at(&ModelWeights::project_weight)});
     t.push_back({"embeddings.project_bias", {H}, at(&ModelWeights::project_bias)});
@@ -101,8 +106,8 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
     t.push_back({p + "attn_out_bias", {H}, in(&LayerWeights::attn_out_bias)});
     t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
     t.push_back({p + "attn_ln_beta", {H}, in(&LayerWeights::attn_ln_beta)});
-    t.push_back({p + "ffn_in_weight", {H, I}, in(&LayerWeights::ffn_in_weight), true});
-    t.push_back({p + "ffn_in_bias", {I}, in(&LayerWeights::ffn_in_bias)});
+    t.push_back({p + "ffn_in_weight", {H, F}, in(&LayerWeights::ffn_in_weight), true});
+    t.push_back({p + "ffn_in_bias", {F}, in(&LayerWeights::ffn_in_bias)});
     t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight), true});
     t.push_back({p + "ffn_out_bias", {H}, in(&LayerWeights::ffn_out_bias)});
     t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});

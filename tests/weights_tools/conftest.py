@@ -35,7 +35,8 @@ KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceCl
 # model_type -> the transformers class-name stem of its models (RobertaModel, XLMRobertaForMaskedLM, ...).
 FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
                   "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
-                  "modernbert": "ModernBert"}
+                  "modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte",
+                  "jina_embeddings_v3": "JinaEmbeddingsV3"}
 # TINY under DistilBertConfig's own keys (no token types: type_vocab_size has no key there).
 DISTILBERT_KEYS = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "hidden_act": "activation", "type_vocab_size": None}
@@ -105,6 +106,8 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
         return _distilbert_reference(m)
     if hasattr(m, "final_norm"):  # ModernBERT
         return _modernbert_reference(m)
+    if hasattr(m, "rotary_emb"):  # NomicBERT, GTE, Jina-embeddings-v3
+        return _rotary_bert_reference(m)
     if hasattr(m.encoder, "relative_attention_bias"):  # MPNet
         return _mpnet_reference(m)
     ref = {
@@ -160,6 +163,48 @@ def _modernbert_reference(m) -> dict[str, torch.Tensor]:
         ref[p + "ffn_in_weight"] = layer.mlp.Wi.weight.T
         ref[p + "ffn_out_weight"] = layer.mlp.Wo.weight.T
     ref["final_norm.gamma"] = m.final_norm.weight
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
+def _rotary_bert_reference(m) -> dict[str, torch.Tensor]:
+    """reference_tensors for the rotary post-LayerNorm models (NomicBertModel, GteModel,
+    JinaEmbeddingsV3Model), from transformers' modules: no position table; Q|K|V fused; zeros for
+    the biases a model has not; a gated MLP's FFN-in is [gate | up], BERT's MLP is fc1."""
+    e = m.embeddings
+
+    def bias(linear):
+        return linear.bias if linear.bias is not None else torch.zeros(linear.weight.shape[0])
+
+    ref = {
+        "embeddings.word": e.word_embeddings.weight,
+        "embeddings.token_type": e.token_type_embeddings.weight,
+        "embeddings.ln_gamma": e.LayerNorm.weight,
+        "embeddings.ln_beta": e.LayerNorm.bias,
+    }
+    for i, layer in enumerate(m.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        p = f"layers.{i}."
+        ref[p + "qkv_weight"] = torch.cat([a.q_proj.weight.T, a.k_proj.weight.T, a.v_proj.weight.T], dim=1)
+        ref[p + "qkv_bias"] = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)])
+        ref[p + "attn_out_weight"] = a.o_proj.weight.T
+        ref[p + "attn_out_bias"] = bias(a.o_proj)
+        ref[p + "attn_ln_gamma"] = layer.post_attention_layernorm.weight
+        ref[p + "attn_ln_beta"] = layer.post_attention_layernorm.bias
+        if hasattr(mlp, "gate_proj"):
+            ref[p + "ffn_in_weight"] = torch.cat([mlp.gate_proj.weight.T, mlp.up_proj.weight.T], dim=1)
+            ref[p + "ffn_in_bias"] = torch.cat([bias(mlp.gate_proj), bias(mlp.up_proj)])
+            out = mlp.down_proj
+        else:
+            ref[p + "ffn_in_weight"] = mlp.fc1.weight.T
+            ref[p + "ffn_in_bias"] = bias(mlp.fc1)
+            out = mlp.fc2
+        ref[p + "ffn_out_weight"] = out.weight.T
+        ref[p + "ffn_out_bias"] = bias(out)
+        ref[p + "ffn_ln_gamma"] = layer.post_mlp_layernorm.weight
+        ref[p + "ffn_ln_beta"] = layer.post_mlp_layernorm.bias
+    if getattr(m, "pooler", None) is not None:
+        ref["pooler.weight"] = m.pooler.dense.weight.T
+        ref["pooler.bias"] = m.pooler.dense.bias
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 

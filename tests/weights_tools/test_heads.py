@@ -22,7 +22,9 @@ HEADS = {"cls": "sequence_classification", "token": "token_classification"}
 SEQUENCE_INPUT = {"bert": ("pooler", None), "roberta": ("first_token", "tanh"),
                   "xlm-roberta": ("first_token", "tanh"), "camembert": ("first_token", "tanh"),
                   "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu"),
-                  "mpnet": ("first_token", "tanh"), "modernbert": ("first_token", "gelu")}
+                  "mpnet": ("first_token", "tanh"), "modernbert": ("first_token", "gelu"),
+                  "nomic_bert": ("pooler", None), "gte": ("pooler", None),
+                  "jina_embeddings_v3": ("first_token", "tanh")}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,8 @@ def test_head_named_by_architectures_is_converted(wt, hf, checkpoint, capsys, fa
     assert config["head"] == _expected_head(family, kind, 3)
     keys = list(config)
     assert keys[keys.index("has_pooler") + 1] == "head"
-    assert config["has_pooler"] is (family == "bert" and kind == "cls")  # BERT's sequence head reads it
+    # A sequence head on the pooler (BERT's, NomicBERT's, GTE's) keeps it; the others have none.
+    assert config["has_pooler"] is (SEQUENCE_INPUT[family][0] == "pooler" and kind == "cls")
     # Every tensor, the head's included, equals the one built from the HF modules; the head's come
     # last: its own dense ([H, H]) where it has one, then the output Linear ([H, num_labels]).
     ref = hf.reference_tensors(model)
@@ -207,7 +210,7 @@ def test_checkpoint_without_architectures_gets_no_head(wt, checkpoint, fresh):
 def _head_cases():
     """(family, kind, index of the head tensor to remove): every tensor of every sequence head, and
     the output Linear of two token heads."""
-    cases = [(f, "cls", i) for f in FAMILIES for i in range(2 if f == "bert" else 4)]
+    cases = [(f, "cls", i) for f in FAMILIES for i in range(2 if SEQUENCE_INPUT[f][0] == "pooler" else 4)]
     return cases + [("roberta", "token", 0), ("electra", "token", 1)]
 
 
@@ -216,7 +219,7 @@ def test_missing_head_tensor_is_refused_naming_it(wt, checkpoint, fresh, family,
     src, model = checkpoint(family, kind)
     src = fresh(src)
     names = _outside_encoder(src, model)
-    assert len(names) == (2 if family == "bert" or kind == "token" else 4)
+    assert len(names) == (2 if SEQUENCE_INPUT[family][0] == "pooler" or kind == "token" else 4)
     name = names[index]
     path = src / "model.safetensors"
     sd = load_file(str(path))

@@ -41,8 +41,9 @@ std::unique_ptr<Model> create_bert(const ModelConfig& config, const HostWeights&
                          << config.relative_attention_buckets << " (MPNet's runs as 'mpnet')");
   FTBERT_CHECK_INPUT(!config.head.norm && !config.head.token_dense,
                      "config: architecture 'bert' runs BERT's heads: no head norm, no token dense");
-  FTBERT_CHECK_INPUT(!config.gated_mlp, "config: architecture 'bert' runs BERT's post-LayerNorm "
-                                         "layer, not the \"layer\" the config describes");
+  FTBERT_CHECK_INPUT(!config.gated_mlp && config.rotary_theta == 0,
+                     "config: architecture 'bert' runs BERT's post-LayerNorm layer, not the "
+                     "\"layer\" the config describes");
   return std::make_unique<BertModel>(config, weights, backend, compute);
 }
 

@@ -19,6 +19,9 @@ std::unique_ptr<Model> create_bert(const ModelConfig& config, const HostWeights&
 std::unique_ptr<Model> create_mpnet(const ModelConfig& config, const HostWeights& weights,
                                     Backend* backend, DType compute);
 
+std::unique_ptr<Model> create_rotary_bert(const ModelConfig& config, const HostWeights& weights,
+                                          Backend* backend, DType compute);
+
 std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWeights& weights,
                                          Backend* backend, DType compute);
 
@@ -30,6 +33,7 @@ struct ArchitectureUnit {
 inline constexpr ArchitectureUnit kArchitectures[] = {
     {"bert", create_bert},
     {"mpnet", create_mpnet},
+    {"rotary_bert", create_rotary_bert},
     {"modernbert", create_modernbert},
 };
 

@@ -84,8 +84,9 @@ std::unique_ptr<Model> create_mpnet(const ModelConfig& config, const HostWeights
                "config: an MPNet model needs its relative_attention_num_buckets (got 0)");
   FTBERT_CHECK_INPUT(!config.head.norm && !config.head.token_dense,
                      "config: architecture 'mpnet' runs BERT's heads: no head norm, no token dense");
-  FTBERT_CHECK_INPUT(!config.gated_mlp, "config: architecture 'mpnet' runs BERT's post-LayerNorm "
-                                         "layer, not the \"layer\" the config describes");
+  FTBERT_CHECK_INPUT(!config.gated_mlp && config.rotary_theta == 0,
+                     "config: architecture 'mpnet' runs BERT's post-LayerNorm layer, not the "
+                     "\"layer\" the config describes");
   return std::make_unique<MpnetModel>(config, weights, backend, compute);
 }
 

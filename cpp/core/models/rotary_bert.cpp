@@ -1,0 +1,99 @@
+// The rotary post-LayerNorm architecture (transformers' NomicBertModel, GteModel,
+// JinaEmbeddingsV3Model; weights_tools/families.py's NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3):
+//   embeddings (word + token type, LN; no position table) -> L x [QKV GEMM + bias -> rotary ->
+//   attention -> out GEMM + bias + residual -> LN -> FFN -> + residual -> LN] -> pooler / head.
+// BERT's layer with rotary positions in place of the position table, and an FFN that is BERT's
+// act(x · W1 + b1) or a gated one, act(gate) · up from FFN-in [gate | up]. Biases a checkpoint
+// lacks are zeros from the converter.
+#include "core/models/blocks.h"
+#include "core/models/models.h"
+#include "ftbert/attention.h"
+#include "ftbert/check.h"
+
+namespace ftbert {
+namespace {
+
+class RotaryBertModel final : public Model {
+ public:
+  RotaryBertModel(const ModelConfig& config, const HostWeights& weights, Backend* backend,
+                  DType compute)
+      : Model(config, *backend, compute),
+        weights_(upload_weights(backend, config_, weights, compute)),
+        rotary_(blocks::upload_floats(backend, blocks::rotary_table(config_.max_seq(),
+                                                                    config_.head_dim(),
+                                                                    config_.rotary_theta))),
+        zeros_(blocks::zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) *
+                                          dtype_size(compute))) {
+    backend->synchronize();  // the host table is gone after this
+  }
+
+  void forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* types,
+               const SequenceLayout& L, AttentionKind attention,
+               Outputs outputs) const override {
+    const DType dt = dtype_;
+    const ModelConfig& c = config_;
+    const int M = L.rows, H = c.hidden_size, I = c.intermediate_size;
+    const float eps = c.layer_norm_eps;
+    blocks::embeddings(be, dt, c, weights_, act, ids, types, L);
+    void* const out = act.output != nullptr ? act.output : act.hidden;
+    for (const LayerWeights& l : weights_.layers) {
+      const bool last = &l == &weights_.layers.back();
+      void* const y = last ? out : act.hidden;
+      // qkv [M, 3H] = hidden · Wqkv + bqkv, rotated; the bias goes in before the rotation, so
+      // not inside attention (which gets zeros).
+      be.weight_gemm(dt, M, 3 * H, H, act.hidden, H, l.qkv_weight.data(), act.qkv, 3 * H);
+      be.add_bias_activation(dt, act.qkv, l.qkv_bias.data(), M, 3 * H, Activation::kIdentity);
+      be.rotary_embedding(dt, act.qkv, rotary_.as<float>(), L, c.num_heads, c.head_dim());
+      run_attention(be, attention, dt, act.qkv, zeros_.data(), act.ctx, act.attention_scratch, L,
+                    c.num_heads, c.head_dim(), AttentionOptions{});
+      // hidden2 = LN(ctx · Wo + bo + hidden)
+      be.dense_residual_layernorm(dt, M, H, H, act.ctx, l.attn_out_weight.data(),
+                                  l.attn_out_bias.data(), act.hidden, l.attn_ln_gamma.data(),
+                                  l.attn_ln_beta.data(), act.hidden2, eps, act.dense_workspace,
+                                  act.dense_workspace_bytes);
+      // f [M, I] = act(hidden2 · W1 + b1), or act(gate) · up with [gate | up] = hidden2 · W1 + b1
+      const void* f = act.inter;
+      if (c.gated_mlp) {
+        be.weight_gemm(dt, M, 2 * I, H, act.hidden2, H, l.ffn_in_weight.data(), act.inter, 2 * I);
+        be.add_bias_activation(dt, act.inter, l.ffn_in_bias.data(), M, 2 * I,
+                               Activation::kIdentity);
+        be.gated_activation(dt, act.inter, act.gated, M, I, c.activation);
+        f = act.gated;
+      } else {
+        be.weight_gemm(dt, M, I, H, act.hidden2, H, l.ffn_in_weight.data(), act.inter, I,
+                       l.ffn_in_bias.data(), c.activation);
+      }
+      // y = LN(f · W2 + b2 + hidden2); into act.output only the LayerNorm writes (model.h): the
+      // product goes to ctx, free once the attention output above has read it.
+      be.dense_residual_layernorm(dt, M, H, I, f, l.ffn_out_weight.data(), l.ffn_out_bias.data(),
+                                  act.hidden2, l.ffn_ln_gamma.data(), l.ffn_ln_beta.data(), y, eps,
+                                  act.dense_workspace, act.dense_workspace_bytes,
+                                  last ? act.nonfinite : nullptr,
+                                  y == act.hidden ? nullptr : act.ctx);
+    }
+    blocks::pooler_and_head(be, dt, c, weights_, act, out, L, outputs);
+  }
+
+ private:
+  ModelWeights weights_;
+  DeviceBuffer rotary_;  // [P, d] float32
+  DeviceBuffer zeros_;   // [3H] in the compute dtype: attention's QKV bias, added before
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_rotary_bert(const ModelConfig& config, const HostWeights& weights,
+                                          Backend* backend, DType compute) {
+  FTBERT_CHECK_INPUT(config.rotary_theta > 0 && config.local_window == 0,
+                     "config: architecture 'rotary_bert' needs a \"layer\" with a rotary_theta and "
+                     "no sliding window (local_window 0)");
+  FTBERT_CHECK_INPUT(config.relative_attention_buckets == 0 && !config.has_projection(),
+                     "config: architecture 'rotary_bert' has no relative bias and no embedding "
+                     "projection");
+  FTBERT_CHECK_INPUT(!config.head.norm && !config.head.token_dense,
+                     "config: architecture 'rotary_bert' runs BERT's heads: no head norm, no "
+                     "token dense");
+  return std::make_unique<RotaryBertModel>(config, weights, backend, compute);
+}
+
+}  // namespace ftbert

@@ -80,6 +80,12 @@ class CpuBackend final : public Backend {
   void residual_add_layernorm(DType dt, void* residual, const void* x, const void* bias,
                               const void* gamma, const void* beta, void* out, int rows,
                               int hidden, float eps, int32_t* nonfinite = nullptr) override;
+  void residual_add_rmsnorm(DType dt, void* residual, const void* x, const void* bias,
+                            const void* gamma, void* out, int rows, int hidden, float eps,
+                            int32_t* nonfinite = nullptr) override;
+  void embed_rmsnorm(DType dt, const int32_t* input_ids, const void* word, const void* gamma,
+                     void* embedded, void* out, const SequenceLayout& layout, int hidden,
+                     int vocab, float eps) override;
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
   bool supports_attention(AttentionKind kind, DType dt, int head_dim) const override;
@@ -92,5 +98,10 @@ class CpuBackend final : public Backend {
 
 // Shared by the CPU ops: throws, naming the op, for a dtype that cannot run here.
 void require_cpu_dtype(DType dt, const char* op);
+
+namespace cpu {
+// out = x / sqrt(mean(x²) + eps) · gamma over n values (layernorm.cpp); out may be x.
+void rmsnorm_row(const float* x, const float* gamma, float* out, int n, float eps);
+}  // namespace cpu
 
 }  // namespace ftbert

@@ -1,4 +1,5 @@
-// Embeddings on the CPU: word + position + token-type lookup, then LayerNorm, one row per token.
+// Embeddings on the CPU: word + position + token-type lookup, then LayerNorm, one row per token;
+// or the word row alone and its RMSNorm (pre-RMSNorm models).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -65,6 +66,38 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S];
                                  : no_position.data(),
              cpu::load_row(dt, token_type, tt, hidden, buf + 2 * hidden), g.data(), be.data(), o,
              hidden, eps);
+      cpu::store_row(dt, out, r, hidden, o);
+    }
+  });
+}
+
+void CpuBackend::embed_rmsnorm(DType dt, const int32_t* input_ids,  // [B, S]; [T] ids_packed
+                               const void* word,                    // [V, H]
+                               const void* gamma,                   // [H]
+                               void* embedded,                      // [rows, H]
+                               void* out,                           // [rows, H]
+                               const SequenceLayout& l, int hidden, int vocab, float eps) {
+  require_cpu_dtype(dt, "embed_rmsnorm");
+  const int64_t rows = l.rows;
+  const size_t row_bytes = hidden * dtype_size(dt);
+  const cpu::Floats g(dt, gamma, hidden);
+  parallel_for(rows, rows * hidden, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(2, hidden);  // the word row and the output
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t token = l.packed() ? l.token_index[r] : r;
+      if (token < 0) {  // as embed_layernorm: a row past the tokens of a packed batch is zeros
+        std::memset(cpu::element(dt, embedded, r * hidden), 0, row_bytes);
+        std::memset(cpu::element(dt, out, r * hidden), 0, row_bytes);
+        continue;
+      }
+      const int64_t i = l.ids_packed ? r : token;
+      // Values are checked by the Python API; clamping keeps any other caller memory-safe.
+      const int64_t id = std::min<int64_t>(std::max<int32_t>(input_ids[i], 0), vocab - 1);
+      // The table's row bit for bit: the residual stream starts from it.
+      std::memcpy(cpu::element(dt, embedded, r * hidden),
+                  static_cast<const unsigned char*>(word) + id * row_bytes, row_bytes);
+      float* o = cpu::out_row(dt, out, r, hidden, buf + hidden);
+      cpu::rmsnorm_row(cpu::load_row(dt, word, id, hidden, buf), g.data(), o, hidden, eps);
       cpu::store_row(dt, out, r, hidden, o);
     }
   });

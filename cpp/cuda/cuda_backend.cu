@@ -575,6 +575,30 @@ void CudaBackend::residual_add_layernorm(DType dt, void* residual, const void* x
   });
 }
 
+void CudaBackend::residual_add_rmsnorm(DType dt, void* residual, const void* x, const void* bias,
+                                       const void* gamma, void* out, int rows, int hidden,
+                                       float eps, int32_t* nonfinite) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_residual_add_rmsnorm<T>(static_cast<T*>(residual), static_cast<const T*>(x),
+                                   static_cast<const T*>(bias), static_cast<const T*>(gamma),
+                                   static_cast<T*>(out), rows, hidden, eps, nonfinite, stream_);
+  });
+}
+
+void CudaBackend::embed_rmsnorm(DType dt, const int32_t* input_ids, const void* word,
+                                const void* gamma, void* embedded, void* out,
+                                const SequenceLayout& layout, int hidden, int vocab, float eps) {
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_embed_rmsnorm<T>(input_ids, static_cast<const T*>(word), static_cast<const T*>(gamma),
+                            static_cast<T*>(embedded), static_cast<T*>(out), layout, hidden, vocab,
+                            eps, stream_);
+  });
+}
+
 void CudaBackend::add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                                       Activation act) {
   DeviceScope scope(device_);

@@ -153,6 +153,12 @@ class CudaBackend : public Backend {
   void residual_add_layernorm(DType dt, void* residual, const void* x, const void* bias,
                               const void* gamma, const void* beta, void* out, int rows,
                               int hidden, float eps, int32_t* nonfinite = nullptr) override;
+  void residual_add_rmsnorm(DType dt, void* residual, const void* x, const void* bias,
+                            const void* gamma, void* out, int rows, int hidden, float eps,
+                            int32_t* nonfinite = nullptr) override;
+  void embed_rmsnorm(DType dt, const int32_t* input_ids, const void* word, const void* gamma,
+                     void* embedded, void* out, const SequenceLayout& layout, int hidden,
+                     int vocab, float eps) override;
   void add_bias_activation(DType dt, void* x, const void* bias, int rows, int cols,
                            Activation act) override;
 

@@ -415,6 +415,54 @@ void register_op_runner(py::module_& m) {
            py::arg("dtype"), py::arg("ids"), py::arg("types"), py::arg("word"), py::arg("position"),
            py::arg("token_type"), py::arg("gamma"), py::arg("beta"), py::arg("eps"),
            py::arg("position_pad_id") = -1, py::arg("mask") = py::none())
+      // -> (embedded, RMSNorm output), [B, S, H] each; packed (a mask given), [rows, H] with rows
+      // = T, or `rows` (T <= rows <= B·S) for a bucketed recording's layout, whose rows past T
+      // come out as zeros. ids_packed: the op reads the attended tokens' ids one per row, as
+      // packed callers give them, instead of at their padded positions.
+      .def("embed_rmsnorm",
+           [](OpRunner& r, const std::string& dtype, const I32Array& ids, const F32Array& word,
+              const F32Array& gamma, float eps, const std::optional<I32Array>& mask,
+              std::optional<int> rows, bool ids_packed) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(ids, 2, "ids");
+             require_ndim(word, 2, "word");
+             const int B = ids.shape(0), S = ids.shape(1), H = word.shape(1);
+             FTBERT_CHECK_INPUT(gamma.ndim() == 1 && gamma.shape(0) == H,
+                                "embed_rmsnorm: gamma must be [" << H << "]");
+             FTBERT_CHECK_INPUT(mask || (!rows && !ids_packed),
+                                "embed_rmsnorm: rows and ids_packed need a mask (packed rows)");
+             auto l = r.layout_for(mask, B, S);
+             if (rows) {
+               FTBERT_CHECK_INPUT(*rows >= l.tokens && *rows <= static_cast<int64_t>(B) * S,
+                                  "embed_rmsnorm: rows must be between T and B*S");
+               l.layout.rows = *rows;
+               l.layout.bounded = true;
+             }
+             DeviceBuffer di;
+             if (ids_packed) {
+               std::vector<int32_t> packed;
+               for (py::ssize_t i = 0; i < ids.size(); ++i)
+                 if (mask->data()[i] != 0) packed.push_back(ids.data()[i]);
+               const size_t bytes = packed.size() * sizeof(int32_t);
+               di = DeviceBuffer(&r.backend(), std::max<size_t>(bytes, sizeof(int32_t)));
+               r.backend().copy_to_device(di.data(), packed.data(), bytes);
+               l.layout.ids_packed = true;
+             } else {
+               di = r.upload_ints(ids);
+             }
+             auto dw = r.upload(word, dt), dg = r.upload(gamma, dt);
+             const int R = l.layout.rows;
+             auto embedded = r.empty(static_cast<size_t>(R) * H, dt);
+             auto out = r.empty(static_cast<size_t>(R) * H, dt);
+             r.backend().embed_rmsnorm(dt, di.as<int32_t>(), dw.data(), dg.data(), embedded.data(),
+                                       out.data(), l.layout, H, word.shape(0), eps);
+             std::vector<py::ssize_t> shape{R, H};
+             if (!mask) shape = {B, S, H};
+             return py::make_tuple(r.download(embedded, dt, shape), r.download(out, dt, shape));
+           },
+           py::arg("dtype"), py::arg("ids"), py::arg("word"), py::arg("gamma"), py::arg("eps"),
+           py::arg("mask") = py::none(), py::arg("rows") = py::none(),
+           py::arg("ids_packed") = false)
       .def("add_qkv_bias_transpose",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
               int heads, const std::optional<I32Array>& mask) {
@@ -596,6 +644,35 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("residual"), py::arg("x"), py::arg("bias"), py::arg("gamma"),
            py::arg("beta"), py::arg("eps"), py::arg("report_nonfinite") = false)
+      // residual_add_layernorm's twin with RMSNorm: -> (residual after the addition, RMSNorm
+      // output) or, with report_nonfinite, the two and the flag.
+      .def("residual_add_rmsnorm",
+           [](OpRunner& r, const std::string& dtype, const F32Array& residual,
+              const std::optional<F32Array>& x, const std::optional<F32Array>& bias,
+              const F32Array& gamma, float eps, bool report_nonfinite) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(residual, 2, "residual");
+             const int M = residual.shape(0), H = residual.shape(1);
+             FTBERT_CHECK_INPUT(!x || (x->ndim() == 2 && x->shape(0) == M && x->shape(1) == H),
+                                "residual_add_rmsnorm: x must be [M, H] like residual");
+             FTBERT_CHECK_INPUT(!bias || (bias->ndim() == 1 && bias->shape(0) == H),
+                                "residual_add_rmsnorm: bias must be [" << H << "]");
+             FTBERT_CHECK_INPUT(gamma.ndim() == 1 && gamma.shape(0) == H,
+                                "residual_add_rmsnorm: gamma must be [" << H << "]");
+             auto dr = r.upload(residual, dt), dg = r.upload(gamma, dt);
+             std::optional<DeviceBuffer> dx, db;
+             if (x) dx = r.upload(*x, dt);
+             if (bias) db = r.upload(*bias, dt);
+             auto out = r.empty(static_cast<size_t>(M) * H, dt);
+             const NonfiniteFlag flag(r, report_nonfinite);
+             r.backend().residual_add_rmsnorm(dt, dr.data(), dx ? dx->data() : nullptr,
+                                              db ? db->data() : nullptr, dg.data(), out.data(), M,
+                                              H, eps, flag.device());
+             py::object normed = flag.result(r.download(out, dt, {M, H}));
+             return py::make_tuple(r.download(dr, dt, {M, H}), normed);
+           },
+           py::arg("dtype"), py::arg("residual"), py::arg("x"), py::arg("bias"), py::arg("gamma"),
+           py::arg("eps"), py::arg("report_nonfinite") = false)
       // Input staging: three 1-D arrays of int32, int64 or uint8/bool values -> their int32
       // staging and the recorded bad value: (ids, mask, types, None or (field, value)), field 1
       // input_ids, 2 token_type_ids, 3 attention_mask.

@@ -152,6 +152,31 @@ void invoke_residual_add_layernorm(T* residual,      // [M, H] in and out
                                    int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
                                    cudaStream_t stream);
 
+// invoke_residual_add_layernorm with RMSNorm: residual = round(residual + (x + bias)), stored;
+// out = that stored residual · rsqrt(mean(residual²) + eps) · gamma, statistics in fp32, rounded
+// once. x and bias may each be null; out may be x, never residual.
+template <typename T>
+void invoke_residual_add_rmsnorm(T* residual,     // [M, H] in and out
+                                 const T* x,      // [M, H] or null
+                                 const T* bias,   // [H] or null
+                                 const T* gamma,  // [H]
+                                 T* out,          // [M, H]
+                                 int rows, int hidden, float eps,
+                                 int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
+                                 cudaStream_t stream);
+
+// embedded[row] = word[id] (copied) and out[row] = RMSNorm(word[id]) · gamma for the token at the
+// row's padded position, read as invoke_embed_layernorm reads it (packed: token_index[row]; -1
+// gives zero rows in both); ids clamped into [0, vocab).
+template <typename T>
+void invoke_embed_rmsnorm(const int32_t* input_ids,  // [B, S]
+                          const T* word,             // [V, H]
+                          const T* gamma,            // [H]
+                          T* embedded,               // [rows, H]
+                          T* out,                    // [rows, H]
+                          const SequenceLayout& layout, int hidden, int vocab, float eps,
+                          cudaStream_t stream);
+
 // out[row] = LayerNorm(word[id] + position[s] + token_type[type]) · gamma + beta for the token at
 // the row's padded position (packed: token_index[row]; -1 gives a zero row). Ids and types are
 // clamped into [0, vocab) and [0, type_vocab) so bad device input never reads out of bounds;

@@ -6,6 +6,9 @@
 //                                (no position table: LN(word[id] + token_type[t]); a template bool)
 //   residual_add_layernorm:      residual = round(residual + (x + bias)), stored;
 //                                out = LN(stored residual) · gamma + beta  (pre-LN residual step)
+//   residual_add_rmsnorm:        the same with out = RMS(stored residual) · gamma
+//   embed_rmsnorm:               embedded = word[id]; out = RMS(word[id]) · gamma
+// where RMS(v) = v / sqrt(mean(v²) + eps) (RMSNorm: pre-RMSNorm encoders such as EuroBERT).
 // The pre-norm row is summed in fp32 and kept in shared memory (hidden·4 bytes), so the statistics
 // are exact two-pass ones (mean, then Σ(v - mean)²) for any hidden size, and the row is read from
 // global memory once. Each thread only revisits the shared-memory vectors it wrote itself.
@@ -583,6 +586,226 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
                                       nullptr);
 }
 
+// ---- RMSNorm: residual_add_rmsnorm, embed_rmsnorm -----------------------------------------------
+// The LayerNorm kernels' structure (a block per row with the row in shared memory, or a warp per
+// row with it in registers) with one statistic: Σv² in fp32, then y = v · rsqrt(Σv² / hidden +
+// eps) · gamma, rounded to T once.
+
+// Given this row's values in `row` (fp32, written by the calling thread at the vectors it visits)
+// and this thread's partial sum of their squares, writes RMS(row) · gamma to out; a NaN or Inf
+// among the values stored sets *nonfinite when given.
+template <typename T, int VEC>
+__device__ __forceinline__ void rmsnorm_row(const float* row, float partial_sq, int hidden,
+                                            const WeightAhead<T, VEC>& gamma, T* __restrict__ out,
+                                            float eps, float* scratch, int32_t* nonfinite) {
+  const int chunks = hidden / VEC;
+  const float rstd = rsqrtf(block_sum(partial_sq, scratch) / hidden + eps);
+  FiniteCheck<T> check;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float v[VEC];
+    load_row<VEC>(row + c * VEC, v);
+    const Vec<T, VEC> g = gamma.at(c);
+    Vec<T, VEC> y;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float yi = v[i] * rstd * to_float(g.v[i]);
+      check.add(yi);
+      y.v[i] = from_float<T>(yi);
+    }
+    store_vec<VEC>(out + c * VEC, y);
+  }
+  if (nonfinite != nullptr && !check.finite()) *nonfinite = 1;
+}
+
+// rmsnorm_row for a row spread over a warp (lane vectors as in warp_layernorm_row).
+template <typename T, int VEC, int kChunks>
+__device__ __forceinline__ void warp_rmsnorm_row(const float (&v)[kChunks][VEC], int lane,
+                                                 int chunks, int hidden,
+                                                 const Vec<T, VEC> (&gamma_v)[kChunks],
+                                                 T* __restrict__ out_row, float eps,
+                                                 int32_t* __restrict__ nonfinite) {
+  float sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    if (lane + 32 * j < chunks) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sq += v[j][i] * v[j][i];
+    }
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / hidden + eps);
+  FiniteCheck<T> check;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = lane + 32 * j;
+    if (c < chunks) {
+      Vec<T, VEC> y;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float yi = v[j][i] * rstd * to_float(gamma_v[j].v[i]);
+        check.add(yi);
+        y.v[i] = from_float<T>(yi);
+      }
+      store_vec<VEC>(out_row + c * VEC, y);
+    }
+  }
+  if (nonfinite != nullptr && !check.finite()) *nonfinite = 1;
+}
+
+// residual_add_layernorm_kernel's step with RMSNorm.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kMaxThreads)
+    residual_add_rmsnorm_kernel(T* __restrict__ residual, const T* x, const T* __restrict__ bias,
+                                const T* __restrict__ gamma, T* out, int hidden, float eps,
+                                int32_t* __restrict__ nonfinite) {
+  const int chunks = hidden / VEC;
+  const WeightAhead<T, VEC> gamma_ahead(gamma, chunks);
+  begin_dependent_kernel();
+  extern __shared__ float4 smem_row[];  // float4: 16-byte aligned for the vector accesses
+  __shared__ float scratch[32];
+  float* row = reinterpret_cast<float*>(smem_row);
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * hidden;
+  const bool adds = x != nullptr || bias != nullptr;  // else residual is left as it is
+
+  float sq = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float v[VEC];
+    residual_sum<T, VEC>(residual, x, bias, offset, c * VEC, v);
+    round_and_store<T, VEC>(residual + offset + c * VEC, v, adds);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) sq += v[i] * v[i];
+    store_row<VEC>(row + c * VEC, v);
+  }
+  rmsnorm_row<T, VEC>(row, sq, hidden, gamma_ahead, out + offset, eps, scratch, nonfinite);
+}
+
+// residual_add_layernorm_warp_kernel's step with RMSNorm (no beta: fewer registers, the same
+// launch bounds).
+template <typename T, int VEC, int kChunks>
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock,
+                                  (residual_warp_min_blocks<T, VEC, kChunks>()))
+    residual_add_rmsnorm_warp_kernel(T* __restrict__ residual, const T* x,
+                                     const T* __restrict__ bias, const T* __restrict__ gamma,
+                                     T* out, int rows, int hidden, float eps,
+                                     int32_t* __restrict__ nonfinite) {
+  const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int chunks = hidden / VEC;
+  Vec<T, VEC> gamma_v[kChunks];
+  load_lane_vectors<T, VEC, kChunks>(gamma, lane, chunks, gamma_v);
+  begin_dependent_kernel();
+  if (row >= rows) return;  // whole warps: the shuffles below only ever see full warps
+  const int64_t offset = static_cast<int64_t>(row) * hidden;
+  const bool adds = x != nullptr || bias != nullptr;
+  float v[kChunks][VEC];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    residual_sum<T, VEC>(residual, x, bias, offset, lane_vector(lane, j, chunks) * VEC, v[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = lane + 32 * j;  // a lane past the row's end rounds a copy and stores nothing
+    round_and_store<T, VEC>(residual + offset + min(c, chunks - 1) * VEC, v[j],
+                            adds && c < chunks);
+  }
+  warp_rmsnorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, out + offset, eps,
+                                    nonfinite);
+}
+
+// The word row of the token at layout row `row` (read as embed_layernorm's kernels read it), or
+// null for a packed row past the tokens (token_index -1). The id is clamped as embedding_rows
+// clamps it.
+template <typename T>
+__device__ __forceinline__ const T* token_word_row(const int32_t* __restrict__ input_ids,
+                                                   const T* word, const SequenceLayout& layout,
+                                                   int row, int hidden, int vocab) {
+  const int token = layout.packed() ? layout.token_index[row] : row;
+  if (token < 0) return nullptr;
+  const int at = layout.ids_packed ? row : token;
+  const int id = min(max(input_ids[at], 0), vocab - 1);
+  return word + static_cast<int64_t>(id) * hidden;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kMaxThreads)
+    embed_rmsnorm_kernel(const int32_t* __restrict__ input_ids, const T* __restrict__ word,
+                         const T* __restrict__ gamma, T* __restrict__ embedded,
+                         T* __restrict__ out, SequenceLayout layout, int hidden, int vocab,
+                         float eps) {
+  const int chunks = hidden / VEC;
+  const WeightAhead<T, VEC> gamma_ahead(gamma, chunks);
+  begin_dependent_kernel();
+  extern __shared__ float4 smem_row[];
+  __shared__ float scratch[32];
+  float* row = reinterpret_cast<float*>(smem_row);
+  const int64_t offset = static_cast<int64_t>(blockIdx.x) * hidden;
+  const T* w = token_word_row<T>(input_ids, word, layout, blockIdx.x, hidden, vocab);
+  if (w == nullptr) {  // the whole block returns: no barrier below is left waiting
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+      embedded[offset + c] = from_float<T>(0.0f);
+      out[offset + c] = from_float<T>(0.0f);
+    }
+    return;
+  }
+  float sq = 0.0f;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const Vec<T, VEC> a = load_vec<VEC>(w + c * VEC);
+    store_vec<VEC>(embedded + offset + c * VEC, a);
+    float v[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      v[i] = to_float(a.v[i]);
+      sq += v[i] * v[i];
+    }
+    store_row<VEC>(row + c * VEC, v);
+  }
+  rmsnorm_row<T, VEC>(row, sq, hidden, gamma_ahead, out + offset, eps, scratch, nullptr);
+}
+
+// embed_rmsnorm_kernel's op with one warp per row, at every row count as
+// embed_layernorm_warp_kernel (packed rows and padded rows from the same arithmetic).
+template <typename T, int VEC, int kChunks>
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
+    embed_rmsnorm_warp_kernel(const int32_t* __restrict__ input_ids, const T* __restrict__ word,
+                              const T* __restrict__ gamma, T* __restrict__ embedded,
+                              T* __restrict__ out, SequenceLayout layout, int hidden, int vocab,
+                              float eps) {
+  const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int chunks = hidden / VEC;
+  Vec<T, VEC> gamma_v[kChunks];
+  load_lane_vectors<T, VEC, kChunks>(gamma, lane, chunks, gamma_v);
+  begin_dependent_kernel();
+  if (row >= layout.rows) return;  // whole warps, as the shuffles need
+  const int64_t offset = static_cast<int64_t>(row) * hidden;
+  const T* w = token_word_row<T>(input_ids, word, layout, row, hidden, vocab);
+  if (w == nullptr) {
+    Vec<T, VEC> zeros;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) zeros.v[i] = from_float<T>(0.0f);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c < chunks) {
+        store_vec<VEC>(embedded + offset + c * VEC, zeros);
+        store_vec<VEC>(out + offset + c * VEC, zeros);
+      }
+    }
+    return;
+  }
+  Vec<T, VEC> a[kChunks];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) a[j] = load_vec<VEC>(w + lane_vector(lane, j, chunks) * VEC);
+  float v[kChunks][VEC];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = lane + 32 * j;
+    if (c < chunks) store_vec<VEC>(embedded + offset + c * VEC, a[j]);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[j][i] = to_float(a[j].v[i]);
+  }
+  warp_rmsnorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, out + offset, eps, nullptr);
+}
+
 // Dynamic shared memory for one row; above the 48 KiB default the kernel must opt in, up to what
 // the device allows per block (227 KiB on H100: hidden up to ~58k).
 template <typename Kernel>
@@ -767,6 +990,66 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
   FTBERT_LAUNCH_CHECK("embed_layernorm_kernel", stream);
 }
 
+template <typename T>
+void invoke_residual_add_rmsnorm(T* residual, const T* x, const T* bias, const T* gamma, T* out,
+                                 int rows, int hidden, float eps, int32_t* nonfinite,
+                                 cudaStream_t stream) {
+  if (rows == 0 || hidden == 0) return;
+  FTBERT_CHECK(out != residual, "residual_add_rmsnorm: out must not be the residual");
+  const int vec = pick_vec<T>(hidden, {residual, x, bias, gamma, out});
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const int chunks = hidden / VEC;
+    // A warp per row whenever the row fits its registers, at every row count, as
+    // invoke_residual_add_layernorm.
+    const int per_lane = ceil_div(chunks, 32);
+    if (per_lane <= kWarpMaxChunks) {
+      const int blocks = ceil_div(rows, kWarpRowsPerBlock);
+      with_warp_chunks(per_lane, [&](auto chunks_c) {
+        constexpr int kChunks = decltype(chunks_c)::value;
+        launch(residual_add_rmsnorm_warp_kernel<T, VEC, kChunks>, blocks, 32 * kWarpRowsPerBlock,
+               0, stream, residual, x, bias, gamma, out, rows, hidden, eps, nonfinite);
+      });
+      return;
+    }
+    auto kernel = residual_add_rmsnorm_kernel<T, VEC>;
+    const size_t smem = row_smem_bytes(kernel, hidden);
+    launch(kernel, rows, row_threads(chunks), smem, stream, residual, x, bias, gamma, out, hidden,
+           eps, nonfinite);
+  });
+  FTBERT_LAUNCH_CHECK("residual_add_rmsnorm_kernel", stream);
+}
+
+template <typename T>
+void invoke_embed_rmsnorm(const int32_t* input_ids, const T* word, const T* gamma, T* embedded,
+                          T* out, const SequenceLayout& layout, int hidden, int vocab, float eps,
+                          cudaStream_t stream) {
+  const int rows = layout.rows;
+  if (rows == 0 || hidden == 0) return;
+  FTBERT_CHECK(vocab > 0, "embed_rmsnorm: vocab " << vocab << " must be positive");
+  FTBERT_CHECK(embedded != out, "embed_rmsnorm: embedded and out must be different buffers");
+  const int vec = pick_vec<T>(hidden, {word, gamma, embedded, out});
+  dispatch_vec<T>(vec, [&](auto vec_c) {
+    constexpr int VEC = decltype(vec_c)::value;
+    const int chunks = hidden / VEC;
+    const int per_lane = ceil_div(chunks, 32);
+    if (per_lane <= kWarpMaxChunks) {
+      const int blocks = ceil_div(rows, kWarpRowsPerBlock);
+      with_warp_chunks(per_lane, [&](auto chunks_c) {
+        constexpr int kChunks = decltype(chunks_c)::value;
+        launch(embed_rmsnorm_warp_kernel<T, VEC, kChunks>, blocks, 32 * kWarpRowsPerBlock, 0,
+               stream, input_ids, word, gamma, embedded, out, layout, hidden, vocab, eps);
+      });
+      return;
+    }
+    auto kernel = embed_rmsnorm_kernel<T, VEC>;
+    const size_t smem = row_smem_bytes(kernel, hidden);
+    launch(kernel, rows, row_threads(chunks), smem, stream, input_ids, word, gamma, embedded, out,
+           layout, hidden, vocab, eps);
+  });
+  FTBERT_LAUNCH_CHECK("embed_rmsnorm_kernel", stream);
+}
+
 #define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
   template void invoke_dense_residual_layernorm<T>(const T*, const T*, const T*, const T*,        \
                                                    const T*, T*, int, int, float, int32_t*,       \
@@ -782,7 +1065,11 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
                                           const T*, const T*, const T*, T*,                       \
                                           const SequenceLayout&, int, int, int, float, int,       \
-                                          cudaStream_t);
+                                          cudaStream_t);                                          \
+  template void invoke_residual_add_rmsnorm<T>(T*, const T*, const T*, const T*, T*, int, int,    \
+                                               float, int32_t*, cudaStream_t);                    \
+  template void invoke_embed_rmsnorm<T>(const int32_t*, const T*, const T*, T*, T*,               \
+                                        const SequenceLayout&, int, int, float, cudaStream_t);
 FTBERT_INSTANTIATE_LAYERNORM(float)
 FTBERT_INSTANTIATE_LAYERNORM(__half)
 FTBERT_INSTANTIATE_LAYERNORM(__nv_bfloat16)

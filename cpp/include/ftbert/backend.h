@@ -341,6 +341,33 @@ class Backend : public Device {
                                       int rows, int hidden, float eps,
                                       int32_t* nonfinite = nullptr) = 0;
 
+  // ---- ops of pre-RMSNorm encoders (Llama-style: EuroBERT) -----------------------------------
+  // RMSNorm(v) = v / sqrt(mean(v²) + eps) · gamma: LayerNorm without the mean and beta.
+
+  // residual_add_layernorm with RMSNorm: residual += x + bias (x and bias may each be null),
+  // stored in dt, then out = RMSNorm(that stored residual) with gamma (statistics in float32,
+  // rounded once). `nonfinite` as add_bias_residual_layernorm, on `out`.
+  virtual void residual_add_rmsnorm(DType dt,
+                                    void* residual,     // [M, H] in and out
+                                    const void* x,      // [M, H] or null
+                                    const void* bias,   // [H] or null
+                                    const void* gamma,  // [H]
+                                    void* out,          // [M, H] (not residual)
+                                    int rows, int hidden, float eps,
+                                    int32_t* nonfinite = nullptr) = 0;
+
+  // The embeddings of a model whose first layer norms its own input: embedded = word[ids] (the
+  // residual stream, copied in dt) and out = RMSNorm(embedded) with gamma (the first layer's
+  // input), one row per layout row as embed_layernorm reads them (a packed row with index -1 is
+  // zeros in both).
+  virtual void embed_rmsnorm(DType dt,
+                             const int32_t* input_ids,  // [B, S]
+                             const void* word,          // [V, H]
+                             const void* gamma,         // [H]
+                             void* embedded,            // [rows, H]
+                             void* out,                 // [rows, H]
+                             const SequenceLayout& layout, int hidden, int vocab, float eps) = 0;
+
   // ---- fused attention -----------------------------------------------------------------------
   // Whether `kind` can run for this dtype and head dim; the unfused path runs everywhere.
   virtual bool supports_attention(AttentionKind kind, DType dt, int head_dim) const {

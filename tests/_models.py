@@ -35,7 +35,7 @@ def family_kinds(kinds) -> list[tuple[str, str]]:
 FAMILY_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
                 "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
                 "modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte",
-                "jina_embeddings_v3": "JinaEmbeddingsV3"}
+                "jina_embeddings_v3": "JinaEmbeddingsV3", "eurobert": "EuroBert"}
 # The rotary post-LayerNorm families (architecture rotary_bert) and their hidden_act by default.
 ROTARY_BERT_FAMILIES = {"nomic_bert": "silu", "gte": "gelu", "jina_embeddings_v3": "gelu"}
 
@@ -386,6 +386,40 @@ def make_rotary_bert(
     return _save(model, path, save_kwargs)
 
 
+def make_eurobert(
+    path: Path,
+    kind="model",
+    hidden=48,
+    heads=3,
+    layers=2,
+    intermediate=None,
+    act="silu",
+    vocab=157,
+    max_pos=512,
+    seed=0,
+    num_labels=2,
+    pooling="bos",
+    **save_kwargs,
+):
+    """Saves a random EuroBERT model to `path` and returns it in eval mode (eager attention).
+    pooling: a sequence head's classifier_pooling ("bos" or "mean"). Biases are filled (the head's:
+    the encoder has none) and the RMSNorms perturbed (init gives ones)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.EuroBertConfig(
+        **_sizes(vocab, hidden, layers, heads, intermediate or 2 * hidden - 5, max_pos, hidden_act=act,
+                 pad_token_id=1, bos_token_id=0, eos_token_id=2, mask_token_id=3, classifier_pooling=pooling,
+                 attn_implementation="eager"),
+        **_labels_config(kind, num_labels))
+    model = getattr(transformers, "EuroBert" + KIND_SUFFIXES[kind])(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return _save(model, path, save_kwargs, perturb=False)
+
+
 def make_model(
     path: Path,
     family: str,
@@ -416,6 +450,10 @@ def make_model(
         return make_mpnet(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
     if family == "modernbert":
         return make_modernbert(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family == "eurobert":
+        if act == "gelu":
+            sizes["act"] = "silu"  # its SwiGLU
+        return make_eurobert(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
     if family in ROTARY_BERT_FAMILIES:
         if act == "gelu":
             sizes["act"] = None  # the family's own default (NomicBERT's SwiGLU)
@@ -443,6 +481,8 @@ def head_modules(hf):
         return pre, hf.classifier
     if hasattr(hf, "head"):  # ModernBERT: dense, act, norm, then the classifier
         return hf.head.dense, hf.classifier
+    if hasattr(hf, "dense"):  # EuroBERT's sequence head: dense, GELU, then the classifier
+        return hf.dense, hf.classifier
     if hasattr(hf.classifier, "out_proj"):  # RobertaClassificationHead, ElectraClassificationHead
         return hf.classifier.dense, hf.classifier.out_proj
     return None, hf.classifier

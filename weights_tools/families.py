@@ -58,7 +58,7 @@ from .layout import (
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
            "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "NOMIC_BERT", "GTE",
-           "JINA_EMBEDDINGS_V3", "Part", "family_for",
+           "JINA_EMBEDDINGS_V3", "EUROBERT", "Part", "family_for",
            "supported_model_types", "check_engine_config"]
 
 
@@ -804,6 +804,70 @@ JINA_EMBEDDINGS_V3 = Family(
 )
 
 
+def _eurobert_layer(raw: Mapping[str, Any]) -> dict:
+    """The engine's "layer" of a EuroBERT config.json: its rope (as _rotary_layer's, default theta
+    10000), gated. Grouped K/V heads (num_key_value_heads below num_attention_heads) are refused
+    by name: the engine's attention reads one K and V head per query head."""
+    heads = raw.get("num_attention_heads", 12)
+    kv = raw.get("num_key_value_heads")
+    if kv is not None and kv != heads:
+        raise ValueError(f"num_key_value_heads {kv!r} is not num_attention_heads {heads!r}: grouped K/V "
+                         "heads are not supported")
+    return _rotary_layer(10000.0, gated=True)(raw)
+
+
+# EuroBERT (EuroBertModel; EuroBERT/EuroBERT-210m ...): a Llama-style bidirectional encoder with its
+# own architecture unit. Word embeddings without a norm, pre-RMSNorm layers (input_layernorm,
+# post_attention_layernorm), separate q/k/v/o projections and a SwiGLU MLP (gate, up, down), no
+# biases (attention_bias / mlp_bias true are refused), a final norm; no position table, no token
+# types.
+# Task models keep the encoder under "model."; the sequence head is a dense, GELU and the
+# classifier on token 0 or the mean of the tokens (classifier_pooling "bos" or "mean"; "late",
+# which averages per-token logits, is refused), the token head a Linear on every token.
+EUROBERT = Family(
+    name="eurobert",
+    model_types=("eurobert",),
+    architecture="eurobert",
+    # EuroBertConfig's defaults.
+    config=_frozen({
+        "vocab_size": Key("vocab_size", 128256),
+        "hidden_size": Key("hidden_size", 768),
+        "num_hidden_layers": Key("num_hidden_layers", 12),
+        "num_attention_heads": Key("num_attention_heads", 12),
+        "intermediate_size": Key("intermediate_size", 3072),
+        "max_position_embeddings": Key("max_position_embeddings", 8192),
+        "type_vocab_size": Key(None, 1),  # no token-type embedding: the converter's zero row
+        "layer_norm_eps": Key("rms_norm_eps", 1e-5),
+        "hidden_act": Key("hidden_act", "silu"),
+        "pad_token_id": Key("pad_token_id", 128001),
+    }),
+    accepted_values=_frozen({"attention_bias": (False,), "mlp_bias": (False,)}),
+    weights=WeightNames(
+        prefixes=("model.",),
+        embeddings=_frozen({"embeddings.word": "embed_tokens.weight"}),
+        layer_prefix="layers.{i}.",
+        layer=_frozen({
+            "attn_ln_gamma": "input_layernorm.weight",
+            "qkv_weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+            "attn_out_weight": "self_attn.o_proj.weight",
+            "ffn_ln_gamma": "post_attention_layernorm.weight",
+            "ffn_in_weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+            "ffn_out_weight": "mlp.down_proj.weight",
+        }),
+        pooler=_frozen({}),
+        model=_frozen({FINAL_NORM_TENSORS[0]: "norm.weight"}),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=False,
+    projection=None,
+    sequence_head=SequenceHead(dense=("dense.weight", "dense.bias"), activation="gelu",
+                               out=("classifier.weight", "classifier.bias"), pooling_key="classifier_pooling"),
+    token_head=BERT.token_head,
+    derive_layer=_eurobert_layer,
+    head_accepted_values=_frozen({"classifier_pooling": ("bos", "mean")}),
+)
+
+
 def _engine_names(family: Family) -> dict[str, set[str]]:
     """The engine's tensor names for the family's architecture (cpp/core/weights.cpp, through the
     bound module), by part: "embeddings", "layer" (a layer past the first, unprefixed),
@@ -885,7 +949,7 @@ def _check(family: Family) -> Family:
 # Family name -> table.
 FAMILIES: Mapping[str, Family] = _frozen({
     f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA, MPNET, MODERNBERT,
-                                NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3)
+                                NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3, EUROBERT)
 })
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}

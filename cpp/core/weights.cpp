@@ -51,6 +51,7 @@ struct TensorSpec {
 constexpr DeviceBuffer* kHostOnly = nullptr;
 
 std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* w);
+std::vector<TensorSpec> eurobert_tensor_table(const ModelConfig& c, ModelWeights* w);
 
 // The head's tensors, after the model's: its own dense, its norm, its output Linear.
 void append_head(std::vector<TensorSpec>& t, const ModelConfig& c, ModelWeights* w) {
@@ -71,6 +72,7 @@ void append_head(std::vector<TensorSpec>& t, const ModelConfig& c, ModelWeights*
 // `w` may be null (the destinations are then null too): the names and shapes alone.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   if (c.architecture == "modernbert") return modern_tensor_table(c, w);
+  if (c.architecture == "eurobert") return eurobert_tensor_table(c, w);
   // BERT's tensors; rotary positions (rotary_bert) replace the position table, and a gated MLP
   // doubles the FFN-in width.
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_size;
@@ -140,6 +142,35 @@ std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* 
     auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
     // Layer 0 reads the embeddings' norm: it has no pre-attention norm of its own.
     if (i > 0) t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
+    t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight), true});
+    t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight), true});
+    t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});
+    t.push_back({p + "ffn_in_weight", {H, 2 * I}, in(&LayerWeights::ffn_in_weight), true});
+    t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight), true});
+  }
+  t.push_back({"final_norm.gamma", {H}, at(&ModelWeights::final_ln_gamma)});
+  append_head(t, c, w);
+  return t;
+}
+
+// EuroBERT's (a Llama-style encoder): the word table and a zero token-type row, no position
+// table and no embedding norm; per layer a pre-attention RMSNorm (layer 0's too: it norms the
+// embeddings), fused QKV, the output projection, a pre-MLP RMSNorm, FFN-in [gate | up], FFN-out,
+// no biases; a final RMSNorm.
+std::vector<TensorSpec> eurobert_tensor_table(const ModelConfig& c, ModelWeights* w) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
+  std::vector<TensorSpec> t = {
+      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings), false, true},
+      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings),
+       false, true},
+  };
+  if (w) w->layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    LayerWeights* l = w ? &w->layers[i] : nullptr;
+    auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
+    t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
     t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight), true});
     t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight), true});
     t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});

@@ -31,7 +31,7 @@ SEQUENCE_INPUT = {"bert": ("pooler", None), "roberta": ("first_token", "tanh"),
                   "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu"),
                   "mpnet": ("first_token", "tanh"), "modernbert": ("first_token", "gelu"),
                   "nomic_bert": ("pooler", None), "gte": ("pooler", None),
-                  "jina_embeddings_v3": ("first_token", "tanh")}
+                  "jina_embeddings_v3": ("first_token", "tanh"), "eurobert": ("first_token", "gelu")}
 
 # The cases come from the family tables (weights_tools/families.py): every family, bare and with
 # each head, so a family added there is tested here with no line of its own. Sizes are cycled over

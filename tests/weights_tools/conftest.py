@@ -36,7 +36,7 @@ KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceCl
 FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
                   "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
                   "modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte",
-                  "jina_embeddings_v3": "JinaEmbeddingsV3"}
+                  "jina_embeddings_v3": "JinaEmbeddingsV3", "eurobert": "EuroBert"}
 # TINY under DistilBertConfig's own keys (no token types: type_vocab_size has no key there).
 DISTILBERT_KEYS = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "hidden_act": "activation", "type_vocab_size": None}
@@ -86,7 +86,9 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
     if name.endswith(("ForSequenceClassification", "ForTokenClassification")):
         pre = getattr(model, "pre_classifier", None)  # DistilBERT
         modern = getattr(model, "head", None)  # ModernBERT: dense (no bias), act, norm
+        own = getattr(model, "dense", None)  # EuroBERT: dense, GELU, then the classifier
         dense, out = (pre, classifier) if pre is not None else (modern.dense, classifier) if modern is not None else (
+            (own, classifier) if own is not None else
             (classifier.dense, classifier.out_proj) if hasattr(classifier, "out_proj") else (None, classifier))
         if dense is not None:
             ref["classifier.dense_weight"] = dense.weight.detach().T.contiguous()
@@ -101,6 +103,8 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
 
 def _encoder_reference(model) -> dict[str, torch.Tensor]:
     m = backbone(model)
+    if hasattr(m, "embed_tokens"):  # EuroBERT
+        return _eurobert_reference(m)
     e = m.embeddings
     if hasattr(m, "transformer"):  # DistilBERT
         return _distilbert_reference(m)
@@ -163,6 +167,24 @@ def _modernbert_reference(m) -> dict[str, torch.Tensor]:
         ref[p + "ffn_in_weight"] = layer.mlp.Wi.weight.T
         ref[p + "ffn_out_weight"] = layer.mlp.Wo.weight.T
     ref["final_norm.gamma"] = m.final_norm.weight
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
+def _eurobert_reference(m) -> dict[str, torch.Tensor]:
+    """reference_tensors for a EuroBertModel: word table, a zero token-type row; per layer the two
+    RMSNorms, Q|K|V fused, o_proj, FFN-in [gate | up], down_proj; the final norm. No biases."""
+    w = m.embed_tokens.weight
+    ref = {"embeddings.word": w, "embeddings.token_type": torch.zeros(1, w.shape[1])}
+    for i, layer in enumerate(m.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        p = f"layers.{i}."
+        ref[p + "attn_ln_gamma"] = layer.input_layernorm.weight
+        ref[p + "qkv_weight"] = torch.cat([a.q_proj.weight.T, a.k_proj.weight.T, a.v_proj.weight.T], dim=1)
+        ref[p + "attn_out_weight"] = a.o_proj.weight.T
+        ref[p + "ffn_ln_gamma"] = layer.post_attention_layernorm.weight
+        ref[p + "ffn_in_weight"] = torch.cat([mlp.gate_proj.weight.T, mlp.up_proj.weight.T], dim=1)
+        ref[p + "ffn_out_weight"] = mlp.down_proj.weight.T
+    ref["final_norm.gamma"] = m.norm.weight
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 

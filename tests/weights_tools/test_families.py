@@ -11,7 +11,7 @@ import pytest
 import torch
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "modernbert",
-               "nomic_bert", "gte", "jina_embeddings_v3")
+               "nomic_bert", "gte", "jina_embeddings_v3", "eurobert")
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 
 

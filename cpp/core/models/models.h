@@ -22,6 +22,9 @@ std::unique_ptr<Model> create_mpnet(const ModelConfig& config, const HostWeights
 std::unique_ptr<Model> create_rotary_bert(const ModelConfig& config, const HostWeights& weights,
                                           Backend* backend, DType compute);
 
+std::unique_ptr<Model> create_eurobert(const ModelConfig& config, const HostWeights& weights,
+                                       Backend* backend, DType compute);
+
 std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWeights& weights,
                                          Backend* backend, DType compute);
 
@@ -35,6 +38,7 @@ inline constexpr ArchitectureUnit kArchitectures[] = {
     {"mpnet", create_mpnet},
     {"rotary_bert", create_rotary_bert},
     {"modernbert", create_modernbert},
+    {"eurobert", create_eurobert},
 };
 
 }  // namespace ftbert

@@ -14,6 +14,8 @@
                          pre-LayerNorm residual step, sliding windows in both attention kernels),
                          float32, float16 and bfloat16, padded and packed (and forward_packed), a
                          mask with holes, op by op and replayed (1: float16 flash only)
+  sanitize.py rotary [1] - small NomicBERT, GTE, Jina-embeddings-v3 and EuroBERT forwards (rotary
+                         post-LayerNorm layers, SwiGLU, the RMSNorm ops), as mpnet's
   sanitize.py invariant - batch_invariant=True: a small BERT with a sequence head and a small
                          ModernBERT, float16 and bfloat16, a ragged batch op by op and replayed,
                          from host arrays and from CUDA tensors (the reference GEMMs and the
@@ -127,6 +129,22 @@ def modernbert(quick: int = 0) -> None:
         max_position_embeddings=512, local_attention=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         cls_token_id=1, sep_token_id=2))
     _family_forwards("modernbert", model, pad=0, quick=quick)
+
+
+def rotary(quick: int = 0) -> None:
+    import transformers
+
+    small = dict(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=301, max_position_embeddings=512)
+    for name, stem, extra in (("nomic_bert", "NomicBert", dict(pad_token_id=0)),
+                              ("gte", "Gte", dict(pad_token_id=1)),
+                              ("jina_embeddings_v3", "JinaEmbeddingsV3", dict(pad_token_id=1)),
+                              ("eurobert", "EuroBert", dict(pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                                            mask_token_id=3))):
+        torch.manual_seed(0)
+        config = getattr(transformers, stem + "Config")(**small, **extra)
+        model = getattr(transformers, stem + "Model")(config)
+        _family_forwards(name, model, pad=extra["pad_token_id"], quick=quick)
 
 
 def invariant() -> None:
@@ -285,5 +303,5 @@ def ops() -> None:
 
 
 if __name__ == "__main__":
-    {"forward": forward, "ops": ops, "mpnet": mpnet, "modernbert": modernbert,
+    {"forward": forward, "ops": ops, "mpnet": mpnet, "modernbert": modernbert, "rotary": rotary,
      "invariant": invariant, "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))

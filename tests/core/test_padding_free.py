@@ -138,8 +138,10 @@ def first_token_reference(m, first):
         if getattr(base, "pooler", None) is not None:
             pooled = base.pooler(x)
         if m.kind == "cls":
-            if m.family == "bert":
+            if m.family in ("bert", "nomic_bert", "gte"):  # the classifier on the pooler
                 logits = hf.classifier(pooled)
+            elif m.family == "eurobert":  # its dense and GELU on token 0, then the classifier
+                logits = hf.classifier(hf.activation(hf.dense(x[:, 0])))
             elif m.family == "distilbert":
                 logits = hf.classifier(torch.relu(hf.pre_classifier(x[:, 0])))
             elif m.family == "modernbert":  # ModernBertPredictionHead on token 0, then the classifier

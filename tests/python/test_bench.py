@@ -25,7 +25,7 @@ from ftbert.bench.models import load_model, make_hf
 from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
 from ftbert.bench.timing import summarize, time_interleaved
-from tests._models import make_bert, make_distilbert, make_electra, make_roberta
+from tests._models import make_bert, make_distilbert, make_electra, make_model, make_roberta
 from tests._vocab import write_vocab
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -220,6 +220,12 @@ FAMILY_MAKERS = {
     "xlm-roberta": lambda p: make_roberta(p, family="xlm-roberta", hidden=32, heads=2, layers=1, seed=5),
     "distilbert": lambda p: make_distilbert(p, dim=48, heads=3, layers=2, seed=6),
     "electra": lambda p: make_electra(p, hidden=48, embedding=24, heads=3, layers=2, seed=7),
+    # Checkpoints under names transformers maps at load (the original code's): the peer is built
+    # through from_pretrained.
+    "nomic_bert": lambda p: make_model(p, "nomic_bert", hidden=48, heads=3, layers=2, seed=8),
+    "gte": lambda p: make_model(p, "gte", hidden=48, heads=3, layers=2, seed=9),
+    "jina_embeddings_v3": lambda p: make_model(p, "jina_embeddings_v3", hidden=48, heads=3, layers=2, seed=10),
+    "eurobert": lambda p: make_model(p, "eurobert", hidden=48, heads=3, layers=2, seed=11),
 }
 
 

@@ -34,6 +34,12 @@ RANDOM_MODELS = {
     "bert-base": ("BertModel", "BertConfig", BERT_BASE),
     "mpnet-base": ("MPNetModel", "MPNetConfig", MPNET_BASE),
     "modernbert-base": ("ModernBertModel", "ModernBertConfig", {}),  # ModernBertConfig's defaults
+    # nomic-embed-text-v1.5's sizes (NomicBertConfig's defaults), gte-base-en-v1.5's (GteConfig's),
+    # jina-embeddings-v3's (JinaEmbeddingsV3Config's), EuroBERT-210m's (EuroBertConfig's).
+    "nomic-bert-base": ("NomicBertModel", "NomicBertConfig", {}),
+    "gte-base": ("GteModel", "GteConfig", {}),
+    "jina-v3": ("JinaEmbeddingsV3Model", "JinaEmbeddingsV3Config", {}),
+    "eurobert-210m": ("EuroBertModel", "EuroBertConfig", {}),
 }
 
 
@@ -70,6 +76,8 @@ def make_random_model(name: str, directory: Path, seed: int = 0) -> Path:
     from transformers.utils import logging as hf_logging
 
     model_class, config_class, config = RANDOM_MODELS[name]
+    if getattr(transformers, model_class, None) is None:
+        raise BenchError(f"--model {name}: transformers {transformers.__version__} has no {model_class}")
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
     hf_logging.disable_progress_bar()  # its "Writing model shards" bar would cut into ours
@@ -169,26 +177,51 @@ def make_hf(model: Model, attn_implementation: str):
     keys = {k.hf: c[key] for key, k in family.config.items() if k.hf is not None}
     if family.projection is not None:
         keys[family.projection.size.hf] = c["embedding_size"]
-    if c.get("layer") is not None:  # ModernBERT's: the config.json keys it was read from
-        layer = c["layer"]
+    layer = c.get("layer")
+    if layer is not None and family.name == "modernbert":  # the config.json keys it was read from
         keys.update(local_attention=2 * layer["local_window"],
                     global_attn_every_n_layers=layer["global_every"],
                     global_rope_theta=layer["rotary_theta"], local_rope_theta=layer["local_rotary_theta"])
+    elif layer is not None:  # the rotary families: one default rope
+        keys["rope_parameters"] = {"rope_type": "default", "rope_theta": layer["rotary_theta"]}
     hf_config = AutoConfig.for_model(family.model_types[0], **keys)
     hf_config._attn_implementation = attn_implementation
-    hf = AutoModel.from_config(hf_config, attn_implementation=attn_implementation)
-    if getattr(hf, "pooler", None) is not None and not c["has_pooler"]:
-        hf.pooler = None  # the checkpoint had none: its forward then returns no pooler output
     # The bare encoder: a checkpoint's task head (the engine's classifier.*) is not part of it.
     encoder_only = {**c, "head": None}
     tensors = {k: v for k, v in model.tensors.items() if not k.startswith("classifier.")}
-    missing, unexpected = hf.load_state_dict(hf_state_dict(family, encoder_only, tensors), strict=False)
+    state = hf_state_dict(family, encoder_only, tensors)
+    hf = AutoModel.from_config(hf_config, attn_implementation=attn_implementation)
+    if set(state) <= set(hf.state_dict()):
+        missing, unexpected = hf.load_state_dict(state, strict=False)
+    else:
+        # Checkpoint names that transformers maps at load (the rotary families keep their original
+        # code's): from_pretrained maps them.
+        hf, missing, unexpected = _from_saved(hf_config, state, attn_implementation)
+    if getattr(hf, "pooler", None) is not None and not c["has_pooler"]:
+        hf.pooler = None  # the checkpoint had none: its forward then returns no pooler output
     # Buffers (position_ids, token_type_ids) are made by the model itself.
     if unexpected or any(k not in family.weights.buffers for k in missing):
         raise RuntimeError(
             f"weights do not fit {type(hf).__name__}: missing {missing}, unexpected {unexpected}"
         )
     return hf.eval()
+
+
+def _from_saved(hf_config, state: dict, attn_implementation: str):
+    """(model, missing keys, unexpected keys): a transformers model from `state` under checkpoint
+    names, through a temporary directory and from_pretrained (which applies the model's name
+    mapping)."""
+    import tempfile
+
+    from safetensors.torch import save_file
+    from transformers import AutoModel
+
+    with tempfile.TemporaryDirectory() as d:
+        hf_config.save_pretrained(d)
+        save_file({k: v.contiguous() for k, v in state.items()}, f"{d}/model.safetensors", metadata={"format": "pt"})
+        hf, info = AutoModel.from_pretrained(d, attn_implementation=attn_implementation,
+                                             output_loading_info=True)
+    return hf, info["missing_keys"], info["unexpected_keys"]
 
 
 def hf_attention(model: Model, engine: str) -> str:

@@ -571,7 +571,7 @@ def _modernbert_layer(raw: Mapping[str, Any]) -> dict:
     if not isinstance(local, int) or isinstance(local, bool) or local < 2:
         raise ValueError(f"local_attention must be an integer of at least 2, got {local!r}")
     return {"rotary_theta": thetas["full_attention"], "local_rotary_theta": thetas["sliding_attention"],
-            "local_window": local // 2, "global_every": every, "gated_mlp": True}
+            "local_window": local // 2, "global_every": every, "gated_mlp": True, "rotary_scale": 1.0}
 
 
 # ModernBERT (ModernBertModel; answerdotai/ModernBERT-base, Alibaba-NLP/gte-modernbert-base,
@@ -656,7 +656,7 @@ def _rotary_layer(default_theta: float, gated: bool) -> Callable[[Mapping[str, A
             raise ValueError(f"head_dim {head_dim!r} is not hidden_size / num_attention_heads "
                              f"({hidden // heads}), the only head width the engine runs")
         return {"rotary_theta": theta, "local_rotary_theta": theta, "local_window": 0, "global_every": 1,
-                "gated_mlp": gated}
+                "gated_mlp": gated, "rotary_scale": 1.0}
 
     return derive
 
@@ -720,17 +720,39 @@ NOMIC_BERT = Family(
     derive_layer=_rotary_layer(1000.0, gated=True),
 )
 
-# GTE (GteModel; the "new" architecture of Alibaba's gte-multilingual-base and gte-*-en-v1.5):
-# biases in attention and on the MLP's down projection; up_gate_proj holds [up | gate] without a
-# bias (the engine's FFN-in is [gate | up]); heads as NomicBERT's.
+def _gte_layer(raw: Mapping[str, Any]) -> dict:
+    """The engine's "layer" of a GTE config.json: transformers' (rope_parameters, default rope) or
+    the original code's "new" one (rope_theta, and rope_scaling {"type": "ntk", "factor": f}: the
+    frequencies of theta * f divided by f^(2/d), d the head width)."""
+    scaling = raw.get("rope_scaling")
+    if scaling is None or raw.get("model_type") != "new":
+        return _rotary_layer(160000.0, gated=True)(raw)
+    if not isinstance(scaling, Mapping) or scaling.get("type") != "ntk":
+        raise ValueError(f"rope_scaling {scaling!r} is not supported (only none or type 'ntk')")
+    factor = scaling.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0:
+        raise ValueError(f"rope_scaling.factor must be a positive number, got {factor!r}")
+    layer = _rotary_layer(160000.0, gated=True)({**raw, "rope_scaling": None})
+    head_dim = raw.get("hidden_size", 768) // raw.get("num_attention_heads", 12)
+    return {**layer, "rotary_theta": layer["rotary_theta"] * factor,
+            "local_rotary_theta": layer["rotary_theta"] * factor, "rotary_scale": factor ** (2.0 / head_dim)}
+
+
+# GTE (GteModel; Alibaba's gte-multilingual-base and gte-*-en-v1.5, whose checkpoints say
+# model_type "new", the original code's): biases in attention and on the MLP's down projection;
+# up_gate_proj holds [up | gate] without a bias (the engine's FFN-in is [gate | up]); heads as
+# NomicBERT's. The "new" settings other than these are refused by name; a type_vocab_size of 0 (no
+# token-type table) gets the converter's zero row.
 GTE = Family(
     name="gte",
-    model_types=("gte",),
+    model_types=("gte", "new"),
     architecture="rotary_bert",
     config=_rotary_config(dict(vocab_size=250048, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                                intermediate_size=3072, max_position_embeddings=8192, type_vocab_size=1,
                                layer_norm_eps=1e-12, hidden_act="gelu", pad_token_id=1)),
-    accepted_values=_frozen({}),
+    accepted_values=_frozen({"layer_norm_type": ("layer_norm",), "position_embedding_type": ("rope",),
+                             "pack_qkv": (True,), "logn_attention_scale": (False,),
+                             "logn_attention_clip1": (False,)}),
     weights=WeightNames(
         prefixes=("gte.", "new."),
         embeddings=_frozen({
@@ -761,7 +783,7 @@ GTE = Family(
     projection=None,
     sequence_head=BERT.sequence_head,
     token_head=BERT.token_head,
-    derive_layer=_rotary_layer(160000.0, gated=True),
+    derive_layer=_gte_layer,
 )
 
 # Jina-embeddings-v3 (JinaEmbeddingsV3Model, as transformers runs it natively): XLM-R's layer with

@@ -87,6 +87,10 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
                 f"{path}: {key} {value!r} is not supported (only {_choices(accepted)})"
             )
     cfg = {key: k.read(raw) for key, k in family.config.items()}
+    if family.token_types and cfg["type_vocab_size"] == 0:
+        # A model built without a token-type table (GTE's type_vocab_size 0): the converter's zero
+        # row, as for a family without token types (_zero_token_types).
+        cfg["type_vocab_size"] = 1
     cfg[EMBEDDING_SIZE] = family.embedding_size(raw, cfg["hidden_size"])
     if family.derive_layer is not None:
         try:
@@ -473,6 +477,12 @@ def _is_linear(tensor) -> bool:
     return len(tensor.shape) == 2 and not tensor.table
 
 
+def _zero_token_types(family: Family, src: Path) -> bool:
+    """Whether the checkpoint has no token-type table: a family without token types (DistilBERT),
+    or a model config.json builds without one (type_vocab_size 0)."""
+    return not family.token_types or read_json_object(src / "config.json", ConversionError).get("type_vocab_size") == 0
+
+
 def _is_zero_token_types(family: Family, engine_name: str) -> bool:
     """The token-type table of a family without token types (DistilBERT): not in its checkpoints,
     supplied by the converter as zeros."""
@@ -488,7 +498,7 @@ def _progress(engine_name: str, num_layers: int) -> str:
 
 
 def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: dict, has_pooler: bool,
-              log: Log) -> dict[str, torch.Tensor]:
+              log: Log, zero_token_types: bool = False) -> dict[str, torch.Tensor]:
     """HF tensors ([out, in] Linear weights, separate Q/K/V) -> engine tensors ([in, out], fused QKV).
 
     Walks the engine layout (schema.iter_tensors) and takes each tensor's source(s) from the
@@ -504,7 +514,7 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
         if part != shown:
             log(f"  {part}")
             shown = part
-        if _is_zero_token_types(family, name):
+        if _is_zero_token_types(family, name) or (zero_token_types and name == "embeddings.token_type"):
             # No token-type embedding in the model: one zero row (type_vocab_size is fixed at 1),
             # which adds nothing to token type 0, the only type the engine then accepts.
             out[name] = torch.zeros(shape, dtype=torch.float32)
@@ -628,8 +638,9 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         + (f", {head['kind'].replace('_', ' ')} head of {head['num_labels']} label(s)" if head else "")
     )
     # A dry run on tensors without data: every input's presence, shape and dtype, before any is read.
-    _relayout(col.check, family, hf, has_pooler, _quiet)
-    tensors = _relayout(col.get, family, hf, has_pooler, log)
+    zero_types = _zero_token_types(family, src)
+    _relayout(col.check, family, hf, has_pooler, _quiet, zero_types)
+    tensors = _relayout(col.get, family, hf, has_pooler, log, zero_types)
     roots = family.roots()
     ignored = [(n, _canonical(n, family)) for n in col.ignored()]
     ignored = [(n, c) for n, c in ignored if c not in family.weights.buffers]

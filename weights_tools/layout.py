@@ -77,11 +77,14 @@ RELATIVE_BUCKETS_LOOKED_UP = 32
 #   local_window: a sliding-window layer attends keys within this distance (|j - i| <= it; 0: no
 #     sliding-window layers);
 #   global_every: layer i attends globally when i % global_every == 0 (a positive integer);
-#   gated_mlp: the FFN-in gives two halves, act(first) * second (true), or is BERT's act(x W + b).
+#   gated_mlp: the FFN-in gives two halves, act(first) * second (true), or is BERT's act(x W + b);
+#   rotary_scale: the rope's frequencies are divided by it (1: none; linear and fixed-NTK rope
+#     scaling, a positive number).
 # The family's architecture unit says the rest: ModernBERT's is pre-LayerNorm without biases or
 # LayerNorm betas and with a final norm; rotary_bert's is BERT's post-LayerNorm layer (the tensor
 # list is the bound module's). Files written before the key existed hold BERT's layer
-# (reader.read_config fills in null), and layers written before gated_mlp existed are gated.
+# (reader.read_config fills in null); layers written before gated_mlp existed are gated, and those
+# before rotary_scale unscaled.
 LAYER = "layer"
 LAYER_KEYS = _engine_keys(LAYER)
 
@@ -244,7 +247,7 @@ def check_layer(layer: Any, where: str, error: Callable[[str], Exception]) -> No
     if not isinstance(layer, dict) or set(layer) != set(LAYER_KEYS):
         raise error(f"{where}: {LAYER} must be null or an object with the keys {', '.join(LAYER_KEYS)}, "
                     f"got {layer!r}")
-    for key in ("rotary_theta", "local_rotary_theta"):
+    for key in ("rotary_theta", "local_rotary_theta", "rotary_scale"):
         v = layer[key]
         if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
                 or not 0 < _as_float32(v) < math.inf):

@@ -77,10 +77,11 @@ def _fill_embedding_size(config: dict) -> dict:
 
 def _fill_layer(config: dict) -> dict:
     """A config written before ModernBERT's layer existed holds BERT's: "layer" comes back null; a
-    layer written before gated_mlp existed is ModernBERT's, gated."""
+    layer written before gated_mlp existed is ModernBERT's, gated, and one before rotary_scale is
+    unscaled."""
     layer = config.get(LAYER)
-    if isinstance(layer, dict) and "gated_mlp" not in layer:
-        return {**config, LAYER: {**layer, "gated_mlp": True}}
+    if isinstance(layer, dict) and not {"gated_mlp", "rotary_scale"} <= set(layer):
+        return {**config, LAYER: {"gated_mlp": True, "rotary_scale": 1.0, **layer}}
     if LAYER in config:
         return config
     merged = {**config, LAYER: None}

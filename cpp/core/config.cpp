@@ -59,6 +59,9 @@ const std::vector<ConfigKey> kKeys = {
      FTBERT_SET(c.global_every = static_cast<int>(v.integer))},
     // Conversions from before the key: true (ModernBERT's layers are gated).
     {"layer", "gated_mlp", T::kBool, false, true, FTBERT_SET(c.gated_mlp = v.flag)},
+    // Conversions from before the key: 1 (no rope scaling).
+    {"layer", "rotary_scale", T::kNumber, false, true,
+     FTBERT_SET(c.rotary_scale = static_cast<float>(v.number))},
     {"", "has_pooler", T::kBool, true, true, FTBERT_SET(c.has_pooler = v.flag)},
     // Null, or conversions from before heads: none.
     {"", "head", T::kObject, false, true, nullptr},

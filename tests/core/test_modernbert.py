@@ -42,7 +42,8 @@ def test_the_engine_config_carries_modernbert_s_layer(modernbert):
     path, hf = modernbert
     enc = ftbert.Encoder.from_pretrained(path)
     assert enc.config["layer"] == {"rotary_theta": 160000.0, "local_rotary_theta": 10000.0,
-                                   "local_window": 8, "global_every": 3, "gated_mlp": True}
+                                   "local_window": 8, "global_every": 3, "gated_mlp": True,
+                                   "rotary_scale": 1.0}
     assert enc.config["max_position_embeddings"] == hf.config.max_position_embeddings
     assert enc(np.ones((1, 4), np.int64)).pooler_output is None  # no pooler
 
@@ -195,7 +196,7 @@ def test_a_converted_modernbert_keeps_its_layer(tmp_path, rng):
     with pytest.raises(ValueError, match="layer None does not fit model_type 'modernbert'"):
         ftbert.Encoder.from_pretrained(tmp_path / "out")
     cfg["layer"] = {"rotary_theta": 1.0, "local_rotary_theta": 1.0, "local_window": -1, "global_every": 3,
-                    "gated_mlp": True}
+                    "gated_mlp": True, "rotary_scale": 1.0}
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="layer.local_window must be a non-negative integer"):
         ftbert.Encoder.from_pretrained(tmp_path / "out")

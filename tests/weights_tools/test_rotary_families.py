@@ -71,3 +71,74 @@ def test_eurobert_mean_pooling_head_matches_transformers(tmp_path):
     with torch.no_grad():
         want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).logits.numpy()
     assert np.abs(enc(ids, mask).logits - want).max() <= 1e-4
+
+
+def _as_original_gte(path, theta, factor, token_types):
+    """Rewrites a GteModel checkpoint at `path` into what the original code's checkpoints hold:
+    model_type "new", rope_theta and an "ntk" rope_scaling, its other settings; without a token-type
+    table where `token_types` is false (type_vocab_size 0)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    cfg.update(model_type="new", architectures=["NewModel"], rope_theta=theta,
+               rope_scaling={"type": "ntk", "factor": factor}, layer_norm_type="layer_norm",
+               position_embedding_type="rope", pack_qkv=True, unpad_inputs=False,
+               logn_attention_scale=False, logn_attention_clip1=False)
+    if not token_types:
+        cfg["type_vocab_size"] = 0
+        sd = load_file(str(path / "model.safetensors"))
+        sd = {k: v for k, v in sd.items() if "token_type" not in k}
+        save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("token_types", [True, False])
+def test_gte_checkpoint_of_the_original_code_with_ntk_rope_scaling(tmp_path, token_types):
+    # The reference is transformers' GteModel with the original code's fixed-NTK frequencies: those
+    # of theta * factor, divided by factor^(2/d).
+    import numpy as np
+    import torch
+    import transformers
+
+    from tests._util import ragged_mask
+
+    if getattr(transformers, "GteModel", None) is None:
+        pytest.skip(f"transformers {transformers.__version__} has no GteModel")
+    theta, factor, hidden, heads = 10000.0, 2.0, 48, 3
+    hf = make_model(tmp_path, "gte", hidden=hidden, heads=heads, layers=2, seed=8, max_pos=600)
+    _as_original_gte(tmp_path, theta, factor, token_types)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    # Without a table, the converter's one zero row.
+    assert enc.config["model_type"] == "gte" and enc.config["type_vocab_size"] == 1
+    d = hidden // heads
+    assert enc.config["layer"]["rotary_theta"] == theta * factor
+    assert enc.config["layer"]["rotary_scale"] == pytest.approx(factor ** (2.0 / d))
+    rotary = hf.rotary_emb
+    with torch.no_grad():
+        inv = 1.0 / (theta * factor) ** (torch.arange(0, d, 2, dtype=torch.float) / d)
+        rotary.inv_freq.copy_(inv / factor ** (2.0 / d))
+        rotary.original_inv_freq.copy_(rotary.inv_freq)
+        if not token_types:
+            hf.embeddings.token_type_embeddings.weight.zero_()
+    rng = np.random.default_rng(8)
+    ids = rng.integers(3, 150, (3, 300))
+    mask = ragged_mask(rng, 3, 300, left=False)
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).last_hidden_state.numpy()
+    got = enc(ids, mask).last_hidden_state
+    assert np.abs(got - want)[mask.astype(bool)].max() <= 1e-4
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling .* is not supported \\(only none or type 'ntk'\\)"),
+    ({"logn_attention_scale": True}, "logn_attention_scale True is not supported"),
+    ({"pack_qkv": False}, "pack_qkv False is not supported"),
+    ({"layer_norm_type": "rms_norm"}, "layer_norm_type 'rms_norm' is not supported"),
+])
+def test_gte_original_settings_the_engine_does_not_run_are_refused(tmp_path, changes, pattern):
+    make_model(tmp_path, "gte", hidden=32, heads=2, seed=9)
+    _as_original_gte(tmp_path, 10000.0, 2.0, True)
+    _edit(tmp_path, **changes)
+    with pytest.raises(ftbert.weights_tools.ConversionError, match=pattern):
+        ftbert.Encoder.from_pretrained(tmp_path)

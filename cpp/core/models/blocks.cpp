@@ -6,12 +6,13 @@
 
 namespace ftbert::blocks {
 
-std::vector<float> rotary_table(int positions, int head_dim, float theta) {
+std::vector<float> rotary_table(int positions, int head_dim, float theta, float scale) {
   const int half = head_dim / 2;
   std::vector<float> inv(half);
   for (int c = 0; c < half; ++c) {
     const float exponent = static_cast<float>(2 * c) / static_cast<float>(head_dim);
     inv[c] = 1.0f / std::pow(theta, exponent);
+    if (scale != 1.0f) inv[c] /= scale;
   }
   std::vector<float> t(static_cast<size_t>(positions) * head_dim);
   for (int p = 0; p < positions; ++p) {

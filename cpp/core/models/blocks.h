@@ -14,9 +14,10 @@
 
 namespace ftbert::blocks {
 
-// [P, d] float32: row p = cos of the d/2 angles p · θ^(−2c/d), then their sin, in float32 as
-// transformers computes them (inv_freq in float32, position × inv_freq in float32).
-std::vector<float> rotary_table(int positions, int head_dim, float theta);
+// [P, d] float32: row p = cos of the d/2 angles p · θ^(−2c/d) / scale, then their sin, in float32
+// as transformers computes them (inv_freq in float32, divided by the scale, position × inv_freq in
+// float32). A scale > 1 stretches the positions (linear and fixed-NTK rope scaling).
+std::vector<float> rotary_table(int positions, int head_dim, float theta, float scale = 1.0f);
 
 // A device copy of `values`.
 DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values);

@@ -20,7 +20,8 @@ class EuroBertModel final : public Model {
         weights_(upload_weights(backend, config_, weights, compute)),
         rotary_(blocks::upload_floats(backend, blocks::rotary_table(config_.max_seq(),
                                                                     config_.head_dim(),
-                                                                    config_.rotary_theta))),
+                                                                    config_.rotary_theta,
+                                                                    config_.rotary_scale))),
         zeros_(blocks::zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) *
                                           dtype_size(compute))) {
     backend->synchronize();  // the host table is gone after this

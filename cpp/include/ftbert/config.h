@@ -97,6 +97,7 @@ struct ModelConfig {
   // i % global_every == 0, else over |j − i| <= local_window, with the rotary theta of its kind.
   float rotary_theta = 0.0f;        // > 0: rotary positions, no position table
   float local_rotary_theta = 0.0f;  // the sliding-window layers' theta
+  float rotary_scale = 1.0f;        // inv_freq / rotary_scale (linear, fixed-NTK rope scaling)
   int local_window = 0;             // 0: every layer global
   int global_every = 1;
   bool gated_mlp = false;           // FFN-in gives [input | gate] (2I wide): act(input) · gate
@@ -129,6 +130,7 @@ struct ModelConfig {
     FTBERT_CHECK(layer_norm_eps > 0, "config: layer_norm_eps must be positive");
     FTBERT_CHECK(max_seq() > 0, "config: max_position_embeddings " << max_position_embeddings
                                     << " leaves no position after the pad id " << position_pad_id);
+    FTBERT_CHECK(rotary_scale > 0, "config: layer.rotary_scale must be positive, got " << rotary_scale);
     FTBERT_CHECK(rotary_theta >= 0 && local_rotary_theta >= 0 && local_window >= 0 && global_every > 0,
                  "config: attention: rotary thetas and local_window must be >= 0 and global_every > 0");
     FTBERT_CHECK(rotary_theta == 0 || head_dim() % 2 == 0,

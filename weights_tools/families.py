@@ -69,8 +69,12 @@ class Key:
     hf: str | None  # the config.json key; None where the family fixes the value (DistilBERT's eps)
     default: Any  # what the family's transformers config class uses when config.json leaves it out
     # Other config.json keys the config class maps onto this one (its attribute_map: DistilBERT's
-    # hidden_size -> dim); where present they win over `hf`, as in transformers.
+    # hidden_size -> dim), or the original code's names for it (NomicBERT's n_embd); where present
+    # they win over `hf`, as in transformers.
     aliases: tuple[str, ...] = ()
+    # Values of those keys that mean another of the engine's (NomicBERT's original
+    # activation_function "swiglu": its gated MLP's "silu").
+    values: Mapping[Any, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def read(self, raw: Mapping[str, Any]) -> Any:
         """The value a config.json dict gives this key."""
@@ -78,7 +82,8 @@ class Key:
             return self.default
         for name in (*self.aliases, self.hf):
             if name in raw:
-                return raw[name]
+                v = raw[name]
+                return self.values.get(v, v) if isinstance(v, str) else v
         return self.default
 
 
@@ -636,7 +641,8 @@ MODERNBERT = Family(
 
 def _rotary_layer(default_theta: float, gated: bool) -> Callable[[Mapping[str, Any]], dict]:
     """derive_layer of a rotary_bert family: the theta from rope_parameters (transformers 5's
-    configs) or rope_theta (older ones), default_theta when neither says; every layer global. Only
+    configs), rope_theta or rotary_emb_base (older ones), default_theta when none says; every layer
+    global. Only
     the default rope type is run: the scaled ones (dynamic NTK, YaRN, ...) change the angles with
     the sequence length or the frequency, and are refused by name."""
 
@@ -648,8 +654,10 @@ def _rotary_layer(default_theta: float, gated: bool) -> Callable[[Mapping[str, A
         scaling = raw.get("rope_scaling")
         if scaling is not None:
             raise ValueError(f"rope_scaling {scaling!r} is not supported (only none)")
-        theta = rope.get("rope_theta", raw.get("rope_theta", default_theta))
-        hidden, heads = raw.get("hidden_size", 768), raw.get("num_attention_heads", 12)
+        # rotary_emb_base: the original NomicBERT / Jina code's name for it.
+        theta = rope.get("rope_theta", raw.get("rope_theta", raw.get("rotary_emb_base", default_theta)))
+        hidden = raw.get("hidden_size", raw.get("n_embd", 768))
+        heads = raw.get("num_attention_heads", raw.get("n_head", 12))
         head_dim = raw.get("head_dim")
         if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
                 and head_dim != hidden // heads:
@@ -677,16 +685,29 @@ def _rotary_config(defaults: dict) -> Mapping[str, Key]:
 # NomicBERT (NomicBertModel; nomic-ai/nomic-embed-text-v1.5): no biases in attention or the SwiGLU
 # MLP (fc12 the gate, fc11 the up projection), LayerNorms with biases. NomicBertModel has no pooler
 # unless built with add_pooling_layer (ForSequenceClassification is, and reads it); task models keep
-# the encoder under "nomic_bert.".
+# the encoder under "nomic_bert.". The hub's checkpoints keep the original code's config keys
+# (n_embd, n_layer, n_head, n_inner, n_positions, layer_norm_epsilon, activation_function,
+# rotary_emb_base): read as aliases, and its switches other than the ones run refused by name.
+_NOMIC_ALIASES = {"hidden_size": ("n_embd",), "num_hidden_layers": ("n_layer",), "num_attention_heads": ("n_head",),
+                  "intermediate_size": ("n_inner",), "max_position_embeddings": ("n_positions",),
+                  "layer_norm_eps": ("layer_norm_epsilon",), "hidden_act": ("activation_function",)}
 NOMIC_BERT = Family(
     name="nomic_bert",
     model_types=("nomic_bert",),
     architecture="rotary_bert",
     # NomicBertConfig's defaults.
-    config=_rotary_config(dict(vocab_size=30528, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                               intermediate_size=3072, max_position_embeddings=2048, type_vocab_size=2,
-                               layer_norm_eps=1e-12, hidden_act="silu", pad_token_id=0)),
-    accepted_values=_frozen({}),
+    config=_frozen({
+        key: Key(k.hf, k.default, aliases=_NOMIC_ALIASES.get(key, ()),
+               values={"swiglu": "silu"} if key == "hidden_act" else {})
+        for key, k in _rotary_config(dict(
+            vocab_size=30528, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+            intermediate_size=3072, max_position_embeddings=2048, type_vocab_size=2, layer_norm_eps=1e-12,
+            hidden_act="silu", pad_token_id=0)).items()
+    }),
+    accepted_values=_frozen({"rotary_emb_fraction": (1.0,), "rotary_emb_interleaved": (False,),
+                             "rotary_scaling_factor": (None,), "qkv_proj_bias": (False,),
+                             "mlp_fc1_bias": (False,), "mlp_fc2_bias": (False,), "prenorm": (False,),
+                             "parallel_block": (False,), "use_rms_norm": (False,), "causal": (False,)}),
     weights=WeightNames(
         prefixes=("nomic_bert.",),
         embeddings=_frozen({

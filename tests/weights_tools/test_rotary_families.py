@@ -142,3 +142,55 @@ def test_gte_original_settings_the_engine_does_not_run_are_refused(tmp_path, cha
     _edit(tmp_path, **changes)
     with pytest.raises(ftbert.weights_tools.ConversionError, match=pattern):
         ftbert.Encoder.from_pretrained(tmp_path)
+
+
+def _as_original_nomic(path):
+    """Rewrites a NomicBertModel checkpoint's config.json the way the hub's (the original code's)
+    spells it: n_embd, n_layer, ..., activation_function "swiglu", rotary_emb_base."""
+    cfg = json.loads((path / "config.json").read_text())
+    theta = (cfg.pop("rope_parameters", None) or {}).get("rope_theta", 1000.0)
+    for new, old in (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"),
+                     ("num_attention_heads", "n_head"), ("intermediate_size", "n_inner"),
+                     ("max_position_embeddings", "n_positions"), ("layer_norm_eps", "layer_norm_epsilon")):
+        cfg[old] = cfg.pop(new)
+    cfg.pop("hidden_act")
+    cfg.pop("head_dim", None)
+    cfg.update(activation_function="swiglu", rotary_emb_base=theta, rotary_emb_fraction=1.0,
+               rotary_emb_interleaved=False, rotary_scaling_factor=None, qkv_proj_bias=False,
+               mlp_fc1_bias=False, mlp_fc2_bias=False, prenorm=False, causal=False)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_nomic_checkpoint_with_the_original_config_keys_matches_transformers(tmp_path):
+    import numpy as np
+    import torch
+
+    from tests._util import ragged_mask
+
+    hf = make_model(tmp_path, "nomic_bert", hidden=64, heads=4, layers=2, intermediate=83, seed=10)
+    _as_original_nomic(tmp_path)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    c = enc.config
+    assert (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["intermediate_size"],
+            c["hidden_act"]) == (64, 2, 4, 83, "silu")
+    rng = np.random.default_rng(10)
+    ids = rng.integers(3, 150, (3, 40))
+    mask = ragged_mask(rng, 3, 40, left=False)
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).last_hidden_state.numpy()
+    assert np.abs(enc(ids, mask).last_hidden_state - want)[mask.astype(bool)].max() <= 1e-4
+
+
+@pytest.mark.parametrize("changes, pattern", [
+    ({"rotary_scaling_factor": 2.0}, "rotary_scaling_factor 2.0 is not supported"),
+    ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction 0.5 is not supported"),
+    ({"prenorm": True}, "prenorm True is not supported"),
+    ({"qkv_proj_bias": True}, "qkv_proj_bias True is not supported"),
+    ({"activation_function": "gelu_fast"}, "hidden_act 'gelu_fast'"),
+])
+def test_nomic_original_settings_the_engine_does_not_run_are_refused(tmp_path, changes, pattern):
+    make_model(tmp_path, "nomic_bert", hidden=32, heads=2, seed=11)
+    _as_original_nomic(tmp_path)
+    _edit(tmp_path, **changes)
+    with pytest.raises(ftbert.weights_tools.ConversionError, match=pattern):
+        ftbert.Encoder.from_pretrained(tmp_path)

@@ -114,9 +114,12 @@ class SequenceHead:
     activation: str | None  # after the own dense (layout.HEAD_ACTIVATIONS); None with the pooler
     out: tuple[str, str]  # HF (weight, bias) of the [num_labels, hidden] output Linear
     norm: str | None = None  # HF name of a bias-free LayerNorm's weight after the activation
-    # The config.json key whose value "mean" makes the own dense read the mean of the sequence's
-    # tokens instead of token 0 (ModernBERT's classifier_pooling); None: always token 0.
+    # The config.json key that chooses where the own dense reads (ModernBERT's and EuroBERT's
+    # classifier_pooling; None: always token 0), and its values that read elsewhere than token 0
+    # -> the engine head's input: "mean" (the mean of the sequence's tokens), "late_mean" (the
+    # dense and activation on every token, then their mean: EuroBERT's "late").
     pooling_key: str | None = None
+    pooling_inputs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({"mean": "mean"}))
 
     def hf_names(self) -> Mapping[str, str | None]:
         """Engine head tensor (layout.HEAD_TENSORS) -> HF name (None: zeros)."""
@@ -865,8 +868,8 @@ def _eurobert_layer(raw: Mapping[str, Any]) -> dict:
 # biases (attention_bias / mlp_bias true are refused), a final norm; no position table, no token
 # types.
 # Task models keep the encoder under "model."; the sequence head is a dense, GELU and the
-# classifier on token 0 or the mean of the tokens (classifier_pooling "bos" or "mean"; "late",
-# which averages per-token logits, is refused), the token head a Linear on every token.
+# classifier on token 0 or the mean of the tokens (classifier_pooling "bos" or "mean"), or the
+# mean of the per-token logits ("late", the default), the token head a Linear on every token.
 EUROBERT = Family(
     name="eurobert",
     model_types=("eurobert",),
@@ -904,10 +907,11 @@ EUROBERT = Family(
     token_types=False,
     projection=None,
     sequence_head=SequenceHead(dense=("dense.weight", "dense.bias"), activation="gelu",
-                               out=("classifier.weight", "classifier.bias"), pooling_key="classifier_pooling"),
+                               out=("classifier.weight", "classifier.bias"), pooling_key="classifier_pooling",
+                               pooling_inputs=_frozen({"mean": "mean", "late": "late_mean"})),
     token_head=BERT.token_head,
     derive_layer=_eurobert_layer,
-    head_accepted_values=_frozen({"classifier_pooling": ("bos", "mean")}),
+    head_accepted_values=_frozen({"classifier_pooling": ("late", "bos", "mean")}),
 )
 
 

@@ -148,7 +148,9 @@ def read_head(src: Path, family: Family) -> dict | None:
     elif not own_dense:
         source = "pooler"
     else:
-        source = "mean" if head.pooling_key and raw.get(head.pooling_key) == "mean" else "first_token"
+        # A pooling key left out means the config class's default (head_accepted_values' first).
+        pooling = raw.get(head.pooling_key, family.head_accepted_values.get(head.pooling_key, (None,))[0])
+        source = head.pooling_inputs.get(pooling, "first_token") if head.pooling_key else "first_token"
     return {
         "kind": kind,
         "num_labels": len(labels),

@@ -94,7 +94,8 @@ LAYER_KEYS = _engine_keys(LAYER)
 #   num_labels: a positive integer;
 #   input: where a sequence head reads: "pooler" (the pooler output: BERT), "first_token" (token 0
 #     through the head's own dense and activation: the others) or "mean" (the mean of the
-#     sequence's tokens through that dense: ModernBERT's classifier_pooling "mean"); "tokens" for a
+#     sequence's tokens through that dense: ModernBERT's classifier_pooling "mean") or "late_mean"
+#     (that dense and activation on every token, then their mean: EuroBERT's "late"); "tokens" for a
 #     token head;
 #   activation: that own dense's activation (HEAD_ACTIVATIONS), null otherwise; a token head with
 #     an activation has a dense of its own too, on every token (ModernBERT's);
@@ -110,7 +111,8 @@ TOKEN_CLASSIFICATION = "token_classification"
 HEAD_KINDS = (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
 # The engine reads the first keys; labels and score_activation are the Python Encoder's.
 HEAD_KEYS = (*_engine_keys(HEAD), "labels", "score_activation")
-HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token", "mean"), TOKEN_CLASSIFICATION: ("tokens",)}
+HEAD_INPUTS = {SEQUENCE_CLASSIFICATION: ("pooler", "first_token", "mean", "late_mean"),
+               TOKEN_CLASSIFICATION: ("tokens",)}
 HEAD_ACTIVATIONS = ("tanh", "gelu", "relu")
 SCORE_ACTIVATIONS = ("sigmoid", "identity", "softmax")
 
@@ -340,7 +342,7 @@ def check_head(cfg: dict, where: str, error: Callable[[str], Exception]) -> None
     if head["input"] == "pooler" and cfg["has_pooler"] is not True:
         raise error(f"{where}: head.input is 'pooler', but has_pooler is {cfg['has_pooler']!r}")
     act = head["activation"]
-    if head["input"] in ("first_token", "mean"):
+    if head["input"] in ("first_token", "mean", "late_mean"):
         if act not in HEAD_ACTIVATIONS:
             raise error(f"{where}: head.activation must be one of {', '.join(map(repr, HEAD_ACTIVATIONS))} "
                         f"for input {head['input']!r}, got {act!r}")

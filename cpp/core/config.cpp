@@ -136,6 +136,7 @@ ModelConfig config_from_values(const ConfigLookup& lookup) {
     h.kind = kind == "token_classification" ? HeadKind::kToken : HeadKind::kSequence;
     h.reads_pooler = text("head.input") == "pooler";
     h.reads_mean = text("head.input") == "mean";
+    h.reads_late_mean = text("head.input") == "late_mean";
     // A token head with an activation has a dense of its own.
     const bool activation = seen.count("head.activation") > 0;
     h.token_dense = h.kind == HeadKind::kToken && activation;

@@ -277,13 +277,12 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   }
 
   // The final hidden states go straight to their destination where nothing after the last layer
-  // reads them in a GEMM (no per-token head) and they have the caller's layout (padded): to the
+  // reads them in a GEMM (no head whose GEMM reads every token) and they have the caller's layout (padded): to the
   // caller's tensor when it is on the device, which saves the copy. Recordings write them to
   // recorded_output_, which each replay redirects. Their kernels chose vector widths for that
   // aligned buffer: a caller's tensor not 16-byte aligned (the widest vector) gets hidden_ and
   // the copy instead.
-  const bool token_logits = outputs.logits && c.head.kind == HeadKind::kToken;
-  const bool direct = !layout.packed() && !token_logits;
+  const bool direct = !layout.packed() && !(outputs.logits && c.head.gemm_reads_every_token());
   const bool aligned = reinterpret_cast<uintptr_t>(a.last_hidden_state) % 16 == 0;
   void* const destination =
       direct && a.outputs_on_device && aligned ? a.last_hidden_state : hidden_.data();

@@ -90,3 +90,18 @@ def test_forward_packed_equals_the_padded_batch(model, rng):
     cu = np.concatenate([[0], np.cumsum(m.sum(1))])
     packed = torch.as_tensor(enc.forward_packed(flat, cu).last_hidden_state).float().cpu().numpy()
     assert np.abs(packed - padded[m]).max() <= 2e-3
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+def test_eurobert_late_pooling_head_on_the_gpu(tmp_path, rng, padding_free):
+    # The head's dense reads every token's final hidden state: they must stay in the model's own
+    # buffer even when the caller's tensors are on the device (CUDA inputs, graphs on).
+    hf = make_model(tmp_path, "eurobert", kind="cls", hidden=128, heads=2, layers=2, num_labels=3, seed=25,
+                    pooling="late")
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float32", padding_free=padding_free)
+    for _ in range(3):  # op by op, recorded, replayed
+        ids, mask = inputs(rng, hf, 3, 97, "holes")
+        with torch.no_grad():
+            want = hf(ids.cpu(), attention_mask=mask.cpu().long()).logits
+        got = enc(ids, mask).logits
+        assert (torch.as_tensor(got).float().cpu() - want).abs().max().item() <= 1e-4

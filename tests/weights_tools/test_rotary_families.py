@@ -1,6 +1,7 @@
 """What the rotary families' converter refuses, by name: settings of NomicBERT, GTE,
 Jina-embeddings-v3 and EuroBERT checkpoints the engine does not run (scaled ropes, a head width
-other than hidden / heads, grouped K/V heads, biases EuroBERT's unit has not, its "late" head).
+other than hidden / heads, grouped K/V heads, biases EuroBERT's unit has not) and EuroBERT's
+pooling heads.
 Their parity is test_head_parity.py's, driven by the family tables."""
 
 import json
@@ -48,29 +49,39 @@ def test_eurobert_settings_the_engine_does_not_run_are_refused(tmp_path, changes
         ftbert.Encoder.from_pretrained(tmp_path)
 
 
-def test_eurobert_late_pooling_head_is_refused_by_name(tmp_path):
-    # "late" (transformers' default) averages per-token logits: a head the engine does not run.
+def test_eurobert_unknown_pooling_is_refused_by_name(tmp_path):
     make_model(tmp_path, "eurobert", kind="cls", hidden=32, heads=2, seed=6)
-    _edit(tmp_path, classifier_pooling="late")
-    with pytest.raises(ftbert.weights_tools.ConversionError, match="classifier_pooling 'late' is not supported"):
+    _edit(tmp_path, classifier_pooling="max")
+    with pytest.raises(ftbert.weights_tools.ConversionError, match="classifier_pooling 'max' is not supported"):
         ftbert.Encoder.from_pretrained(tmp_path)
 
 
-def test_eurobert_mean_pooling_head_matches_transformers(tmp_path):
+@pytest.mark.parametrize("pooling, engine_input", [("mean", "mean"), ("late", "late_mean"), (None, "late_mean")])
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
+def test_eurobert_pooling_heads_match_transformers(tmp_path, pooling, engine_input, padding_free, left):
+    # "late" (transformers' default, also when config.json leaves the key out) averages the
+    # per-token logits; the engine averages the activations before the affine classifier.
     import numpy as np
     import torch
 
     from tests._util import ragged_mask
 
-    hf = make_model(tmp_path, "eurobert", kind="cls", hidden=48, heads=3, num_labels=3, seed=7, pooling="mean")
-    enc = ftbert.Encoder.from_pretrained(tmp_path)
-    assert enc.config["head"]["input"] == "mean"
+    hf = make_model(tmp_path, "eurobert", kind="cls", hidden=48, heads=3, num_labels=3, seed=7,
+                    pooling=pooling or "late")
+    if pooling is None:
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        del cfg["classifier_pooling"]
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+    enc = ftbert.Encoder.from_pretrained(tmp_path, padding_free=padding_free)
+    assert enc.config["head"]["input"] == engine_input
     rng = np.random.default_rng(7)
     ids = rng.integers(4, 150, (4, 13))
-    mask = ragged_mask(rng, 4, 13, left=False)
+    mask = ragged_mask(rng, 4, 13, left=left)
     with torch.no_grad():
         want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).logits.numpy()
     assert np.abs(enc(ids, mask).logits - want).max() <= 1e-4
+
 
 
 def _as_original_gte(path, theta, factor, token_types):

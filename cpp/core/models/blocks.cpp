@@ -100,6 +100,18 @@ void sequence_head_dense(Backend& be, DType dt, const ModelConfig& c, const Mode
                          const Activations& act, const void* hidden, const SequenceLayout& L) {
   const HeadConfig& hc = c.head;
   const int H = c.hidden_size;
+  if (hc.reads_late_mean) {
+    // act(x · Wd + bd) on every token into ctx (free after the last layer), then each sequence's
+    // mean: the classifier after it is affine, so this is the mean of the per-token logits.
+    FTBERT_CHECK(act.output == nullptr,
+                 "forward: a head whose dense reads every token cannot have the final hidden states "
+                 "in act.output");
+    const int M = L.rows;
+    be.gemm(dt, false, false, M, H, H, hidden, H, w.head_dense_weight.data(), H, act.ctx, H);
+    be.add_bias_activation(dt, act.ctx, w.head_dense_bias.data(), M, H, hc.dense_activation);
+    be.mean_tokens(dt, act.ctx, L, act.head_hidden, H);
+    return;
+  }
   if (!hc.reads_mean) {
     be.first_token_dense(dt, hidden, L, w.head_dense_weight.data(), w.head_dense_bias.data(),
                          act.head_hidden, act.first_tokens, H, H, hc.dense_activation,

@@ -47,7 +47,8 @@ void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWei
                      AttentionKind attention, const AttentionOptions& options);
 
 // A sequence head's own dense: act.head_hidden [B, H] = act(x_b · Wd + bd), x_b being sequence b's
-// first token, or the mean of its tokens where the head reads the mean (HeadConfig::reads_mean).
+// first token, or the mean of its tokens where the head reads the mean (HeadConfig::reads_mean);
+// or the mean over sequence b's tokens of act(x_t · Wd + bd) (HeadConfig::reads_late_mean).
 void sequence_head_dense(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
                          const Activations& act, const void* hidden, const SequenceLayout& layout);
 

@@ -51,6 +51,8 @@ struct HeadConfig {
   int num_labels = 0;         // N
   bool reads_pooler = false;  // sequence head on the pooler output (BERT); else its own dense
   bool reads_mean = false;    // that own dense on the mean of the tokens, not the first token
+  // that own dense and its activation on every token, then their mean (EuroBERT's "late" pooling)
+  bool reads_late_mean = false;
   Activation dense_activation = Activation::kTanh;  // of that own dense
   bool token_dense = false;  // a token head with a dense + activation of its own (ModernBERT)
   bool norm = false;         // a bias-free LayerNorm after the own dense's activation (ModernBERT)
@@ -59,6 +61,9 @@ struct HeadConfig {
   int64_t rows(int batch, int seq) const {
     return kind == HeadKind::kToken ? static_cast<int64_t>(batch) * seq : batch;
   }
+  // Whether the head's first GEMM reads every token's final hidden state (so they must stay in
+  // the model's own buffer: Activations::output).
+  bool gemm_reads_every_token() const { return kind == HeadKind::kToken || reads_late_mean; }
   bool has_dense() const {
     return (kind == HeadKind::kSequence && !reads_pooler) || (kind == HeadKind::kToken && token_dense);
   }
@@ -147,6 +152,8 @@ struct ModelConfig {
       FTBERT_CHECK(!head.norm || head.has_dense(), "config: a head's norm follows its own dense");
       FTBERT_CHECK(!head.reads_mean || (head.kind == HeadKind::kSequence && !head.reads_pooler),
                    "config: only a sequence head with a dense of its own reads the tokens' mean");
+      FTBERT_CHECK(!head.reads_late_mean || (head.kind == HeadKind::kSequence && !head.reads_pooler),
+                   "config: only a sequence head with a dense of its own averages it over the tokens");
     }
   }
 };

@@ -20,6 +20,11 @@ def build_parser(prog: str = "ftbert convert") -> argparse.ArgumentParser:
     p.add_argument("src", metavar="SRC", help="HuggingFace checkpoint directory (config.json + weights)")
     p.add_argument("dst", metavar="DST", help="output directory (created if needed)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="stored dtype (default float32)")
+    p.add_argument("--task", metavar="TASK", default=None,
+                   help="for a checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the hub holds it: "
+                   "retrieval.query, retrieval.passage, separation, classification, text-matching): the task "
+                   "whose adapters are merged into the converted weights; required for such a checkpoint, "
+                   "refused for any other")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the final line")
     return p
 
@@ -28,14 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the converter; returns the exit code (0, or 1 with a one-line message on stderr)."""
     args = build_parser().parse_args(argv)
     try:
-        out = convert_checkpoint(args.src, args.dst, dtype=args.dtype, progress=not args.quiet)
+        out = convert_checkpoint(args.src, args.dst, dtype=args.dtype, progress=not args.quiet, task=args.task)
     except ConversionError as e:
         return _fail(str(e))
     except OSError as e:  # disk full, no permission, ...: a message, not a traceback
         return _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     weights = (out / WEIGHTS_FILE).stat().st_size
-    print(f"converted to {out.resolve()} ({human_size(total)}; weights {human_size(weights)}, {args.dtype})")
+    task = f", task {args.task}" if args.task else ""
+    print(f"converted to {out.resolve()} ({human_size(total)}; weights {human_size(weights)}, {args.dtype}{task})")
     return 0
 
 

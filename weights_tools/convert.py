@@ -32,20 +32,23 @@ COPIED_FILES = (
 COPIED_DIRS = ("1_Pooling", "2_Normalize")
 
 
-def load_hf_checkpoint(src, progress: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
+def load_hf_checkpoint(src, progress: bool = False, task: str | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
     """Converts a HuggingFace checkpoint directory in memory: (engine config, float32 engine tensors).
 
     The config has dtype "float32" and weights_file / weights_sha256 set to None (nothing is written).
+    task: the task whose LoRA adapters are merged, for a checkpoint that has per-task adapters
+    (Jina-embeddings-v3's original code); required there, refused elsewhere.
     """
-    return read_hf_checkpoint(src, _logger(progress))
+    return read_hf_checkpoint(src, _logger(progress), task=task)
 
 
-def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True) -> Path:
+def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, task: str | None = None) -> Path:
     """Converts the HuggingFace checkpoint directory `src` (of a family in families.py) into the
     ftbert directory `dst`; returns dst.
 
     dtype: the stored dtype, "float32", "float16" or "bfloat16". dst is created if needed; files of
-    an earlier conversion there are replaced.
+    an earlier conversion there are replaced. task: as load_hf_checkpoint's; the converted weights
+    are that task's, merged before the cast.
     """
     log = _logger(progress)
     if dtype not in DTYPES:
@@ -58,7 +61,7 @@ def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True) 
     if dst.exists() and not dst.is_dir():
         raise ConversionError(f"{dst}: exists and is not a directory")
 
-    config, tensors = read_hf_checkpoint(src, log)
+    config, tensors = read_hf_checkpoint(src, log, task=task)
     if dtype != "float32":
         log(f"casting to {dtype}")
         target = DTYPES[dtype]

@@ -58,7 +58,7 @@ from .layout import (
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
            "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "NOMIC_BERT", "GTE",
-           "JINA_EMBEDDINGS_V3", "EUROBERT", "Part", "family_for",
+           "JINA_EMBEDDINGS_V3", "EUROBERT", "Part", "TaskAdapters", "family_for", "family_for_config",
            "supported_model_types", "check_engine_config"]
 
 
@@ -164,6 +164,34 @@ class Part:
 
 
 @dataclass(frozen=True)
+class TaskAdapters:
+    """Per-task LoRA adapters saved beside the weights, as Jina-embeddings-v3's original code
+    (modeling_lora.py of jinaai/xlm-roberta-flash-implementation) saves them: every Linear and
+    Embedding weight of the encoder is a torch parametrization, saved as `<module>` + `original`
+    (the weight itself: the parametrization's forward returns it unchanged) beside `<module>` +
+    `lora_a` / `lora_b`, which hold one slice per task along dim 0, in the order of config.json's
+    `tasks_key` list. Task t's weight, scaling = alpha / rank (LoRAParametrization.lora_forward):
+    a Linear's W [out, in] + scaling * B[t] [out, r] @ A[t] [r, in]; an Embedding's (stored
+    fan_in_fan_out, its A and B swapped) W [rows, dim] + scaling * A[t] [rows, r] @ B[t] [r, dim]."""
+
+    original: str  # name ending of a parametrized weight (the module's "weight" otherwise)
+    lora_a: str  # name endings of the adapters
+    lora_b: str
+    tasks_key: str  # config.json's list of task names
+    rank: Key
+    alpha: Key
+
+    def split(self, name: str) -> tuple[str, str] | None:
+        """(the weight's plain name, "original" / "lora_a" / "lora_b") for a parametrization
+        tensor's name, None for any other name."""
+        for part in ("original", "lora_a", "lora_b"):
+            ending = getattr(self, part)
+            if name.endswith(ending):
+                return name[: -len(ending)] + ".weight", part
+        return None
+
+
+@dataclass(frozen=True)
 class WeightNames:
     """Engine tensor -> HuggingFace tensor name(s), names as the bare encoder model stores them."""
 
@@ -244,6 +272,13 @@ class Family:
     # As accepted_values, checked only when a head is converted (settings of the task model alone:
     # ModernBERT's classifier_pooling, which bare checkpoints carry too).
     head_accepted_values: Mapping[str, tuple[Any, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # Per-task LoRA adapters its checkpoints may hold (Jina-embeddings-v3's original code), merged
+    # for the task named at load; None: the family has none.
+    adapters: TaskAdapters | None = None
+    # config.json files of another model_type that are this family's: (model_type, the values of
+    # other keys that tell them apart), such as the original Jina code's "xlm-roberta" with
+    # position_embedding_type "rotary". family_for_config looks at these before model_type alone.
+    original_configs: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
     @property
     def relative_bias(self) -> bool:
@@ -810,9 +845,27 @@ GTE = Family(
     derive_layer=_gte_layer,
 )
 
+
+def _jina_layer(raw: Mapping[str, Any]) -> dict:
+    """The engine's "layer" of a Jina-embeddings-v3 config.json: _rotary_layer's (default theta
+    20000; the original code's rotary_emb_base read as the theta), plain MLP. The original code's
+    rotary_emb_dim (default the head width) is refused by name when it rotates fewer dimensions."""
+    hidden, heads = raw.get("hidden_size", 1024), raw.get("num_attention_heads", 16)
+    dim = raw.get("rotary_emb_dim")
+    if dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
+            and dim != hidden / heads:
+        raise ValueError(f"rotary_emb_dim {dim!r} is not the head width ({hidden // heads}): a partial "
+                         "rotary is not supported")
+    return _rotary_layer(20000.0, gated=False)(raw)
+
+
 # Jina-embeddings-v3 (JinaEmbeddingsV3Model, as transformers runs it natively): XLM-R's layer with
 # rotary positions counted 0..S-1, biases everywhere, BERT's MLP (fc1, act, fc2); a pooler; task
-# models keep the encoder under "roberta." with RoBERTa's heads.
+# models keep the encoder under "roberta." with RoBERTa's heads. The hub's checkpoint
+# (jinaai/jina-embeddings-v3) is the original code's: config.json says model_type "xlm-roberta" with
+# position_embedding_type "rotary" (original_configs) and the same keys (rotary_emb_base the theta),
+# and its weights carry per-task LoRA adapters (TaskAdapters; their defaults XLMRobertaFlashConfig's),
+# merged for the task named at load. Other keys left out take JinaEmbeddingsV3Config's defaults.
 JINA_EMBEDDINGS_V3 = Family(
     name="jina_embeddings_v3",
     model_types=("jina_embeddings_v3",),
@@ -820,7 +873,10 @@ JINA_EMBEDDINGS_V3 = Family(
     config=_rotary_config(dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                                intermediate_size=4096, max_position_embeddings=8194, type_vocab_size=1,
                                layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1)),
-    accepted_values=_frozen({}),
+    # The original code's rotary settings other than the ones run (flash-attn's RotaryEmbedding:
+    # interleaved pairs, xPos scaling).
+    accepted_values=_frozen({"position_embedding_type": ("rotary",), "rotary_emb_interleaved": (False,),
+                             "rotary_emb_scale_base": (None,)}),
     weights=WeightNames(
         prefixes=("roberta.",),
         embeddings=NOMIC_BERT.weights.embeddings,
@@ -846,7 +902,11 @@ JINA_EMBEDDINGS_V3 = Family(
     projection=None,
     sequence_head=ROBERTA.sequence_head,
     token_head=BERT.token_head,
-    derive_layer=_rotary_layer(20000.0, gated=False),
+    derive_layer=_jina_layer,
+    adapters=TaskAdapters(original=".parametrizations.weight.original",
+                          lora_a=".parametrizations.weight.0.lora_A", lora_b=".parametrizations.weight.0.lora_B",
+                          tasks_key="lora_adaptations", rank=Key("lora_rank", 4), alpha=Key("lora_alpha", 1)),
+    original_configs=(("xlm-roberta", _frozen({"position_embedding_type": "rotary"})),),
 )
 
 
@@ -988,6 +1048,10 @@ def _check(family: Family) -> Family:
         problems.append("a projection's width comes from config.json: it needs a key")
     if family.name not in family.model_types:
         problems.append("the family's name is the model_type the engine config records: it must be one")
+    a = family.adapters
+    if a is not None and (a.rank.hf is None or a.alpha.hf is None
+                          or len({a.original, a.lora_a, a.lora_b}) != 3):
+        problems.append("adapters need config keys for rank and alpha, and three distinct name endings")
     if problems:
         raise AssertionError(f"family {family.name!r}: " + "; ".join(problems))
     return family
@@ -1002,6 +1066,14 @@ FAMILIES: Mapping[str, Family] = _frozen({
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 if len(_BY_MODEL_TYPE) != sum(len(f.model_types) for f in FAMILIES.values()):
     raise AssertionError("a model_type is claimed by two families")
+# (model_type, marks, family) of the original code's configs (Family.original_configs).
+_ORIGINAL_CONFIGS = [(t, marks, f) for f in FAMILIES.values() for t, marks in f.original_configs]
+for _i, (_t, _marks, _f) in enumerate(_ORIGINAL_CONFIGS):
+    if not isinstance(_t, str) or not _marks or _t in _f.model_types:
+        raise AssertionError(f"family {_f.name!r}: an original config names another model_type and the "
+                             "values that mark it")
+    if any(t == _t and dict(m) == dict(_marks) for t, m, _ in _ORIGINAL_CONFIGS[:_i]):
+        raise AssertionError(f"model_type {_t!r} with {dict(_marks)} is claimed twice")
 
 
 def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception]) -> None:
@@ -1039,6 +1111,17 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
 def family_for(model_type: Any) -> Family | None:
     """The family that reads a config.json `model_type`, or None (for any value, a non-string too)."""
     return _BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def family_for_config(raw: Mapping[str, Any]) -> Family | None:
+    """The family that reads a config.json dict: the one whose original_configs mark it (model_type
+    and the values of other keys: the original Jina code's "xlm-roberta" with rotary positions),
+    else family_for(its model_type)."""
+    model_type = raw.get("model_type")
+    for t, marks, family in _ORIGINAL_CONFIGS:
+        if model_type == t and all(k in raw and raw[k] == v for k, v in marks.items()):
+            return family
+    return family_for(model_type)
 
 
 def supported_model_types() -> tuple[str, ...]:

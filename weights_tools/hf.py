@@ -8,21 +8,25 @@ BertForSequenceClassification, ... for BERT; RobertaForMaskedLM, ... for RoBERTa
 DistilBertForMaskedLM, ... for DistilBERT; ElectraForPreTraining, ... for ELECTRA). The head that
 config.json's `architectures` names is converted when it is a sequence- or token-classification head
 (read_head); any other head is left out with a warning that names it. Every HF weight name and config
-key comes from the family's table.
+key comes from the family's table. A checkpoint with per-task LoRA adapters (the original
+Jina-embeddings-v3 code's: families.TaskAdapters) is read with one task's adapters merged into its
+weights (read_hf_checkpoint's `task`).
 """
 
 from __future__ import annotations
 
+import math
 import pickle
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
 
 from .errors import ConversionError
-from .families import ABSOLUTE, Family, Part, family_for, supported_model_types
+from .families import ABSOLUTE, Family, Part, family_for_config, supported_model_types
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
@@ -75,7 +79,7 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
     supported = _choices(supported_model_types())
     if model_type is None:
         raise ConversionError(f"{path}: no model_type (only model_type {supported} is supported)")
-    family = family_for(model_type)
+    family = family_for_config(raw)
     if family is None:
         raise ConversionError(
             f"{path}: model_type {model_type!r} is not supported (only {supported} can be converted)"
@@ -376,6 +380,58 @@ def _unpickler_reason(e: Exception) -> str:
     return next((line for line in lines if "unsupported" in line.lower()), lines[-1])
 
 
+# ---- per-task adapters ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TaskMerge:
+    """The task whose LoRA adapters are merged into the weights (families.TaskAdapters)."""
+
+    task: str
+    index: int  # its slice along the adapters' dim 0: its place in config.json's task list
+    tasks: int  # the adapters' dim 0: how many tasks that list names
+    rank: int
+    scaling: float  # alpha / rank
+
+
+def _task_merge(src: Path, family: Family, col: "_Collector", task: str | None) -> _TaskMerge | None:
+    """The adapters `task` asks to merge, or None (no task given, and none held). Refused by name: a
+    task for a family or a checkpoint without adapters, a task the checkpoint does not list, and no
+    task for a checkpoint with adapters: which task the outputs serve is the caller's to say (the
+    original code's base weights alone serve none of them)."""
+    if task is not None and not isinstance(task, str):
+        raise ConversionError(f"task must be a task name (a string) or None, got {task!r}")
+    path = src / "config.json"
+    a = family.adapters
+    if a is None or not col.lora:
+        if task is not None:
+            what = (f"model_type {family.name!r} has no per-task adapters" if a is None else
+                    f"the checkpoint holds no per-task LoRA adapters (no '*{a.lora_a}' tensor in "
+                    f"{col.files.describe()})")
+            raise ConversionError(f"{src}: task {task!r} given, but {what}; load it without a task")
+        return None
+    raw = read_json_object(path, ConversionError)
+    tasks = raw.get(a.tasks_key)
+    if not (isinstance(tasks, list) and tasks and all(isinstance(t, str) for t in tasks)
+            and len(set(tasks)) == len(tasks)):
+        raise ConversionError(f"{path}: {a.tasks_key} must be a non-empty list of distinct task names "
+                              f"(the checkpoint holds per-task LoRA adapters), got {tasks!r}")
+    if task is None:
+        raise ConversionError(
+            f"{src}: the checkpoint holds per-task LoRA adapters: name the task whose adapters are merged "
+            f"(task=... when loading, --task with ftbert convert), one of {_choices(tasks)}"
+        )
+    if task not in tasks:
+        raise ConversionError(f"{path}: task {task!r} is not one of the checkpoint's {a.tasks_key} "
+                              f"({_choices(tasks)})")
+    rank, alpha = a.rank.read(raw), a.alpha.read(raw)
+    if not _is_int(rank) or rank < 1:
+        raise ConversionError(f"{path}: {a.rank.hf} must be a positive integer, got {rank!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise ConversionError(f"{path}: {a.alpha.hf} must be a finite number, got {alpha!r}")
+    return _TaskMerge(task=task, index=tasks.index(task), tasks=len(tasks), rank=rank, scaling=alpha / rank)
+
+
 # ---- names and re-layout --------------------------------------------------------------------
 
 
@@ -405,13 +461,32 @@ def _short_list(names: Iterable[str], n: int = 4) -> str:
 
 
 class _Collector:
-    """Hands out checked float32 tensors by canonical HF name and remembers which were used."""
+    """Hands out checked float32 tensors by canonical HF name and remembers which were used; with
+    `merge` set, a weight that has per-task LoRA adapters comes with that task's merged in."""
 
     def __init__(self, files: WeightFiles, family: Family, num_layers: int):
         self.files = files
         self.by_canonical: dict[str, str] = {}
+        self.adapters = family.adapters
+        # Canonical name of an adapted weight -> {"lora_a": name, "lora_b": name} in the checkpoint;
+        # its parametrized original is in by_canonical under the weight's plain name.
+        self.lora: dict[str, dict[str, str]] = {}
+        self.lora_used: set[str] = set()
+        self.merge: _TaskMerge | None = None  # read_hf_checkpoint sets it once the task is known
+        # Lookup tables (the embeddings) keep their adapters swapped (families.TaskAdapters).
+        self.tables = frozenset(family.weights.embeddings.values())
         for orig in files.names():
             canon = _canonical(orig, family)
+            split = self.adapters.split(canon) if self.adapters is not None else None
+            if split is not None:
+                canon, part = split
+                if part != "original":
+                    parts = self.lora.setdefault(canon, {})
+                    if part in parts:
+                        raise ConversionError(f"{files.src}: tensors {parts[part]!r} and {orig!r} are the same "
+                                              "adapter under two names")
+                    parts[part] = orig
+                    continue
             if canon in self.by_canonical:
                 raise ConversionError(
                     f"{files.src}: tensors {self.by_canonical[canon]!r} and {orig!r} are the same "
@@ -452,25 +527,76 @@ class _Collector:
                 f"{self.files.where(orig)}: tensor {orig!r} has shape {fmt_shape(actual)}, but "
                 f"config.json implies {fmt_shape(shape)}"
             )
+        self._check_dtype(orig, dtype)
+        if self.merge is not None and canon in self.lora:
+            self._check_adapters(canon, orig, tuple(shape))
+        return torch.empty(shape, device="meta")
+
+    def _check_dtype(self, orig: str, dtype: str) -> None:
         if dtype not in FLOAT_DTYPES:
             raise ConversionError(
                 f"{self.files.where(orig)}: tensor {orig!r} has dtype {dtype}, which the engine does "
                 f"not take (it takes {', '.join(FLOAT_DTYPES)})"
             )
-        return torch.empty(shape, device="meta")
 
-    def get(self, canon: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor as float32, checked (shape, dtype, finite values)."""
-        self.check(canon, shape)
-        orig = self.by_canonical[canon]
+    def _adapter_shapes(self, canon: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """The shapes of a weight's lora_a and lora_b (modeling_lora.py's LoRAParametrization):
+        a Linear's A [tasks, rank, in] and B [tasks, out, rank]; an Embedding's swapped, A
+        [tasks, rows, rank] and B [tasks, rank, dim]."""
+        m, (rows, cols) = self.merge, shape
+        if canon in self.tables:
+            return {"lora_a": (m.tasks, rows, m.rank), "lora_b": (m.tasks, m.rank, cols)}
+        return {"lora_a": (m.tasks, m.rank, cols), "lora_b": (m.tasks, rows, m.rank)}
+
+    def _check_adapters(self, canon: str, orig: str, shape: tuple[int, ...]) -> None:
+        """Checks a weight's adapters from the file headers: both there, their shapes and dtypes."""
+        parts = self.lora[canon]
+        if len(shape) != 2:
+            raise ConversionError(f"{self.files.where(orig)}: tensor {orig!r} has LoRA adapters, but the "
+                                  f"engine reads it as shape {fmt_shape(shape)}, not a matrix")
+        for part, want in self._adapter_shapes(canon, shape).items():
+            name = parts.get(part)
+            if name is None:
+                other = "lora_b" if part == "lora_a" else "lora_a"
+                missing = parts[other][: -len(getattr(self.adapters, other))] + getattr(self.adapters, part)
+                raise ConversionError(f"{self.files.src}: missing tensor {missing!r} (the other half of "
+                                      f"{parts[other]!r}; not in {self.files.describe()})")
+            dtype, actual = self.files.meta(name)
+            if actual != want:
+                raise ConversionError(
+                    f"{self.files.where(name)}: tensor {name!r} has shape {fmt_shape(actual)}, but config.json "
+                    f"implies {fmt_shape(want)} ({self.merge.tasks} tasks in {self.adapters.tasks_key}, "
+                    f"{self.adapters.rank.hf} {self.merge.rank}, for {orig!r} of {fmt_shape(shape)})"
+                )
+            self._check_dtype(name, dtype)
+
+    def _read(self, orig: str) -> torch.Tensor:
         # A copy: the result must not share memory with a mapped file or with another tensor.
         t = self.files.get(orig).detach().to(device="cpu", dtype=torch.float32, copy=True)
         check_finite(orig, t, str(self.files.where(orig)), ConversionError)
+        return t
+
+    def get(self, canon: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor as float32, checked (shape, dtype, finite values); with the merged task's
+        adapters added where it has them."""
+        self.check(canon, shape)
+        t = self._read(self.by_canonical[canon])
         self.used.add(canon)
+        if self.merge is not None and canon in self.lora:
+            parts, m = self.lora[canon], self.merge
+            a, b = (self._read(parts[p])[m.index] for p in ("lora_a", "lora_b"))
+            self.lora_used.update(parts.values())
+            # LoRAParametrization.lora_forward: W + scaling * (B[t] @ A[t]), the factors swapped for an
+            # Embedding (A[t] @ B[t]); merged once here, so the engine runs a plain weight.
+            if canon in self.tables:
+                t.addmm_(a, b, alpha=m.scaling)
+            else:
+                t.addmm_(b, a, alpha=m.scaling)
         return t
 
     def ignored(self) -> list[str]:
-        return [self.by_canonical[c] for c in self.by_canonical if c not in self.used]
+        unused_lora = [n for parts in self.lora.values() for n in parts.values() if n not in self.lora_used]
+        return [self.by_canonical[c] for c in self.by_canonical if c not in self.used] + unused_lora
 
 
 def _is_linear(tensor) -> bool:
@@ -606,8 +732,12 @@ def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256
     return cfg
 
 
-def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(engine config with dtype float32 and no weights file, engine tensors in float32)."""
+def read_hf_checkpoint(src, log: Log = _quiet, task: str | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(engine config with dtype float32 and no weights file, engine tensors in float32).
+
+    task: for a checkpoint with per-task LoRA adapters (families.TaskAdapters), the task (one of
+    its config.json's list) whose adapters are merged into the weights, here, once; required for
+    such a checkpoint, refused for any other (_task_merge)."""
     src = Path(src)
     if not src.exists():
         raise ConversionError(f"{src}: no such directory")
@@ -620,6 +750,7 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
     check_fits({**hf, "model_type": family.name, "has_pooler": False}, files.nbytes(), _MIN_ITEMSIZE,
                str(src / "config.json"), files.describe(), ConversionError)
     col = _Collector(files, family, hf["num_hidden_layers"])
+    col.merge = _task_merge(src, family, col, task)
     pooler = family.weights.pooler
     has_pooler = bool(pooler) and col.has(pooler["pooler.weight"])
     arch = architecture(src)
@@ -638,6 +769,7 @@ def read_hf_checkpoint(src, log: Log = _quiet) -> tuple[dict, dict[str, torch.Te
         + (f", embeddings {hf[EMBEDDING_SIZE]} projected to {hf['hidden_size']}"
            if hf[EMBEDDING_SIZE] != hf["hidden_size"] else "")
         + (f", {head['kind'].replace('_', ' ')} head of {head['num_labels']} label(s)" if head else "")
+        + (f", the LoRA adapters of task {task!r} merged (scaling {col.merge.scaling:g})" if col.merge else "")
     )
     # A dry run on tensors without data: every input's presence, shape and dtype, before any is read.
     zero_types = _zero_token_types(family, src)

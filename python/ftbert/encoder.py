@@ -132,6 +132,7 @@ class Encoder:
         warmup: bool | None = None,
         batch_invariant: bool = False,
         quantization: str | None = None,
+        task: str | None = None,
     ) -> "Encoder":
         """Loads a HuggingFace checkpoint directory (a family of weights_tools/families.py, with its
         classification head if it has one) or an ftbert-converted one.
@@ -151,6 +152,9 @@ class Encoder:
         sequence's outputs the same bits whatever it is batched with (see `Encoder.batch_invariant`).
         quantization: None, or "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
         per output channel and int8 activations per token (see `Encoder.quantization`).
+        task: for a HuggingFace checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the hub
+        holds it), the task whose adapters are merged into the weights once, here (one of its
+        config.json's lora_adaptations); required for such a checkpoint, refused for any other.
         """
         _check_bool("cuda_graphs", cuda_graphs)
         if warmup is not None:
@@ -177,9 +181,13 @@ class Encoder:
         if kind == "cuda":
             _check_cuda_available(index)
         if is_converted(path):
+            if task is not None:
+                # A converted directory's weights are fixed: any adapters were merged at conversion.
+                raise ValueError(f"task={task!r}: {str(path)!r} is ftbert-converted; a task's adapters are "
+                                 "merged when converting (ftbert convert SRC DST --task TASK)")
             config, tensors = read_converted(path)
         elif (path / "config.json").exists():
-            config, tensors = load_hf_checkpoint(path)
+            config, tensors = load_hf_checkpoint(path, task=task)
         else:
             raise ValueError(
                 f"{str(path)!r} is neither an ftbert-converted directory (ftbert_config.json) nor a "

@@ -115,10 +115,12 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
 // (transformers' rotate_half convention); V is read and written back unchanged.
 void CpuBackend::rotary_embedding(DType dt, void* qkv,    // [rows, 3H]
                                   const float* rotary,     // [P, d]: cos | sin
-                                  const SequenceLayout& l, int heads, int head_dim) {
+                                  const SequenceLayout& l, int heads, int head_dim,
+                                  const void* bias) {  // [3H] or null
   require_cpu_dtype(dt, "rotary_embedding");
   FTBERT_CHECK(head_dim % 2 == 0, "rotary_embedding: head dim " << head_dim << " is odd");
   const int hidden = heads * head_dim, half = head_dim / 2;
+  const cpu::Floats qk_bias(dt, bias, bias != nullptr ? 2 * hidden : 0);  // Q's and K's parts
   const int64_t seq = l.max_seq;
   const int64_t rows = l.packed() ? l.cu_seqlens[l.batch] : static_cast<int64_t>(l.batch) * seq;
   parallel_for(rows, rows * 2 * hidden, [&](int64_t begin, int64_t end) {
@@ -128,6 +130,9 @@ void CpuBackend::rotary_embedding(DType dt, void* qkv,    // [rows, 3H]
       const float* cos = rotary + pos * head_dim;
       const float* sin = cos + half;
       float* row = cpu::load_row(dt, qkv, r, 3 * hidden, buf);
+      if (bias != nullptr) {
+        for (int c = 0; c < 2 * hidden; ++c) row[c] += qk_bias.data()[c];
+      }
       for (int h = 0; h < 2 * heads; ++h) {  // Q's heads, then K's
         float* x = row + h * head_dim;
         for (int c = 0; c < half; ++c) {

@@ -54,6 +54,26 @@ def test_rotary_turns_q_and_k_by_their_positions(cpu, rng, batch, seq, heads, d,
         assert_close(cpu.rotary_embedding("float32", qkv, table, heads), ref, 2e-6)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_rotary_adds_the_q_and_k_bias_first_and_leaves_v_alone(cpu, rng, packed):
+    # The rotary families with a QKV bias (GTE, Jina): Q's and K's parts before the rotation; V's
+    # is attention's to add.
+    batch, seq, heads, d = 2, 13, 3, 10
+    qkv = rng.standard_normal((batch, seq, 3 * heads * d)).astype(np.float32)
+    bias = rng.standard_normal(3 * heads * d).astype(np.float32)
+    table = rotary_table(seq, d, 20000.0)
+    biased = qkv.astype(np.float64) + np.concatenate([bias[: 2 * heads * d], np.zeros(heads * d)])
+    ref = rotate64(biased, table, heads)
+    mask = np.ones((batch, seq), np.int32)
+    mask[1, 9:] = 0
+    got = cpu.rotary_embedding("float32", qkv, table, heads, mask=mask if packed else None, bias=bias)
+    assert_close(got, ref[mask == 1] if packed else ref, 4e-6)
+    v = slice(2 * heads * d, None)
+    np.testing.assert_array_equal(got[..., v], (qkv[mask == 1] if packed else qkv)[..., v])
+    with pytest.raises(ValueError, match=r"bias must be \[3H\]"):
+        cpu.rotary_embedding("float32", qkv, table, heads, bias=bias[:-1])
+
+
 def test_rotary_leaves_v_alone(cpu, rng):
     qkv = rng.standard_normal((2, 11, 3 * 2 * 8)).astype(np.float32)
     out = cpu.rotary_embedding("float32", qkv, rotary_table(11, 8, 160000.0), 2)

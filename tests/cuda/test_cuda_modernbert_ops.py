@@ -130,6 +130,27 @@ def test_rotary_embedding_packed_equals_padded_on_attended_rows(gpu, rng, dtype,
     np.testing.assert_array_equal(packed, padded[mask.astype(bool)])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["padded", "holes"])
+@pytest.mark.parametrize("heads,d", [(3, 64), (2, 6)])
+def test_rotary_embedding_with_a_qkv_bias(gpu, cpu, rng, dtype, layout, heads, d):
+    # Q's and K's bias parts are added before the rotation; V and its bias are left alone.
+    batch, seq = 2, 41
+    qkv = randn(rng, (batch, seq, 3 * heads * d), dtype)
+    bias = randn(rng, 3 * heads * d, dtype)
+    table = rotary_table(seq, d)
+    biased = qkv.astype(np.float64) + np.concatenate([bias[: 2 * heads * d], np.zeros(heads * d)])
+    want = rotate64(biased, table, heads)
+    atol = FP32_NOISE * rotary_bound(biased, heads)
+    mask = None if layout == "padded" else make_mask(rng, batch, seq, layout)
+    got = gpu.rotary_embedding(dtype, qkv, table, heads, mask=mask, bias=bias)
+    keep = np.ones((batch, seq), bool) if mask is None else mask.astype(bool)
+    check(got, want[keep] if mask is not None else want, dtype,
+          atol=atol[keep] if mask is not None else atol)
+    v = slice(2 * heads * d, None)
+    np.testing.assert_array_equal(got[..., v], (qkv[keep] if mask is not None else qkv)[..., v])
+
+
 @pytest.mark.parametrize("batch,seq,heads,d", [(2, 37, 3, 64), (3, 130, 2, 6)])
 def test_rotary_embedding_matches_cpu(gpu, cpu, rng, batch, seq, heads, d):
     qkv = randn(rng, (batch, seq, 3 * heads * d), "float32")

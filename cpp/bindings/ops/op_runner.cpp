@@ -590,7 +590,7 @@ void register_op_runner(py::module_& m) {
       // [P, d] table of cos | sin.
       .def("rotary_embedding",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& rotary,
-              int heads, const std::optional<I32Array>& mask) {
+              int heads, const std::optional<I32Array>& mask, const std::optional<F32Array>& bias) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              require_ndim(rotary, 2, "rotary");
@@ -602,12 +602,18 @@ void register_op_runner(py::module_& m) {
              auto l = r.layout_for(mask, B, S);
              auto dq = r.upload(mask ? pack_rows(qkv, *mask) : qkv, dt);
              auto dr = r.upload(rotary, DType::kFloat32);
-             r.backend().rotary_embedding(dt, dq.data(), dr.as<float>(), l.layout, heads, d);
+             std::optional<DeviceBuffer> db;
+             if (bias) {
+               FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == H3, "bias must be [3H]");
+               db = r.upload(*bias, dt);
+             }
+             r.backend().rotary_embedding(dt, dq.data(), dr.as<float>(), l.layout, heads, d,
+                                          db ? db->data() : nullptr);
              if (mask) return r.download(dq, dt, {l.layout.rows, H3});
              return r.download(dq, dt, {B, S, H3});
            },
            py::arg("dtype"), py::arg("qkv"), py::arg("rotary"), py::arg("heads"),
-           py::arg("mask") = py::none())
+           py::arg("mask") = py::none(), py::arg("bias") = py::none())
       .def("gated_activation",
            [](OpRunner& r, const std::string& dtype, const F32Array& x, const std::string& act) {
              const DType dt = dtype_from_string(dtype);

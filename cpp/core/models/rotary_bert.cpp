@@ -1,17 +1,53 @@
 // The rotary post-LayerNorm architecture (transformers' NomicBertModel, GteModel,
 // JinaEmbeddingsV3Model; weights_tools/families.py's NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3):
-//   embeddings (word + token type, LN; no position table) -> L x [QKV GEMM + bias -> rotary ->
-//   attention -> out GEMM + bias + residual -> LN -> FFN -> + residual -> LN] -> pooler / head.
+//   embeddings (word + token type, LN; no position table) -> L x [QKV GEMM -> + Q, K bias and
+//   rotary -> attention (+ V bias) -> out GEMM + bias + residual -> LN -> FFN -> + residual -> LN]
+//   -> pooler / head.
 // BERT's layer with rotary positions in place of the position table, and an FFN that is BERT's
 // act(x · W1 + b1) or a gated one, act(gate) · up from FFN-in [gate | up]. Biases a checkpoint
 // lacks are zeros from the converter.
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "core/models/blocks.h"
 #include "core/models/models.h"
 #include "ftbert/attention.h"
 #include "ftbert/check.h"
+#include "ftbert/host_convert.h"
 
 namespace ftbert {
 namespace {
+
+// Per layer, [3H] in the compute dtype: zeros, zeros, then the V part of the layer's QKV bias.
+// The rotary op adds the Q and K parts; attention adds this one, so V's costs no pass either.
+std::vector<DeviceBuffer> v_biases(Backend* backend, const ModelConfig& c, const HostWeights& host,
+                                   DType compute) {
+  const int64_t H = c.hidden_size;
+  std::vector<DeviceBuffer> out;
+  for (int i = 0; i < c.num_layers; ++i) {
+    std::vector<float> b = host_tensor(host, "layers." + std::to_string(i) + ".qkv_bias", {3 * H});
+    std::fill(b.begin(), b.begin() + 2 * H, 0.0f);
+    std::vector<unsigned char> bytes(b.size() * dtype_size(compute));
+    convert_host(b.data(), DType::kFloat32, bytes.data(), compute, b.size());
+    DeviceBuffer buf(backend, bytes.size());
+    backend->copy_to_device(buf.data(), bytes.data(), bytes.size());
+    out.push_back(std::move(buf));
+  }
+  return out;
+}
+
+// Per layer, whether a gated FFN-in has a bias that is not all zeros (NomicBERT's and GTE's are
+// zeros from the converter: their pass over [M, 2I] is skipped).
+std::vector<char> gate_biases(const ModelConfig& c, const HostWeights& host) {
+  std::vector<char> out;
+  for (int i = 0; i < c.num_layers && c.gated_mlp; ++i) {
+    const std::vector<float> b = host_tensor(host, "layers." + std::to_string(i) + ".ffn_in_bias",
+                                             {2 * int64_t{c.intermediate_size}});
+    out.push_back(std::any_of(b.begin(), b.end(), [](float v) { return v != 0.0f; }));
+  }
+  return out;
+}
 
 class RotaryBertModel final : public Model {
  public:
@@ -23,9 +59,9 @@ class RotaryBertModel final : public Model {
                                                                     config_.head_dim(),
                                                                     config_.rotary_theta,
                                                                     config_.rotary_scale))),
-        zeros_(blocks::zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) *
-                                          dtype_size(compute))) {
-    backend->synchronize();  // the host table is gone after this
+        v_bias_(v_biases(backend, config_, weights, compute)),
+        gate_bias_(gate_biases(config_, weights)) {
+    backend->synchronize();  // the host tables are gone after this
   }
 
   void forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* types,
@@ -37,16 +73,17 @@ class RotaryBertModel final : public Model {
     const float eps = c.layer_norm_eps;
     blocks::embeddings(be, dt, c, weights_, act, ids, types, L);
     void* const out = act.output != nullptr ? act.output : act.hidden;
-    for (const LayerWeights& l : weights_.layers) {
-      const bool last = &l == &weights_.layers.back();
+    for (int i = 0; i < c.num_layers; ++i) {
+      const LayerWeights& l = weights_.layers[i];
+      const bool last = i + 1 == c.num_layers;
       void* const y = last ? out : act.hidden;
-      // qkv [M, 3H] = hidden · Wqkv + bqkv, rotated; the bias goes in before the rotation, so
-      // not inside attention (which gets zeros).
+      // qkv [M, 3H] = hidden · Wqkv; the rotary op adds Q's and K's bias before rotating them,
+      // attention adds V's.
       be.weight_gemm(dt, M, 3 * H, H, act.hidden, H, l.qkv_weight.data(), act.qkv, 3 * H);
-      be.add_bias_activation(dt, act.qkv, l.qkv_bias.data(), M, 3 * H, Activation::kIdentity);
-      be.rotary_embedding(dt, act.qkv, rotary_.as<float>(), L, c.num_heads, c.head_dim());
-      run_attention(be, attention, dt, act.qkv, zeros_.data(), act.ctx, act.attention_scratch, L,
-                    c.num_heads, c.head_dim(), AttentionOptions{});
+      be.rotary_embedding(dt, act.qkv, rotary_.as<float>(), L, c.num_heads, c.head_dim(),
+                          l.qkv_bias.data());
+      run_attention(be, attention, dt, act.qkv, v_bias_[i].data(), act.ctx, act.attention_scratch,
+                    L, c.num_heads, c.head_dim(), AttentionOptions{});
       // hidden2 = LN(ctx · Wo + bo + hidden)
       be.dense_residual_layernorm(dt, M, H, H, act.ctx, l.attn_out_weight.data(),
                                   l.attn_out_bias.data(), act.hidden, l.attn_ln_gamma.data(),
@@ -56,8 +93,10 @@ class RotaryBertModel final : public Model {
       const void* f = act.inter;
       if (c.gated_mlp) {
         be.weight_gemm(dt, M, 2 * I, H, act.hidden2, H, l.ffn_in_weight.data(), act.inter, 2 * I);
-        be.add_bias_activation(dt, act.inter, l.ffn_in_bias.data(), M, 2 * I,
-                               Activation::kIdentity);
+        if (gate_bias_[i]) {
+          be.add_bias_activation(dt, act.inter, l.ffn_in_bias.data(), M, 2 * I,
+                                 Activation::kIdentity);
+        }
         be.gated_activation(dt, act.inter, act.gated, M, I, c.activation);
         f = act.gated;
       } else {
@@ -77,8 +116,9 @@ class RotaryBertModel final : public Model {
 
  private:
   ModelWeights weights_;
-  DeviceBuffer rotary_;  // [P, d] float32
-  DeviceBuffer zeros_;   // [3H] in the compute dtype: attention's QKV bias, added before
+  DeviceBuffer rotary_;               // [P, d] float32
+  std::vector<DeviceBuffer> v_bias_;  // per layer [3H]: 0 | 0 | V's bias (v_biases)
+  std::vector<char> gate_bias_;       // per layer, gated MLPs: FFN-in bias not all zeros
 };
 
 }  // namespace

@@ -218,6 +218,7 @@ template <typename T>
 void invoke_rotary_embedding(T* qkv,               // [rows, 3H]
                              const float* rotary,  // [P, d] float32: cos | sin, P > every position
                              const SequenceLayout& layout, int heads, int head_dim,
-                             cudaStream_t stream);
+                             cudaStream_t stream,
+                             const T* bias = nullptr);  // [3H] or null: Q's, K's parts added first
 
 }  // namespace ftbert::cuda

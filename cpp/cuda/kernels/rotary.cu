@@ -4,6 +4,7 @@
 //   (x1·cos(θ[p, c]) − x2·sin(θ[p, c]),  x2·cos(θ[p, c]) + x1·sin(θ[p, c]))
 // with cos and sin read from a float32 table [P, d] = [cos of the d/2 angles | sin of them], in
 // fp32, rounded to T once. p is the position in the padded row, so packing changes no angle.
+// With a bias, its Q and K parts are added to the pair first (in fp32).
 // A few rows per block (threadIdx.y); a thread takes VEC consecutive pairs of one head (VEC
 // divides d/2, so a vector never crosses a head) and owns both halves of them: no thread reads
 // what another writes.
@@ -32,7 +33,8 @@ __device__ __forceinline__ void load_floats(const float* __restrict__ p, float (
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     rotary_embedding_kernel(T* __restrict__ qkv, const float* __restrict__ rotary,
-                            SequenceLayout layout, int heads, int head_dim) {
+                            const T* __restrict__ bias, SequenceLayout layout, int heads,
+                            int head_dim) {
   begin_dependent_kernel();
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= layout.rows) return;
@@ -53,13 +55,23 @@ __global__ void __launch_bounds__(256)
     T* x2p = x1p + half;
     const Vec<T, VEC> a = load_vec<VEC>(x1p);
     const Vec<T, VEC> b = load_vec<VEC>(x2p);
-    float cs[VEC], sn[VEC];
+    float cs[VEC], sn[VEC], b1[VEC] = {}, b2[VEC] = {};
     load_floats<VEC>(cos_row + i0, cs);
     load_floats<VEC>(sin_row + i0, sn);
+    if (bias != nullptr) {
+      const T* b1p = bias + part * head_dim + i0;
+      const Vec<T, VEC> ba = load_vec<VEC>(b1p);
+      const Vec<T, VEC> bb = load_vec<VEC>(b1p + half);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        b1[i] = to_float(ba.v[i]);
+        b2[i] = to_float(bb.v[i]);
+      }
+    }
     Vec<T, VEC> y1, y2;
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
-      const float x1 = to_float(a.v[i]), x2 = to_float(b.v[i]);
+      const float x1 = to_float(a.v[i]) + b1[i], x2 = to_float(b.v[i]) + b2[i];
       y1.v[i] = from_float<T>(x1 * cs[i] - x2 * sn[i]);
       y2.v[i] = from_float<T>(x2 * cs[i] + x1 * sn[i]);
     }
@@ -74,7 +86,7 @@ __global__ void __launch_bounds__(256)
 
 template <typename T>
 void invoke_rotary_embedding(T* qkv, const float* rotary, const SequenceLayout& layout, int heads,
-                             int head_dim, cudaStream_t stream) {
+                             int head_dim, cudaStream_t stream, const T* bias) {
   FTBERT_CHECK(head_dim > 0 && head_dim % 2 == 0,
                "rotary_embedding: head dim " << head_dim << " must be even");
   FTBERT_CHECK(layout.max_seq > 0 || layout.rows == 0,
@@ -85,23 +97,23 @@ void invoke_rotary_embedding(T* qkv, const float* rotary, const SequenceLayout& 
   if (rows == 0 || heads == 0) return;
   const int half = head_dim / 2;
   // The table is read VEC floats at a time in 16-byte pieces at most: its alignment caps VEC too.
-  int vec = pick_vec<T>(half, {qkv});
+  int vec = pick_vec<T>(half, {qkv, bias});
   while (vec > 1 && !is_aligned(rotary, (vec < 4 ? vec : 4) * sizeof(float))) vec /= 2;
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(heads * head_dim / VEC);
     launch(rotary_embedding_kernel<T, VEC>, ceil_div(rows, block.y), block, 0, stream, qkv,
-           rotary, layout, heads, head_dim);
+           rotary, bias, layout, heads, head_dim);
   });
   FTBERT_LAUNCH_CHECK("rotary_embedding_kernel", stream);
 }
 
 template void invoke_rotary_embedding<float>(float*, const float*, const SequenceLayout&, int, int,
-                                             cudaStream_t);
+                                             cudaStream_t, const float*);
 template void invoke_rotary_embedding<__half>(__half*, const float*, const SequenceLayout&, int,
-                                              int, cudaStream_t);
+                                              int, cudaStream_t, const __half*);
 template void invoke_rotary_embedding<__nv_bfloat16>(__nv_bfloat16*, const float*,
                                                      const SequenceLayout&, int, int,
-                                                     cudaStream_t);
+                                                     cudaStream_t, const __nv_bfloat16*);
 
 }  // namespace ftbert::cuda

@@ -314,11 +314,14 @@ class Backend : public Device {
   // becomes (x1·cos − x2·sin, x2·cos + x1·sin), cos and sin read from rotary[p] = [cos of the d/2
   // angles | sin of them] (transformers' rotate_half convention). Positions are those of the
   // padded row: s for padded row b·S + s, token_index[r] − b·S for packed row r. Rows past the
-  // tokens are left alone. Computed in float32, rounded once.
+  // tokens are left alone. With a bias, its Q and K parts are added first (its V part is not
+  // read: attention adds V's), so a QKV bias costs no pass of its own. Computed in float32,
+  // rounded once.
   virtual void rotary_embedding(DType dt,
                                 void* qkv,            // [rows, 3H]
                                 const float* rotary,  // [P, d] float32, P > every position
-                                const SequenceLayout& layout, int heads, int head_dim) = 0;
+                                const SequenceLayout& layout, int heads, int head_dim,
+                                const void* bias = nullptr) = 0;  // [3H] or null
 
   // out = act(x[:, :n]) · x[:, n:] (a gated linear unit: GeGLU with GELU), in float32, rounded
   // once.

@@ -23,7 +23,8 @@ def _run(args: argparse.Namespace) -> int:
     model = args.model or str(ftbert.default_model_path())
     texts = args.text or DEFAULT_SENTENCES
     t0 = time.perf_counter()
-    enc = ftbert.Encoder.from_pretrained(model, device=args.device, dtype=args.dtype, attention=args.attention)
+    enc = ftbert.Encoder.from_pretrained(model, device=args.device, dtype=args.dtype, attention=args.attention,
+                                         task=args.task)
     load_s = time.perf_counter() - t0
     print(f"model:  {model}")
     print(f"engine: {enc!r} on {enc._native.device_name} (loaded in {load_s:.2f} s)")
@@ -70,7 +71,8 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     t0 = time.perf_counter()
     # Unwarmed: the tuning below measures every bucket the warm-up would meet.
-    enc = ftbert.Encoder.from_pretrained(args.model, device=args.device, dtype=args.dtype, warmup=False)
+    enc = ftbert.Encoder.from_pretrained(args.model, device=args.device, dtype=args.dtype, warmup=False,
+                                         task=args.task)
     print(f"tuning {args.model} ({enc.dtype}) on {enc._native.device_name}, 512 to "
           f"{args.max_tokens} tokens")
 
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     run.add_argument("--attention", default="auto", choices=["auto", "unfused", "flash"])
     run.add_argument("--no-normalize", action="store_true", help="print raw (unnormalized) embeddings")
+    run.add_argument("--task", help="for a checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the "
+                     "hub holds it): the task whose adapters are merged at load (Encoder.from_pretrained's task)")
     tune = sub.add_parser("tune", help="measure the GPU GEMM kernels of a model ahead of time, into the "
                           "cache later processes read (FTBERT_CACHE_DIR)")
     tune.add_argument("model", help="HF or converted checkpoint dir")
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     tune.add_argument("--max-tokens", type=int, default=16384,
                       help="the largest batch in tokens to tune for (default 16384, encode's batch budget)")
+    tune.add_argument("--task", help="as run's --task")
     args = parser.parse_args(argv)
     if args.command == "tune":
         try:

@@ -36,6 +36,15 @@ def test_run_bad_model_dir_fails_cleanly(tmp_path, capsys):
     assert "neither an ftbert-converted directory" in capsys.readouterr().err
 
 
+def test_run_task_for_a_checkpoint_without_adapters_fails_cleanly(tmp_path, capsys):
+    # --task reaches Encoder.from_pretrained: a checkpoint without per-task adapters refuses it.
+    from tests._models import make_model
+
+    make_model(tmp_path, "bert", hidden=32, heads=2)
+    assert main(["run", str(tmp_path), "hi", "--task", "retrieval.query"]) == 1
+    assert "task 'retrieval.query' given, but model_type 'bert' has no per-task adapters" in capsys.readouterr().err
+
+
 def test_module_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "ftbert", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "convert" in r.stdout and "run" in r.stdout

@@ -13,6 +13,7 @@ Rules for inputs and outputs:
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +26,15 @@ from .inputs import (
     as_int_array, check_seq_length, check_shapes, check_tensor, check_values, device_int32,
     mask_message, ndim_message, staged_dtypes, tensor_to_numpy,
 )
-from .weights_tools import is_converted, load_hf_checkpoint, read_converted
+from .weights_tools import (MissingHead, is_converted, load_hf_checkpoint, locate_mlm_head, locate_projection,
+                            read_converted, read_mlm_head, read_projection)
 from .weights_tools.schema import engine_config
 from .weights_tools.layout import usable_seq_length
 # text.py and cross_encoder.py take an Encoder and import this module for its type only.
 from .cross_encoder import predict as predict_pairs
 from .cross_encoder import rank as rank_documents
-from .text import DEFAULT_MAX_BATCH_TOKENS, encode_texts, pool_packed, tokenizer_lock, warm_up_token_counts
+from .text import (DEFAULT_MAX_BATCH_TOKENS, PREFETCH, _cut, _in_background, _tokenize, encode_texts,
+                   forward_packed_batch, pool_packed, tokenizer_lock, warm_up_token_counts)
 from .tokenization import load_text_tokenizer, load_transformers_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -42,6 +45,15 @@ MAX_CONCURRENCY = 64
 NONFINITE = ("warn", "raise", "ignore")
 ATTENTIONS = ("auto", "unfused", "flash")
 QUANTIZATIONS = (None, "int8")
+# The outputs that run a head of their own after the encoder, in torch (encode_sparse,
+# encode_multivector), and what each needs from the checkpoint.
+SPARSE, MULTIVECTOR = "sparse", "multivector"
+OUTPUT_HEADS = {SPARSE: "masked-LM head (encode_sparse)", MULTIVECTOR: "token projection (encode_multivector)"}
+# encode_sparse's default chunk: as many tokens as keep one chunk's logits [tokens, vocab] within
+# this many values (256 MiB in float32: 2,198 tokens of BERT's 30,522-word vocabulary, 268 of
+# XLM-R's 250,002), at most SPARSE_CHUNK_MAX_TOKENS.
+SPARSE_CHUNK_VALUES = 1 << 26
+SPARSE_CHUNK_MAX_TOKENS = 4096
 
 
 @dataclass
@@ -106,6 +118,10 @@ class Encoder:
         self.path = path
         self._tokenizer = None
         self._text_tok = None
+        # encode_sparse's masked-LM head and encode_multivector's projection, by OUTPUT_HEADS kind:
+        # read from the checkpoint directory on first use, kept on the device in the encoder's dtype.
+        self._heads: dict[str, Any] = {}
+        self._heads_lock = threading.Lock()
         # Read by every forward of CUDA tensors, so looked up once: at batch 1 the host's work
         # before the launch adds to the latency one for one (docs/performance.md, "Kernel choices").
         kind, index = _parse_device(device)
@@ -802,6 +818,137 @@ class Encoder:
         return rank_documents(self, query, documents, top_k=top_k, return_documents=return_documents,
                               batch_size=batch_size, activation=activation)
 
+    # ---- sparse (SPLADE) and multi-vector (ColBERT) outputs ---------------------------------
+    def encode_sparse(self, texts: str | Sequence[str], top_k: int | None = None, batch_size: int = 256,
+                      max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                      chunk_tokens: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """SPLADE sparse vectors of texts (a list of str, or one str), from a *ForMaskedLM
+        checkpoint's masked-LM head: per text (indices int64 [n], values float32 [n]), the vocabulary
+        entries of log(1 + relu(logits)) max-pooled over the text's tokens (special tokens included,
+        as SPLADE pools the attended positions) that are not zero, sorted by index.
+
+        top_k: keep the k largest values of each text (ties at the k-th broken by the lower index),
+        still sorted by index. Tokenized, truncated and batched as `encode` (batch_size,
+        max_batch_tokens). The head runs in torch on the encoder's device, in float32 for a float32
+        encoder and in its dtype otherwise, on `chunk_tokens` tokens at a time (default: as many as
+        keep a chunk's logits within 2**26 values, at most 4,096), with a running max per text in
+        float32: no batch's [tokens, vocab] logits are ever held at once. The head is read from the
+        HuggingFace directory on first use (weights_tools/mlm_head.py); a directory without one,
+        or a converted one, raises `MissingHead` (a ValueError) saying what is missing."""
+        top_k = _check_optional_count("encode_sparse: top_k", top_k)
+        chunk_tokens = _check_optional_count("encode_sparse: chunk_tokens", chunk_tokens)
+        self._output_head(SPARSE)  # a checkpoint without the head fails before any tokenizing
+        return self._per_text(texts, "encode_sparse", batch_size, max_batch_tokens,
+                              lambda hidden, cu: self.sparse_from_packed(hidden, cu, top_k, chunk_tokens))
+
+    def encode_multivector(self, texts: str | Sequence[str], normalize: bool = True, batch_size: int = 256,
+                           max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> list[np.ndarray]:
+        """ColBERT multi-vectors of texts (a list of str, or one str): per text a float32 array
+        [n_tokens, dim], the final hidden state of each of its tokens (special tokens included)
+        through the checkpoint's projection (colbert-ir's `linear.weight`, or the Dense module(s)
+        modules.json names, as PyLate saves them), each row scaled to unit L2 norm (`normalize`).
+
+        Tokenized, truncated and batched as `encode`; texts go in as they are: ColBERT's query and
+        document marker tokens and its query padding with [MASK] are not added. The projection runs
+        in torch on the encoder's device (in its dtype; rows normalized in float32); it is read from
+        the HuggingFace directory on first use (weights_tools/extra_heads.py). A directory without
+        one, or a converted one, raises `MissingHead` (a ValueError) saying what is missing."""
+        _check_bool("normalize", normalize)
+        self._output_head(MULTIVECTOR)
+        return self._per_text(texts, "encode_multivector", batch_size, max_batch_tokens,
+                              lambda hidden, cu: self.multivector_from_packed(hidden, cu, normalize))
+
+    def sparse_from_packed(self, hidden, cu_seqlens, top_k: int | None = None,
+                           chunk_tokens: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """encode_sparse's rows from a packed forward's output: hidden [T, H] (`last_hidden_state`
+        of `forward_packed`, numpy or torch), cu_seqlens [B + 1] host offsets. Returns B (indices,
+        values) pairs."""
+        top_k = _check_optional_count("top_k", top_k)
+        chunk_tokens = _check_optional_count("chunk_tokens", chunk_tokens)
+        head = self._output_head(SPARSE)
+        hidden, cu = _packed_hidden(hidden, cu_seqlens, self._hidden)
+        chunk = chunk_tokens or default_sparse_chunk(head.vocab_size)
+        return _sparse_rows(_sparse_max(head, hidden, cu, chunk), top_k)
+
+    def multivector_from_packed(self, hidden, cu_seqlens, normalize: bool = True) -> list[np.ndarray]:
+        """encode_multivector's rows from a packed forward's output: hidden [T, H] (numpy or
+        torch), cu_seqlens [B + 1] host offsets. Returns B float32 arrays [tokens of b, dim]."""
+        head = self._output_head(MULTIVECTOR)
+        hidden, cu = _packed_hidden(hidden, cu_seqlens, self._hidden)
+        torch = _torch()
+        with torch.inference_mode():
+            out = head(hidden).float()  # [T, dim]
+            if normalize:
+                out = torch.nn.functional.normalize(out, p=2, dim=1)
+            return np.split(out.cpu().numpy(), cu[1:-1])
+
+    def unavailable_reason(self, kind: str) -> str | None:
+        """Why this encoder cannot give `kind` output ("sparse": encode_sparse, "multivector":
+        encode_multivector), or None when it can: checked from the checkpoint's configs and weight
+        file headers, nothing read or loaded (what `ftbert serve` answers a route with)."""
+        if kind not in OUTPUT_HEADS:
+            raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(OUTPUT_HEADS)}")
+        if kind in self._heads:
+            return None
+        if self.path is None:
+            return f"this encoder was not loaded from a directory, so it has no {OUTPUT_HEADS[kind]}"
+        try:
+            (locate_mlm_head if kind == SPARSE else locate_projection)(self.path)
+        except ValueError as e:  # MissingHead, ConversionError: the reason, as loading would raise it
+            return str(e)
+        return None
+
+    def load_output_head(self, kind: str) -> None:
+        """Reads the head of `kind` ("sparse", "multivector") now, as the first encode_sparse /
+        encode_multivector would (`ftbert serve` does it at start); raises MissingHead without one."""
+        if kind not in OUTPUT_HEADS:
+            raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(OUTPUT_HEADS)}")
+        self._output_head(kind)
+
+    def _output_head(self, kind: str):
+        """The head of an OUTPUT_HEADS kind, read from the checkpoint directory once and kept on the
+        device (_MlmHead, _Projection); raises MissingHead where the checkpoint has none."""
+        head = self._heads.get(kind)
+        if head is not None:
+            return head
+        with self._heads_lock:  # threads arriving together read it once
+            head = self._heads.get(kind)
+            if head is None:
+                if self.path is None:
+                    raise MissingHead(f"this encoder was not loaded from a directory, so it has no "
+                                      f"{OUTPUT_HEADS[kind]}")
+                torch = _torch()
+                device, dtype = torch.device(self.device), getattr(torch, self.dtype)
+                if kind == SPARSE:
+                    head = _MlmHead(read_mlm_head(self.path), device, dtype)
+                else:
+                    head = _Projection(read_projection(self.path), device, dtype)
+                self._heads[kind] = head
+        return head
+
+    def _per_text(self, texts, what: str, batch_size: int, max_batch_tokens: int, rows_of) -> list:
+        """encode's pipeline (tokenize in the background, longest first, batches within the budget,
+        packed forwards) with rows_of(last_hidden_state [T, H], cu_seqlens [B + 1] numpy) giving
+        each batch's B results; returns them in the caller's order."""
+        texts = _check_texts(texts, what)
+        for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
+            if value is None:
+                raise TypeError(f"{what}: {name} must be a positive integer, got None")
+            _check_optional_count(f"{what}: {name}", value)
+        lock = tokenizer_lock(self)
+        with lock:
+            tok = self._text_tokenizer()
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        batches = _cut(_tokenize(tok, lock, texts, order, self.max_seq_length), max_batch_tokens, batch_size)
+        gpu = _torch().device(self.device) if self.device.startswith("cuda") else None
+        out: list = [None] * len(texts)
+        with _in_background(batches, PREFETCH) as ready:
+            for batch in ready:
+                res, _ = forward_packed_batch(self, batch, gpu)
+                for i, row in zip(batch.index.tolist(), rows_of(res.last_hidden_state, batch.cu_seqlens)):
+                    out[i] = row
+        return out
+
 
 # ---- argument and input conversion helpers --------------------------------------------------
 class NonFiniteError(FloatingPointError):
@@ -948,3 +1095,153 @@ def _host_tensor(t) -> tuple[np.ndarray, str]:
     if t.dtype == torch.float32:
         return t.numpy(), "float32"
     raise ValueError(f"weights: unsupported tensor dtype {t.dtype}")
+
+
+# ---- the output heads (encode_sparse, encode_multivector), run in torch ----------------------
+def _check_texts(texts, what: str) -> list[str]:
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if not texts:
+        raise ValueError(f"{what}: no texts given")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{what}: texts[{i}] is {type(t).__name__}, expected str")
+    return texts
+
+
+def _check_optional_count(name: str, value) -> int | None:
+    """None, or a positive int (named `name` in the error)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive integer or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def default_sparse_chunk(vocab_size: int) -> int:
+    """encode_sparse's tokens per chunk of the masked-LM head (see SPARSE_CHUNK_VALUES)."""
+    return max(1, min(SPARSE_CHUNK_MAX_TOKENS, SPARSE_CHUNK_VALUES // max(1, vocab_size)))
+
+
+def _packed_hidden(hidden, cu_seqlens, width: int):
+    """(hidden as a torch tensor [T, H], cu_seqlens as int64 numpy [B + 1]), checked."""
+    torch = _torch()
+    hidden = torch.as_tensor(hidden)
+    if isinstance(cu_seqlens, torch.Tensor):
+        cu_seqlens = cu_seqlens.cpu().numpy()
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if hidden.dim() != 2 or hidden.shape[1] != width:
+        raise ValueError(f"hidden must be [tokens, {width}] (a packed last_hidden_state), got {tuple(hidden.shape)}")
+    if cu.ndim != 1 or len(cu) < 2 or cu[0] != 0 or cu[-1] != hidden.shape[0] or (np.diff(cu) < 0).any():
+        raise ValueError(f"cu_seqlens must be [B + 1] non-decreasing offsets from 0 to {hidden.shape[0]} "
+                         f"(hidden's tokens), got {cu.tolist()[:8]}")
+    return hidden, cu
+
+
+_TANH_GELU = lambda F, x: F.gelu(x, approximate="tanh")  # noqa: E731
+# A head's activation by name (transformers' ACT2FN names, sentence-transformers' Dense's), on x.
+_ACTIVATIONS_BY_NAME = {
+    "gelu": lambda F, x: F.gelu(x),
+    "gelu_python": lambda F, x: F.gelu(x),
+    "gelu_new": _TANH_GELU,
+    "gelu_pytorch_tanh": _TANH_GELU,
+    "gelu_fast": _TANH_GELU,
+    "quick_gelu": lambda F, x: x * (1.702 * x).sigmoid(),
+    "relu": lambda F, x: F.relu(x),
+    "silu": lambda F, x: F.silu(x),
+    "swish": lambda F, x: F.silu(x),
+    "tanh": lambda F, x: x.tanh(),
+    "sigmoid": lambda F, x: x.sigmoid(),
+    "identity": lambda F, x: x,
+}
+
+
+class _MlmHead:
+    """A masked-LM head (weights_tools.mlm_head.MlmHead) on the encoder's device and in its dtype:
+    logits [c, V] = decoder(LayerNorm(act(dense(x [c, H])))) + bias, as transformers computes them."""
+
+    def __init__(self, head, device, dtype):
+        put = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+        self.dense_weight, self.dense_bias = put(head.dense_weight), put(head.dense_bias)  # [E, H], [E]
+        self.norm_weight, self.norm_bias = put(head.norm_weight), put(head.norm_bias)  # [E], [E]
+        self.decoder_weight, self.decoder_bias = put(head.decoder_weight), put(head.decoder_bias)  # [V, E], [V]
+        self.activation, self.eps, self.dtype = head.activation, head.eps, dtype
+        self.vocab_size = head.vocab_size
+
+    def logits(self, x):
+        F = _torch().nn.functional
+        x = _ACTIVATIONS_BY_NAME[self.activation](F, F.linear(x.to(self.dtype), self.dense_weight, self.dense_bias))
+        x = F.layer_norm(x, self.norm_weight.shape, self.norm_weight, self.norm_bias, self.eps)
+        return F.linear(x, self.decoder_weight, self.decoder_bias)
+
+
+class _Projection:
+    """A token projection (weights_tools.extra_heads.TokenProjection) on the encoder's device and in
+    its dtype: x [T, H] -> [T, dim] through each layer's act(x @ W.T + b)."""
+
+    def __init__(self, projection, device, dtype):
+        self.layers = [(layer.weight.to(device=device, dtype=dtype),  # [out, in]
+                        None if layer.bias is None else layer.bias.to(device=device, dtype=dtype),  # [out]
+                        layer.activation) for layer in projection.layers]
+        self.dtype, self.dim, self.source = dtype, projection.dim, projection.source
+
+    def __call__(self, x):
+        F = _torch().nn.functional
+        x = x.to(self.dtype)
+        for weight, bias, activation in self.layers:
+            x = _ACTIVATIONS_BY_NAME[activation](F, F.linear(x, weight, bias))
+        return x
+
+
+def _sparse_max(head: _MlmHead, hidden, cu: np.ndarray, chunk: int):
+    """SPLADE's pooling: max over each sequence's tokens of log(1 + relu(logits)), float32 [B, V] on
+    the hidden states' device. hidden [T, H] packed, cu [B + 1] its offsets. The head runs on `chunk`
+    tokens at a time; each chunk's per-sequence max (over the part of each sequence inside it) is
+    folded into the running max, so at most [chunk, V] logits exist at once."""
+    torch = _torch()
+    B, T = len(cu) - 1, int(cu[-1])
+    out = torch.zeros((B, head.vocab_size), dtype=torch.float32, device=hidden.device)
+    starts, ends = cu[:-1], cu[1:]
+    with torch.inference_mode():
+        for t0 in range(0, T, chunk):
+            t1 = min(T, t0 + chunk)
+            # Each sequence's tokens inside [t0, t1): the first and last sequences may be cut.
+            lengths = np.clip(ends, t0, t1) - np.clip(starts, t0, t1)
+            inside = np.flatnonzero(lengths)
+            b0, b1 = int(inside[0]), int(inside[-1]) + 1
+            act = head.logits(hidden[t0:t1]).relu_().log1p_()  # [c, V], in the head's dtype
+            # The max is exact in any dtype, so only the running max needs float32 for the output.
+            part = torch.segment_reduce(act, "max", lengths=torch.as_tensor(lengths[b0:b1], device=act.device),
+                                        unsafe=True, initial=0)  # [b1 - b0, V]; empty sequences 0
+            out[b0:b1] = torch.maximum(out[b0:b1], part.float())
+    return out
+
+
+def _sparse_rows(pooled, top_k: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each row of pooled [B, V] (float32, >= 0) as its non-zero (indices int64, values float32),
+    sorted by index; with top_k, its k largest (keep_top_k)."""
+    torch = _torch()
+    B, V = pooled.shape
+    if top_k is not None and top_k < V:
+        # Cut on the device to what ties at the k-th value leave, so little crosses to the host.
+        kth = pooled.topk(top_k, dim=1).values[:, -1:]
+        pooled = torch.where(pooled >= kth, pooled, torch.zeros((), dtype=pooled.dtype, device=pooled.device))
+    where = pooled.nonzero()  # [N, 2], row-major order: rows ascending, indices ascending in each
+    values = pooled[where[:, 0], where[:, 1]].cpu().numpy()
+    where = where.cpu().numpy()
+    splits = np.cumsum(np.bincount(where[:, 0], minlength=B))[:-1]
+    rows = [(i.astype(np.int64), v.astype(np.float32))
+            for i, v in zip(np.split(where[:, 1], splits), np.split(values, splits))]
+    return rows if top_k is None else [keep_top_k(i, v, top_k) for i, v in rows]
+
+
+def keep_top_k(indices: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest values of a sparse row sorted by index (ties broken by the lower index), still
+    sorted by index."""
+    if len(values) <= k:
+        return indices, values
+    keep = np.sort(np.lexsort((indices, -values))[:k])
+    return indices[keep], values[keep]

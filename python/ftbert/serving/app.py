@@ -11,7 +11,9 @@ request into a batcher job (`Service.run`) and formats the rows that come back.
 
 HF text-embeddings-inference's routes, in its request and response shapes (tei.py), so that its
 clients switch without code changes: POST /embed, /rerank, /predict, /tokenize, and POST /, which
-dispatches by the model's task (embeddings without a head, /predict with a sequence head).
+dispatches by the model's task (embeddings without a head, /predict with a sequence head); and
+POST /embed_sparse (SPLADE, a *ForMaskedLM checkpoint) and /embed_multivector (ColBERT, a
+checkpoint with a token projection) in the same request shape.
 
 Every error a client can cause answers JSON in OpenAI's shape,
 `{"error": {"message": ..., "type": ..., "param": ...}}`, with its status: 400 (the model has no
@@ -43,7 +45,7 @@ from .settings import ServeSettings
 from .tei import register_tei_routes
 
 ROUTES = ("/v1/embeddings", "/v1/models", "/v1/rerank", "/classify", "/health", "/info", "/metrics",
-          "/embed", "/rerank", "/predict", "/tokenize", "/")
+          "/embed", "/rerank", "/predict", "/tokenize", "/embed_sparse", "/embed_multivector", "/")
 
 
 class ApiError(Exception):

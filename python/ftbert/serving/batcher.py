@@ -20,7 +20,9 @@ The path of a request (a *job*: its inputs are texts, text pairs or token-id lis
    queue holds less than a full batch it waits up to `max_wait_ms` after its oldest input arrived
    for more to come. Inputs of different requests and kinds share a forward: one packed forward
    (`Encoder.forward_packed`, only real tokens computed) gives the pooled embedding and the
-   sequence head's logits of every input, and each input takes what its job asked for.
+   sequence head's logits of every input, and each input takes what its job asked for; SPARSE and
+   MULTIVECTOR inputs' hidden states go on through the encoder's masked-LM head or token
+   projection (`Encoder.sparse_from_packed`, `multivector_from_packed`), theirs only.
 4. Each row is written into its job's result at the input's own index (a window's pooled row is
    added into its text's, weighted by the tokens it holds, and the sum divided and normalized
    with the last); the thread that writes a job's last row resolves the job's asyncio future
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..cross_encoder import _truncation_length
+from ..encoder import MULTIVECTOR, OUTPUT_HEADS, SPARSE, keep_top_k
 from ..text import (chunk_windows, default_pooling, forward_packed_batch, pack_sequences, pool_packed,
                     special_tokens, tokenizer_lock)
 
@@ -52,9 +55,12 @@ if TYPE_CHECKING:
     from ..encoder import Encoder
     from .settings import ServeSettings
 
-# What a job wants from the forward: the pooled, normalized embedding, or the sequence head's logits.
+# What a job wants from the forward: the pooled, normalized embedding, or the sequence head's logits;
+# or, through a head of the checkpoint run after the encoder, SPLADE's sparse vector (SPARSE: per
+# input (indices, values)) or ColBERT's token vectors (MULTIVECTOR: per input [tokens, dim]).
 EMBED = "embed"
 SCORE = "score"
+KINDS = (EMBED, SCORE, SPARSE, MULTIVECTOR)
 # How a job's inputs become token ids: single texts, (text, text) pairs, or ids given as they are.
 TEXT, PAIR, IDS = "text", "pair", "ids"
 
@@ -100,7 +106,9 @@ class NonFiniteOutput(BatcherError):
 # ---- jobs -------------------------------------------------------------------------------------
 @dataclass
 class JobResult:
-    values: np.ndarray  # float32 [N, H] unit-norm embeddings (EMBED) or [N, num_labels] logits (SCORE)
+    # float32 [N, H] unit-norm embeddings (EMBED) or [N, num_labels] logits (SCORE); a list of N
+    # (indices int64 [n], values float32 [n]) pairs (SPARSE) or of float32 [tokens, dim] (MULTIVECTOR).
+    values: np.ndarray | list
     tokens: int  # tokens forwarded for the job (after truncation): its usage
 
 
@@ -109,13 +117,19 @@ class Job:
     of (str, str) pairs, or of token-id lists (already checked against the vocabulary).
     normalize: EMBED rows of unit norm (else as pooled); truncate: cut inputs past the limit (None:
     the server's setting) or refuse them; truncation_side: which end is cut ("right" or "left");
-    long_texts: "truncate" or "chunk" for texts to embed past the limit (None: the server's)."""
+    long_texts: "truncate" or "chunk" for texts to embed past the limit (None: the server's).
+    top_k: SPARSE only, the largest values kept per input (None: all). normalize applies to
+    MULTIVECTOR's token vectors too."""
 
     def __init__(self, kind: str, how: str, inputs: Sequence, normalize: bool = True,
                  truncate: bool | None = None, truncation_side: str = "right",
-                 long_texts: str | None = None):
-        if kind not in (EMBED, SCORE) or how not in (TEXT, PAIR, IDS):
+                 long_texts: str | None = None, top_k: int | None = None):
+        if kind not in KINDS or how not in (TEXT, PAIR, IDS):
             raise ValueError(f"unknown job kind {kind!r} / input kind {how!r}")
+        if top_k is not None and (kind != SPARSE or isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer, for sparse jobs only; got {top_k!r} ({kind})")
+        self.top_k = top_k
         if not inputs:
             raise ValueError("a job needs at least one input")
         if truncation_side not in ("right", "left"):
@@ -130,7 +144,7 @@ class Job:
         # rows); None: the batcher's tokenizer thread does.
         self.tokenized: list | None = None
         self.cancelled = False
-        self._out: np.ndarray | None = None
+        self._out: np.ndarray | list | None = None  # JobResult.values, filled row by row
         self._remaining = len(self.inputs)  # rows (inputs, or windows of chunked texts) not yet written
         self._chunks: tuple[np.ndarray, np.ndarray] | None = None  # chunked: (sums [n, H], weights [n])
         self._settled = False
@@ -263,6 +277,9 @@ class Batcher:
         self._tok_enc = first  # every encoder holds the same checkpoint: one tokenizer serves all
         self.limits: dict[str, int] = {}
         self.tokenizer: JobTokenizer | None = None  # set by start()
+        # Why the encoders cannot run SPARSE / MULTIVECTOR jobs (OUTPUT_HEADS kinds), None where
+        # they can; set by start().
+        self.unavailable: dict[str, str | None] = {}
 
         self._lock = threading.Lock()  # guards the counters below and each job's remaining count
         self._waiting = 0  # inputs accepted and not yet taken into a forward
@@ -291,6 +308,16 @@ class Batcher:
             PAIR: min(pair_limit, cap) if cap else pair_limit,
         }
         self.tokenizer = JobTokenizer(tok, self.settings, self.limits, lambda: tokenizer_lock(enc))
+        for kind in OUTPUT_HEADS:
+            reason = enc.unavailable_reason(kind)
+            if reason is None:
+                # Read now, on every encoder, so that no forward thread stops to read a head from disk.
+                try:
+                    for e in self.encoders:
+                        e.load_output_head(kind)
+                except ValueError as err:  # a head that is there but cannot be used (NaN, shapes)
+                    reason = str(err)
+            self.unavailable[kind] = reason
         if self.settings.long_texts == "chunk":
             self.tokenizer.window_width()  # refuses an overlap the limit leaves no room for, at start
         self._threads = [threading.Thread(target=self._tokenize_loop, name="ftbert-serve-tokenize", daemon=True)]
@@ -329,10 +356,15 @@ class Batcher:
         loop = asyncio.get_running_loop()
         job._loop, job._future = loop, loop.create_future()
         job._future.add_done_callback(_mark_cancelled(job))
-        width = self.hidden_size if job.kind == EMBED else self.num_labels
-        if job.kind == SCORE and not width:
-            raise ValueError("score jobs need an encoder with a sequence-classification head")
-        job._out = np.empty((len(job), width), dtype=np.float32)
+        if job.kind in OUTPUT_HEADS:
+            if self.unavailable.get(job.kind):
+                raise ValueError(self.unavailable[job.kind])
+            job._out = [None] * len(job)
+        else:
+            width = self.hidden_size if job.kind == EMBED else self.num_labels
+            if job.kind == SCORE and not width:
+                raise ValueError("score jobs need an encoder with a sequence-classification head")
+            job._out = np.empty((len(job), width), dtype=np.float32)
         with self._lock:
             if self._closing:
                 raise ShuttingDown("the server is shutting down")
@@ -499,6 +531,7 @@ class Batcher:
                 raw = pooled.cpu().numpy()
         if any(s.job.kind == SCORE for s in batch):
             logits = torch.as_tensor(res.logits).float().cpu().numpy()
+        rows = _head_rows(enc, batch, res.last_hidden_state, packed.cu_seqlens)  # SPARSE, MULTIVECTOR
         forward_s = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.on_batch(len(batch), int(packed.cu_seqlens[-1]), t0 - min(s.arrived for s in batch), forward_s)
@@ -506,7 +539,9 @@ class Batcher:
             job = s.job
             if job._settled:  # failed in another forward meanwhile
                 continue
-            if s.weight is None:
+            if job.kind in OUTPUT_HEADS:
+                job._out[s.slot] = rows[i]
+            elif s.weight is None:
                 job._out[s.slot] = (emb if job.normalize else raw)[i] if job.kind == EMBED else logits[i]
             with self._lock:
                 if s.weight is not None:  # a window: into its text's weighted sum
@@ -517,7 +552,7 @@ class Batcher:
             if last:
                 if job._chunks is not None:
                     job._out[:] = _combine_windows(*job._chunks, job.normalize)
-                finite = np.isfinite(job._out).all(axis=1)
+                finite = _finite_rows(job)
                 if finite.all():
                     self._settle(job, JobResult(job._out, job.tokens), None)
                 else:
@@ -579,3 +614,53 @@ def _combine_windows(sums: np.ndarray, weights: np.ndarray, normalize: bool) -> 
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out.astype(np.float32)
+
+
+def _head_rows(enc: "Encoder", batch: list[_Seq], hidden, cu_seqlens: np.ndarray) -> dict[int, object]:
+    """The SPARSE and MULTIVECTOR rows of a forward, by the input's place in `batch`: each kind's
+    inputs' hidden states (hidden [T, H] packed, cu_seqlens [B + 1]) through the encoder's head,
+    the other inputs' left out."""
+    rows: dict[int, object] = {}
+    for kind in OUTPUT_HEADS:
+        picks = [i for i, s in enumerate(batch) if s.job.kind == kind]
+        if not picks:
+            continue
+        sub_hidden, sub_cu = _select_sequences(hidden, cu_seqlens, picks)
+        if kind == SPARSE:
+            # One pass at the largest top_k asked (all values if any job wants all), each job's cut after.
+            ks = [batch[i].job.top_k for i in picks]
+            got = enc.sparse_from_packed(sub_hidden, sub_cu, top_k=None if None in ks else max(ks))
+            for i, (idx, val) in zip(picks, got):
+                k = batch[i].job.top_k
+                rows[i] = (idx, val) if k is None else keep_top_k(idx, val, k)
+        else:
+            for normalize in sorted({batch[i].job.normalize for i in picks}):
+                group = [j for j, i in enumerate(picks) if batch[i].job.normalize == normalize]
+                h, cu = _select_sequences(sub_hidden, sub_cu, group)  # all of them: as they are
+                for j, vectors in zip(group, enc.multivector_from_packed(h, cu, normalize)):
+                    rows[picks[j]] = vectors
+    return rows
+
+
+def _select_sequences(hidden, cu_seqlens: np.ndarray, picks: list[int]):
+    """Sequences `picks` of a packed output (hidden [T, H], cu_seqlens [B + 1]) as a packed output
+    of their own: (hidden [T', H], cu_seqlens [len(picks) + 1])."""
+    import torch
+
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    if len(picks) == len(cu) - 1:
+        return hidden, cu
+    lengths = np.diff(cu)[picks]
+    tokens = np.concatenate([np.arange(cu[i], cu[i + 1]) for i in picks]) if picks else np.zeros(0, np.int64)
+    hidden = torch.as_tensor(hidden)
+    sub = hidden[torch.from_numpy(tokens).to(hidden.device)]
+    return sub, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _finite_rows(job: Job) -> np.ndarray:
+    """Whether each of a finished job's rows is finite (bool [N])."""
+    if job.kind == SPARSE:
+        return np.array([np.isfinite(values).all() for _, values in job._out])
+    if job.kind == MULTIVECTOR:
+        return np.array([np.isfinite(vectors).all() for vectors in job._out])
+    return np.isfinite(job._out).all(axis=1)

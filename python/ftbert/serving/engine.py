@@ -137,7 +137,7 @@ def describe(service) -> dict:
     return {"settings": dataclasses.asdict(service.settings), "model_name": service.model_name, "head": service.head,
             "num_labels": service.num_labels, "labels": service.labels, "hidden_size": service.hidden_size,
             "vocab_size": service.vocab_size, "prompts": service.prompts, "info": service.info(),
-            "limits": dict(service.batcher.limits),
+            "limits": dict(service.batcher.limits), "unavailable": dict(service.batcher.unavailable),
             "path": str(service.path) if service.path else None, "config": service.config,
             "started": service.started, "content_type": service.metrics.content_type}
 
@@ -335,7 +335,8 @@ class RemoteBatcher:
         self._pending[key] = (job, fut)
         self._send({"op": "job", "id": key, "tokenized": tokenized, "job": {
             "kind": job.kind, "how": job.how, "inputs": job.inputs, "normalize": job.normalize,
-            "truncate": job.truncate, "truncation_side": job.truncation_side, "long_texts": job.long_texts}})
+            "truncate": job.truncate, "truncation_side": job.truncation_side, "long_texts": job.long_texts,
+            "top_k": job.top_k}})
         self.accepted += 1
         try:
             return await fut
@@ -411,6 +412,7 @@ class RemoteService:
         self._workers = workers
         self._info = {**d["info"], "workers": workers}
         self._limits = d["limits"]
+        self._unavailable = d.get("unavailable", {})
         self._tokenizer = None
         self._tokenizer_lock = threading.Lock()
         self._job_tokenizer: JobTokenizer | None = None
@@ -439,6 +441,9 @@ class RemoteService:
 
     def routes(self) -> list[str]:
         return list(self._info["routes"])
+
+    def output_unavailable(self, kind: str) -> str | None:
+        return self._unavailable.get(kind, f"the engine did not say whether it runs {kind} outputs")
 
     def score_activation(self):
         from ..cross_encoder import auto_activation

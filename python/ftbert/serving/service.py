@@ -131,7 +131,16 @@ class Service:
             routes.append("/predict")
         else:
             routes.append("/embed")
+        # A checkpoint with a masked-LM head (SPLADE) or a token projection (ColBERT).
+        routes += [route for route, kind in (("/embed_sparse", "sparse"), ("/embed_multivector", "multivector"))
+                   if self.output_unavailable(kind) is None]
         return routes + ["/tokenize", "/"]
+
+    def output_unavailable(self, kind: str) -> str | None:
+        """Why the model cannot give `kind` outputs ("sparse": /embed_sparse, "multivector":
+        /embed_multivector), or None when it can (Encoder.unavailable_reason, as the batcher found
+        it at start)."""
+        return self.batcher.unavailable.get(kind, f"the server does not run {kind} outputs")
 
     def score_activation(self):
         """What turns a one-label cross-encoder's logits into /rerank's scores: the checkpoint's

@@ -10,6 +10,13 @@
                     of those per input for a batch
     POST /tokenize  {"inputs": str | [str], "add_special_tokens": true, "prompt_name"} ->
                     [[{"id", "text", "special", "start", "stop"}, ...], ...]
+    POST /embed_sparse  {"inputs": str | [str], "truncate", "truncation_direction", "prompt_name",
+                    "top_k": null} -> [[{"index", "value"}, ...], ...] per input, sorted by index:
+                    SPLADE's vector (Encoder.encode_sparse) of a *ForMaskedLM checkpoint; top_k is
+                    ftbert's own (TEI has none)
+    POST /embed_multivector  {"inputs", "normalize": true, "truncate", "truncation_direction",
+                    "prompt_name"} -> [[[float, ...], ...], ...]: per input, its tokens' ColBERT
+                    vectors (Encoder.encode_multivector); ftbert's own route, in TEI's request shape
     POST /          the model's task: /embed without a head; with a sequence head, /rerank for a
                     body with query and texts, else /predict with a list per input (what the Hub's
                     inference clients read: text_classification takes [[...]]), honouring
@@ -31,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from .batcher import EMBED, PAIR, SCORE, TEXT, Job
+from .batcher import EMBED, MULTIVECTOR, PAIR, SCORE, SPARSE, TEXT, Job
 
 
 class _TeiRequest(BaseModel):
@@ -68,6 +75,28 @@ class EmbedRequest(_TeiRequest):
     normalize: StrictBool = True
     prompt_name: StrictStr | None = None
     dimensions: StrictInt | None = Field(default=None, ge=1)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v):
+        return _texts(v)
+
+
+class EmbedSparseRequest(_TeiRequest):
+    inputs: Any
+    prompt_name: StrictStr | None = None
+    top_k: StrictInt | None = Field(default=None, ge=1)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v):
+        return _texts(v)
+
+
+class EmbedMultivectorRequest(_TeiRequest):
+    inputs: Any
+    normalize: StrictBool = True
+    prompt_name: StrictStr | None = None
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -161,6 +190,33 @@ def register_tei_routes(app: FastAPI) -> None:
                 values = values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
         return JSONResponse(values.astype(np.float32).tolist())
 
+    async def per_token_job(svc, request: Request, route: str, kind: str, what: str, texts: list[str],
+                            prompt_name: str | None, **options):
+        """The result of a SPARSE or MULTIVECTOR job over `texts` (400 where the model lacks the head)."""
+        reason = svc.output_unavailable(kind)
+        if reason is not None:
+            raise core.ApiError(400, f"{route} needs {what}; the loaded model has none: {reason}", param=None)
+        texts = prompted(svc, texts, prompt_name)
+        core._check_client_batch(svc, len(texts), "inputs")
+        request.state.inputs = len(texts)
+        return await core._run(svc, Job(kind, TEXT, texts, **options), "inputs")
+
+    async def embed_sparse(body: EmbedSparseRequest, request: Request):
+        svc = core._service(request)
+        res = await per_token_job(svc, request, "/embed_sparse", SPARSE, "a masked-LM head (a SPLADE, *ForMaskedLM "
+                                  "checkpoint)", body.inputs[0], body.prompt_name, top_k=body.top_k,
+                                  **body.job_options())
+        return JSONResponse([[{"index": i, "value": v}
+                              for i, v in zip(np.asarray(idx).tolist(), np.asarray(val).tolist())]
+                             for idx, val in res.values])
+
+    async def embed_multivector(body: EmbedMultivectorRequest, request: Request):
+        svc = core._service(request)
+        res = await per_token_job(svc, request, "/embed_multivector", MULTIVECTOR, "a token projection (a ColBERT "
+                                  "checkpoint)", body.inputs[0], body.prompt_name, normalize=body.normalize,
+                                  **body.job_options())
+        return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in res.values])
+
     async def rerank(body: TeiRerankRequest, request: Request):
         svc = core._service(request)
         scores, _ = await core.rerank_scores(svc, request, body.query, body.texts, body.raw_scores, "/rerank",
@@ -246,4 +302,6 @@ def register_tei_routes(app: FastAPI) -> None:
     app.post("/rerank")(rerank)
     app.post("/predict")(predict)
     app.post("/tokenize")(tokenize)
+    app.post("/embed_sparse")(embed_sparse)
+    app.post("/embed_multivector")(embed_multivector)
     app.post("/")(root)

@@ -810,6 +810,9 @@ def test_forward_packed_device_errors(bert, rng):
     with pytest.raises(ValueError, match=rf"input_ids holds {hf.config.vocab_size}, out of range"):
         enc.synchronize()
     enc.forward_packed(ids, [0, 4, 10], bad - hf.config.vocab_size + hf.config.type_vocab_size)
+    # The next forward reports a check that has run: on a GPU that other workers keep busy it may
+    # not have yet (test_cuda_model.py's async test waits the same way).
+    torch.cuda.synchronize()
     with pytest.raises(ValueError, match=rf"an earlier forward's inputs were bad: token_type_ids holds "
                                          rf"{hf.config.type_vocab_size}"):
         enc.forward_packed(ids, [0, 4, 10])

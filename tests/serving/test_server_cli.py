@@ -82,3 +82,20 @@ def test_quantization_flag_reaches_the_settings():
     assert settings_from_args(build_parser().parse_args([])).quantization is None
     with pytest.raises(ValueError, match="quantization must be None or 'int8'"):
         ServeSettings(quantization="int4")
+
+
+def test_task_flag_reaches_the_settings_and_the_encoder(tmp_path):
+    # --task goes to Encoder.from_pretrained: a checkpoint without per-task adapters refuses it.
+    from ftbert.serving.server import build_parser, settings_from_args
+    from ftbert.serving.service import Service
+    from ftbert.serving.settings import ServeSettings
+    from ftbert.weights_tools import ConversionError
+    from tests._models import make_model
+
+    assert settings_from_args(build_parser().parse_args(["--task", "retrieval.query"])).task == "retrieval.query"
+    assert settings_from_args(build_parser().parse_args([])).task is None
+    with pytest.raises(ValueError, match="task must be None or a task name"):
+        ServeSettings(task="")
+    make_model(tmp_path, "bert", hidden=32, heads=2)
+    with pytest.raises(ConversionError, match="task 'retrieval.query' given, but model_type 'bert' has no"):
+        Service.load(ServeSettings(model=str(tmp_path), task="retrieval.query"))

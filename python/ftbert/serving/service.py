@@ -46,7 +46,7 @@ class Service:
         encoders = [ftbert.Encoder.from_pretrained(model, device=d, dtype=settings.dtype, attention=settings.attention,
                                                    cuda_graphs=settings.cuda_graphs, warmup=True,
                                                    batch_invariant=settings.batch_invariant,
-                                                   quantization=settings.quantization)
+                                                   quantization=settings.quantization, task=settings.task)
                     for d in settings.devices]
         service = cls(settings, encoders)
         service.batcher.start()

@@ -27,6 +27,9 @@ class ServeSettings:
     batch_invariant: bool = False
     # Encoder.quantization: None, or "int8" (CPU devices, float32).
     quantization: str | None = None
+    # Encoder.from_pretrained's task: the per-task adapters merged at load (Jina-embeddings-v3 as the
+    # hub holds it); None for a checkpoint without them.
+    task: str | None = None
 
     # ---- dynamic batching
     # A forward holds at most this many tokens, counted as sequences x the longest one (what the
@@ -81,6 +84,8 @@ class ServeSettings:
             raise ValueError(f"chunk_overlap must be a whole number of tokens >= 0, got {self.chunk_overlap!r}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.task is not None and not (isinstance(self.task, str) and self.task):
+            raise ValueError(f"task must be None or a task name, got {self.task!r}")
         if not isinstance(self.batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
         if not self.max_wait_ms >= 0:

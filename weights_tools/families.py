@@ -58,7 +58,7 @@ from .layout import (
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
            "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "NOMIC_BERT", "GTE",
-           "JINA_EMBEDDINGS_V3", "EUROBERT", "Part", "TaskAdapters", "family_for", "family_for_config",
+           "JINA_EMBEDDINGS_V3", "EUROBERT", "Part", "KVHeads", "TaskAdapters", "family_for", "family_for_config",
            "supported_model_types", "check_engine_config"]
 
 
@@ -189,6 +189,19 @@ class TaskAdapters:
             if name.endswith(ending):
                 return name[: -len(ending)] + ".weight", part
         return None
+
+
+@dataclass(frozen=True)
+class KVHeads:
+    """An HF K or V projection of grouped heads (config.json's num_key_value_heads below
+    num_attention_heads): each of its heads repeated for the query heads that read it, as
+    transformers' repeat_kv does (query head h reads K/V head h // (heads / kv_heads)). The engine
+    then runs one K/V head per query head: the same function, with the K/V GEMMs that much wider."""
+
+    name: str
+
+    def __radd__(self, prefix: str) -> "KVHeads":
+        return KVHeads(prefix + self.name)
 
 
 @dataclass(frozen=True)
@@ -912,21 +925,22 @@ JINA_EMBEDDINGS_V3 = Family(
 
 def _eurobert_layer(raw: Mapping[str, Any]) -> dict:
     """The engine's "layer" of a EuroBERT config.json: its rope (as _rotary_layer's, default theta
-    10000), gated. Grouped K/V heads (num_key_value_heads below num_attention_heads) are refused
-    by name: the engine's attention reads one K and V head per query head."""
+    10000), gated. Grouped K/V heads are read as KVHeads (repeated at conversion): their count
+    must divide num_attention_heads."""
     heads = raw.get("num_attention_heads", 12)
     kv = raw.get("num_key_value_heads")
-    if kv is not None and kv != heads:
-        raise ValueError(f"num_key_value_heads {kv!r} is not num_attention_heads {heads!r}: grouped K/V "
-                         "heads are not supported")
+    if kv is not None and not (isinstance(kv, int) and not isinstance(kv, bool) and 0 < kv <= heads
+                               and heads % kv == 0):
+        raise ValueError(f"num_key_value_heads {kv!r} does not divide num_attention_heads {heads!r} into "
+                         "groups of query heads")
     return _rotary_layer(10000.0, gated=True)(raw)
 
 
 # EuroBERT (EuroBertModel; EuroBERT/EuroBERT-210m ...): a Llama-style bidirectional encoder with its
 # own architecture unit. Word embeddings without a norm, pre-RMSNorm layers (input_layernorm,
-# post_attention_layernorm), separate q/k/v/o projections and a SwiGLU MLP (gate, up, down), no
-# biases (attention_bias / mlp_bias true are refused), a final norm; no position table, no token
-# types.
+# post_attention_layernorm), separate q/k/v/o projections (grouped K/V heads repeated to one per
+# query head at conversion: KVHeads) and a SwiGLU MLP (gate, up, down), no biases (attention_bias
+# / mlp_bias true are refused), a final norm; no position table, no token types.
 # Task models keep the encoder under "model."; the sequence head is a dense, GELU and the
 # classifier on token 0 or the mean of the tokens (classifier_pooling "bos" or "mean"), or the
 # mean of the per-token logits ("late", the default), the token head a Linear on every token.
@@ -954,7 +968,8 @@ EUROBERT = Family(
         layer_prefix="layers.{i}.",
         layer=_frozen({
             "attn_ln_gamma": "input_layernorm.weight",
-            "qkv_weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+            "qkv_weight": ("self_attn.q_proj.weight", KVHeads("self_attn.k_proj.weight"),
+                           KVHeads("self_attn.v_proj.weight")),
             "attn_out_weight": "self_attn.o_proj.weight",
             "ffn_ln_gamma": "post_attention_layernorm.weight",
             "ffn_in_weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),

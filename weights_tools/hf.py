@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 import torch
 
 from .errors import ConversionError
-from .families import ABSOLUTE, Family, Part, family_for_config, supported_model_types
+from .families import ABSOLUTE, Family, KVHeads, Part, family_for_config, supported_model_types
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
@@ -68,6 +68,11 @@ def _quiet(_: str) -> None:
 # ---- config ---------------------------------------------------------------------------------
 
 
+# config.json's count of grouped K/V heads: the converter repeats them (families.KVHeads); the
+# engine config does not hold it (its attention has one K/V head per query head).
+KV_HEADS = "num_key_value_heads"
+
+
 def read_hf_config(src: Path) -> tuple[Family, dict]:
     """config.json -> (its family, the model hyper-parameters under the engine's keys, the family's
     defaults filled in), checked."""
@@ -96,6 +101,8 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
         # row, as for a family without token types (_zero_token_types).
         cfg["type_vocab_size"] = 1
     cfg[EMBEDDING_SIZE] = family.embedding_size(raw, cfg["hidden_size"])
+    if raw.get(KV_HEADS) is not None:  # read by _source for KVHeads; not an engine key
+        cfg[KV_HEADS] = raw[KV_HEADS]
     if family.derive_layer is not None:
         try:
             cfg[LAYER] = family.derive_layer(raw)
@@ -655,20 +662,29 @@ def _relayout(get: Callable[[str, tuple], torch.Tensor], family: Family, cfg: di
             n_in, n_out = shape
             # [k * out, in] -> [in, k * out]: column block j is source j (for QKV: Q, K, V), which
             # the fused GEMM's output row keeps.
-            parts = [_source(get, s, (n_out // len(sources), n_in)) for s in sources]
+            parts = [_source(get, s, (n_out // len(sources), n_in), cfg) for s in sources]
             out[name] = (parts[0] if len(parts) == 1 else _cat(parts)).t().contiguous()
         elif len(sources) == 1:
-            out[name] = _source(get, sources[0], shape)
+            out[name] = _source(get, sources[0], shape, cfg)
         else:
-            out[name] = _cat([_source(get, s, (shape[0] // len(sources), *shape[1:])) for s in sources])
+            out[name] = _cat([_source(get, s, (shape[0] // len(sources), *shape[1:]), cfg) for s in sources])
     return out
 
 
-def _source(get: Callable[[str, tuple], torch.Tensor], source: str | Part, shape: tuple) -> torch.Tensor:
-    """One source of an engine tensor, `shape` wide: an HF tensor, or a block of one (Part)."""
+def _source(get: Callable[[str, tuple], torch.Tensor], source: str | Part | KVHeads, shape: tuple,
+            cfg: dict) -> torch.Tensor:
+    """One source of an engine tensor, `shape` wide: an HF tensor, a block of one (Part), or grouped
+    K/V heads repeated to one per query head (KVHeads; cfg's num_key_value_heads, as config.json
+    gave it, or the heads' count)."""
     if isinstance(source, Part):
         whole = get(source.name, (shape[0] * source.of, *shape[1:]))
         return whole.chunk(source.of, dim=0)[source.index]
+    if isinstance(source, KVHeads):
+        heads = cfg["num_attention_heads"]
+        kv = cfg.get(KV_HEADS) or heads
+        d = shape[0] // heads
+        grouped = get(source.name, (kv * d, *shape[1:]))
+        return grouped.reshape(kv, d, *shape[1:]).repeat_interleave(heads // kv, dim=0).reshape(shape)
     return get(source, shape)
 
 
@@ -685,7 +701,8 @@ def hf_state_dict(family: Family, config: dict,
     """The inverse of the re-layout: engine tensors -> the state dict of the family's bare encoder
     model (BertModel for BERT), float32, [out, in] Linear weights, Q/K/V split again; with a head,
     the state dict of the task model (BertForSequenceClassification, ...): the encoder's tensors
-    under the family's prefix, the head's at the top."""
+    under the family's prefix, the head's at the top. Grouped K/V heads (KVHeads) come back one per
+    query head: a model with num_key_value_heads = num_attention_heads computes the same."""
     sd: dict[str, torch.Tensor] = {}
     kind = config[HEAD]["kind"] if config.get(HEAD) else None
     for tensor in iter_tensors(config):
@@ -704,6 +721,8 @@ def hf_state_dict(family: Family, config: dict,
         for source, piece in zip(sources, t.chunk(len(sources), dim=0)):
             if isinstance(source, Part):  # reassembled below, blocks in the HF tensor's order
                 blocks.setdefault(prefix + source.name, {})[source.index] = piece
+            elif isinstance(source, KVHeads):  # one K/V head per query head, as the engine holds them
+                sd[prefix + source.name] = piece.contiguous()
             else:
                 sd[prefix + source] = piece.contiguous()
         for hf_name, by_index in blocks.items():

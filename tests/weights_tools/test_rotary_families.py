@@ -38,7 +38,7 @@ def test_a_head_width_other_than_hidden_over_heads_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("changes, pattern", [
-    ({"num_key_value_heads": 1}, "num_key_value_heads 1 is not num_attention_heads 2: grouped K/V heads"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 2"),
     ({"attention_bias": True}, "attention_bias True is not supported"),
     ({"mlp_bias": True}, "mlp_bias True is not supported"),
 ])
@@ -205,3 +205,35 @@ def test_nomic_original_settings_the_engine_does_not_run_are_refused(tmp_path, c
     _edit(tmp_path, **changes)
     with pytest.raises(ftbert.weights_tools.ConversionError, match=pattern):
         ftbert.Encoder.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+def test_eurobert_grouped_kv_heads_match_transformers(tmp_path, kv_heads, padding_free):
+    # EuroBERT-610m's kind: fewer K/V heads than query heads, repeated at conversion as
+    # transformers' repeat_kv reads them.
+    import numpy as np
+    import torch
+    import transformers
+
+    from tests._util import ragged_mask
+
+    torch.manual_seed(12)
+    cfg = transformers.EuroBertConfig(vocab_size=157, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=kv_heads, intermediate_size=83, pad_token_id=1,
+                                      bos_token_id=0, eos_token_id=2, mask_token_id=3,
+                                      attn_implementation="eager")
+    hf = transformers.EuroBertModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, padding_free=padding_free)
+    rng = np.random.default_rng(12)
+    ids = rng.integers(4, 150, (3, 29))
+    mask = ragged_mask(rng, 3, 29, left=False)
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).last_hidden_state.numpy()
+    got = enc(ids, mask).last_hidden_state
+    assert np.abs(got - want)[mask.astype(bool)].max() <= 1e-4

@@ -84,11 +84,14 @@ def check_invariance(enc, kind: str, pad: int, left_ok: bool, first_token_always
 
 
 def make_invariance_model(path, family: str, kind: str, hidden: int, heads: int, seed: int, **extra):
-    """A two-layer model of `family` with VOCAB ids and 3 labels; kind "mean" is a ModernBERT sequence
-    classifier whose head reads the mean of the tokens (classifier_pooling "mean")."""
+    """A two-layer model of `family` with VOCAB ids and 3 labels; kind "mean" is a sequence classifier
+    whose head reads the mean of the tokens (ModernBERT's or EuroBERT's classifier_pooling "mean"),
+    "late" EuroBERT's that averages its dense's activations over the tokens."""
     from tests._models import make_model
 
-    hf = make_model(path, family, "cls" if kind == "mean" else kind, hidden=hidden, heads=heads, layers=2,
+    if kind == "late":
+        extra = {**extra, "pooling": "late"}
+    hf = make_model(path, family, head_kind(kind), hidden=hidden, heads=heads, layers=2,
                     vocab=VOCAB, num_labels=3, seed=seed, **extra)
     if kind == "mean":
         hf.config.classifier_pooling = "mean"
@@ -97,5 +100,5 @@ def make_invariance_model(path, family: str, kind: str, hidden: int, heads: int,
 
 
 def head_kind(kind: str) -> str:
-    """The head check_invariance compares: a "mean" head is a sequence head."""
-    return "cls" if kind == "mean" else kind
+    """The head check_invariance compares: a "mean" or "late" head is a sequence head."""
+    return "cls" if kind in ("mean", "late") else kind

@@ -19,10 +19,13 @@ from tests._invariance import check_invariance, head_kind, make_invariance_model
 # counted positions and MPNet's; BERT's absolute ones and ModernBERT's rotary angles move with the
 # padding). ELECTRA's embeddings are narrower than its layers (the projection GEMM) and it runs
 # the token head.
-# "mean": ModernBERT's classifier_pooling "mean" (the head reads the mean of the tokens).
+# "mean": ModernBERT's classifier_pooling "mean" (the head reads the mean of the tokens); "late":
+# EuroBERT's (its dense and activation on every token, then their mean). The rotary families'
+# angles move with the padding, as ModernBERT's.
 MODELS = {("bert", "cls"): False, ("roberta", "cls"): True, ("mpnet", "cls"): True,
           ("distilbert", "cls"): False, ("electra", "token"): False, ("modernbert", "cls"): False,
-          ("modernbert", "mean"): False}
+          ("modernbert", "mean"): False, ("nomic_bert", "cls"): False, ("gte", "cls"): False,
+          ("jina_embeddings_v3", "cls"): False, ("eurobert", "late"): False}
 DTYPES = ["float32"] + ([] if _C.cpu_dtype_unsupported_reason("bfloat16") else ["bfloat16"])
 
 

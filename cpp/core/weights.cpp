@@ -50,8 +50,8 @@ struct TensorSpec {
 // (MPNet's relative bias table, expanded at load into a table by distance).
 constexpr DeviceBuffer* kHostOnly = nullptr;
 
-std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* w);
-std::vector<TensorSpec> eurobert_tensor_table(const ModelConfig& c, ModelWeights* w);
+std::vector<TensorSpec> pre_norm_tensor_table(const ModelConfig& c, ModelWeights* w,
+                                              bool embedding_norm);
 
 // The head's tensors, after the model's: its own dense, its norm, its output Linear.
 void append_head(std::vector<TensorSpec>& t, const ModelConfig& c, ModelWeights* w) {
@@ -71,8 +71,8 @@ void append_head(std::vector<TensorSpec>& t, const ModelConfig& c, ModelWeights*
 
 // `w` may be null (the destinations are then null too): the names and shapes alone.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
-  if (c.architecture == "modernbert") return modern_tensor_table(c, w);
-  if (c.architecture == "eurobert") return eurobert_tensor_table(c, w);
+  if (c.architecture == "modernbert") return pre_norm_tensor_table(c, w, true);
+  if (c.architecture == "eurobert") return pre_norm_tensor_table(c, w, false);
   // BERT's tensors; rotary positions (rotary_bert) replace the position table, and a gated MLP
   // doubles the FFN-in width.
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_size;
@@ -123,41 +123,13 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   return t;
 }
 
-// ModernBERT's layer ("layer" in the engine config): no position table, bias-free pre-attention
-// (from layer 1 on) and pre-MLP norms, fused QKV and [input | gate] FFN-in weights without
-// biases, a final norm. LayerNorm betas and biases are absent (the model supplies zeros).
-std::vector<TensorSpec> modern_tensor_table(const ModelConfig& c, ModelWeights* w) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
-  auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
-  std::vector<TensorSpec> t = {
-      {"embeddings.word", {c.vocab_size, H}, at(&ModelWeights::word_embeddings), false, true},
-      {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings),
-       false, true},
-      {"embeddings.ln_gamma", {H}, at(&ModelWeights::emb_ln_gamma)},
-  };
-  if (w) w->layers.resize(c.num_layers);
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
-    LayerWeights* l = w ? &w->layers[i] : nullptr;
-    auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
-    // Layer 0 reads the embeddings' norm: it has no pre-attention norm of its own.
-    if (i > 0) t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
-    t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight), true});
-    t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight), true});
-    t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});
-    t.push_back({p + "ffn_in_weight", {H, 2 * I}, in(&LayerWeights::ffn_in_weight), true});
-    t.push_back({p + "ffn_out_weight", {I, H}, in(&LayerWeights::ffn_out_weight), true});
-  }
-  t.push_back({"final_norm.gamma", {H}, at(&ModelWeights::final_ln_gamma)});
-  append_head(t, c, w);
-  return t;
-}
-
-// EuroBERT's (a Llama-style encoder): the word table and a zero token-type row, no position
-// table and no embedding norm; per layer a pre-attention RMSNorm (layer 0's too: it norms the
-// embeddings), fused QKV, the output projection, a pre-MLP RMSNorm, FFN-in [gate | up], FFN-out,
-// no biases; a final RMSNorm.
-std::vector<TensorSpec> eurobert_tensor_table(const ModelConfig& c, ModelWeights* w) {
+// The pre-norm layers (ModernBERT's, EuroBERT's): no position table, a norm before attention and
+// one before the MLP, fused QKV and [input | gate] FFN-in weights without biases, a final norm; no
+// norm betas (the models supply zeros). ModernBERT norms its embeddings and its layer 0 reads that
+// norm (no pre-attention norm of its own); EuroBERT's embeddings have none and every layer has its
+// pre-attention norm.
+std::vector<TensorSpec> pre_norm_tensor_table(const ModelConfig& c, ModelWeights* w,
+                                              bool embedding_norm) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   auto at = [&](DeviceBuffer ModelWeights::*m) { return w ? &(w->*m) : nullptr; };
   std::vector<TensorSpec> t = {
@@ -165,12 +137,15 @@ std::vector<TensorSpec> eurobert_tensor_table(const ModelConfig& c, ModelWeights
       {"embeddings.token_type", {c.type_vocab_size, H}, at(&ModelWeights::token_type_embeddings),
        false, true},
   };
+  if (embedding_norm) t.push_back({"embeddings.ln_gamma", {H}, at(&ModelWeights::emb_ln_gamma)});
   if (w) w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     LayerWeights* l = w ? &w->layers[i] : nullptr;
     auto in = [&](DeviceBuffer LayerWeights::*m) { return l ? &(l->*m) : nullptr; };
-    t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
+    if (i > 0 || !embedding_norm) {
+      t.push_back({p + "attn_ln_gamma", {H}, in(&LayerWeights::attn_ln_gamma)});
+    }
     t.push_back({p + "qkv_weight", {H, 3 * H}, in(&LayerWeights::qkv_weight), true});
     t.push_back({p + "attn_out_weight", {H, H}, in(&LayerWeights::attn_out_weight), true});
     t.push_back({p + "ffn_ln_gamma", {H}, in(&LayerWeights::ffn_ln_gamma)});

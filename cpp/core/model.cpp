@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/models/models.h"
+#include "ftbert/attention.h"
 #include "ftbert/check.h"
 
 namespace ftbert {
@@ -14,6 +15,12 @@ Model::Model(const ModelConfig& config, const Backend& backend, DType compute)
   config_.validate();
   const std::string unsupported = backend.dtype_unsupported_reason(compute);
   FTBERT_CHECK(unsupported.empty(), unsupported);
+}
+
+size_t Model::attention_scratch_bytes(AttentionKind kind, int batch, int seq,
+                                      int64_t /*rows*/) const {
+  return attention_workspace_bytes(kind, dtype_, batch, seq, config_.num_heads,
+                                   config_.head_dim());
 }
 
 std::vector<std::string> model_architectures() {

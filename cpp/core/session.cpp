@@ -241,9 +241,7 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   // Inputs that come packed need rows for their T only (its bucket, as the layout below takes).
   const int64_t rows = a.cu_seqlens != nullptr ? packed_rows_bucket(std::max<int64_t>(a.tokens, 1), B, S)
                                                : static_cast<int64_t>(B) * S;
-  ensure_workspace(B, S, rows,
-                   attention_workspace_bytes(attention, model_.dtype(), B, S, c.num_heads,
-                                             c.head_dim()));
+  ensure_workspace(B, S, rows, model_.attention_scratch_bytes(attention, B, S, rows));
   Model::Outputs outputs;
   outputs.pooled = c.has_pooler && a.pooler_output != nullptr;
   outputs.logits = c.head.kind != HeadKind::kNone && a.logits != nullptr;

@@ -60,13 +60,19 @@ void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights&
 void post_ln_layer(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
                    const LayerWeights& w, const SequenceLayout& L, AttentionKind attention,
                    const AttentionOptions& options, void* out, int32_t* nonfinite) {
-  const int M = L.rows, H = c.hidden_size, I = c.intermediate_size;
-  const float eps = c.layer_norm_eps;
-
   // qkv [M, 3H] = hidden [M, H] · Wqkv [H, 3H]   (bias added inside attention)
-  be.weight_gemm(dt, M, 3 * H, H, act.hidden, H, w.qkv_weight.data(), act.qkv, 3 * H);
+  be.weight_gemm(dt, L.rows, 3 * c.hidden_size, c.hidden_size, act.hidden, c.hidden_size,
+                 w.qkv_weight.data(), act.qkv, 3 * c.hidden_size);
   run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), act.ctx, act.attention_scratch, L,
                 c.num_heads, c.head_dim(), options);
+  post_ln_output(be, dt, c, act, w, L, out, nonfinite);
+}
+
+void post_ln_output(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
+                    const LayerWeights& w, const SequenceLayout& L, void* out,
+                    int32_t* nonfinite) {
+  const int M = L.rows, H = c.hidden_size, I = c.intermediate_size;
+  const float eps = c.layer_norm_eps;
   // hidden2 = LN(ctx · Wo + bo + hidden)
   be.dense_residual_layernorm(dt, M, H, H, act.ctx, w.attn_out_weight.data(),
                               w.attn_out_bias.data(), act.hidden, w.attn_ln_gamma.data(),

@@ -40,6 +40,12 @@ void post_ln_layer(Backend& be, DType dt, const ModelConfig& c, const Activation
                    const LayerWeights& w, const SequenceLayout& layout, AttentionKind attention,
                    const AttentionOptions& options, void* out, int32_t* nonfinite);
 
+// The post-LayerNorm layer after attention wrote act.ctx: output dense + residual (act.hidden) +
+// LN into act.hidden2, then the FFN + residual + LN into `out`.
+void post_ln_output(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
+                    const LayerWeights& w, const SequenceLayout& layout, void* out,
+                    int32_t* nonfinite);
+
 // Every layer of w.layers in turn, the last writing act.output (or act.hidden) with the nonfinite
 // check; returns where the final hidden states are.
 void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,

@@ -71,6 +71,11 @@ class Model {
                        const SequenceLayout& layout, AttentionKind attention,
                        Outputs outputs) const = 0;
 
+  // Bytes of Activations::attention_scratch a forward of B sequences up to `seq` long over `rows`
+  // rows needs: run_attention's own, and whatever the architecture computes beside it.
+  virtual size_t attention_scratch_bytes(AttentionKind kind, int batch, int seq,
+                                         int64_t rows) const;
+
  protected:
   // Checks the config and that `backend` computes in `compute`.
   Model(const ModelConfig& config, const Backend& backend, DType compute);

@@ -35,7 +35,7 @@ def family_kinds(kinds) -> list[tuple[str, str]]:
 FAMILY_STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
                 "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
                 "modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte",
-                "jina_embeddings_v3": "JinaEmbeddingsV3", "eurobert": "EuroBert"}
+                "jina_embeddings_v3": "JinaEmbeddingsV3", "eurobert": "EuroBert", "deberta-v2": "DebertaV2"}
 # The rotary post-LayerNorm families (architecture rotary_bert) and their hidden_act by default.
 ROTARY_BERT_FAMILIES = {"nomic_bert": "silu", "gte": "gelu", "jina_embeddings_v3": "gelu"}
 
@@ -432,6 +432,45 @@ def make_eurobert(
     return _save(model, path, save_kwargs, perturb=False)
 
 
+def make_deberta(
+    path: Path,
+    kind="model",
+    hidden=48,
+    heads=3,
+    layers=2,
+    intermediate=None,
+    act="gelu",
+    vocab=157,
+    max_pos=64,
+    seed=0,
+    num_labels=2,
+    buckets=8,
+    max_relative=-1,
+    pos_att_type="p2c|c2p",
+    position_biased_input=False,
+    norm_rel_ebd="layer_norm",
+    type_vocab=2,
+    **save_kwargs,
+):
+    """Saves a random DeBERTa-v2 model to `path` and returns it in eval mode: v3's settings (shared
+    attention keys, normed relative embeddings, no absolute positions) but two token types (v3 has
+    none: type_vocab=0) and few buckets, so that short sequences reach the log buckets (distances past buckets / 2) and the
+    clamped ends (past max_relative, by default max_pos)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.DebertaV2Config(
+        **_sizes(vocab, hidden, layers, heads, intermediate or 2 * hidden + 3, max_pos, hidden_act=act,
+                 relative_attention=True, position_buckets=buckets, max_relative_positions=max_relative,
+                 pos_att_type=pos_att_type, share_att_key=True, norm_rel_ebd=norm_rel_ebd,
+                 position_biased_input=position_biased_input, type_vocab_size=type_vocab, pad_token_id=0),
+        **_labels_config(kind, num_labels))
+    model = getattr(transformers, "DebertaV2" + KIND_SUFFIXES[kind])(cfg).eval()
+    with torch.no_grad():  # init gives the relative embeddings the same small scale as the words
+        model.base_model.encoder.rel_embeddings.weight.normal_(0.0, 0.5)
+    return _save(model, path, save_kwargs, fill_biases=_wants_biases(kind, True))
+
+
 def make_model(
     path: Path,
     family: str,
@@ -466,6 +505,8 @@ def make_model(
         if act == "gelu":
             sizes["act"] = "silu"  # its SwiGLU
         return make_eurobert(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
+    if family == "deberta-v2":
+        return make_deberta(path, kind=kind, hidden=hidden, intermediate=intermediate, **sizes)
     if family in ROTARY_BERT_FAMILIES:
         if act == "gelu":
             sizes["act"] = None  # the family's own default (NomicBERT's SwiGLU)
@@ -491,6 +532,8 @@ def head_modules(hf):
     pre = getattr(hf, "pre_classifier", None)  # DistilBERT's sequence head
     if pre is not None:
         return pre, hf.classifier
+    if getattr(hf, "pooler", None) is not None:  # DeBERTa's ContextPooler: dense, GELU, classifier
+        return hf.pooler.dense, hf.classifier
     if hasattr(hf, "head"):  # ModernBERT: dense, act, norm, then the classifier
         return hf.head.dense, hf.classifier
     if hasattr(hf, "dense"):  # EuroBERT's sequence head: dense, GELU, then the classifier

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 from .._native import _C
 from .layout import (
     ABSOLUTE,
+    DISENTANGLED,
     EMBEDDING_SIZE,
     FINAL_NORM_TENSORS,
     HEAD_ACTIVATIONS,
@@ -58,7 +59,7 @@ from .layout import (
 __all__ = ["ABSOLUTE", "PADDING_OFFSET", "Key", "Projection", "WeightNames", "SequenceHead", "TokenHead",
            "Family", "FAMILIES",
            "BERT", "ROBERTA", "XLM_ROBERTA", "CAMEMBERT", "DISTILBERT", "ELECTRA", "MPNET", "MODERNBERT", "NOMIC_BERT", "GTE",
-           "JINA_EMBEDDINGS_V3", "EUROBERT", "Part", "KVHeads", "TaskAdapters", "family_for", "family_for_config",
+           "JINA_EMBEDDINGS_V3", "EUROBERT", "DEBERTA_V2", "Part", "KVHeads", "TaskAdapters", "family_for", "family_for_config",
            "supported_model_types", "check_engine_config"]
 
 
@@ -288,6 +289,10 @@ class Family:
     # Per-task LoRA adapters its checkpoints may hold (Jina-embeddings-v3's original code), merged
     # for the task named at load; None: the family has none.
     adapters: TaskAdapters | None = None
+    # The engine config's "disentangled" (layout.DISENTANGLED) from a config.json dict, for a family
+    # with DeBERTa's disentangled attention; raises ValueError naming a setting the engine does not
+    # run. None: the family has none.
+    derive_disentangled: Callable[[Mapping[str, Any]], dict] | None = None
     # config.json files of another model_type that are this family's: (model_type, the values of
     # other keys that tell them apart), such as the original Jina code's "xlm-roberta" with
     # position_embedding_type "rotary". family_for_config looks at these before model_type alone.
@@ -990,6 +995,111 @@ EUROBERT = Family(
 )
 
 
+def _deberta_disentangled(raw: Mapping[str, Any]) -> dict:
+    """The engine's "disentangled" from a DeBERTa-v2 config.json, as DisentangledSelfAttention and
+    DebertaV2Encoder read it (getattr defaults where DebertaV2Config has none): pos_att_type as a
+    "|"-separated string or a list, max_relative_positions < 1 meaning max_position_embeddings,
+    norm_rel_ebd "layer_norm" or "none". What the engine does not run is refused by name: no
+    relative attention, separate position projections (share_att_key false), the convolution
+    layer (conv_kernel_size), an embedding projection (embedding_size != hidden_size), a head width
+    of its own (attention_head_size)."""
+    if raw.get("relative_attention", False) is not True:
+        raise ValueError("relative_attention false (DeBERTa without disentangled attention) is not "
+                         "supported")
+    if raw.get("share_att_key", False) is not True:
+        raise ValueError("share_att_key false (separate relative position projections) is not supported")
+    if raw.get("conv_kernel_size", 0):
+        raise ValueError(f"conv_kernel_size {raw['conv_kernel_size']!r} (the convolution after layer 0) "
+                         "is not supported")
+    hidden, heads = raw.get("hidden_size", 1536), raw.get("num_attention_heads", 24)
+    if raw.get("embedding_size", hidden) != hidden:
+        raise ValueError(f"embedding_size {raw['embedding_size']!r} != hidden_size {hidden!r} (an "
+                         "embedding projection) is not supported")
+    size = raw.get("attention_head_size")
+    if size is not None and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
+            and size * heads != hidden:
+        raise ValueError(f"attention_head_size {size!r} is not hidden_size / num_attention_heads "
+                         f"({hidden // heads})")
+    types = raw.get("pos_att_type") or []
+    if isinstance(types, str):
+        types = [t.strip() for t in types.lower().split("|")]
+    if not isinstance(types, list) or not set(types) <= {"c2p", "p2c"} or not types:
+        raise ValueError(f"pos_att_type {raw.get('pos_att_type')!r} is not supported (one or both of "
+                         "'c2p', 'p2c')")
+    norms = [x.strip() for x in str(raw.get("norm_rel_ebd", "none")).lower().split("|")]
+    if not set(norms) <= {"none", "layer_norm"}:
+        raise ValueError(f"norm_rel_ebd {raw['norm_rel_ebd']!r} is not supported ('layer_norm' or 'none')")
+    reach = raw.get("max_relative_positions", -1)
+    if isinstance(reach, int) and reach < 1:
+        reach = raw.get("max_position_embeddings", 512)
+    buckets = raw.get("position_buckets", -1)
+    return {"position_buckets": buckets,
+            "max_relative_positions": reach, "c2p": "c2p" in types, "p2c": "p2c" in types,
+            "position_table": bool(raw.get("position_biased_input", True)),
+            "norm": "layer_norm" in norms}
+
+
+# DeBERTa-v2 and v3 (DebertaV2Model; microsoft/deberta-v3-base, mDeBERTa, the NLI / zero-shot /
+# prompt-injection classifiers, mxbai-rerank-v1): its own architecture unit. BERT's post-LayerNorm
+# layers (query_proj / key_proj / value_proj) whose attention adds the disentangled terms from the
+# encoder's relative embeddings (and their LayerNorm); absolute positions only where
+# position_biased_input, token types only where type_vocab_size > 0 (v3: neither). No pooler in the
+# bare model; ForSequenceClassification's ContextPooler (dense + pooler_hidden_act on token 0) is
+# the head's own dense, then its classifier; ForTokenClassification a Linear on every token. Task
+# models keep the encoder under "deberta.".
+DEBERTA_V2 = Family(
+    name="deberta-v2",
+    model_types=("deberta-v2",),
+    architecture="deberta",
+    # DebertaV2Config's defaults (deberta-v2-xlarge's sizes).
+    config=_frozen({
+        "vocab_size": Key("vocab_size", 128100),
+        "hidden_size": Key("hidden_size", 1536),
+        "num_hidden_layers": Key("num_hidden_layers", 24),
+        "num_attention_heads": Key("num_attention_heads", 24),
+        "intermediate_size": Key("intermediate_size", 6144),
+        "max_position_embeddings": Key("max_position_embeddings", 512),
+        "type_vocab_size": Key("type_vocab_size", 0),
+        "layer_norm_eps": Key("layer_norm_eps", 1e-7),
+        "hidden_act": Key("hidden_act", "gelu"),
+        # Unused by ABSOLUTE positions; recorded all the same.
+        "pad_token_id": Key("pad_token_id", 0),
+    }),
+    accepted_values=_frozen({}),
+    weights=WeightNames(
+        prefixes=("deberta.",),
+        embeddings=_frozen({
+            "embeddings.word": "embeddings.word_embeddings.weight",
+            "embeddings.position": "embeddings.position_embeddings.weight",
+            "embeddings.token_type": "embeddings.token_type_embeddings.weight",
+            "embeddings.ln_gamma": "embeddings.LayerNorm.weight",
+            "embeddings.ln_beta": "embeddings.LayerNorm.bias",
+        }),
+        layer_prefix="encoder.layer.{i}.",
+        layer=_frozen({
+            **BERT.weights.layer,
+            "qkv_weight": ("attention.self.query_proj.weight", "attention.self.key_proj.weight",
+                           "attention.self.value_proj.weight"),
+            "qkv_bias": ("attention.self.query_proj.bias", "attention.self.key_proj.bias",
+                         "attention.self.value_proj.bias"),
+        }),
+        pooler=_frozen({}),
+        buffers=("embeddings.position_ids",),
+        model=_frozen({"encoder.rel_embeddings": "encoder.rel_embeddings.weight",
+                       "encoder.rel_ln_gamma": "encoder.LayerNorm.weight",
+                       "encoder.rel_ln_beta": "encoder.LayerNorm.bias"}),
+    ),
+    position_ids=ABSOLUTE,
+    token_types=True,
+    projection=None,
+    sequence_head=SequenceHead(dense=("pooler.dense.weight", "pooler.dense.bias"), activation="gelu",
+                               out=("classifier.weight", "classifier.bias")),
+    token_head=TokenHead(out=("classifier.weight", "classifier.bias")),
+    head_accepted_values=_frozen({"pooler_hidden_act": ("gelu",)}),
+    derive_disentangled=_deberta_disentangled,
+)
+
+
 def _engine_names(family: Family) -> dict[str, set[str]]:
     """The engine's tensor names for the family's architecture (cpp/core/weights.cpp, through the
     bound module), by part: "embeddings", "layer" (a layer past the first, unprefixed),
@@ -1002,6 +1112,10 @@ def _engine_names(family: Family) -> dict[str, set[str]]:
         config[RELATIVE_BUCKETS] = 8
     if family.derive_layer is not None:
         config[LAYER] = family.derive_layer({"num_hidden_layers": 2})
+    if family.derive_disentangled is not None:
+        # Every optional tensor: the position table and the relative embeddings' norm.
+        config[DISENTANGLED] = dict(position_buckets=4, max_relative_positions=8, c2p=True, p2c=True,
+                                    position_table=True, norm=True)
     names = [n for n, _, _ in _C.expected_tensors(config)]
     parts = {"embeddings": set(), "layer": set(), "pooler": set(), "model": set()}
     for n in names:
@@ -1075,7 +1189,7 @@ def _check(family: Family) -> Family:
 # Family name -> table.
 FAMILIES: Mapping[str, Family] = _frozen({
     f.name: _check(f) for f in (BERT, ROBERTA, XLM_ROBERTA, CAMEMBERT, DISTILBERT, ELECTRA, MPNET, MODERNBERT,
-                                NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3, EUROBERT)
+                                NOMIC_BERT, GTE, JINA_EMBEDDINGS_V3, EUROBERT, DEBERTA_V2)
 })
 
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
@@ -1115,6 +1229,10 @@ def check_engine_config(cfg: Any, where: str, error: Callable[[str], Exception])
         has = "has" if family.derive_layer is not None else "has no"
         raise error(f"{where}: {LAYER} {cfg[LAYER]!r} does not fit model_type {model}, whose layer {has} "
                     "such settings")
+    if (family.derive_disentangled is not None) != (cfg[DISENTANGLED] is not None):
+        has = "has" if family.derive_disentangled is not None else "has no"
+        raise error(f"{where}: {DISENTANGLED} {cfg[DISENTANGLED]!r} does not fit model_type {model}, which {has} "
+                    "disentangled attention")
     if family.relative_bias != (cfg[RELATIVE_BUCKETS] > 0):
         has = "has" if family.relative_bias else "has no"
         raise error(f"{where}: {RELATIVE_BUCKETS} {cfg[RELATIVE_BUCKETS]!r} does not fit model_type {model}, "

@@ -30,6 +30,7 @@ from .families import ABSOLUTE, Family, KVHeads, Part, family_for_config, suppor
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
+    DISENTANGLED,
     LAYER,
     RELATIVE_BUCKETS,
     FORMAT_NAME,
@@ -106,6 +107,11 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
     if family.derive_layer is not None:
         try:
             cfg[LAYER] = family.derive_layer(raw)
+        except ValueError as e:
+            raise ConversionError(f"{path}: {e}") from None
+    if family.derive_disentangled is not None:
+        try:
+            cfg[DISENTANGLED] = family.derive_disentangled(raw)
         except ValueError as e:
             raise ConversionError(f"{path}: {e}") from None
     check_hyperparameters(cfg, str(path), ConversionError)
@@ -742,6 +748,7 @@ def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256
     cfg["pad_token_id"] = hf["pad_token_id"]
     cfg[RELATIVE_BUCKETS] = hf.get(RELATIVE_BUCKETS, 0)
     cfg[LAYER] = hf.get(LAYER)
+    cfg[DISENTANGLED] = hf.get(DISENTANGLED)
     cfg["has_pooler"] = has_pooler
     cfg[HEAD] = head
     cfg["dtype"] = dtype

@@ -88,6 +88,18 @@ RELATIVE_BUCKETS_LOOKED_UP = 32
 LAYER = "layer"
 LAYER_KEYS = _engine_keys(LAYER)
 
+# DeBERTa's disentangled attention: null, or an object with
+#   position_buckets: distances past position_buckets / 2 share log buckets (<= 0: none, each
+#     distance its own relative embedding up to max_relative_positions);
+#   max_relative_positions: the buckets' reach (a positive integer);
+#   c2p, p2c: whether the content->position and position->content terms are added;
+#   position_table: whether the absolute position table is added to the embeddings too
+#     (position_biased_input);
+#   norm: whether the relative embeddings are LayerNorm'd (norm_rel_ebd "layer_norm").
+# Files written before the key existed have none (reader.read_config fills in null).
+DISENTANGLED = "disentangled"
+DISENTANGLED_KEYS = _engine_keys(DISENTANGLED)
+
 # The task head above the encoder: null, or an object with these keys (check_head):
 #   kind: SEQUENCE_CLASSIFICATION (logits [B, num_labels] from token 0) or TOKEN_CLASSIFICATION
 #     (logits [B, S, num_labels] from every token);
@@ -224,6 +236,7 @@ def check_hyperparameters(cfg: dict, where: str, error: Callable[[str], Exceptio
             f"num_attention_heads {cfg['num_attention_heads']}"
         )
     check_layer(cfg.get(LAYER), where, error)
+    check_disentangled(cfg.get(DISENTANGLED), where, error)
     R = cfg.get(RELATIVE_BUCKETS, 0)
     if not _is_int(R) or not (R == 0 or RELATIVE_BUCKETS_LOOKED_UP <= R <= MAX_SIZE):
         raise error(f"{where}: {RELATIVE_BUCKETS} must be 0 (no relative position bias) or an integer "
@@ -262,6 +275,29 @@ def check_layer(layer: Any, where: str, error: Callable[[str], Exception]) -> No
         raise error(f"{where}: {LAYER}.local_window must be a non-negative integer, got {v!r}")
     if not isinstance(layer["gated_mlp"], bool):
         raise error(f"{where}: {LAYER}.gated_mlp must be true or false, got {layer['gated_mlp']!r}")
+
+
+def check_disentangled(value: Any, where: str, error: Callable[[str], Exception]) -> None:
+    """Checks the engine config's DISENTANGLED value: null, or its object."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or set(value) != set(DISENTANGLED_KEYS):
+        raise error(f"{where}: {DISENTANGLED} must be null or an object with the keys "
+                    f"{', '.join(DISENTANGLED_KEYS)}, got {value!r}")
+    buckets, reach = value["position_buckets"], value["max_relative_positions"]
+    if not _is_int(buckets) or buckets == 1 or buckets > MAX_SIZE:
+        raise error(f"{where}: {DISENTANGLED}.position_buckets must be an integer, at least 2 or at "
+                    f"most 0 (none), got {buckets!r}")
+    if not _is_int(reach) or not 0 < reach <= MAX_SIZE:
+        raise error(f"{where}: {DISENTANGLED}.max_relative_positions must be a positive integer, got {reach!r}")
+    if buckets > 0 and reach <= buckets // 2 + 1:
+        raise error(f"{where}: {DISENTANGLED}.max_relative_positions {reach} must exceed position_buckets / 2 + 1 "
+                    f"({buckets // 2 + 1}) for the log buckets")
+    for key in ("c2p", "p2c", "position_table", "norm"):
+        if not isinstance(value[key], bool):
+            raise error(f"{where}: {DISENTANGLED}.{key} must be true or false, got {value[key]!r}")
+    if not (value["c2p"] or value["p2c"]):
+        raise error(f"{where}: {DISENTANGLED} adds neither term (c2p and p2c both false)")
 
 
 def check_positions(cfg: dict, where: str, error: Callable[[str], Exception]) -> None:

@@ -15,6 +15,7 @@ from .layout import (
     CONFIG_KEYS,
     DTYPES,
     EMBEDDING_SIZE,
+    DISENTANGLED,
     LAYER,
     RELATIVE_BUCKETS,
     FORMAT_NAME,
@@ -88,6 +89,15 @@ def _fill_layer(config: dict) -> dict:
     return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
 
 
+def _fill_disentangled(config: dict) -> dict:
+    """A config written before DeBERTa existed has no disentangled attention: the key comes back
+    null, in its place."""
+    if DISENTANGLED in config:
+        return config
+    merged = {**config, DISENTANGLED: None}
+    return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
+
+
 def _fill_relative_buckets(config: dict) -> dict:
     """A config written before relative position biases (MPNet) existed has none: the key comes back
     as 0, in its place."""
@@ -134,7 +144,7 @@ def read_config(directory) -> dict:
         )
     if version == 1:
         config = _upgrade_version_1(config, path)
-    config = _fill_head(_fill_layer(_fill_relative_buckets(_fill_embedding_size(config))))
+    config = _fill_head(_fill_disentangled(_fill_layer(_fill_relative_buckets(_fill_embedding_size(config)))))
     check_engine_config(config, str(path), FormatError)
     return config
 

@@ -65,12 +65,115 @@ size_t attention_workspace_bytes(AttentionKind kind, DType dt, int batch, int se
   return 4 * l.head_bytes + l.scores_bytes;
 }
 
+float DisentangledAttention::scale(int head_dim) const {
+  return 1.0f / std::sqrt(static_cast<float>(head_dim) * static_cast<float>(1 + c2p + p2c));
+}
+
+namespace {
+// One of the two term tables: per head (fused) or per (b, head) (unfused), a row per query or key.
+size_t term_table_bytes(AttentionKind kind, DType dt, int64_t rows, int batch, int seq, int heads,
+                        int width) {
+  const int64_t table_rows = kind == AttentionKind::kFlash ? rows : int64_t{batch} * seq;
+  return round_up(dtype_size(dt) * heads * table_rows * static_cast<size_t>(width));
+}
+}  // namespace
+
+size_t disentangled_scratch_bytes(AttentionKind kind, DType dt, int64_t rows, int batch, int seq,
+                                  int heads, const DisentangledAttention& d) {
+  return 2 * term_table_bytes(kind, dt, rows, batch, seq, heads, d.width(seq));
+}
+
+namespace {
+
+// The fused kernels' terms: per head h, c2p[h][r] = q_r · relative key (columns first ..
+// first + width) for every row r of the layout, and p2c[h][r] = k_r · relative query; one batched
+// product over the heads each (qkv's head h at column h·d, H + h·d).
+DisentangledTerms fused_terms(Backend& be, DType dt, const void* qkv, const SequenceLayout& L,
+                              int heads, int d, const DisentangledAttention& da) {
+  const int S = L.max_seq, H = heads * d;
+  const size_t es = dtype_size(dt);
+  DisentangledTerms t;
+  t.rows = L.rows;
+  t.first = da.first(S);
+  t.width = da.width(S);
+  t.column = da.column;
+  const size_t table = term_table_bytes(AttentionKind::kFlash, dt, L.rows, L.batch, S, heads,
+                                        t.width);
+  char* c2p = static_cast<char*>(da.scratch);
+  char* p2c = c2p + table;
+  const char* pos = static_cast<const char*>(da.positions) + static_cast<size_t>(t.first) * 3 * H * es;
+  const char* q = static_cast<const char*>(qkv);
+  const int64_t table_elems = t.rows * t.width;
+  if (da.c2p) {
+    be.batched_gemm(dt, false, true, L.rows, t.width, d, q, 3 * H, d, pos + H * es, 3 * H, d, c2p,
+                    t.width, table_elems, heads);
+    t.c2p = c2p;
+  }
+  if (da.p2c) {
+    be.batched_gemm(dt, false, true, L.rows, t.width, d, q + H * es, 3 * H, d, pos, 3 * H, d, p2c,
+                    t.width, table_elems, heads);
+    t.p2c = p2c;
+  }
+  return t;
+}
+
+// The unfused path's: per (b, h), from the padded q and k [B, heads, S, d]; one batched product
+// over the batch per head (the relative keys and queries are the head's for every b).
+DisentangledTerms unfused_terms(Backend& be, DType dt, const void* q, const void* k, int batch,
+                                int seq, int heads, int d, const DisentangledAttention& da) {
+  const int H = heads * d;
+  const size_t es = dtype_size(dt);
+  DisentangledTerms t;
+  t.rows = seq;
+  t.first = da.first(seq);
+  t.width = da.width(seq);
+  t.column = da.column;
+  const size_t table = term_table_bytes(AttentionKind::kUnfused, dt, 0, batch, seq, heads, t.width);
+  char* c2p = static_cast<char*>(da.scratch);
+  char* p2c = c2p + table;
+  const char* pos = static_cast<const char*>(da.positions) + static_cast<size_t>(t.first) * 3 * H * es;
+  const int64_t head_elems = int64_t{seq} * d, table_elems = int64_t{seq} * t.width;
+  for (int h = 0; h < heads; ++h) {
+    const size_t in = static_cast<size_t>(h) * head_elems * es;
+    const size_t out = static_cast<size_t>(h) * table_elems * es;
+    if (da.c2p) {
+      be.batched_gemm(dt, false, true, seq, t.width, d, static_cast<const char*>(q) + in, d,
+                      heads * head_elems, pos + (H + h * d) * es, 3 * H, 0, c2p + out, t.width,
+                      heads * table_elems, batch);
+    }
+    if (da.p2c) {
+      be.batched_gemm(dt, false, true, seq, t.width, d, static_cast<const char*>(k) + in, d,
+                      heads * head_elems, pos + h * d * es, 3 * H, 0, p2c + out, t.width,
+                      heads * table_elems, batch);
+    }
+  }
+  if (da.c2p) t.c2p = c2p;
+  if (da.p2c) t.p2c = p2c;
+  return t;
+}
+
+}  // namespace
+
 void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* qkv,
                    const void* qkv_bias, void* out, void* workspace, const SequenceLayout& layout,
                    int heads, int head_dim, const AttentionOptions& options) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const DisentangledAttention* da = options.disentangled;
+  const float scale = da != nullptr ? da->scale(head_dim)
+                                    : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (da != nullptr) {
+    FTBERT_CHECK(layout.max_seq <= da->max_distance,
+                 "attention: sequences of " << layout.max_seq << " positions are longer than the "
+                 "relative positions' table (" << da->max_distance << ")");
+    FTBERT_CHECK(da->scratch != nullptr, "attention: disentangled attention without its scratch");
+  }
   if (kind == AttentionKind::kFlash) {
-    backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, options);
+    if (da == nullptr) {
+      backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, options);
+      return;
+    }
+    AttentionOptions with_terms = options;
+    with_terms.terms = fused_terms(backend, dt, qkv, layout, heads, head_dim, *da);
+    backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, with_terms);
     return;
   }
   const int batch = layout.batch, seq = layout.max_seq;
@@ -89,6 +192,10 @@ void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* q
   // scores = Q Kᵀ per (batch, head); the 1/sqrt(d) scale is folded into the softmax.
   backend.batched_gemm(dt, false, true, seq, seq, head_dim, q, head_dim, head_stride, k, head_dim,
                        head_stride, scores, seq, score_stride, bh);
+  if (da != nullptr) {
+    const DisentangledTerms t = unfused_terms(backend, dt, q, k, batch, seq, heads, head_dim, *da);
+    backend.disentangled_scores(dt, scores, batch, heads, seq, t);
+  }
   backend.masked_softmax(dt, scores, layout, heads, scale, options);
   // context = P V per (batch, head)
   backend.batched_gemm(dt, false, false, seq, head_dim, seq, scores, seq, score_stride, v,

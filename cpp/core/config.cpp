@@ -62,6 +62,18 @@ const std::vector<ConfigKey> kKeys = {
     // Conversions from before the key: 1 (no rope scaling).
     {"layer", "rotary_scale", T::kNumber, false, true,
      FTBERT_SET(c.rotary_scale = static_cast<float>(v.number))},
+    // DeBERTa's disentangled attention (the deberta architecture). Null, or conversions without
+    // the key: none.
+    {"", "disentangled", T::kObject, false, true, FTBERT_SET((void)v; c.disentangled.on = true)},
+    {"disentangled", "position_buckets", T::kInt, true, true,
+     FTBERT_SET(c.disentangled.position_buckets = static_cast<int>(v.integer))},
+    {"disentangled", "max_relative_positions", T::kInt, true, true,
+     FTBERT_SET(c.disentangled.max_relative_positions = static_cast<int>(v.integer))},
+    {"disentangled", "c2p", T::kBool, true, true, FTBERT_SET(c.disentangled.c2p = v.flag)},
+    {"disentangled", "p2c", T::kBool, true, true, FTBERT_SET(c.disentangled.p2c = v.flag)},
+    {"disentangled", "position_table", T::kBool, true, true,
+     FTBERT_SET(c.disentangled.position_table = v.flag)},
+    {"disentangled", "norm", T::kBool, true, true, FTBERT_SET(c.disentangled.norm = v.flag)},
     {"", "has_pooler", T::kBool, true, true, FTBERT_SET(c.has_pooler = v.flag)},
     // Null, or conversions from before heads: none.
     {"", "head", T::kObject, false, true, nullptr},

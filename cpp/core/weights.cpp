@@ -85,7 +85,7 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
       {"embeddings.ln_gamma", {E}, at(&ModelWeights::emb_ln_gamma)},
       {"embeddings.ln_beta", {E}, at(&ModelWeights::emb_ln_beta)},
   };
-  if (c.rotary_theta == 0) {
+  if (c.has_position_table()) {
     t.insert(t.begin() + 1, {"embeddings.position", {c.max_position_embeddings, E},
                              at(&ModelWeights::position_embeddings), false, true});
   }
@@ -96,6 +96,14 @@ std::vector<TensorSpec> tensor_table(const ModelConfig& c, ModelWeights* w) {
   if (c.relative_attention_buckets > 0) {
     t.push_back({"encoder.relative_attention_bias", {c.relative_attention_buckets, c.num_heads},
                  kHostOnly, false, true});
+  }
+  if (c.disentangled.on) {
+    t.push_back({"encoder.rel_embeddings", {2 * int64_t{c.disentangled.span()}, H}, kHostOnly,
+                 false, true});
+    if (c.disentangled.norm) {
+      t.push_back({"encoder.rel_ln_gamma", {H}, kHostOnly});
+      t.push_back({"encoder.rel_ln_beta", {H}, kHostOnly});
+    }
   }
   if (w) w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {

@@ -48,6 +48,34 @@ void CpuBackend::add_qkv_bias_transpose(DType dt, const void* qkv,  // [rows, 3H
   });
 }
 
+void CpuBackend::disentangled_scores(DType dt, void* scores,  // [B, heads, S, S]
+                                     int batch, int heads, int seq, const DisentangledTerms& t) {
+  require_cpu_dtype(dt, "disentangled_scores");
+  FTBERT_CHECK(t.rows == seq && t.column != nullptr && (t.c2p != nullptr || t.p2c != nullptr),
+               "disentangled_scores: terms for " << t.rows << " rows, expected one per position ("
+                                                 << seq << ") and at least one table");
+  const int64_t tables = int64_t{batch} * heads, n = tables * seq * t.width;
+  const cpu::Floats c2p(dt, t.c2p, t.c2p != nullptr ? n : 0);
+  const cpu::Floats p2c(dt, t.p2c, t.p2c != nullptr ? n : 0);
+  const int32_t* column = t.column;
+  parallel_for(tables * seq, tables * seq * seq, [&](int64_t begin, int64_t end) {
+    float* buf = cpu::scratch_rows(1, seq);
+    for (int64_t r = begin; r < end; ++r) {  // score row r = (b·heads + h)·S + i
+      const int64_t table = r / seq;
+      const int i = static_cast<int>(r % seq);
+      float* row = cpu::load_row(dt, scores, r, seq, buf);
+      const float* q_terms = t.c2p != nullptr ? c2p.data() + r * t.width : nullptr;
+      const float* k_terms = t.p2c != nullptr ? p2c.data() + table * seq * t.width : nullptr;
+      for (int j = 0; j < seq; ++j) {
+        const int col = column[i - j] - t.first;
+        if (q_terms != nullptr) row[j] += q_terms[col];
+        if (k_terms != nullptr) row[j] += k_terms[int64_t{j} * t.width + col];
+      }
+      cpu::store_row(dt, scores, r, seq, row);
+    }
+  });
+}
+
 void CpuBackend::masked_softmax(DType dt, void* scores,  // [B, heads, S, S]
                                 const SequenceLayout& l, int heads, float scale,
                                 const AttentionOptions& options) {
@@ -195,7 +223,15 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
   // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering, and
   // (with a relative bias or a window) their positions in the padded row.
   std::vector<int32_t> queries, keys, query_pos, key_pos;
-  const bool positions = options.has_relative_bias() || options.window > 0;
+  const bool positions = options.has_relative_bias() || options.window > 0 || options.has_terms();
+  // The disentangled terms, widened to float32 where they are bfloat16.
+  const DisentangledTerms& terms = options.terms;
+  const int64_t term_elems = static_cast<int64_t>(heads) * terms.rows * terms.width;
+  const cpu::Floats c2p(dt, terms.c2p, terms.c2p != nullptr ? term_elems : 0);
+  const cpu::Floats p2c(dt, terms.p2c, terms.p2c != nullptr ? term_elems : 0);
+  FTBERT_CHECK(!options.has_terms() || terms.rows == l.rows,
+               "flash_attention: disentangled terms for " << terms.rows << " rows, the layout has "
+                                                          << l.rows);
   std::vector<int64_t> q_begin(B + 1), k_begin(B + 1);
   queries.reserve(static_cast<size_t>(B) * S);
   keys.reserve(static_cast<size_t>(B) * S);
@@ -266,6 +302,14 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
         a.query_pos = query_pos.data() + t.q0;
         a.key_pos = key_pos.data() + k_begin[t.b];
         a.window = options.window;
+      }
+      if (options.has_terms()) {
+        const int64_t head = static_cast<int64_t>(t.h) * terms.rows * terms.width;
+        if (terms.c2p != nullptr) a.c2p = c2p.data() + head;
+        if (terms.p2c != nullptr) a.p2c = p2c.data() + head;
+        a.term_width = terms.width;
+        a.term_column = terms.column;
+        a.term_first = terms.first;
       }
       if (options.has_relative_bias()) {
         a.relative_bias = options.relative_bias +

@@ -34,7 +34,15 @@ struct AttentionTile {
   const float* relative_bias = nullptr;
   // > 0: key j attends query i only where |key_pos[j] − query_pos[i]| <= window.
   int window = 0;
-  // With a bias or a window: positions in the padded row, ascending (as the rows are).
+  // DeBERTa's disentangled terms (DisentangledTerms, this head's tables): query row r and key
+  // row r' at distance δ = query_pos − key_pos add, before the scale,
+  // c2p[r · term_width + col] + p2c[r' · term_width + col], col = term_column[δ] − term_first.
+  const float* c2p = nullptr;
+  const float* p2c = nullptr;
+  int term_width = 0;
+  const int32_t* term_column = nullptr;
+  int term_first = 0;
+  // With a bias, a window or the terms: positions in the padded row, ascending (as the rows are).
   const int32_t* query_pos = nullptr;  // [n_queries]
   const int32_t* key_pos = nullptr;    // [n_keys]
 };

@@ -454,6 +454,24 @@ void attention(const AttentionTile& t, float* scratch) {
           for (int j = 0; j < nk; ++j) si[j] += bias[t.key_pos[kb + j]];
         }
       }
+      if (t.c2p != nullptr || t.p2c != nullptr) {
+        for (int i = 0; i < rows && q0 + i < nq; ++i) {
+          const int qp = t.query_pos[q0 + i];
+          const float* q_terms =
+              t.c2p != nullptr ? t.c2p + static_cast<int64_t>(t.query_rows[q0 + i]) * t.term_width
+                               : nullptr;
+          float* si = s + i * kKeyBlock;
+          for (int j = 0; j < nk; ++j) {
+            const int col = t.term_column[qp - t.key_pos[kb + j]] - t.term_first;
+            float add = 0.0f;
+            if (q_terms != nullptr) add += q_terms[col];
+            if (t.p2c != nullptr) {
+              add += t.p2c[static_cast<int64_t>(t.key_rows[kb + j]) * t.term_width + col];
+            }
+            si[j] += add * scale;
+          }
+        }
+      }
       if (t.window > 0) {
         for (int i = 0; i < rows && q0 + i < nq; ++i) {
           const int qp = t.query_pos[q0 + i];

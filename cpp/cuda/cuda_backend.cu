@@ -507,6 +507,21 @@ void CudaBackend::add_qkv_bias_transpose(DType dt, const void* qkv, const void* 
   });
 }
 
+void CudaBackend::disentangled_scores(DType dt, void* scores, int batch, int heads, int seq,
+                                      const DisentangledTerms& terms) {
+  FTBERT_CHECK(terms.rows == seq && terms.column != nullptr &&
+                   (terms.c2p != nullptr || terms.p2c != nullptr),
+               "disentangled_scores: terms for " << terms.rows << " rows, expected one per "
+                                                 << "position (" << seq << ") and a table");
+  DeviceScope scope(device_);
+  dispatch_dtype(dt, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    invoke_disentangled_scores<T>(static_cast<T*>(scores), static_cast<const T*>(terms.c2p),
+                                  static_cast<const T*>(terms.p2c), terms.column, batch, heads,
+                                  seq, terms.width, terms.first, stream_);
+  });
+}
+
 void CudaBackend::masked_softmax(DType dt, void* scores, const SequenceLayout& layout, int heads,
                                  float scale, const AttentionOptions& options) {
   DeviceScope scope(device_);

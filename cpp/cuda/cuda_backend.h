@@ -141,6 +141,8 @@ class CudaBackend : public Backend {
                               int head_dim) override;
   void masked_softmax(DType dt, void* scores, const SequenceLayout& layout, int heads,
                       float scale, const AttentionOptions& options) override;
+  void disentangled_scores(DType dt, void* scores, int batch, int heads, int seq,
+                           const DisentangledTerms& terms) override;
   void transpose_heads(DType dt, const void* in, void* out, const SequenceLayout& layout,
                        int heads, int head_dim) override;
   void add_bias_residual_layernorm(DType dt, void* x, const void* residual, const void* bias,

@@ -31,7 +31,8 @@ SEQUENCE_INPUT = {"bert": ("pooler", None), "roberta": ("first_token", "tanh"),
                   "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu"),
                   "mpnet": ("first_token", "tanh"), "modernbert": ("first_token", "gelu"),
                   "nomic_bert": ("pooler", None), "gte": ("pooler", None),
-                  "jina_embeddings_v3": ("first_token", "tanh"), "eurobert": ("first_token", "gelu")}
+                  "jina_embeddings_v3": ("first_token", "tanh"), "eurobert": ("first_token", "gelu"),
+                  "deberta-v2": ("first_token", "gelu")}
 
 # The cases come from the family tables (weights_tools/families.py): every family, bare and with
 # each head, so a family added there is tested here with no line of its own. Sizes are cycled over
@@ -138,8 +139,10 @@ def assert_parity(case, out, ids, mask, types):
         # Token 0 of every row, a pad token in left-padded rows: transformers reads it all the same.
         # Except with sliding windows (ModernBERT): a pad whose window holds no real token gets
         # transformers' uniform weights over every key (its mask adds the float minimum to all),
-        # ftbert's zeros; such a row's logits read a pad's hidden state either way.
-        rows = mask[:, 0] == 1 if case.family == "modernbert" else np.ones(len(mask), bool)
+        # ftbert's zeros; such a row's logits read a pad's hidden state either way. DeBERTa masks
+        # a pad query's every key (and zeroes its embedding): the same uniform weights.
+        own_pad_rows = ("modernbert", "deberta-v2")
+        rows = mask[:, 0] == 1 if case.family in own_pad_rows else np.ones(len(mask), bool)
         err = np.abs(out.logits - logits)[rows].max() if rows.any() else 0.0
     else:
         err = np.abs(out.logits - logits)[valid].max()

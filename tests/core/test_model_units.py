@@ -44,7 +44,7 @@ def test_a_config_without_an_architecture_runs_bert_as_before(bert_dir, rng):
     np.testing.assert_array_equal(plain[0], want)
 
 
-@pytest.mark.parametrize("name", ["deberta", "", "BERT"])
+@pytest.mark.parametrize("name", ["albert", "", "BERT"])
 def test_an_architecture_the_build_does_not_run_is_refused_by_name(bert_dir, name):
     config, tensors = load_hf_checkpoint(bert_dir)
     with pytest.raises(ValueError, match=rf"architecture '{name}' is not one this build runs \('bert'"):
@@ -53,8 +53,8 @@ def test_an_architecture_the_build_does_not_run_is_refused_by_name(bert_dir, nam
 
 def test_an_unknown_model_type_is_refused_before_the_engine(bert_dir):
     config, _ = load_hf_checkpoint(bert_dir)
-    with pytest.raises(ValueError, match="model_type 'deberta-v2' is not one ftbert runs"):
-        engine_config({**config, "model_type": "deberta-v2"})
+    with pytest.raises(ValueError, match="model_type 'albert' is not one ftbert runs"):
+        engine_config({**config, "model_type": "albert"})
 
 
 @pytest.mark.parametrize("family,kind", family_kinds(("model", "cls", "token")))
@@ -72,7 +72,8 @@ def test_the_schema_repeats_the_engine_s_layers(tmp_path, family, kind):
             [(n, tuple(s), table) for n, s, table in _C.expected_tensors(cfg)]
     tables = {t.name for t in iter_tensors(engine_config(config)) if t.table}
     assert tables == {n for n in tensors if n.startswith("embeddings.") and n[11:] in ("word", "position",
-                      "token_type")} | {n for n in tensors if n == "encoder.relative_attention_bias"}
+                      "token_type")} | {n for n in tensors if n in ("encoder.relative_attention_bias",
+                                                                     "encoder.rel_embeddings")}
 
 
 def test_the_bert_unit_refuses_a_relative_bias_it_would_drop(bert_dir):

@@ -140,6 +140,8 @@ def first_token_reference(m, first):
         if m.kind == "cls":
             if m.family in ("bert", "nomic_bert", "gte"):  # the classifier on the pooler
                 logits = hf.classifier(pooled)
+            elif m.family == "deberta-v2":  # ContextPooler (dense, GELU) on token 0, the classifier
+                logits = hf.classifier(hf.pooler(x))
             elif m.family == "eurobert":  # its dense and GELU on token 0, then the classifier
                 logits = hf.classifier(hf.activation(hf.dense(x[:, 0])))
             elif m.family == "distilbert":

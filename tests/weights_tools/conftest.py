@@ -36,7 +36,8 @@ KINDS = ("model", "mlm", "cls")  # BertModel, BertForMaskedLM, BertForSequenceCl
 FAMILY_CLASSES = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert",
                   "distilbert": "DistilBert", "electra": "Electra", "mpnet": "MPNet",
                   "modernbert": "ModernBert", "nomic_bert": "NomicBert", "gte": "Gte",
-                  "jina_embeddings_v3": "JinaEmbeddingsV3", "eurobert": "EuroBert"}
+                  "jina_embeddings_v3": "JinaEmbeddingsV3", "eurobert": "EuroBert",
+                  "deberta-v2": "DebertaV2"}
 # TINY under DistilBertConfig's own keys (no token types: type_vocab_size has no key there).
 DISTILBERT_KEYS = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
                    "intermediate_size": "hidden_dim", "hidden_act": "activation", "type_vocab_size": None}
@@ -87,6 +88,8 @@ def reference_tensors(model) -> dict[str, torch.Tensor]:
         pre = getattr(model, "pre_classifier", None)  # DistilBERT
         modern = getattr(model, "head", None)  # ModernBERT: dense (no bias), act, norm
         own = getattr(model, "dense", None)  # EuroBERT: dense, GELU, then the classifier
+        if getattr(model, "pooler", None) is not None:  # DeBERTa's ContextPooler: dense, GELU
+            own = model.pooler.dense
         dense, out = (pre, classifier) if pre is not None else (modern.dense, classifier) if modern is not None else (
             (own, classifier) if own is not None else
             (classifier.dense, classifier.out_proj) if hasattr(classifier, "out_proj") else (None, classifier))
@@ -114,6 +117,8 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
         return _rotary_bert_reference(m)
     if hasattr(m.encoder, "relative_attention_bias"):  # MPNet
         return _mpnet_reference(m)
+    if hasattr(m.encoder, "rel_embeddings"):  # DeBERTa-v2
+        return _deberta_reference(m)
     ref = {
         "embeddings.word": e.word_embeddings.weight,
         "embeddings.position": e.position_embeddings.weight,
@@ -227,6 +232,41 @@ def _rotary_bert_reference(m) -> dict[str, torch.Tensor]:
     if getattr(m, "pooler", None) is not None:
         ref["pooler.weight"] = m.pooler.dense.weight.T
         ref["pooler.bias"] = m.pooler.dense.bias
+    return {k: v.detach().float().contiguous() for k, v in ref.items()}
+
+
+def _deberta_reference(m) -> dict[str, torch.Tensor]:
+    """reference_tensors for a DebertaV2Model: the position table only where position_biased_input,
+    a zero token-type row where it has no table, the relative embeddings and their norm after the
+    embeddings, attention under attention.self.{query,key,value}_proj; BERT's layer otherwise."""
+    e = m.embeddings
+    ref = {"embeddings.word": e.word_embeddings.weight}
+    if e.position_biased_input:
+        ref["embeddings.position"] = e.position_embeddings.weight
+    ref["embeddings.token_type"] = (e.token_type_embeddings.weight if e.token_type_embeddings is not None
+                                    else torch.zeros(1, e.word_embeddings.weight.shape[1]))
+    ref["embeddings.ln_gamma"] = e.LayerNorm.weight
+    ref["embeddings.ln_beta"] = e.LayerNorm.bias
+    ref["encoder.rel_embeddings"] = m.encoder.rel_embeddings.weight
+    if "layer_norm" in m.encoder.norm_rel_ebd:
+        ref["encoder.rel_ln_gamma"] = m.encoder.LayerNorm.weight
+        ref["encoder.rel_ln_beta"] = m.encoder.LayerNorm.bias
+    for i, layer in enumerate(m.encoder.layer):
+        s, o = layer.attention.self, layer.attention.output
+        p = f"layers.{i}."
+        ref[p + "qkv_weight"] = torch.cat([s.query_proj.weight.T, s.key_proj.weight.T, s.value_proj.weight.T],
+                                          dim=1)
+        ref[p + "qkv_bias"] = torch.cat([s.query_proj.bias, s.key_proj.bias, s.value_proj.bias])
+        ref[p + "attn_out_weight"] = o.dense.weight.T
+        ref[p + "attn_out_bias"] = o.dense.bias
+        ref[p + "attn_ln_gamma"] = o.LayerNorm.weight
+        ref[p + "attn_ln_beta"] = o.LayerNorm.bias
+        ref[p + "ffn_in_weight"] = layer.intermediate.dense.weight.T
+        ref[p + "ffn_in_bias"] = layer.intermediate.dense.bias
+        ref[p + "ffn_out_weight"] = layer.output.dense.weight.T
+        ref[p + "ffn_out_bias"] = layer.output.dense.bias
+        ref[p + "ffn_ln_gamma"] = layer.output.LayerNorm.weight
+        ref[p + "ffn_ln_beta"] = layer.output.LayerNorm.bias
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 

@@ -24,7 +24,8 @@ SEQUENCE_INPUT = {"bert": ("pooler", None), "roberta": ("first_token", "tanh"),
                   "distilbert": ("first_token", "relu"), "electra": ("first_token", "gelu"),
                   "mpnet": ("first_token", "tanh"), "modernbert": ("first_token", "gelu"),
                   "nomic_bert": ("pooler", None), "gte": ("pooler", None),
-                  "jina_embeddings_v3": ("first_token", "tanh"), "eurobert": ("first_token", "gelu")}
+                  "jina_embeddings_v3": ("first_token", "tanh"), "eurobert": ("first_token", "gelu"),
+                  "deberta-v2": ("first_token", "gelu")}
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,9 @@ std::unique_ptr<Model> create_rotary_bert(const ModelConfig& config, const HostW
 std::unique_ptr<Model> create_eurobert(const ModelConfig& config, const HostWeights& weights,
                                        Backend* backend, DType compute);
 
+std::unique_ptr<Model> create_deberta(const ModelConfig& config, const HostWeights& weights,
+                                      Backend* backend, DType compute);
+
 std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWeights& weights,
                                          Backend* backend, DType compute);
 
@@ -39,6 +42,7 @@ inline constexpr ArchitectureUnit kArchitectures[] = {
     {"rotary_bert", create_rotary_bert},
     {"modernbert", create_modernbert},
     {"eurobert", create_eurobert},
+    {"deberta", create_deberta},
 };
 
 }  // namespace ftbert

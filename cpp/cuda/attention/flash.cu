@@ -47,6 +47,12 @@
 // batches read them from token_index. The Hopper kernels have no bias: a call with one runs here
 // on every GPU.
 //
+// DeBERTa's disentangled terms (FlashParams::c2p / p2c, from run_attention's two batched GEMMs)
+// are a third template bool (kTerms) on the same positions: a score tile starts from
+// c2p[query row][col] + p2c[key row][col], col = column[q_pos − k_pos] − first, read from the
+// tables in L2 as the relative bias is, so no [B, heads, S, S] tensor is ever written. The tables
+// themselves are [heads, rows, width] (width ≤ 2·span; the columns the batch's distances reach).
+//
 // A sliding window (ModernBERT's local layers; AttentionOptions::window = W, 0 < W < S) is another
 // template bool (kWindow), with the same positions: key j attends query i only where
 // |pos_j − pos_i| <= W. Positions grow with the row, so a block's queries lie in
@@ -143,16 +149,51 @@ struct FlashTile {
   }
 };
 
-// kRelBias: add p.relative_bias; kWindow: attend within p.window positions (see the file
-// comment).
+// DeBERTa's terms of a 16-row score tile, in raw score units: this thread's query rows r (their
+// c2p rows q_terms[r], positions q_pos[r]) against the tile's keys k0 + 8j + quad_col (+1): their
+// positions from key_pos, their p2c rows from k_terms (this head's table at the sequence's row 0;
+// keys past the sequence read its last row, their scores are masked anyway).
+template <typename T, int kBlocks>
+__device__ __forceinline__ void disentangled_term_scores(float (&s)[kBlocks][4],
+                                                         const T* const (&q_terms)[2],
+                                                         const T* k_terms, const int (&q_pos)[2],
+                                                         const int* key_pos, int k0, int len,
+                                                         int quad_col, const FlashParams& p) {
+  const int width = p.term_width;
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int2 kp = *reinterpret_cast<const int2*>(key_pos + 8 * j + quad_col);
+    const int key0 = min(k0 + 8 * j + quad_col, len - 1);
+    const int key1 = min(k0 + 8 * j + quad_col + 1, len - 1);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int c0 = __ldg(p.term_column + (q_pos[r] - kp.x)) - p.term_first;
+      const int c1 = __ldg(p.term_column + (q_pos[r] - kp.y)) - p.term_first;
+      float a0 = 0.0f, a1 = 0.0f;
+      if (q_terms[r] != nullptr) {
+        a0 += static_cast<float>(q_terms[r][c0]);
+        a1 += static_cast<float>(q_terms[r][c1]);
+      }
+      if (k_terms != nullptr) {
+        a0 += static_cast<float>(k_terms[static_cast<int64_t>(key0) * width + c0]);
+        a1 += static_cast<float>(k_terms[static_cast<int64_t>(key1) * width + c1]);
+      }
+      s[j][2 * r] = a0;
+      s[j][2 * r + 1] = a1;
+    }
+  }
+}
+
+// kRelBias: add p.relative_bias; kWindow: attend within p.window positions; kTerms: DeBERTa's
+// disentangled terms (see the file comment).
 template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs,
-          bool kRelBias, bool kWindow>
+          bool kRelBias, bool kWindow, bool kTerms>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
   begin_dependent_kernel();
   using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
   constexpr int kM = Tile::kMTiles;
-  // Both read the padded positions of the query rows and of each key tile.
-  constexpr bool kPositions = kRelBias || kWindow;
+  // All three read the padded positions of the query rows and of each key tile.
+  constexpr bool kPositions = kRelBias || kWindow || kTerms;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kStride = Tile::kStride;
   constexpr int kChunks = Tile::kChunks;
@@ -277,6 +318,25 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
   }
 
+  // kTerms: this head's c2p rows of this thread's query rows, and its p2c table at the
+  // sequence's row 0.
+  const T* q_terms[kTerms ? kM : 1][2] = {};
+  const T* k_terms = nullptr;
+  if constexpr (kTerms) {
+    const int64_t head = static_cast<int64_t>(blockIdx.y) * p.term_rows + seq.row0;
+    if (p.c2p != nullptr) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int q = min(q0 + warp_row0 + 16 * m + lane / 4 + 8 * r, seq.len - 1);
+          q_terms[m][r] = static_cast<const T*>(p.c2p) + (head + q) * p.term_width;
+        }
+      }
+    }
+    if (p.p2c != nullptr) k_terms = static_cast<const T*>(p.p2c) + head * p.term_width;
+  }
+
   // Scores of one key tile: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout.
   using Scores = float[kM][Bc / 8][4];
 
@@ -284,9 +344,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   // kRelBias: S starts from the relative bias instead of zeros; the bias values then live in the
   // score registers the whole time (added after the products, they would need as many registers
   // again, which the wide tiles do not have), and their loads overlap the products.
-  auto scores = [&](Scores& s, int buf) {
+  auto scores = [&](Scores& s, int buf, int k0) {
     const T* tk = sK + buf * Tile::kKVElems;
-    if constexpr (kRelBias) {
+    if constexpr (kTerms) {
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        disentangled_term_scores<T>(s[m], q_terms[m], k_terms, q_pos[m], sKeyPos + buf * Bc, k0,
+                                    seq.len, quad_col, p);
+      }
+    } else if constexpr (kRelBias) {
       // This head's table at distance 0, then shifted by each of this thread's query positions.
       const float* table = p.relative_bias +
                            (static_cast<int64_t>(blockIdx.y) * (2 * p.relative_span - 1) +
@@ -390,12 +456,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
                                                     row_last - key_first > p.window);
       if (!outside) {
         Scores s;
-        scores(s, buf);
+        scores(s, buf, t * Bc);
         accumulate(s, buf, tile_masked, edge);
       }
     } else {
       Scores s;
-      scores(s, buf);
+      scores(s, buf, t * Bc);
       accumulate(s, buf, tile_masked, false);
     }
     buf = next_buf(buf);
@@ -444,12 +510,12 @@ struct FlashConfig {
   static constexpr bool kQRegs = kQRegs_;
 };
 
-template <typename T, typename C, bool kRelBias, bool kWindow>
+template <typename T, typename C, bool kRelBias, bool kWindow, bool kTerms = false>
 void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
-  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias || kWindow);
+  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias || kWindow || kTerms);
   auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
-                                       C::kStages, C::kQRegs, kRelBias, kWindow>;
+                                       C::kStages, C::kQRegs, kRelBias, kWindow, kTerms>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   launch(kernel, flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream, p);
@@ -461,7 +527,9 @@ void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream
 template <typename T, typename C, typename CWindow = C>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   const bool bias = p.relative_bias != nullptr;
-  if (p.window > 0) {
+  if (p.c2p != nullptr || p.p2c != nullptr) {  // DeBERTa: no bias table, no window
+    launch_flash_kernel<T, C, false, false, true>(p, batch, device, stream);
+  } else if (p.window > 0) {
     if (bias) {
       launch_flash_kernel<T, CWindow, true, true>(p, batch, device, stream);
     } else {
@@ -507,7 +575,9 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu). They add no
   // relative position bias, so a call with one stays on this file's kernel.
   // Nor do they take a sliding window: a call with one stays here too.
-  if (p.relative_bias == nullptr && p.window == 0 && flash_sm90_takes(head_dim) &&
+  // Nor DeBERTa's disentangled terms.
+  if (p.relative_bias == nullptr && p.window == 0 && p.c2p == nullptr && p.p2c == nullptr &&
+      flash_sm90_takes(head_dim) &&
       is_sm90(device) && !portable_forced()) {
     launch_flash_sm90<T>(p, batch, head_dim, device, stream, batch_invariant);
     return;
@@ -599,6 +669,14 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     FTBERT_CHECK(!layout.packed() || layout.token_index,
                  "flash attention: a packed layout with a relative bias needs token_index");
   }
+  if (options.has_terms()) {
+    FTBERT_CHECK(!options.has_relative_bias() && options.window == 0 &&
+                     options.terms.rows >= layout.rows && options.terms.column != nullptr,
+                 "flash attention: disentangled terms go without a bias or a window, with a "
+                 "table row for each of the layout's " << layout.rows << " rows");
+    FTBERT_CHECK(!layout.packed() || layout.token_index,
+                 "flash attention: a packed layout with disentangled terms needs token_index");
+  }
   FTBERT_CHECK(options.window >= 0, "flash attention: window " << options.window << " < 0");
   // Every distance is at most S - 1: a window that long masks nothing and runs the kernels
   // without one (the same bits).
@@ -622,7 +700,15 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     p.inv_scale = 1.0f / scale;
   }
   if (windowed) p.window = options.window;
-  if (options.has_relative_bias() || windowed) {
+  if (options.has_terms()) {
+    p.c2p = options.terms.c2p;
+    p.p2c = options.terms.p2c;
+    p.term_rows = options.terms.rows;
+    p.term_width = options.terms.width;
+    p.term_first = options.terms.first;
+    p.term_column = options.terms.column;
+  }
+  if (options.has_relative_bias() || windowed || options.has_terms()) {
     p.token_index = layout.packed() ? layout.token_index : nullptr;
   }
   if (dt == DType::kFloat16) {

@@ -39,7 +39,15 @@ struct FlashParams {
   const float* relative_bias = nullptr;  // [heads, 2·span − 1]
   int relative_span = 0;                 // >= seq
   float inv_scale = 0.0f;                // 1 / scale: the bias enters in raw score units
-  // [rows], packed batches with a bias or a window: b·S + s of each row
+  // DeBERTa's disentangled terms (DisentangledTerms), null when none; only flash.cu's kernel
+  // adds them: [heads, term_rows, term_width] each, in the compute dtype.
+  const void* c2p = nullptr;
+  const void* p2c = nullptr;
+  int64_t term_rows = 0;
+  int term_width = 0;
+  int term_first = 0;
+  const int32_t* term_column = nullptr;  // at distance 0
+  // [rows], packed batches with a bias, a window or the terms: b·S + s of each row
   const int32_t* token_index = nullptr;
   // A sliding window (AttentionOptions): keys within `window` positions of the query, 0 for
   // every key; only flash.cu's kernel takes one, and only 0 < window < seq.
@@ -340,10 +348,10 @@ struct SequenceRows {
   int pos_base;
   int len;               // rows of the sequence
   int H;
+  int64_t row0;          // the layout row of the sequence's row 0
 
   __device__ __forceinline__ SequenceRows(const FlashParams& p, int b, int head) {
     H = p.heads * D;
-    int64_t row0;
     pos_base = b * p.seq;
     if (p.cu_seqlens != nullptr) {
       row0 = p.cu_seqlens[b];

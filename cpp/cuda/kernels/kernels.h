@@ -96,6 +96,14 @@ void invoke_masked_softmax(T* scores,                   // [B, heads, S, S]
                            int relative_span,
                            int window,  // 0: every key
                            cudaStream_t stream);
+// In place, the unfused path's disentangled terms (Backend::disentangled_scores): score row
+// (t, i) of [B·heads, S, S] += c2p[t][i][column[i − j] − first] + p2c[t][j][column[i − j] − first];
+// c2p / p2c [B·heads, S, width], either may be null; column points at distance 0.
+template <typename T>
+void invoke_disentangled_scores(T* scores, const T* c2p, const T* p2c, const int32_t* column,
+                                int batch, int heads, int seq, int width, int first,
+                                cudaStream_t stream);
+
 // "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
 const char* masked_softmax_variant(int seq);
 

@@ -26,8 +26,14 @@ AttentionKind select_attention(AttentionMode mode, const Backend& backend, DType
 size_t attention_workspace_bytes(AttentionKind kind, DType dt, int batch, int seq, int heads,
                                  int head_dim);
 
+// Scratch bytes DeBERTa's disentangled terms need besides (DisentangledAttention::scratch), for
+// a layout of `rows` rows and B sequences up to `seq` long.
+size_t disentangled_scratch_bytes(AttentionKind kind, DType dt, int64_t rows, int batch, int seq,
+                                  int heads, const DisentangledAttention& d);
+
 // out = MultiHeadAttention(qkv + bias) with the layout's key mask and the options' score bias;
-// scale = 1/sqrt(head_dim).
+// scale = 1/sqrt(head_dim), or DisentangledAttention::scale with disentangled attention (whose
+// terms it computes first).
 // Packed, the unfused path puts the tokens back at their padded positions around attention
 // ([B, heads, S, d]) and packs the result again; the fused kernel reads the packed rows directly.
 void run_attention(Backend& backend, AttentionKind kind, DType dt,

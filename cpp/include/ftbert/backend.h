@@ -30,6 +30,45 @@ namespace ftbert {
 
 enum class AttentionKind : int { kUnfused = 0, kFlash = 1 };
 
+// DeBERTa's disentangled attention terms as the attention kernels read them (run_attention makes
+// them from AttentionOptions::disentangled): the raw score of query i and key j of a sequence (the
+// biased q_i · k_j, before the scale) gets
+//   c2p[t(i)][row(i)][col(i − j)] + p2c[t(j)][row(j)][col(i − j)],   col(δ) = column[δ] − first
+// where positions i, j are those of the padded row (a packed row's from token_index) and a table
+// t/row is, for the fused kernels, head h and the layout's row; for disentangled_scores, b·heads + h
+// and the padded position.
+struct DisentangledTerms {
+  const void* c2p = nullptr;  // [tables, rows, width] in dt: q · the relative keys; null: none
+  const void* p2c = nullptr;  // [tables, rows, width] in dt: k · the relative queries; null: none
+  int64_t rows = 0;           // rows of one table
+  int width = 0;              // columns of a row
+  int first = 0;              // column[−(S − 1)]: the table's column 0
+  const int32_t* column = nullptr;  // backend memory, pointing at δ = 0; |δ| < the max_seq
+};
+
+// What an architecture gives run_attention for DeBERTa's disentangled attention, per layer.
+struct DisentangledAttention {
+  // [2·span, 3H] in dt: the (normalized) relative embeddings through this layer's Q|K|V
+  // projection, bias included; relative query and key of head h at columns h·d and H + h·d.
+  const void* positions = nullptr;
+  // [2·P − 1] int32 in backend memory and on the host, each pointing at distance δ = i − j = 0
+  // (column[δ] for |δ| < P): the row of `positions` for that distance (the clamped log bucket),
+  // non-decreasing in δ.
+  const int32_t* column = nullptr;
+  const int32_t* host_column = nullptr;
+  int max_distance = 0;  // P
+  bool c2p = true;       // content→position: q_i · relative key
+  bool p2c = true;       // position→content: k_j · relative query
+  // Scratch for the terms: disentangled_scratch_bytes(...) bytes.
+  void* scratch = nullptr;
+
+  // 1/sqrt(d · (1 + terms)): DeBERTa scales every term by it.
+  float scale(int head_dim) const;
+  // The columns a batch of sequences up to `seq` long reads: column[-(seq-1)] .. column[seq-1].
+  int first(int seq) const { return host_column[-(seq - 1)]; }
+  int width(int seq) const { return host_column[seq - 1] - first(seq) + 1; }
+};
+
 // What an architecture adds to attention beyond softmax(scale · Q Kᵀ, key mask) V; the default
 // adds nothing (BERT).
 struct AttentionOptions {
@@ -43,8 +82,13 @@ struct AttentionOptions {
   // A sliding window (ModernBERT's local layers): the key at position j attends the query at
   // position i only where |j − i| <= window (positions as for the bias). 0: every key.
   int window = 0;
+  // DeBERTa's disentangled attention (null: none); `terms` is what run_attention makes of it for
+  // the kernels (their input q, k and v then carry their bias: the QKV bias passed is zeros).
+  const DisentangledAttention* disentangled = nullptr;
+  DisentangledTerms terms;
 
   bool has_relative_bias() const { return relative_bias != nullptr; }
+  bool has_terms() const { return terms.c2p != nullptr || terms.p2c != nullptr; }
 };
 
 // The first out-of-range input value stage_inputs met, in host memory the device writes
@@ -282,6 +326,14 @@ class Backend : public Device {
                               void* scores,  // [B, heads, S, S]
                               const SequenceLayout& layout, int heads, float scale,
                               const AttentionOptions& options) = 0;
+
+  // In place, the unfused path's disentangled terms (DisentangledTerms; tables b·heads + h, rows
+  // the padded positions): scores[b, h, i, j] += c2p[b·heads + h][i][col(i − j)] +
+  // p2c[b·heads + h][j][col(i − j)], before masked_softmax scales them.
+  virtual void disentangled_scores(DType dt,
+                                   void* scores,  // [B, heads, S, S]
+                                   int batch, int heads, int seq,
+                                   const DisentangledTerms& terms) = 0;
 
   // Merges heads back: out[row of (b, s), h·d + :] = in[b, h, s, :] (packed: the T token rows,
   // from their padded positions; padding and rows past T are not written).

@@ -77,6 +77,28 @@ constexpr int kRelativeBuckets = 32;
 constexpr int kRelativeMaxDistance = 128;
 int relative_position_bucket(int distance);
 
+// DeBERTa-v2/v3's disentangled attention (transformers' DisentangledSelfAttention): relative
+// position embeddings [2·span, H] (LayerNorm'd when `norm`), projected by each layer's query and
+// key projections, give every score a content→position term (c2p: q_i · relative key) and a
+// position→content term (p2c: k_j · relative query) for the distance i − j, bucketed
+// logarithmically past position_buckets / 2 (make_log_bucket_position) when position_buckets > 0.
+struct DisentangledConfig {
+  bool on = false;
+  int position_buckets = 0;        // > 0: log buckets; span = position_buckets
+  int max_relative_positions = 0;  // the buckets' reach (without buckets: the span)
+  bool c2p = true;
+  bool p2c = true;
+  bool position_table = false;     // position_biased_input: the absolute table is added too
+  bool norm = true;                // norm_rel_ebd "layer_norm"
+
+  int span() const { return position_buckets > 0 ? position_buckets : max_relative_positions; }
+};
+
+// The row of the relative embeddings DeBERTa reads for distance δ = i − j: the bucket of δ
+// (transformers' make_log_bucket_position, in float32 as torch computes it) plus the span,
+// clamped to [0, 2·span − 1].
+int disentangled_column(const DisentangledConfig& d, int distance);
+
 struct ModelConfig {
   // The architecture unit that runs the model (cpp/core/models/), as the family table names it.
   std::string architecture = "bert";
@@ -106,6 +128,7 @@ struct ModelConfig {
   int local_window = 0;             // 0: every layer global
   int global_every = 1;
   bool gated_mlp = false;           // FFN-in gives [input | gate] (2I wide): act(input) · gate
+  DisentangledConfig disentangled;
   HeadConfig head;
 
   int head_dim() const { return hidden_size / num_heads; }
@@ -113,6 +136,10 @@ struct ModelConfig {
   int ffn_in_width() const { return gated_mlp ? 2 * intermediate_size : intermediate_size; }
   bool global_layer(int layer) const { return local_window == 0 || layer % global_every == 0; }
   bool has_projection() const { return embedding_size != hidden_size; }
+  // Rotary positions replace the absolute position table; DeBERTa adds it only where asked.
+  bool has_position_table() const {
+    return rotary_theta == 0 && (!disentangled.on || disentangled.position_table);
+  }
   // The longest sequence the position table serves.
   int max_seq() const {
     return position_pad_id < 0 ? max_position_embeddings
@@ -144,6 +171,13 @@ struct ModelConfig {
                  "config: relative_attention_num_buckets " << relative_attention_buckets
                      << " is neither 0 (no relative bias) nor at least " << kRelativeBuckets
                      << " (the buckets the attention looks up)");
+    FTBERT_CHECK(!disentangled.on || (disentangled.max_relative_positions >= 1 &&
+                                      (disentangled.position_buckets <= 0 ||
+                                       disentangled.position_buckets >= 2)),
+                 "config: disentangled.max_relative_positions must be at least 1 and "
+                 "position_buckets at least 2 (or <= 0: none), got "
+                     << disentangled.max_relative_positions << " and "
+                     << disentangled.position_buckets);
     if (head.kind != HeadKind::kNone) {
       FTBERT_CHECK(head.num_labels > 0,
                    "config: head.num_labels must be positive, got " << head.num_labels);

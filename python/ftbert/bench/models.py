@@ -184,6 +184,12 @@ def make_hf(model: Model, attn_implementation: str):
                     global_rope_theta=layer["rotary_theta"], local_rope_theta=layer["local_rotary_theta"])
     elif layer is not None:  # the rotary families: one default rope
         keys["rope_parameters"] = {"rope_type": "default", "rope_theta": layer["rotary_theta"]}
+    d = c.get("disentangled")
+    if d is not None:  # DeBERTa: the config.json keys it was read from
+        keys.update(relative_attention=True, share_att_key=True, position_buckets=d["position_buckets"],
+                    max_relative_positions=d["max_relative_positions"],
+                    pos_att_type=[t for t in ("p2c", "c2p") if d[t]], position_biased_input=d["position_table"],
+                    norm_rel_ebd="layer_norm" if d["norm"] else "none")
     hf_config = AutoConfig.for_model(family.model_types[0], **keys)
     hf_config._attn_implementation = attn_implementation
     # The bare encoder: a checkpoint's task head (the engine's classifier.*) is not part of it.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "mpnet", "modernbert",
-               "nomic_bert", "gte", "jina_embeddings_v3", "eurobert")
+               "nomic_bert", "gte", "jina_embeddings_v3", "eurobert", "deberta-v2")
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 # model_type values a family reads besides its own name: GTE's checkpoints of the original code.
 ALIASES = {"new": "gte"}

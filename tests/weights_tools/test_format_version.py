@@ -126,7 +126,7 @@ def test_roberta_converted_as_version_1_is_refused(wt, convert):
         ("roberta", {"model_type": "albert"},
          "model_type 'albert' is not supported \\(expected one of 'bert', 'roberta', 'xlm-roberta', "
          "'camembert', 'distilbert', 'electra', 'mpnet', 'modernbert', 'nomic_bert', 'gte', "
-         "'jina_embeddings_v3', 'eurobert'\\)"),
+         "'jina_embeddings_v3', 'eurobert', 'deberta-v2'\\)"),
         ("bert", {"embedding_size": 32},
          "embedding_size 32 is not what model_type 'bert' has \\(its embeddings are hidden_size 48 wide"),
         ("distilbert", {"embedding_size": 96}, "embedding_size 96 is not what model_type 'distilbert' has"),

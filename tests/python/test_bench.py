@@ -6,6 +6,7 @@ checks, ratios and files). No timing is asserted, only that times were taken and
 
 import csv
 import json
+from types import SimpleNamespace
 
 import matplotlib.image
 import numpy as np
@@ -19,12 +20,13 @@ import ftbert.bench.sweep as bench_sweep
 import ftbert.bench.varlen as bench_varlen
 from ftbert import _C
 from ftbert.bench import main
-from ftbert.bench.args import SHIPPED_PRESETS, BenchError, parse_case, parse_options
+from ftbert.bench.args import BUILTIN_MODELS, SHIPPED_PRESETS, BenchError, parse_case, parse_options
 from ftbert.bench.breakdown import aggregate, classify, label_in_order, short_name
-from ftbert.bench.models import load_model, make_hf
+from ftbert.bench.models import RANDOM_MODELS, hf_attention, load_model, make_hf
 from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
 from ftbert.bench.timing import summarize, time_interleaved
+from ftbert.weights_tools.hf import read_hf_config
 from tests._models import make_bert, make_distilbert, make_electra, make_model, make_roberta
 from tests._vocab import write_vocab
 
@@ -249,6 +251,26 @@ def test_peers_and_sweep_run_for_every_family(family, tmp_path):
     rows = doc["results"]
     assert rows and all(r["status"] == "ok" for r in rows), rows
     assert all(r["max_abs_err"] <= 1e-4 for r in rows if r["engine"].startswith("ftbert")), rows
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_MODELS))
+def test_builtin_models_are_configs_the_converter_reads(name, tmp_path):
+    # Only the config: the random weights of the real sizes take too long for a unit test.
+    import transformers
+
+    assert BUILTIN_MODELS == ("minilm", *RANDOM_MODELS)
+    _, config_class, keys = RANDOM_MODELS[name]
+    getattr(transformers, config_class)(**keys).save_pretrained(tmp_path)
+    family, cfg = read_hf_config(tmp_path)
+    if name == "deberta-v3-base":  # microsoft/deberta-v3-base's attention, as the engine runs it
+        assert (family.name, cfg["hidden_size"], cfg["num_hidden_layers"]) == ("deberta-v2", 768, 12)
+        assert cfg["disentangled"] == dict(position_buckets=256, max_relative_positions=512, c2p=True,
+                                           p2c=True, position_table=False, norm=True)
+        # transformers has no sdpa for it: the hf-sdpa row is an error pointing at hf-eager's.
+        model = SimpleNamespace(config={"model_type": family.name})
+        assert hf_attention(model, "hf-eager") == "eager" and hf_attention(model, "hf-compile") == "eager"
+        with pytest.raises(BenchError, match="eager attention only .* see its hf-eager row"):
+            hf_attention(model, "hf-sdpa")
 
 
 def test_unknown_model_path_is_one_line_and_exit_2(tmp_path, capsys):

@@ -20,7 +20,7 @@ ENGINES = ("ftbert", "ftbert-int8", "hf-eager", "hf-sdpa", "hf-compile", "onnxru
 # torch.compile's modes for hf-compile ("default": torch.compile's own default).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 BUILTIN_MODELS = ("minilm", "bert-base", "mpnet-base", "modernbert-base", "nomic-bert-base", "gte-base",
-                  "jina-v3", "eurobert-210m")
+                  "jina-v3", "eurobert-210m", "deberta-v3-base")
 
 DEFAULT_BATCHES = [1, 8, 32]
 DEFAULT_SEQS = [32, 128, 512]
@@ -235,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Defaults are None so that a preset's value can fill what the command line leaves out.
     p.add_argument("--model", help="minilm (the bundled all-MiniLM-L6-v2, default), bert-base, "
-                   "mpnet-base, modernbert-base, nomic-bert-base, gte-base, jina-v3 or eurobert-210m "
-                   "(random weights of the real sizes, fixed seed) or a "
+                   "mpnet-base, modernbert-base, nomic-bert-base, gte-base, jina-v3, eurobert-210m or "
+                   "deberta-v3-base (random weights of the real sizes, fixed seed) or a "
                    "HuggingFace / "
                    "ftbert-converted checkpoint directory; "
                    "with --rerank: bert-base (default: a random BERT-base cross-encoder) or a "

@@ -28,6 +28,15 @@ HF_IMPL = {"hf-eager": "eager", "hf-sdpa": "sdpa", "hf-compile": "sdpa"}
 BERT_BASE = {k.hf: k.default for k in BERT.config.values()}
 # MPNet-base (MPNetConfig's defaults) with mpnet-base's 514 positions (512 usable after the pad id).
 MPNET_BASE = {**{k.hf: k.default for k in MPNET.config.values() if k.hf}, "max_position_embeddings": 514}
+# microsoft/deberta-v3-base's config.json: DebertaV2Config's defaults are deberta-v2-xlarge's sizes,
+# without relative attention.
+DEBERTA_V3_BASE = {
+    "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+    "vocab_size": 128100, "max_position_embeddings": 512, "relative_attention": True, "position_buckets": 256,
+    "max_relative_positions": -1, "pos_att_type": ["p2c", "c2p"], "share_att_key": True,
+    "norm_rel_ebd": "layer_norm", "position_biased_input": False, "type_vocab_size": 0, "layer_norm_eps": 1e-7,
+    "hidden_act": "gelu",
+}
 # --model names that build a random model of real sizes: name -> (transformers model, config class,
 # config). Random weights, fixed seed, in a temporary directory.
 RANDOM_MODELS = {
@@ -40,6 +49,8 @@ RANDOM_MODELS = {
     "gte-base": ("GteModel", "GteConfig", {}),
     "jina-v3": ("JinaEmbeddingsV3Model", "JinaEmbeddingsV3Config", {}),
     "eurobert-210m": ("EuroBertModel", "EuroBertConfig", {}),
+    # transformers runs it with eager attention only: its hf-sdpa row is an error that says so.
+    "deberta-v3-base": ("DebertaV2Model", "DebertaV2Config", DEBERTA_V3_BASE),
 }
 
 

@@ -16,6 +16,10 @@
                          mask with holes, op by op and replayed (1: float16 flash only)
   sanitize.py rotary [1] - small NomicBERT, GTE, Jina-embeddings-v3 and EuroBERT forwards (rotary
                          post-LayerNorm layers, SwiGLU, the RMSNorm ops), as mpnet's
+  sanitize.py deberta [1] - a small DeBERTa-v3's forward (the disentangled terms: their batched
+                         GEMMs, disentangled_scores in the unfused path and the flash kernel's
+                         kTerms tiles; 201 tokens past the 32 log buckets and the clamped ends),
+                         as mpnet's
   sanitize.py invariant - batch_invariant=True: a small BERT with a sequence head and a small
                          ModernBERT, float16 and bfloat16, a ragged batch op by op and replayed,
                          from host arrays and from CUDA tensors (the reference GEMMs and the
@@ -148,6 +152,20 @@ def rotary(quick: int = 0) -> None:
         config = getattr(transformers, stem + "Config")(**small, **extra)
         model = getattr(transformers, stem + "Model")(config)
         _family_forwards(name, model, pad=extra["pad_token_id"], quick=quick)
+
+
+def deberta(quick: int = 0) -> None:
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    torch.manual_seed(0)
+    # v3's settings (no token types, no absolute positions); 32 buckets over 64 relative positions,
+    # so that _family_forwards' 201 tokens read every bucket.
+    model = DebertaV2Model(DebertaV2Config(
+        vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=301,
+        max_position_embeddings=512, type_vocab_size=0, relative_attention=True, position_buckets=32,
+        max_relative_positions=64, pos_att_type="p2c|c2p", share_att_key=True, norm_rel_ebd="layer_norm",
+        position_biased_input=False, pad_token_id=0))
+    _family_forwards("deberta", model, pad=0, quick=quick)
 
 
 def invariant() -> None:
@@ -307,4 +325,4 @@ def ops() -> None:
 
 if __name__ == "__main__":
     {"forward": forward, "ops": ops, "mpnet": mpnet, "modernbert": modernbert, "rotary": rotary,
-     "invariant": invariant, "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))
+     "deberta": deberta, "invariant": invariant, "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))

@@ -31,6 +31,11 @@ std::vector<std::string> model_architectures() {
 
 std::unique_ptr<Model> create_model(const ModelConfig& config, const HostWeights& weights,
                                     Backend* backend, DType compute) {
+  // Only the deberta unit reads it: any other would run without the terms, and without positions.
+  FTBERT_CHECK_INPUT(!config.disentangled.on || config.architecture == "deberta",
+                     "config: architecture '" << config.architecture << "' has no disentangled "
+                     "attention, but the config has a \"disentangled\" object (DeBERTa's runs as "
+                     "'deberta')");
   for (const ArchitectureUnit& unit : kArchitectures) {
     if (config.architecture == unit.name) return unit.create(config, weights, backend, compute);
   }

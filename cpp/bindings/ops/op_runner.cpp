@@ -501,6 +501,55 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("scores"), py::arg("mask"), py::arg("scale"),
            py::arg("packed") = false, py::arg("relative_bias") = py::none(), py::arg("window") = 0)
+      // disentangled_scores on scores [B, h, S, S] with c2p and/or p2c [B·h, S, width] and the
+      // column of every distance, column [2P − 1] (P >= S) at index δ + P − 1; the tables' column
+      // 0 is column[−(S − 1)], as DisentangledTerms says.
+      .def("disentangled_scores",
+           [](OpRunner& r, const std::string& dtype, const F32Array& scores, const I32Array& column,
+              const std::optional<F32Array>& c2p, const std::optional<F32Array>& p2c) {
+             const DType dt = dtype_from_string(dtype);
+             require_ndim(scores, 4, "scores");
+             require_ndim(column, 1, "column");
+             const int B = scores.shape(0), h = scores.shape(1), S = scores.shape(2);
+             FTBERT_CHECK_INPUT(scores.shape(3) == S, "disentangled_scores: scores must be [B, h, S, S]");
+             FTBERT_CHECK_INPUT(c2p || p2c, "disentangled_scores: needs c2p, p2c or both");
+             const F32Array& any = c2p ? *c2p : *p2c;
+             require_ndim(any, 3, "c2p / p2c");
+             const int width = any.shape(2);
+             for (const auto* t : {&c2p, &p2c}) {
+               FTBERT_CHECK_INPUT(!*t || ((*t)->ndim() == 3 && (*t)->shape(0) == B * h &&
+                                          (*t)->shape(1) == S && (*t)->shape(2) == width),
+                                  "disentangled_scores: c2p and p2c must be [B·h, S, width] alike");
+             }
+             const py::ssize_t P = (column.shape(0) + 1) / 2;
+             FTBERT_CHECK_INPUT(S >= 1 && column.shape(0) % 2 == 1 && P >= S,
+                                "disentangled_scores: column must be [2P − 1] with P >= S >= 1");
+             const int32_t* zero = column.data() + (P - 1);  // δ = 0
+             const int first = zero[-(S - 1)];
+             // The op reads no bounds: every column a distance |δ| < S names must be in the tables.
+             for (int delta = -(S - 1); delta < S; ++delta) {
+               FTBERT_CHECK_INPUT(zero[delta] >= first && zero[delta] - first < width,
+                                  "disentangled_scores: column[" << delta << "] = " << zero[delta]
+                                      << " is outside the tables' columns " << first << " .. "
+                                      << first + width - 1);
+             }
+             auto ds = r.upload(scores, dt);
+             auto dcol = r.upload_ints(column);
+             std::optional<DeviceBuffer> dc2p, dp2c;
+             if (c2p) dc2p = r.upload(*c2p, dt);
+             if (p2c) dp2c = r.upload(*p2c, dt);
+             DisentangledTerms t;
+             t.c2p = dc2p ? dc2p->data() : nullptr;
+             t.p2c = dp2c ? dp2c->data() : nullptr;
+             t.rows = S;
+             t.width = width;
+             t.first = first;
+             t.column = dcol.as<int32_t>() + (P - 1);
+             r.backend().disentangled_scores(dt, ds.data(), B, h, S, t);
+             return r.download(ds, dt, shape_of(scores));
+           },
+           py::arg("dtype"), py::arg("scores"), py::arg("column"), py::arg("c2p") = py::none(),
+           py::arg("p2c") = py::none())
       .def("transpose_heads",
            [](OpRunner& r, const std::string& dtype, const F32Array& x,
               const std::optional<I32Array>& mask) {
@@ -782,6 +831,27 @@ void register_op_runner(py::module_& m) {
              r.backend().clear_rows_past_tokens(dx.data(), l.layout, x.shape(1) * dtype_size(dt));
              return r.download(dx, dt, shape_of(x));
            });
+
+  // DeBERTa's relative-embedding row for distance δ = i − j (disentangled_column), to hold the
+  // engine's buckets to transformers' at every distance.
+  m.def(
+      "disentangled_column",
+      [](int position_buckets, int max_relative_positions, int distance) {
+        // What the deberta unit takes (below it the log buckets divide by log(1) or less).
+        FTBERT_CHECK_INPUT(max_relative_positions >= 1 &&
+                               (position_buckets <= 0 ||
+                                (position_buckets >= 2 &&
+                                 max_relative_positions > position_buckets / 2 + 1)),
+                           "disentangled_column: position_buckets " << position_buckets
+                               << " and max_relative_positions " << max_relative_positions
+                               << " are not a table the engine runs");
+        DisentangledConfig d;
+        d.on = true;
+        d.position_buckets = position_buckets;
+        d.max_relative_positions = max_relative_positions;
+        return disentangled_column(d, distance);
+      },
+      py::arg("position_buckets"), py::arg("max_relative_positions"), py::arg("distance"));
 
   // Raw-pointer attention for kernel benchmarks on device tensors; enqueued on `stream`.
   m.def("attention_workspace_bytes",

@@ -21,11 +21,12 @@ from tests._invariance import check_invariance, head_kind, make_invariance_model
 # the token head.
 # "mean": ModernBERT's classifier_pooling "mean" (the head reads the mean of the tokens); "late":
 # EuroBERT's (its dense and activation on every token, then their mean). The rotary families'
-# angles move with the padding, as ModernBERT's.
+# angles move with the padding, as ModernBERT's. DeBERTa's terms read distances only (v3: no
+# absolute positions).
 MODELS = {("bert", "cls"): False, ("roberta", "cls"): True, ("mpnet", "cls"): True,
           ("distilbert", "cls"): False, ("electra", "token"): False, ("modernbert", "cls"): False,
           ("modernbert", "mean"): False, ("nomic_bert", "cls"): False, ("gte", "cls"): False,
-          ("jina_embeddings_v3", "cls"): False, ("eurobert", "late"): False}
+          ("jina_embeddings_v3", "cls"): False, ("eurobert", "late"): False, ("deberta-v2", "cls"): True}
 DTYPES = ["float32"] + ([] if _C.cpu_dtype_unsupported_reason("bfloat16") else ["bfloat16"])
 
 

@@ -32,6 +32,12 @@ DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values) {
   return buf;
 }
 
+DeviceBuffer upload_ints(Backend* backend, const std::vector<int32_t>& values) {
+  DeviceBuffer buf(backend, values.size() * sizeof(int32_t));
+  backend->copy_to_device(buf.data(), values.data(), values.size() * sizeof(int32_t));
+  return buf;
+}
+
 DeviceBuffer zeros(Backend* backend, size_t bytes) {
   const std::vector<unsigned char> z(bytes, 0);
   DeviceBuffer buf(backend, bytes);

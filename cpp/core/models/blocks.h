@@ -21,6 +21,7 @@ std::vector<float> rotary_table(int positions, int head_dim, float theta, float 
 
 // A device copy of `values`.
 DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values);
+DeviceBuffer upload_ints(Backend* backend, const std::vector<int32_t>& values);
 
 // `bytes` of zero bits (0 in every dtype): the biases and betas a model does not have.
 DeviceBuffer zeros(Backend* backend, size_t bytes);

@@ -85,12 +85,6 @@ DeviceBuffer relative_embeddings(Backend* backend, const ModelConfig& c, const H
   return buf;
 }
 
-DeviceBuffer upload_ints(Backend* backend, const std::vector<int32_t>& values) {
-  DeviceBuffer buf(backend, values.size() * sizeof(int32_t));
-  backend->copy_to_device(buf.data(), values.data(), values.size() * sizeof(int32_t));
-  return buf;
-}
-
 class DebertaModel final : public Model {
  public:
   DebertaModel(const ModelConfig& config, const HostWeights& weights, Backend* backend,
@@ -100,7 +94,7 @@ class DebertaModel final : public Model {
         zero_bias_(blocks::zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) *
                                               dtype_size(compute))),
         host_columns_(columns(config_.disentangled, config_.max_seq())),
-        columns_(upload_ints(backend, host_columns_)) {
+        columns_(blocks::upload_ints(backend, host_columns_)) {
     const ModelConfig& c = config_;
     const int rows = 2 * c.disentangled.span(), H = c.hidden_size;
     const DeviceBuffer rel = relative_embeddings(backend, c, weights, compute);

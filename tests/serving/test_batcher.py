@@ -12,7 +12,7 @@ import pytest
 
 import ftbert
 from ftbert.serving.batcher import (
-    EMBED, IDS, SCORE, TEXT, PAIR, Batcher, InputTooLong, Job, QueueFull, ShuttingDown,
+    EMBED, IDS, SCORE, TEXT, PAIR, Batcher, ForwardFailed, InputTooLong, Job, QueueFull, ShuttingDown,
 )
 from ftbert.serving.settings import ServeSettings
 from tests.serving._helpers import make_cross_encoder, make_embedder
@@ -169,7 +169,9 @@ def test_failing_forward_fails_only_its_jobs(embedder, rng):
         results = asyncio.run(_gather(b, jobs))
     finally:
         b.close()
-    assert isinstance(results[2], RuntimeError) and "on purpose" in str(results[2])
+    # The forward's error, as plain values: not an out of memory, its cause named.
+    assert isinstance(results[2], ForwardFailed) and not results[2].out_of_memory
+    assert results[2].cause == "RuntimeError: forward failed on purpose" and results[2].inputs == 1
     for t, res in zip(good, results[:2] + results[3:]):
         np.testing.assert_allclose(res.values, ref.encode(t), rtol=0, atol=TOL)
 

@@ -19,7 +19,9 @@ Every error a client can cause answers JSON in OpenAI's shape,
 `{"error": {"message": ..., "type": ..., "param": ...}}`, with its status: 400 (the model has no
 such head), 404/405 (no such route or method), 413 (too many inputs, an input too long when the
 server does not truncate, a body too large), 422 (malformed JSON, a wrong type or value; `param`
-names the field), 429 (queue full, with Retry-After), 503 (shutting down).
+names the field), 429 (queue full, with Retry-After), 503 (shutting down). A forward that raises
+fails the requests whose inputs were in it, type server_error: 503 with Retry-After when the device
+ran out of memory (a later batch may fit), 500 for any other error; the server goes on.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batcher import (EMBED, IDS, PAIR, SCORE, TEXT, InputTooLong, Job, NonFiniteOutput, NoTokens, QueueFull,
-                      ShuttingDown)
+from .batcher import (EMBED, IDS, PAIR, SCORE, TEXT, ForwardFailed, InputTooLong, Job, NonFiniteOutput, NoTokens,
+                      QueueFull, ShuttingDown)
 from .service import Service
 from .settings import ServeSettings
 from .tei import register_tei_routes
@@ -377,6 +379,14 @@ async def _run(svc: Service, job: Job, param: str):
         raise ApiError(500, f"the model's output for {param}[{e.index}] holds NaN or Inf: the checkpoint's "
                             "weights drive its activations out of range for this input (float16 overflow, "
                             "say; float32 or bfloat16 may not)", "server_error", param=param) from None
+    except ForwardFailed as e:
+        if e.out_of_memory:
+            # Transient: the same request may fit a later, smaller batch. 503 with Retry-After is
+            # what clients' retry logic (and other engines' clients) expect of an overloaded server.
+            retry = str(svc.settings.retry_after_s)
+            raise ApiError(503, f"{e}; nothing was computed for this request: retry it after {retry} s",
+                           "server_error", headers={"Retry-After": retry}) from None
+        raise ApiError(500, str(e), "server_error") from None
 
 
 def _validation_response(errors: list[dict]) -> JSONResponse:

@@ -29,7 +29,9 @@ The path of a request (a *job*: its inputs are texts, text pairs or token-id lis
    through `loop.call_soon_threadsafe`.
 
 A job's inputs may be split over several forwards (and forward threads); a forward may hold inputs
-of many jobs. An error in a forward fails the jobs whose inputs were in it, and nothing else.
+of many jobs. An error in a forward (the device out of memory, a CUDA or engine error) fails the
+jobs whose inputs were in it with ForwardFailed, and nothing else: the thread goes on with the next
+batch.
 `close` refuses new jobs (ShuttingDown), lets the threads finish every job accepted so far, and
 joins them.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import queue
 import threading
 import time
@@ -54,6 +57,8 @@ from ..text import (chunk_windows, default_pooling, forward_packed_batch, pack_s
 if TYPE_CHECKING:
     from ..encoder import Encoder
     from .settings import ServeSettings
+
+log = logging.getLogger("ftbert.serve")
 
 # What a job wants from the forward: the pooled, normalized embedding, or the sequence head's logits;
 # or, through a head of the checkpoint run after the encoder, SPLADE's sparse vector (SPARSE: per
@@ -101,6 +106,32 @@ class NonFiniteOutput(BatcherError):
     def __init__(self, index: int):
         self.index = index
         super().__init__(f"the model's output for input {index} holds NaN or Inf")
+
+
+class ForwardFailed(BatcherError):
+    """A forward that held some of the job's inputs raised. out_of_memory: the device (or the host)
+    ran out of memory, which a later, smaller batch may not; else a fault of the model or the
+    engine. cause: the error as "Type: message"; device, inputs, tokens: the forward's."""
+
+    def __init__(self, out_of_memory: bool, cause: str, device: str, inputs: int, tokens: int):
+        self.out_of_memory, self.cause, self.device, self.inputs, self.tokens = (out_of_memory, cause, device,
+                                                                                 inputs, tokens)
+        what = "ran out of memory" if out_of_memory else "failed"
+        super().__init__(f"the forward on {device} that held this request's inputs ({_count(inputs, 'input')} "
+                         f"of all requests in it, {_count(tokens, 'token')}) {what}: {cause}")
+
+
+# How an out of memory reads where it is no MemoryError or torch.OutOfMemoryError: torch's before
+# 1.13, this engine's cudaMalloc and cuBLAS checks (cuda_check.h).
+_OUT_OF_MEMORY_WORDS = ("out of memory", "cudaerrormemoryallocation", "cublas_status_alloc_failed")
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether a forward's error is the device (or host) running out of memory."""
+    if isinstance(e, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(e).__mro__):
+        return True  # by name: torch.OutOfMemoryError without importing torch here
+    text = str(e).lower()
+    return any(w in text for w in _OUT_OF_MEMORY_WORDS)
 
 
 # ---- jobs -------------------------------------------------------------------------------------
@@ -472,9 +503,39 @@ class Batcher:
                 return
             try:
                 self._run(enc, batch, gpu)
+                continue
             except BaseException as e:  # the forward's jobs end with the error; the thread goes on
-                for job in {id(s.job): s.job for s in batch}.values():
-                    self._fail(job, e)
+                error = self._forward_failed(enc, batch, e)
+            # Out of the except block, the error's traceback (the forward's frames and their device
+            # tensors) is gone: nothing of the failed forward is held while its jobs answer.
+            if self.metrics is not None:  # counted before any client hears of it
+                self.metrics.on_forward_error("out_of_memory" if error.out_of_memory else "other")
+            for job in {id(s.job): s.job for s in batch}.values():
+                self._fail(job, error)
+            if error.out_of_memory and gpu is not None:
+                import torch
+
+                # Hand torch's cached blocks back to the device, for the next forward and whatever
+                # else allocates there; never at the cost of the thread (later jobs would hang).
+                try:
+                    torch.cuda.empty_cache()
+                except Exception:  # noqa: BLE001 - the next forward reports a device that is broken
+                    pass
+
+    def _forward_failed(self, enc: "Encoder", batch: list[_Seq], e: BaseException) -> "ForwardFailed":
+        """The error a failed forward's jobs end with (plain values, no traceback), logged once."""
+        oom = is_out_of_memory(e)
+        error = ForwardFailed(oom, f"{type(e).__name__}: {e}", str(enc.device), len(batch),
+                              sum(len(s.ids) for s in batch))
+        what = (f"ftbert serve: a forward on {error.device} of {_count(error.inputs, 'input')} "
+                f"({_count(error.tokens, 'token')}) "
+                f"{'ran out of memory' if oom else 'failed'}: {error.cause}; its requests answer "
+                f"{503 if oom else 500}, the server goes on")
+        if oom:  # the batch's size is the story; a traceback adds nothing
+            log.warning("%s", what)
+        else:
+            log.error("%s", what, exc_info=e)
+        return error
 
     def _fits(self) -> int:
         """How many inputs from the head of the queue make one batch within the budget."""
@@ -655,6 +716,10 @@ def _select_sequences(hidden, cu_seqlens: np.ndarray, picks: list[int]):
     hidden = torch.as_tensor(hidden)
     sub = hidden[torch.from_numpy(tokens).to(hidden.device)]
     return sub, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _finite_rows(job: Job) -> np.ndarray:

@@ -38,8 +38,8 @@ import time
 
 import numpy as np
 
-from .batcher import (InputTooLong, Job, JobResult, JobTokenizer, NoTokens, NonFiniteOutput, QueueFull,
-                      ShuttingDown)
+from .batcher import (ForwardFailed, InputTooLong, Job, JobResult, JobTokenizer, NoTokens, NonFiniteOutput,
+                      QueueFull, ShuttingDown)
 from .settings import ServeSettings
 
 log = logging.getLogger("ftbert.serve")
@@ -111,6 +111,8 @@ def error_fields(e: BaseException) -> tuple:
         return ("NoTokens", e.index)
     if isinstance(e, NonFiniteOutput):
         return ("NonFiniteOutput", e.index)
+    if isinstance(e, ForwardFailed):  # whether it was an out of memory decides the front's status
+        return ("ForwardFailed", e.out_of_memory, e.cause, e.device, e.inputs, e.tokens)
     for kind in (QueueFull, ShuttingDown):
         if isinstance(e, kind):
             return (kind.__name__, str(e))
@@ -127,6 +129,8 @@ def error_from_fields(fields: tuple) -> BaseException:
         return NoTokens(*rest)
     if kind == "NonFiniteOutput":
         return NonFiniteOutput(*rest)
+    if kind == "ForwardFailed":
+        return ForwardFailed(*rest)
     known = {"QueueFull": QueueFull, "ShuttingDown": ShuttingDown, "ValueError": ValueError}
     return known.get(kind, RuntimeError)(*rest)
 

@@ -10,6 +10,8 @@ Forwards:  ftbert_batch_size (histogram: sequences per forward), ftbert_batch_to
            ftbert_tokenize_duration_seconds (histogram: one tokenizer round),
            ftbert_tokens_total (counter: graph rate(ftbert_tokens_total[1m]) for tokens/s) and
            ftbert_tokens_per_second (gauge: tokens forwarded over the last 10 s, per second).
+Failures:  ftbert_forward_errors_total{error} (counter: forwards that raised, error "out_of_memory"
+           (their requests answered 503) or "other" (500)).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 RATE_WINDOW_S = 10.0
+FORWARD_ERRORS = ("out_of_memory", "other")
 
 
 class Metrics:
@@ -52,6 +55,10 @@ class Metrics:
         self.tokens = Counter("ftbert_tokens", "Tokens forwarded", registry=r)
         self.tokens_per_second = Gauge("ftbert_tokens_per_second",
                                        f"Tokens forwarded over the last {RATE_WINDOW_S:g} s, per second", registry=r)
+        self.forward_errors = Counter("ftbert_forward_errors", "Forwards that raised, by error (their requests "
+                                      "answered 503 for out_of_memory, 500 for other)", ["error"], registry=r)
+        for error in FORWARD_ERRORS:  # at 0 from the start: a rate or an alert needs the series
+            self.forward_errors.labels(error)
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._recent_lock = threading.Lock()
         self.tokens_per_second.set_function(self._rate)
@@ -70,6 +77,10 @@ class Metrics:
 
     def on_tokenize(self, seconds: float, inputs: int) -> None:
         self.tokenize_seconds.observe(seconds)
+
+    def on_forward_error(self, error: str) -> None:
+        """A forward raised; error: one of FORWARD_ERRORS."""
+        self.forward_errors.labels(error).inc()
 
     # ---- the app's side ----------------------------------------------------------------------
     def on_request(self, route: str, status: int, seconds: float, inputs: int | None = None) -> None:

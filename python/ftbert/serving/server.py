@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--chunk-overlap", type=int, default=d.chunk_overlap,
                      help="tokens consecutive windows share under --long-texts chunk (default %(default)s)")
     lim.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes, help="(default %(default)s)")
-    lim.add_argument("--retry-after", type=int, default=d.retry_after_s, help="Retry-After of a 429, seconds")
+    lim.add_argument("--retry-after", type=int, default=d.retry_after_s, help="Retry-After of a 429 or 503, seconds")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     r = p.add_argument_group("Ray Serve (pip install 'ftbert[ray]')")
     r.add_argument("--ray", action="store_true", help="serve through Ray Serve: replicas behind Ray's HTTP proxy")

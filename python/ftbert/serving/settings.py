@@ -59,7 +59,7 @@ class ServeSettings:
     chunk_overlap: int = 32
     # Request bodies larger than this are refused with 413 before they are parsed.
     max_request_bytes: int = 16 * 1024 * 1024
-    # The Retry-After (seconds) of a 429.
+    # The Retry-After (seconds) of a 429 (queue full) and a 503 (shutting down, out of memory).
     retry_after_s: int = 1
 
     def __post_init__(self) -> None:

@@ -12,10 +12,24 @@ Two layouts hold it:
 
     locate_projection(dir)  where the projection's layers are, from headers and configs alone
     read_projection(dir)    TokenProjection: its layers' tensors in float32, checked
+    read_colbert_settings(dir)  ColbertSettings: how queries and documents are marked, cut, padded
+                            and filtered before and after the encoder, as the checkpoint's own
+                            implementation reads them (None where the checkpoint says nothing)
+
+The settings, per layout:
+- colbert-ir: `artifact.metadata` (ColBERTConfig's JSON, maybe under "config"), read as
+  colbert-ir's ColBERTConfig.load_from_checkpoint does, its defaults where a key is absent
+  (colbert/infra/config/settings.py): query_token_id "[unused0]", doc_token_id "[unused1]",
+  query_maxlen 32, doc_maxlen 220, attend_to_mask_tokens false, mask_punctuation true.
+- PyLate: config_sentence_transformers.json's query_prefix, document_prefix, query_length,
+  document_length, do_query_expansion, attend_to_expansion_tokens, skiplist_words, read as
+  pylate/models/colbert.py does, its defaults where a key is absent ("[Q] ", "[D] ", 32, 180,
+  true, false, string.punctuation); sentence_bert_config.json's do_lower_case.
 """
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,3 +184,113 @@ def _dense_layer(src: Path, modules_path: Path, module: dict) -> _LayerLocation:
         raise ConversionError(f"{config_path} says bias true, but {files.describe()} in {folder} has no "
                               f"{COLBERT_LINEAR_BIAS!r}")
     return _LayerLocation(files, COLBERT_LINEAR, bias, activation, str(folder))
+
+
+# ---- ColBERT's query and document settings ------------------------------------------------------
+COLBERT_IR_SETTINGS = "artifact.metadata"
+PYLATE_SETTINGS = "config_sentence_transformers.json"
+# colbert-ir's ColBERTConfig defaults (TokenizerSettings, DocSettings, QuerySettings), applied to the
+# keys an artifact.metadata leaves out.
+COLBERT_IR_DEFAULTS = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 32,
+                       "doc_maxlen": 220, "attend_to_mask_tokens": False, "mask_punctuation": True}
+# PyLate's ColBERT.__init__ defaults for what its config_sentence_transformers.json leaves out.
+PYLATE_DEFAULTS = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 32, "document_length": 180,
+                   "do_query_expansion": True, "attend_to_expansion_tokens": False,
+                   "skiplist_words": list(string.punctuation)}
+
+
+@dataclass(frozen=True)
+class ColbertSettings:
+    """How a ColBERT checkpoint's own implementation prepares queries and documents.
+
+    Each text is tokenized with the special tokens, cut at length - 1 where a marker is inserted
+    (after the first token, [CLS]), else at length; a query with `query_expansion` is then padded
+    to query_length with the tokenizer's mask token, which the encoder attends to only with
+    `attend_to_expansion` (its hidden states are computed and kept either way). A document's
+    tokens in the skiplist are dropped from its vectors."""
+
+    layout: str  # "colbert-ir" or "pylate"
+    source: str  # the file the settings were read from
+    query_marker: str | None  # the token inserted after a query's first token; None: none
+    document_marker: str | None
+    query_length: int
+    document_length: int
+    query_expansion: bool
+    attend_to_expansion: bool
+    skiplist: tuple[str, ...]  # documents' tokens left out of their vectors
+    # How a skiplist word becomes an id: colbert-ir takes the first id of the word's tokenization
+    # (tok.encode(word, add_special_tokens=False)[0]), PyLate the word looked up as one token
+    # (tok.convert_tokens_to_ids(word), the unknown token's id where it is none).
+    skiplist_by_first_piece: bool
+    strip: bool  # PyLate tokenizes through sentence-transformers' Transformer, which strips each text
+    lowercase: bool  # ... and lowercases it where sentence_bert_config.json says do_lower_case
+
+
+def colbert_layout(src) -> str:
+    """Which implementation a ColBERT checkpoint's projection belongs to: "pylate" where modules.json
+    names a Dense module for tokens, else "colbert-ir" (its `linear.weight`)."""
+    return "pylate" if _dense_modules(Path(src)) else "colbert-ir"
+
+
+def read_colbert_settings(src) -> tuple[ColbertSettings | None, str]:
+    """(settings, "") of the ColBERT checkpoint `src`, or (None, what is missing) where it holds no
+    settings file of its layout: artifact.metadata (colbert-ir) or config_sentence_transformers.json
+    with query_prefix / document_prefix (PyLate). A settings file that is there but holds a value of
+    the wrong kind raises ConversionError naming the file and the key."""
+    src = Path(src)
+    if colbert_layout(src) == "colbert-ir":
+        path = src / COLBERT_IR_SETTINGS
+        if not path.is_file():
+            return None, (f"{src} has no {COLBERT_IR_SETTINGS} (colbert-ir's settings: query_token_id, doc_token_id, "
+                          "query_maxlen, doc_maxlen, attend_to_mask_tokens, mask_punctuation)")
+        raw = read_json_object(path, ConversionError)
+        # ColBERTConfig.from_path takes the "config" object where the file nests one.
+        if isinstance(raw.get("config"), dict):
+            raw = raw["config"]
+        get = _settings_reader(path, raw, COLBERT_IR_DEFAULTS)
+        return ColbertSettings(
+            layout="colbert-ir", source=str(path), query_marker=get("query_token_id", str),
+            document_marker=get("doc_token_id", str), query_length=get("query_maxlen", int),
+            document_length=get("doc_maxlen", int), query_expansion=True,  # colbert-ir always pads queries
+            attend_to_expansion=get("attend_to_mask_tokens", bool),
+            skiplist=tuple(string.punctuation) if get("mask_punctuation", bool) else (),
+            skiplist_by_first_piece=True, strip=False, lowercase=False), ""
+    path = src / PYLATE_SETTINGS
+    raw = read_json_object(path, ConversionError) if path.is_file() else {}
+    if "query_prefix" not in raw and "document_prefix" not in raw:
+        return None, (f"{src}: {PYLATE_SETTINGS} {'has no' if path.is_file() else 'is missing, so no'} "
+                      "query_prefix / document_prefix (PyLate's settings, with query_length, document_length, "
+                      "do_query_expansion, attend_to_expansion_tokens, skiplist_words)")
+    get = _settings_reader(path, raw, PYLATE_DEFAULTS)
+    expansion = get("do_query_expansion", bool)
+    skiplist = get("skiplist_words", list)
+    if not all(isinstance(w, str) for w in skiplist):
+        raise ConversionError(f"{path}: skiplist_words must be a list of strings")
+    st_config = src / "sentence_bert_config.json"
+    lowercase = read_json_object(st_config, ConversionError).get("do_lower_case") if st_config.is_file() else False
+    return ColbertSettings(
+        layout="pylate", source=str(path),
+        # PyLate inserts no marker for an empty prefix.
+        query_marker=get("query_prefix", str) or None, document_marker=get("document_prefix", str) or None,
+        query_length=get("query_length", int), document_length=get("document_length", int),
+        query_expansion=expansion,
+        # PyLate attends to no expansion token where it expands none.
+        attend_to_expansion=expansion and get("attend_to_expansion_tokens", bool),
+        skiplist=tuple(skiplist), skiplist_by_first_piece=False, strip=True, lowercase=bool(lowercase)), ""
+
+
+def _settings_reader(path: Path, raw: dict, defaults: dict):
+    """get(key, kind): raw[key] checked to be of `kind` (a positive int for int), the default where
+    the key is absent or null (PyLate reads null as not set; colbert-ir would fail on it)."""
+
+    def get(key: str, kind: type):
+        value = raw.get(key)
+        if value is None:
+            return defaults[key]
+        ok = isinstance(value, kind) and not (kind is int and (isinstance(value, bool) or value < 1))
+        if not ok:
+            want = {int: "a positive integer", bool: "true or false", str: "a string", list: "a list"}[kind]
+            raise ConversionError(f"{path}: {key} must be {want}, got {value!r}")
+        return value
+
+    return get

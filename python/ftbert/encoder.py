@@ -12,9 +12,11 @@ Rules for inputs and outputs:
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,13 +30,15 @@ from .inputs import (
 )
 from .weights_tools import (MissingHead, is_converted, load_hf_checkpoint, locate_mlm_head, locate_projection,
                             read_converted, read_mlm_head, read_projection)
+from .weights_tools.errors import ConversionError
+from .weights_tools.extra_heads import PYLATE_SETTINGS, ColbertSettings, read_colbert_settings
 from .weights_tools.schema import engine_config
 from .weights_tools.layout import usable_seq_length
 # text.py and cross_encoder.py take an Encoder and import this module for its type only.
 from .cross_encoder import predict as predict_pairs
 from .cross_encoder import rank as rank_documents
-from .text import (DEFAULT_MAX_BATCH_TOKENS, PREFETCH, _cut, _in_background, _tokenize, encode_texts,
-                   forward_packed_batch, pool_packed, tokenizer_lock, warm_up_token_counts)
+from .text import (DEFAULT_MAX_BATCH_TOKENS, PREFETCH, _cut, _in_background, _longest_first, _tokenize,
+                   encode_texts, forward_packed_batch, pool_packed, tokenizer_lock, warm_up_token_counts)
 from .tokenization import load_text_tokenizer, load_transformers_tokenizer
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -122,6 +126,16 @@ class Encoder:
         # read from the checkpoint directory on first use, kept on the device in the encoder's dtype.
         self._heads: dict[str, Any] = {}
         self._heads_lock = threading.Lock()
+        # Set by from_pretrained for a checkpoint loaded with a task (Jina-embeddings-v3's adapters).
+        self.task: str | None = None
+        self._task_instruction: str | None = None
+        # encode_multivector's ColBERT queries whose [MASK] tokens nobody attends to run padded:
+        # while any such forward runs, padding_free is held at False and the caller's setting kept
+        # here (_padded_forwards).
+        self._padded_guard = threading.Lock()
+        self._padded_holders = 0
+        self._padding_free_kept = None
+        self._ignores_st_length: bool | None = None  # max_seq_length's PyLate case, looked up once
         # Read by every forward of CUDA tensors, so looked up once: at batch 1 the host's work
         # before the launch adds to the latency one for one (docs/performance.md, "Kernel choices").
         kind, index = _parse_device(device)
@@ -171,6 +185,8 @@ class Encoder:
         task: for a HuggingFace checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the hub
         holds it), the task whose adapters are merged into the weights once, here (one of its
         config.json's lora_adaptations); required for such a checkpoint, refused for any other.
+        `encode` then puts the task's instruction (config.json's task_instructions) before each
+        text, as the original code's encode(task=...) does (see `task_instruction`).
         """
         _check_bool("cuda_graphs", cuda_graphs)
         if warmup is not None:
@@ -229,6 +245,9 @@ class Encoder:
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
         enc._input_check = input_check
+        if task is not None:
+            enc.task = task
+            enc._task_instruction = _task_instruction(path, task)
         if warm:
             enc.warm_up()
         return enc
@@ -338,12 +357,40 @@ class Encoder:
         is). True packs every batch (CUDA tensors: counted in the same read back as their value
         check), False none.
         """
-        return self._native.padding_free
+        with self._padded_guard:
+            return self._native.padding_free if self._padded_holders == 0 else self._padding_free_kept
 
     @padding_free.setter
     def padding_free(self, mode) -> None:
-        self._native.padding_free = _check_padding_free(mode)
-        self._note_packing()
+        mode = _check_padding_free(mode)
+        with self._padded_guard:
+            if self._padded_holders:  # a padded ColBERT query forward runs: the setting applies after it
+                self._padding_free_kept = mode
+                return
+            self._native.padding_free = mode
+            self._note_packing()
+
+    @contextmanager
+    def _padded_forwards(self):
+        """Holds padding_free at False for the block (nested and concurrent blocks share one hold),
+        then puts back the caller's setting. encode_multivector's ColBERT queries need it: their
+        [MASK] expansion tokens are masked as keys yet their own rows are kept, which only a padded
+        forward computes (a packed one drops masked positions). Other threads' padded forwards run
+        padded meanwhile: the same values at attended positions; packed forwards do not read it."""
+        with self._padded_guard:
+            if self._padded_holders == 0:
+                self._padding_free_kept = self._native.padding_free
+                self._native.padding_free = False
+                self._note_packing()
+            self._padded_holders += 1
+        try:
+            yield
+        finally:
+            with self._padded_guard:
+                self._padded_holders -= 1
+                if self._padded_holders == 0:
+                    self._native.padding_free = self._padding_free_kept
+                    self._note_packing()
 
     @property
     def quantization(self) -> str | None:
@@ -765,10 +812,14 @@ class Encoder:
     def max_seq_length(self) -> int:
         """Truncation length for `encode`: the sentence-transformers setting, else the model's limit
         (max_position_embeddings; for RoBERTa-style position ids, max_position_embeddings -
-        pad_token_id - 1: 512 for RoBERTa's 514)."""
+        pad_token_id - 1: 512 for RoBERTa's 514). A PyLate ColBERT checkpoint's setting is not read:
+        PyLate rewrites it on every call (query_length or document_length, less its marker) and
+        saves whichever it set last, so it is no limit of the model."""
         limit = usable_seq_length(self.config)
         st = self.config.get("max_seq_length")
-        return min(int(st), limit) if st else limit
+        if st and self._ignores_st_length is None:
+            self._ignores_st_length = self.path is not None and _is_pylate_colbert(self.path)
+        return min(int(st), limit) if st and not self._ignores_st_length else limit
 
     def encode(
         self,
@@ -779,6 +830,7 @@ class Encoder:
         max_batch_tokens: int = 16384,
         long_texts: str = "truncate",
         chunk_overlap: int = 32,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """Embeds texts (a list of str, or one str). Returns float32 numpy [N, H], row i for texts[i].
 
@@ -796,10 +848,27 @@ class Encoder:
         text in windows of that length (special tokens included) that share `chunk_overlap`
         tokens with the next, each pooled, combined by their mean weighted by each window's tokens,
         then normalized (the tokenizer runs before the first forward, not in the background).
+        prompt: text put before each text, as sentence-transformers' encode(prompt=...) does. None
+        (the default) puts `task_instruction` there, where the encoder was loaded with a task whose
+        config.json has one; an explicit prompt wins over it ("" puts nothing).
         """
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError(f"encode: prompt must be a str or None, got {type(prompt).__name__}")
+        prompt = self._task_instruction if prompt is None else prompt
+        if prompt:
+            # Texts that are not str stay as they are, for encode_texts to name them.
+            texts = [prompt + texts] if isinstance(texts, str) else [
+                prompt + t if isinstance(t, str) else t for t in texts]
         return encode_texts(self, texts, pooling=pooling, normalize=normalize, batch_size=batch_size,
                             max_batch_tokens=max_batch_tokens, long_texts=long_texts,
                             chunk_overlap=chunk_overlap)
+
+    @property
+    def task_instruction(self) -> str | None:
+        """What `encode` puts before each text unless given a prompt: the instruction of the task the
+        encoder was loaded with (config.json's task_instructions[task], Jina-embeddings-v3's), or
+        None (no task, or a checkpoint without task_instructions or with an empty one for it)."""
+        return self._task_instruction
 
     def predict(self, pairs, batch_size: int = 32, activation="auto"):
         """Scores text pairs with the sequence-classification head, as sentence-transformers'
@@ -842,21 +911,106 @@ class Encoder:
                               lambda hidden, cu: self.sparse_from_packed(hidden, cu, top_k, chunk_tokens))
 
     def encode_multivector(self, texts: str | Sequence[str], normalize: bool = True, batch_size: int = 256,
-                           max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> list[np.ndarray]:
+                           max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                           is_query: bool = False) -> list[np.ndarray]:
         """ColBERT multi-vectors of texts (a list of str, or one str): per text a float32 array
         [n_tokens, dim], the final hidden state of each of its tokens (special tokens included)
         through the checkpoint's projection (colbert-ir's `linear.weight`, or the Dense module(s)
         modules.json names, as PyLate saves them), each row scaled to unit L2 norm (`normalize`).
 
-        Tokenized, truncated and batched as `encode`; texts go in as they are: ColBERT's query and
-        document marker tokens and its query padding with [MASK] are not added. The projection runs
-        in torch on the encoder's device (in its dtype; rows normalized in float32); it is read from
-        the HuggingFace directory on first use (weights_tools/extra_heads.py). A directory without
-        one, or a converted one, raises `MissingHead` (a ValueError) saying what is missing."""
+        is_query: encode the texts as queries (True) or documents (False, the default), as the
+        checkpoint's own implementation does (colbert-ir's queryFromText / docFromText, PyLate's
+        encode(is_query=...)), with the settings its files hold (artifact.metadata, PyLate's
+        config_sentence_transformers.json; weights_tools/extra_heads.py, ColbertSettings): the
+        query or document marker token inserted after the first token, texts cut at
+        query_maxlen / doc_maxlen; queries padded with [MASK] tokens up to query_maxlen, which
+        the other tokens attend to only where the checkpoint says so (their rows are kept either
+        way; unattended, they run in a padded forward); a document's skiplist tokens (colbert-ir's
+        mask_punctuation, PyLate's skiplist_words) left out of its vectors. A checkpoint without
+        such settings gets its texts as they are, tokenized, truncated and batched as `encode`
+        (a warning, once, names what is missing).
+
+        The projection runs in torch on the encoder's device (in its dtype; rows normalized in
+        float32); it is read from the HuggingFace directory on first use. A directory without one,
+        or a converted one, raises `MissingHead` (a ValueError) saying what is missing."""
         _check_bool("normalize", normalize)
+        _check_bool("is_query", is_query)
         self._output_head(MULTIVECTOR)
-        return self._per_text(texts, "encode_multivector", batch_size, max_batch_tokens,
-                              lambda hidden, cu: self.multivector_from_packed(hidden, cu, normalize))
+        colbert = self.colbert_inputs()
+        if colbert is None:
+            return self._per_text(texts, "encode_multivector", batch_size, max_batch_tokens,
+                                  lambda hidden, cu: self.multivector_from_packed(hidden, cu, normalize))
+        texts = _check_texts(texts, "encode_multivector")
+        _check_batch_limits("encode_multivector", batch_size, max_batch_tokens)
+        lock = tokenizer_lock(self)
+        with lock:
+            sequences = colbert.build(self.tokenizer, texts, bool(is_query))
+        return self.multivector_from_sequences(sequences, normalize, batch_size, max_batch_tokens)
+
+    def colbert_inputs(self) -> "ColbertInputs | None":
+        """How encode_multivector prepares queries and documents for this checkpoint (its ColBERT
+        settings), or None where it holds none (warned once)."""
+        if self.path is None:
+            return None
+        return colbert_inputs_for(self.path, usable_seq_length(self.config))
+
+    def multivector_from_sequences(self, sequences: Sequence["ColbertSequence"], normalize: bool = True,
+                                   batch_size: int = 256,
+                                   max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> list[np.ndarray]:
+        """encode_multivector's rows of sequences built by `ColbertInputs.build`: those whose tokens
+        all attend to each other in packed forwards (longest first, batched as encode), those with
+        unattended [MASK] tokens in padded forwards of at most batch_size sequences and
+        max_batch_tokens positions; each sequence's `keep` rows."""
+        _check_batch_limits("multivector_from_sequences", batch_size, max_batch_tokens)
+        torch = _torch()
+        gpu = torch.device(self.device) if self.device.startswith("cuda") else None
+        out: list = [None] * len(sequences)
+        packed = [i for i, s in enumerate(sequences) if s.attended == len(s.ids)]
+        if packed:
+            lengths = np.array([len(sequences[i].ids) for i in packed], dtype=np.int64)
+            ids = np.concatenate([sequences[i].ids for i in packed]).astype(np.int32, copy=False)
+            types = None
+            if sequences[packed[0]].types is not None:
+                types = np.concatenate([sequences[i].types for i in packed]).astype(np.int32, copy=False)
+            whole = _longest_first(np.asarray(packed, dtype=np.int64), ids, types, lengths)
+            for batch in _cut([whole], max_batch_tokens, batch_size):
+                res, _ = forward_packed_batch(self, batch, gpu)
+                rows = self.multivector_from_packed(res.last_hidden_state, batch.cu_seqlens, normalize)
+                for i, row in zip(batch.index.tolist(), rows):
+                    out[i] = row
+        padded = [i for i, s in enumerate(sequences) if s.attended < len(s.ids)]
+        if padded:
+            if self.batch_invariant:
+                raise ValueError(
+                    "encode_multivector: these ColBERT queries end in [MASK] tokens that the checkpoint's "
+                    "tokens do not attend to (attend_to_mask_tokens / attend_to_expansion_tokens false), "
+                    "which needs a padded forward, and batch_invariant=True runs every forward packed; load "
+                    "the encoder without batch_invariant for queries")
+            for S in sorted({len(sequences[i].ids) for i in padded}):
+                same = [i for i in padded if len(sequences[i].ids) == S]
+                per = max(1, min(batch_size, max_batch_tokens // S))
+                for start in range(0, len(same), per):
+                    group = [sequences[i] for i in same[start : start + per]]
+                    for i, row in zip(same[start : start + per], self._padded_rows(group, S, normalize, gpu)):
+                        out[i] = row
+        return [row if s.keep is None else row[s.keep] for row, s in zip(out, sequences)]
+
+    def _padded_rows(self, group: list["ColbertSequence"], S: int, normalize: bool, gpu) -> list[np.ndarray]:
+        """The projected rows of equally long sequences, run as one padded batch [B, S] whose mask
+        holds each one's attended tokens: every row computed, masked ones attending to the others."""
+        torch = _torch()
+        ids = np.stack([s.ids for s in group]).astype(np.int32, copy=False)
+        mask = (np.arange(S)[None, :] < np.array([s.attended for s in group])[:, None]).astype(np.int32)
+        types = np.zeros_like(ids) if group[0].types is None else np.stack([s.types for s in group]).astype(np.int32)
+        tokens = int(mask.sum())
+        if gpu is not None:  # CUDA tensors in: the hidden states stay on the GPU for the projection
+            ids, mask, types = (torch.from_numpy(a).to(gpu) for a in (ids, mask, types))
+        with self._padded_forwards():
+            if self.padding_free_for(len(group), S, tokens):  # batch_invariant set meanwhile
+                raise RuntimeError("encode_multivector: a padded forward would run packed")
+            hidden = self(ids, mask, types).last_hidden_state  # [B, S, H]
+        cu = np.arange(len(group) + 1, dtype=np.int64) * S
+        return self.multivector_from_packed(hidden.reshape(len(group) * S, self._hidden), cu, normalize)
 
     def sparse_from_packed(self, hidden, cu_seqlens, top_k: int | None = None,
                            chunk_tokens: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -931,10 +1085,7 @@ class Encoder:
         packed forwards) with rows_of(last_hidden_state [T, H], cu_seqlens [B + 1] numpy) giving
         each batch's B results; returns them in the caller's order."""
         texts = _check_texts(texts, what)
-        for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
-            if value is None:
-                raise TypeError(f"{what}: {name} must be a positive integer, got None")
-            _check_optional_count(f"{what}: {name}", value)
+        _check_batch_limits(what, batch_size, max_batch_tokens)
         lock = tokenizer_lock(self)
         with lock:
             tok = self._text_tokenizer()
@@ -1097,6 +1248,171 @@ def _host_tensor(t) -> tuple[np.ndarray, str]:
     raise ValueError(f"weights: unsupported tensor dtype {t.dtype}")
 
 
+# ---- prompts and ColBERT's inputs ----------------------------------------------------------------
+def _task_instruction(path: Path, task: str) -> str | None:
+    """config.json's task_instructions[task] (what Jina-embeddings-v3's encode(task=...) puts before
+    each text), None where there is none or it is empty."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        raw = json.loads(cfg_path.read_text("utf-8"))
+    except (OSError, ValueError):  # load_hf_checkpoint has read it already: not reached in practice
+        return None
+    instructions = raw.get("task_instructions") if isinstance(raw, dict) else None
+    if instructions is None:
+        return None
+    if not isinstance(instructions, dict) or not all(isinstance(v, str) for v in instructions.values()):
+        raise ConversionError(f"{cfg_path}: task_instructions must map task names to strings")
+    return instructions.get(task) or None
+
+
+def _is_pylate_colbert(path: Path) -> bool:
+    """Whether config_sentence_transformers.json holds PyLate's ColBERT settings."""
+    try:
+        raw = json.loads((Path(path) / PYLATE_SETTINGS).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and ("query_prefix" in raw or "document_prefix" in raw)
+
+
+@dataclass
+class ColbertSequence:
+    """One text as a ColBERT checkpoint's own implementation gives it to the encoder."""
+
+    ids: np.ndarray  # int32 [L]
+    types: np.ndarray | None  # int32 [L], or None where the tokenizer gives none
+    # The first `attended` tokens attend to one another; the rest (a query's [MASK] padding that
+    # the checkpoint does not attend to) attend to those and are attended by none.
+    attended: int
+    keep: np.ndarray | None  # bool [L]: the tokens whose vectors are returned; None: all
+
+
+class ColbertInputTooLong(ValueError):
+    """A text longer than the query or document length, where truncation was refused."""
+
+    def __init__(self, index: int, tokens: int, limit: int):
+        self.index, self.tokens, self.limit = index, tokens, limit
+        super().__init__(f"texts[{index}] has {tokens} tokens, more than the {limit} ColBERT takes")
+
+
+class ColbertInputs:
+    """The queries and documents of one ColBERT checkpoint (its ColbertSettings) as token ids, built
+    as its implementation builds them: colbert-ir's QueryTokenizer / DocTokenizer.tensorize and
+    ColBERT.query / doc (colbert/modeling/), PyLate's ColBERT.tokenize and encode
+    (pylate/models/colbert.py). One per checkpoint directory and process (colbert_inputs_for);
+    build holds no lock of its own: its callers hold the tokenizer's lock (threads that build first
+    at once may each look the ids up, the same ones)."""
+
+    def __init__(self, settings: ColbertSettings, limit: int):
+        s = settings
+        for key, length in (("query", s.query_length), ("document", s.document_length)):
+            if length > limit:
+                raise ConversionError(f"{s.source}: the {key} length {length} is more than the model's {limit} "
+                                      "positions")
+            if length < 3:
+                raise ConversionError(f"{s.source}: the {key} length {length} leaves no room for a text")
+        self.settings = s
+        self._resolved = None  # (marker id by is_query, mask id, skiplist ids): the tokenizer's, on first build
+
+    def _resolve(self, tok):
+        s = self.settings
+        vocab = tok.get_vocab()
+        names = ({True: "query_token_id", False: "doc_token_id"} if s.layout == "colbert-ir"
+                 else {True: "query_prefix", False: "document_prefix"})
+        markers = {}
+        for is_query, token in ((True, s.query_marker), (False, s.document_marker)):
+            if token is not None and token not in vocab:
+                # PyLate would add it as a new token with a new, untrained embedding row.
+                raise ValueError(f"{s.source}: {names[is_query]} {token!r} is not a token of the checkpoint's "
+                                 "tokenizer, so it cannot be inserted as the marker")
+            markers[is_query] = None if token is None else int(vocab[token])
+        mask = tok.mask_token_id
+        if s.query_expansion and mask is None:
+            raise ValueError(f"{s.source}: queries are padded with the mask token, but the checkpoint's tokenizer "
+                             "has none")
+        skip = set()
+        for word in s.skiplist:
+            if s.skiplist_by_first_piece:
+                pieces = tok.encode(word, add_special_tokens=False)
+                if pieces:
+                    skip.add(int(pieces[0]))
+            else:
+                token_id = tok.convert_tokens_to_ids(word)
+                if token_id is not None:
+                    skip.add(int(token_id))
+        self._resolved = (markers, mask, np.array(sorted(skip), dtype=np.int64))
+
+    def build(self, tok, texts: list[str], is_query: bool, truncate: bool = True,
+              side: str = "right") -> list[ColbertSequence]:
+        """The texts as queries or documents, tokenized by `tok` (the checkpoint's transformers
+        tokenizer; the caller holds its lock). truncate=False raises ColbertInputTooLong for a text
+        past the length instead of cutting it; side "left" cuts a text's start."""
+        if self._resolved is None:
+            self._resolve(tok)
+        markers, mask_id, skip = self._resolved
+        s = self.settings
+        marker = markers[is_query]
+        length = s.query_length if is_query else s.document_length
+        room = length - 1 if marker is not None else length  # the marker goes in after truncation
+        if s.strip:
+            texts = [t.strip() for t in texts]
+        if s.lowercase:
+            texts = [t.lower() for t in texts]
+        options = {"truncation": True, "max_length": room} if truncate else {}
+        before = getattr(tok, "truncation_side", "right")
+        if side != before:
+            tok.truncation_side = side
+        try:
+            encoded = tok(texts, return_attention_mask=False, **options)
+        finally:
+            if side != before:
+                tok.truncation_side = before
+        all_types = encoded.get("token_type_ids")
+        out = []
+        for i, ids in enumerate(encoded["input_ids"]):
+            if len(ids) > room:
+                raise ColbertInputTooLong(i, len(ids), room)
+            types = None if all_types is None else list(all_types[i])
+            if marker is not None:  # after the first token ([CLS]), of token type 0
+                ids = [*ids[:1], marker, *ids[1:]]
+                types = None if types is None else [*types[:1], 0, *types[1:]]
+            attended = len(ids)
+            if is_query and s.query_expansion:
+                pad = length - len(ids)
+                ids = [*ids, *[mask_id] * pad]
+                types = None if types is None else [*types, *[0] * pad]
+                if s.attend_to_expansion:
+                    attended = length
+            ids = np.asarray(ids, dtype=np.int32)
+            keep = None
+            if not is_query and len(skip):
+                keep = ~np.isin(ids, skip)
+            out.append(ColbertSequence(ids, None if types is None else np.asarray(types, dtype=np.int32),
+                                       attended, keep))
+        return out
+
+
+_COLBERT_INPUTS: dict[str, "ColbertInputs | None"] = {}
+_COLBERT_INPUTS_LOCK = threading.Lock()
+
+
+def colbert_inputs_for(path, limit: int) -> ColbertInputs | None:
+    """The ColbertInputs of the checkpoint at `path` (read once per process), or None where it holds
+    no ColBERT settings: a UserWarning, the first time, says what is missing and that texts then go
+    in as they are. `limit`: the model's usable length."""
+    key = str(Path(path).resolve())
+    with _COLBERT_INPUTS_LOCK:
+        if key in _COLBERT_INPUTS:
+            return _COLBERT_INPUTS[key]
+        settings, missing = read_colbert_settings(path)
+        inputs = None if settings is None else ColbertInputs(settings, limit)
+        _COLBERT_INPUTS[key] = inputs
+    if inputs is None:
+        warnings.warn(f"encode_multivector: no ColBERT settings, so no query or document marker is inserted, "
+                      f"no query is padded with [MASK] and texts go in as they are: {missing}",
+                      UserWarning, stacklevel=4)
+    return inputs
+
+
 # ---- the output heads (encode_sparse, encode_multivector), run in torch ----------------------
 def _check_texts(texts, what: str) -> list[str]:
     if isinstance(texts, str):
@@ -1108,6 +1424,13 @@ def _check_texts(texts, what: str) -> list[str]:
         if not isinstance(t, str):
             raise TypeError(f"{what}: texts[{i}] is {type(t).__name__}, expected str")
     return texts
+
+
+def _check_batch_limits(what: str, batch_size, max_batch_tokens) -> None:
+    for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
+        if value is None:
+            raise TypeError(f"{what}: {name} must be a positive integer, got None")
+        _check_optional_count(f"{what}: {name}", value)
 
 
 def _check_optional_count(name: str, value) -> int | None:

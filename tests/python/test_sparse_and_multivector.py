@@ -9,6 +9,7 @@ of a checkpoint without the head, a converted directory, a sentence-level Dense.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -378,3 +379,326 @@ def test_a_model_with_both_heads_gives_both(tmp_path, rng):
     assert_sparse_rows(enc.encode_sparse(texts), sparse_reference(model, enc, texts))
     assert [v.shape[1] for v in enc.encode_multivector(texts)] == [DIM] * 3
     assert enc.unavailable_reason("sparse") is None and enc.unavailable_reason("multivector") is None
+
+
+# ---- ColBERT's queries and documents (markers, [MASK] expansion, skiplist) ------------------------
+# The references below follow each implementation's own steps on batched, padded tensors:
+# colbert-ir's QueryTokenizer / DocTokenizer.tensorize and ColBERT.query / doc
+# (colbert/modeling/tokenization/*.py, colbert/modeling/colbert.py), PyLate's ColBERT.tokenize and
+# encode (pylate/models/colbert.py), on transformers' BertModel and the saved projection.
+COLBERT_IR_META = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 12,
+                   "doc_maxlen": 20, "attend_to_mask_tokens": False, "mask_punctuation": True, "dim": DIM}
+PYLATE_CONFIG = {"query_prefix": "[Q] ", "document_prefix": "[D] ", "query_length": 12, "document_length": 20,
+                 "attend_to_expansion_tokens": False, "do_query_expansion": True,
+                 "skiplist_words": [".", ",", "!", "?", "#"], "similarity_fn_name": "MaxSim", "model_type": "ColBERT"}
+
+
+def write_marker_tokenizer(path, layout: str):
+    """A WordPiece tokenizer whose vocabulary holds the markers: colbert-ir's [unused0] / [unused1]
+    in the vocabulary (as BERT's are), PyLate's "[Q] " / "[D] " added after it (as PyLate adds them).
+    Every id fits VOCAB."""
+    import transformers
+
+    from tests._vocab import write_vocab
+
+    vocab = write_vocab(path, VOCAB - 2)  # [PAD] [UNK] [CLS] [SEP] [MASK], letters, "." "," "!" "?", words
+    if layout == "colbert-ir":
+        vocab = vocab[:1] + ["[unused0]", "[unused1]"] + vocab[1:]
+    tok = transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, model_max_length=MAX_POS)
+    if layout == "pylate":
+        tok.add_tokens(["[Q] ", "[D] "])
+    assert len(tok) == VOCAB
+    tok.save_pretrained(path)
+    return transformers.AutoTokenizer.from_pretrained(path)
+
+
+def make_marked_colbert(path, layout: str, settings: dict | None = None, seed: int = 0, bias: bool = False):
+    """make_colbert's checkpoint with a marker tokenizer and the layout's settings file (`settings`
+    changes the defaults above; None leaves a key out). Returns (model, weight, bias, tokenizer)."""
+    model, weight, b = make_colbert(path, layout, seed=seed, bias=bias)
+    tok = write_marker_tokenizer(path, layout)
+    base = COLBERT_IR_META if layout == "colbert-ir" else PYLATE_CONFIG
+    values = {k: v for k, v in {**base, **(settings or {})}.items() if v is not None}
+    name = "artifact.metadata" if layout == "colbert-ir" else "config_sentence_transformers.json"
+    (path / name).write_text(json.dumps(values))
+    return model, weight, b, tok
+
+
+def _insert_prefix_token(t, value):
+    """colbert/modeling/tokenization/utils.py's _insert_prefix_token (PyLate's insert_prefix_token)."""
+    return torch.cat([t[:, :1], torch.full((t.shape[0], 1), value, dtype=t.dtype), t[:, 1:]], dim=1)
+
+
+def colbert_ir_reference(model, tok, texts, weight, meta, is_query):
+    import string
+
+    meta = {**ftbert.weights_tools.extra_heads.COLBERT_IR_DEFAULTS, **meta}
+    if is_query:
+        marker, maxlen = tok.convert_tokens_to_ids(meta["query_token_id"]), meta["query_maxlen"]
+        obj = tok(texts, padding="max_length", truncation=True, return_tensors="pt", max_length=maxlen - 1)
+    else:
+        marker, maxlen = tok.convert_tokens_to_ids(meta["doc_token_id"]), meta["doc_maxlen"]
+        obj = tok(texts, padding="longest", truncation="longest_first", return_tensors="pt", max_length=maxlen - 1)
+    ids, mask = _insert_prefix_token(obj["input_ids"], marker), _insert_prefix_token(obj["attention_mask"], 1)
+    if is_query:
+        ids[ids == tok.pad_token_id] = tok.mask_token_id
+        if meta["attend_to_mask_tokens"]:
+            mask[ids == tok.mask_token_id] = 1
+    skiplist = set()
+    if not is_query and meta["mask_punctuation"]:
+        skiplist = {w for s in string.punctuation for w in (s, tok.encode(s, add_special_tokens=False)[0])}
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state.double() @ weight.double().T
+    keep = torch.tensor([[x not in skiplist and x != tok.pad_token_id for x in row] for row in ids.tolist()])
+    out = torch.nn.functional.normalize(out * keep[..., None], dim=2)
+    return [out[i][keep[i]].numpy() for i in range(len(texts))]
+
+
+def pylate_reference(model, tok, texts, weight, bias, config, is_query):
+    config = {**ftbert.weights_tools.extra_heads.PYLATE_DEFAULTS, **config}
+    prefix = config["query_prefix" if is_query else "document_prefix"]
+    maxlen = config["query_length" if is_query else "document_length"]
+    prefix_id = tok.convert_tokens_to_ids(prefix) if prefix else None
+    expand = is_query and config["do_query_expansion"]
+    tok.pad_token_id = tok.mask_token_id  # PyLate pads with the mask token
+    texts = [t.strip() for t in texts]  # sentence-transformers' Transformer.tokenize
+    obj = tok(texts, padding="max_length" if expand else True, truncation="longest_first", return_tensors="pt",
+              max_length=maxlen - 1 if prefix_id is not None else maxlen)
+    ids, mask, types = obj["input_ids"], obj["attention_mask"], obj["token_type_ids"]
+    if prefix_id is not None:
+        ids, mask, types = (_insert_prefix_token(t, v) for t, v in ((ids, prefix_id), (mask, 1), (types, 0)))
+    if expand and config["attend_to_expansion_tokens"]:
+        mask.fill_(1)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state.double()
+        out = out @ weight.double().T + (0 if bias is None else bias.double())
+    if not is_query:
+        skiplist = [tok.convert_tokens_to_ids(w) for w in config["skiplist_words"]]
+        keep = ~torch.isin(ids, torch.tensor(skiplist)) & mask.bool()
+    else:
+        keep = torch.ones_like(ids, dtype=torch.bool) if expand else mask.bool()
+    return [torch.nn.functional.normalize(out[i][keep[i]], dim=1).numpy() for i in range(len(texts))]
+
+
+def colbert_texts(rng, n):
+    """Short and long texts (past the document length) with punctuation, one empty."""
+    texts = random_texts(rng, n - 1, max_words=30)
+    texts[0] = "Hello, world! " + texts[0]  # a skiplist token and an unknown one ("#") in one text
+    return texts + [""]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("attend", [False, True])
+def test_colbert_ir_queries_and_documents_are_marked_expanded_and_skipped_as_colbert_ir_does(tmp_path, rng, device,
+                                                                                             attend):
+    meta = {**COLBERT_IR_META, "attend_to_mask_tokens": attend}
+    model, weight, _, tok = make_marked_colbert(tmp_path, "colbert-ir", meta)
+    enc = load(tmp_path, device=device)
+    texts = colbert_texts(rng, 9)
+    tol = 1e-5 if device == "cpu" else 1e-4
+    queries = enc.encode_multivector(texts, is_query=True, batch_size=3)
+    assert_vectors(queries, colbert_ir_reference(model, tok, texts, weight, meta, is_query=True), tol=tol)
+    assert all(len(q) == meta["query_maxlen"] for q in queries)  # [MASK]-expanded or cut
+    docs = enc.encode_multivector(texts)  # documents by default
+    assert_vectors(docs, colbert_ir_reference(model, tok, texts, weight, meta, is_query=False), tol=tol)
+    # Punctuation is dropped from documents: fewer rows than tokens for a text that has some.
+    doc_tokens = len(tok(texts[0], truncation=True, max_length=COLBERT_IR_META["doc_maxlen"] - 1)["input_ids"]) + 1
+    assert len(docs[0]) < doc_tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("settings", [{}, {"attend_to_expansion_tokens": True}, {"do_query_expansion": False},
+                                      {"query_prefix": "", "skiplist_words": None, "query_length": None}])
+def test_pylate_queries_and_documents_follow_pylates_settings(tmp_path, rng, device, settings):
+    model, weight, b, tok = make_marked_colbert(tmp_path, "pylate", settings, bias=True)
+    enc = load(tmp_path, device=device)
+    texts = colbert_texts(rng, 8) + ["  spaced out  "]
+    config = {k: v for k, v in {**PYLATE_CONFIG, **settings}.items() if v is not None}
+    tol = 1e-5 if device == "cpu" else 1e-4
+    for is_query in (True, False):
+        got = enc.encode_multivector(texts, is_query=is_query, max_batch_tokens=64)
+        assert_vectors(got, pylate_reference(model, tok, texts, weight, b, config, is_query), tol=tol)
+
+
+@pytest.mark.parametrize("layout, settings", [("colbert-ir", {}), ("colbert-ir", {"attend_to_mask_tokens": True}),
+                                              ("pylate", {}), ("pylate", {"do_query_expansion": False})])
+def test_sentence_transformers_multi_vector_encoder_agrees(tmp_path, rng, layout, settings):
+    # A second, independent reading of both layouts: sentence-transformers' MultiVectorEncoder
+    # (6.x) loads colbert-ir and PyLate checkpoints as their implementations run them.
+    st = pytest.importorskip("sentence_transformers")
+    if not hasattr(st, "MultiVectorEncoder"):
+        pytest.skip(f"sentence-transformers {st.__version__} has no MultiVectorEncoder")
+    make_marked_colbert(tmp_path, layout, settings, bias=layout == "pylate")
+    enc = load(tmp_path)
+    texts = colbert_texts(rng, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = st.MultiVectorEncoder(str(tmp_path), device="cpu")
+    for is_query in (True, False):
+        want = model.encode_query(texts) if is_query else model.encode_document(texts)
+        assert_vectors(enc.encode_multivector(texts, is_query=is_query), [np.asarray(w, np.float64) for w in want])
+
+
+def test_queries_and_documents_of_one_text_differ_by_marker_and_expansion(tmp_path):
+    # A short text without punctuation: as a document its tokens and the marker, as a query the
+    # same padded with [MASK] to query_maxlen; the two kinds' vectors differ from the first token on
+    # (the marker is another token, so every token's context is another).
+    make_marked_colbert(tmp_path, "colbert-ir")
+    enc = load(tmp_path)
+    texts = ["the of and", "he was"]
+    tokens = [len(ids) for ids in enc.tokenizer(texts)["input_ids"]]
+    queries, docs = enc.encode_multivector(texts, is_query=True), enc.encode_multivector(texts, is_query=False)
+    assert [len(d) for d in docs] == [n + 1 for n in tokens]
+    assert [len(q) for q in queries] == [COLBERT_IR_META["query_maxlen"]] * 2
+    for q, d in zip(queries, docs):
+        assert np.abs(q[: len(d)] - d).max(axis=1).min() > 1e-3
+
+
+def test_without_settings_texts_go_in_as_they_are_with_one_warning(tmp_path, rng):
+    model, weight, b = make_colbert(tmp_path, "colbert-ir")
+    enc = load(tmp_path)
+    texts = random_texts(rng, 4)
+    want = multivector_reference(model, enc, texts, weight, b)
+    with pytest.warns(UserWarning, match=r"no ColBERT settings.*has no artifact.metadata") as caught:
+        got = enc.encode_multivector(texts, is_query=True)
+    assert len([w for w in caught if "ColBERT settings" in str(w.message)]) == 1
+    assert_vectors(got, want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: the second call and the other kind warn no more
+        assert_vectors(enc.encode_multivector(texts), want)
+        assert_vectors(load(tmp_path).encode_multivector(texts, is_query=True), want)
+
+
+def test_a_pylate_checkpoint_without_its_settings_warns_naming_the_file(tmp_path, rng):
+    make_colbert(tmp_path, "pylate")
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({"similarity_fn_name": "MaxSim"}))
+    with pytest.warns(UserWarning, match="config_sentence_transformers.json has no query_prefix / document_prefix"):
+        load(tmp_path).encode_multivector(random_texts(rng, 2), is_query=True)
+
+
+def test_pylates_saved_max_seq_length_does_not_cut_documents(tmp_path, rng):
+    # PyLate saves the max_seq_length it last set (here a query's); documents still reach document_length.
+    model, weight, b, tok = make_marked_colbert(tmp_path, "pylate")
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 11, "do_lower_case": False}))
+    enc = load(tmp_path)
+    assert enc.max_seq_length == MAX_POS
+    texts = [" ".join(["word"] * 40)]
+    got = enc.encode_multivector(texts)
+    assert len(got[0]) == PYLATE_CONFIG["document_length"]
+    assert_vectors(got, pylate_reference(model, tok, texts, weight, b, PYLATE_CONFIG, False))
+
+
+def test_padded_query_forwards_put_the_padding_free_setting_back(tmp_path, rng):
+    make_marked_colbert(tmp_path, "colbert-ir")
+    enc = load(tmp_path, padding_free=True)
+    texts = random_texts(rng, 6, max_words=6)
+    want = enc.encode_multivector(texts, is_query=True)
+    assert enc.padding_free is True and enc._native.padding_free is True
+    from tests._util import run_in_threads
+
+    results = run_in_threads(4, lambda i: enc.encode_multivector(texts, is_query=True), timeout=120)
+    for got in results:
+        assert_vectors(got, want, tol=0)
+    assert enc._native.padding_free is True
+
+
+def test_unattended_query_expansion_is_refused_under_batch_invariance(tmp_path, rng):
+    make_marked_colbert(tmp_path, "colbert-ir")
+    enc = load(tmp_path, batch_invariant=True)
+    assert len(enc.encode_multivector(["a text"])) == 1  # documents run packed: fine
+    with pytest.raises(ValueError, match="padded forward.*batch_invariant"):
+        enc.encode_multivector(["a text"], is_query=True)
+
+
+@pytest.mark.parametrize("layout, settings, pattern", [
+    ("colbert-ir", {"query_token_id": "[unused7]"}, r"query_token_id '\[unused7\]' is not a token"),
+    ("pylate", {"document_prefix": "[Doc] "}, r"document_prefix '\[Doc\] ' is not a token"),
+    ("colbert-ir", {"query_maxlen": "32"}, r"artifact.metadata: query_maxlen must be a positive integer"),
+    ("pylate", {"document_length": MAX_POS + 1}, r"document length 65 is more than the model's 64 positions"),
+])
+def test_settings_the_checkpoint_cannot_follow_are_refused_by_name(tmp_path, layout, settings, pattern):
+    make_marked_colbert(tmp_path, layout, settings)
+    with pytest.raises(ValueError, match=pattern):
+        load(tmp_path).encode_multivector(["a text"], is_query=True)
+
+
+def test_is_query_must_be_a_bool(tmp_path):
+    make_marked_colbert(tmp_path, "colbert-ir")
+    with pytest.raises(TypeError, match="is_query must be True or False"):
+        load(tmp_path).encode_multivector(["a text"], is_query="yes")
+
+
+# ---- /embed_multivector's is_query (the server) ----------------------------------------------------
+def _serve_extra():
+    from ftbert.serving import missing_serve_extra
+
+    message = missing_serve_extra()
+    if message:
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def marked_colbert(tmp_path_factory):
+    """A colbert-ir checkpoint whose queries' [MASK] tokens are not attended (colbertv2.0's setting)
+    and a PyLate one whose are: (path, Encoder) each."""
+    made = {}
+    for name, layout, settings in (("ir", "colbert-ir", {}),
+                                   ("pylate", "pylate", {"attend_to_expansion_tokens": True})):
+        path = tmp_path_factory.mktemp(name)
+        make_marked_colbert(path, layout, settings, bias=layout == "pylate")
+        made[name] = (path, load(path))
+    return made
+
+
+def _vectors(reply):
+    assert reply.status_code == 200, reply.text
+    return [np.asarray(v, np.float32) for v in reply.json()]
+
+
+@pytest.mark.parametrize("name", ["ir", "pylate"])
+def test_the_route_gives_documents_by_default_and_queries_with_is_query(marked_colbert, rng, name):
+    _serve_extra()
+    import httpx
+
+    from tests.serving._helpers import serve
+
+    path, enc = marked_colbert[name]
+    texts = colbert_texts(rng, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        server = serve(path)
+    with server:
+        post = lambda body: httpx.post(server.url + "/embed_multivector", json=body, timeout=60)  # noqa: E731
+        # Today's request shape: documents, marked and skiplisted, through the batcher.
+        assert_vectors(_vectors(post({"inputs": texts})), enc.encode_multivector(texts), tol=TOL)
+        assert_vectors(_vectors(post({"inputs": texts, "is_query": False, "normalize": False})),
+                       enc.encode_multivector(texts, normalize=False), tol=TOL)
+        # Queries: colbert-ir's unattended [MASK] tokens in a padded forward beside the batcher,
+        # PyLate's attended ones in the batcher's packed forwards.
+        assert_vectors(_vectors(post({"inputs": texts, "is_query": True})),
+                       enc.encode_multivector(texts, is_query=True), tol=TOL)
+        long = " ".join(["word"] * 40)
+        assert len(_vectors(post({"inputs": long}))[0]) == 20  # cut at the document length
+        r = post({"inputs": ["the of", long], "truncate": False})  # 19: the document length less the marker
+        assert r.status_code == 413 and re.search(r"inputs\[1\] has \d+ tokens, more than the 19 this checkpoint's "
+                                                  "ColBERT document takes", r.json()["error"]["message"])
+        r = post({"inputs": "a", "is_query": "yes"})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "is_query"
+
+
+def test_a_front_process_gives_documents_and_refuses_unattended_queries(marked_colbert, rng):
+    _serve_extra()
+    from tests.serving.test_workers import WorkersServer
+
+    path, enc = marked_colbert["ir"]
+    texts = colbert_texts(rng, 4)
+    front = WorkersServer(path)
+    try:
+        assert_vectors(_vectors(front.client.post("/embed_multivector", json={"inputs": texts})),
+                       enc.encode_multivector(texts), tol=TOL)
+        r = front.client.post("/embed_multivector", json={"inputs": texts, "is_query": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "is_query"
+        assert "--workers" in r.json()["error"]["message"]
+    finally:
+        status, err = front.stop()
+    assert status == 0, err[-3000:]

@@ -15,8 +15,9 @@
                     SPLADE's vector (Encoder.encode_sparse) of a *ForMaskedLM checkpoint; top_k is
                     ftbert's own (TEI has none)
     POST /embed_multivector  {"inputs", "normalize": true, "truncate", "truncation_direction",
-                    "prompt_name"} -> [[[float, ...], ...], ...]: per input, its tokens' ColBERT
-                    vectors (Encoder.encode_multivector); ftbert's own route, in TEI's request shape
+                    "prompt_name", "is_query": false} -> [[[float, ...], ...], ...]: per input, its
+                    tokens' ColBERT vectors (Encoder.encode_multivector, documents or queries);
+                    ftbert's own route, in TEI's request shape
     POST /          the model's task: /embed without a head; with a sequence head, /rerank for a
                     body with query and texts, else /predict with a list per input (what the Hub's
                     inference clients read: text_classification takes [[...]]), honouring
@@ -31,6 +32,7 @@ of that name (config_sentence_transformers.json). Errors answer in this server's
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Literal
 
 import numpy as np
@@ -38,7 +40,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from .batcher import EMBED, MULTIVECTOR, PAIR, SCORE, SPARSE, TEXT, Job
+from ..encoder import ColbertInputTooLong, colbert_inputs_for
+from ..weights_tools.layout import usable_seq_length
+from .batcher import EMBED, IDS, MULTIVECTOR, PAIR, SCORE, SPARSE, TEXT, Job
 
 
 class _TeiRequest(BaseModel):
@@ -97,6 +101,7 @@ class EmbedMultivectorRequest(_TeiRequest):
     inputs: Any
     normalize: StrictBool = True
     prompt_name: StrictStr | None = None
+    is_query: StrictBool = False  # Encoder.encode_multivector's: a ColBERT query, else a document
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -212,10 +217,58 @@ def register_tei_routes(app: FastAPI) -> None:
 
     async def embed_multivector(body: EmbedMultivectorRequest, request: Request):
         svc = core._service(request)
-        res = await per_token_job(svc, request, "/embed_multivector", MULTIVECTOR, "a token projection (a ColBERT "
-                                  "checkpoint)", body.inputs[0], body.prompt_name, normalize=body.normalize,
-                                  **body.job_options())
-        return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in res.values])
+        what = "a token projection (a ColBERT checkpoint)"
+        colbert = None
+        if svc.output_unavailable(MULTIVECTOR) is None and svc.path is not None:
+            try:
+                colbert = colbert_inputs_for(svc.path, usable_seq_length(svc.config))
+            except ValueError as e:  # a settings file that is there but malformed
+                raise core.ApiError(400, f"/embed_multivector: {e}", param=None) from None
+        if colbert is None:  # no ColBERT settings (or no head, answered 400): the texts as they are
+            res = await per_token_job(svc, request, "/embed_multivector", MULTIVECTOR, what, body.inputs[0],
+                                      body.prompt_name, normalize=body.normalize, **body.job_options())
+            return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in res.values])
+        texts = prompted(svc, body.inputs[0], body.prompt_name)
+        core._check_client_batch(svc, len(texts), "inputs")
+        request.state.inputs = len(texts)
+        truncate = svc.settings.truncate if body.truncate is None else body.truncate
+
+        def build():
+            with svc.tokenizer() as tok:
+                return colbert.build(tok, texts, body.is_query, truncate=truncate, side=body.truncation_direction)
+
+        try:
+            seqs = await asyncio.to_thread(build)
+        except ColbertInputTooLong as e:
+            raise core.ApiError(413, f"inputs[{e.index}] has {e.tokens} tokens, more than the {e.limit} this "
+                                f"checkpoint's ColBERT {'query' if body.is_query else 'document'} takes (inputs are "
+                                "not truncated: the server's setting, or the request's truncate)",
+                                param="inputs") from None
+        except ValueError as e:  # settings the tokenizer cannot follow (a marker it does not have)
+            raise core.ApiError(400, f"/embed_multivector: {e}", param=None) from None
+        if any(s.attended < len(s.ids) for s in seqs):
+            # [MASK] tokens nothing attends to, rows kept: a padded forward, which the batcher's packed
+            # forwards cannot give; a local encoder runs it (Encoder.multivector_from_sequences).
+            encoders = getattr(svc, "encoders", None)
+            if not encoders:
+                raise core.ApiError(
+                    400, "/embed_multivector with is_query true: this checkpoint's queries end in [MASK] tokens that "
+                    "its tokens do not attend to, which needs a padded forward outside the batcher, and a --workers "
+                    "front process has no encoder to run it (serve without --workers for ColBERT queries)",
+                    param="is_query")
+            try:
+                rows = await asyncio.to_thread(encoders[0].multivector_from_sequences, seqs, body.normalize)
+            except ValueError as e:  # a server started with --batch-invariant, which never runs padded
+                raise core.ApiError(400, f"/embed_multivector: {e}", param="is_query") from None
+        else:
+            # Token ids built here, forwarded by the batcher with every other request's inputs. The
+            # text was cut on the request's side already; a server cap (--max-input-length) below
+            # ColBERT's length cuts the end, keeping [CLS] and the marker, and each keep mask alike.
+            res = await core._run(svc, Job(MULTIVECTOR, IDS, [s.ids.tolist() for s in seqs], normalize=body.normalize,
+                                           truncate=truncate, truncation_side="right"), "inputs")
+            rows = [np.asarray(v) if s.keep is None else np.asarray(v)[s.keep[: len(v)]]
+                    for v, s in zip(res.values, seqs)]
+        return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in rows])
 
     async def rerank(body: TeiRerankRequest, request: Request):
         svc = core._service(request)

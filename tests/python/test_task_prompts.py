@@ -154,3 +154,29 @@ def test_bad_prompts_and_texts_are_named(jina):
         enc.encode(["a text"], prompt=3)
     with pytest.raises(TypeError, match=r"texts\[1\] is int"):  # not hidden behind the instruction
         enc.encode(["a text", 3])
+
+
+def test_a_server_started_with_a_task_puts_its_instruction_before_every_text(jina, rng):
+    # /v1/embeddings and TEI's /embed give what encode gives (the instruction first) unless the
+    # request names a prompt; token ids are the caller's and get nothing.
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install 'ftbert[serve]')")
+    import httpx
+
+    from tests.serving._helpers import serve
+
+    _, _, original = jina
+    path = original()
+    enc = ftbert.Encoder.from_pretrained(path, task="retrieval.query")
+    texts = random_texts(rng, 3)
+    want, plain = enc.encode(texts), enc.encode(texts, prompt="")
+    assert np.abs(want - plain).max() > 1e-2
+    with serve(path, task="retrieval.query") as server:
+        openai = httpx.post(server.url + "/v1/embeddings", json={"input": texts}, timeout=60).json()
+        got = np.array([row["embedding"] for row in openai["data"]], np.float32)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+        tei = np.array(httpx.post(server.url + "/embed", json={"inputs": texts}, timeout=60).json(), np.float32)
+        np.testing.assert_allclose(tei, want, rtol=0, atol=1e-5)
+        ids = [enc.tokenizer(t)["input_ids"] for t in texts]
+        by_ids = httpx.post(server.url + "/v1/embeddings", json={"input": ids}, timeout=60).json()
+        got = np.array([row["embedding"] for row in by_ids["data"]], np.float32)
+        np.testing.assert_allclose(got, plain, rtol=0, atol=1e-5)

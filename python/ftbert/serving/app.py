@@ -224,6 +224,8 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
             raise ApiError(422, f"dimensions ({body.dimensions}) is more than the model's {svc.hidden_size}",
                            param="dimensions")
         request.state.inputs = len(inputs)
+        if how == TEXT and svc.task_instruction:  # as Encoder.encode puts it (token ids: the caller's)
+            inputs = [svc.task_instruction + t for t in inputs]
         res = await _run(svc, Job(EMBED, how, inputs), "input")
         values = res.values
         if body.dimensions is not None and body.dimensions < values.shape[1]:

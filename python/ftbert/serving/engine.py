@@ -140,7 +140,8 @@ def describe(service) -> dict:
     """What a front needs to answer without the engine: the service's static facts."""
     return {"settings": dataclasses.asdict(service.settings), "model_name": service.model_name, "head": service.head,
             "num_labels": service.num_labels, "labels": service.labels, "hidden_size": service.hidden_size,
-            "vocab_size": service.vocab_size, "prompts": service.prompts, "info": service.info(),
+            "vocab_size": service.vocab_size, "prompts": service.prompts,
+            "task_instruction": service.task_instruction, "info": service.info(),
             "limits": dict(service.batcher.limits), "unavailable": dict(service.batcher.unavailable),
             "path": str(service.path) if service.path else None, "config": service.config,
             "started": service.started, "content_type": service.metrics.content_type}
@@ -413,6 +414,7 @@ class RemoteService:
         self.model_name, self.head, self.num_labels = d["model_name"], d["head"], d["num_labels"]
         self.labels, self.hidden_size, self.vocab_size = d["labels"], d["hidden_size"], d["vocab_size"]
         self.prompts, self.config, self.path, self.started = d["prompts"], d["config"], d["path"], d["started"]
+        self.task_instruction = d["task_instruction"]
         self._workers = workers
         self._info = {**d["info"], "workers": workers}
         self._limits = d["limits"]

@@ -107,6 +107,13 @@ class Service:
         }
 
     @property
+    def task_instruction(self) -> str | None:
+        """What the text embedding routes put before every text where the request names no
+        prompt: the instruction of the task the model was loaded with (`--task`; Encoder's
+        task_instruction), or None."""
+        return self.encoders[0].task_instruction
+
+    @property
     def prompts(self) -> dict[str, str]:
         """The checkpoint's sentence-transformers prompts by name (config_sentence_transformers.json),
         read once; {} without any."""

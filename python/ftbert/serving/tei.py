@@ -168,8 +168,9 @@ def register_tei_routes(app: FastAPI) -> None:
     from . import app as core  # the shared route helpers (app.py imports this module)
 
     def prompted(svc, texts: list[str], prompt_name: str | None) -> list[str]:
-        if prompt_name is None:
-            return texts
+        if prompt_name is None:  # the task's instruction where the server was started with --task
+            instruction = svc.task_instruction
+            return [instruction + t for t in texts] if instruction else texts
         prompts = svc.prompts
         if prompt_name not in prompts:
             have = ", ".join(map(repr, prompts)) or "none"

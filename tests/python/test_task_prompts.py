@@ -180,3 +180,21 @@ def test_a_server_started_with_a_task_puts_its_instruction_before_every_text(jin
         by_ids = httpx.post(server.url + "/v1/embeddings", json={"input": ids}, timeout=60).json()
         got = np.array([row["embedding"] for row in by_ids["data"]], np.float32)
         np.testing.assert_allclose(got, plain, rtol=0, atol=1e-5)
+
+
+def test_workers_fronts_put_the_instruction_too(jina, rng):
+    # The fronts have no encoder: the instruction comes with the engine's description.
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install 'ftbert[serve]')")
+    from tests.serving.test_workers import WorkersServer
+
+    _, _, original = jina
+    path = original()
+    enc = ftbert.Encoder.from_pretrained(path, task="retrieval.passage")
+    texts = random_texts(rng, 2)
+    server = WorkersServer(path, "--task", "retrieval.passage", workers=2)
+    try:
+        got = np.array(server.client.post("/embed", json={"inputs": texts}).json(), np.float32)
+    finally:
+        server.stop()
+    np.testing.assert_allclose(got, enc.encode(texts), rtol=0, atol=1e-5)
+    assert np.abs(got - enc.encode(texts, prompt="")).max() > 1e-2  # the instruction made a difference

@@ -74,39 +74,30 @@ def _texts(value) -> tuple[list[str], bool]:
     return value, True
 
 
-class EmbedRequest(_TeiRequest):
+class _TextsRequest(_TeiRequest):
+    """A route over texts: `inputs` a string or a list of them (_texts), and a prompt by name."""
+
     inputs: Any
-    normalize: StrictBool = True
     prompt_name: StrictStr | None = None
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs(cls, v):
+        return _texts(v)
+
+
+class EmbedRequest(_TextsRequest):
+    normalize: StrictBool = True
     dimensions: StrictInt | None = Field(default=None, ge=1)
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _inputs(cls, v):
-        return _texts(v)
 
-
-class EmbedSparseRequest(_TeiRequest):
-    inputs: Any
-    prompt_name: StrictStr | None = None
+class EmbedSparseRequest(_TextsRequest):
     top_k: StrictInt | None = Field(default=None, ge=1)
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _inputs(cls, v):
-        return _texts(v)
 
-
-class EmbedMultivectorRequest(_TeiRequest):
-    inputs: Any
+class EmbedMultivectorRequest(_TextsRequest):
     normalize: StrictBool = True
-    prompt_name: StrictStr | None = None
     is_query: StrictBool = False  # Encoder.encode_multivector's: a ColBERT query, else a document
-
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _inputs(cls, v):
-        return _texts(v)
 
 
 class TeiRerankRequest(_TeiRequest):

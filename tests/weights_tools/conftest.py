@@ -127,20 +127,11 @@ def _encoder_reference(model) -> dict[str, torch.Tensor]:
         "embeddings.ln_beta": e.LayerNorm.bias,
     }
     for i, layer in enumerate(m.encoder.layer):
-        s, o = layer.attention.self, layer.attention.output
+        s = layer.attention.self
         p = f"layers.{i}."
         ref[p + "qkv_weight"] = torch.cat([s.query.weight.T, s.key.weight.T, s.value.weight.T], dim=1)
         ref[p + "qkv_bias"] = torch.cat([s.query.bias, s.key.bias, s.value.bias])
-        ref[p + "attn_out_weight"] = o.dense.weight.T
-        ref[p + "attn_out_bias"] = o.dense.bias
-        ref[p + "attn_ln_gamma"] = o.LayerNorm.weight
-        ref[p + "attn_ln_beta"] = o.LayerNorm.bias
-        ref[p + "ffn_in_weight"] = layer.intermediate.dense.weight.T
-        ref[p + "ffn_in_bias"] = layer.intermediate.dense.bias
-        ref[p + "ffn_out_weight"] = layer.output.dense.weight.T
-        ref[p + "ffn_out_bias"] = layer.output.dense.bias
-        ref[p + "ffn_ln_gamma"] = layer.output.LayerNorm.weight
-        ref[p + "ffn_ln_beta"] = layer.output.LayerNorm.bias
+        ref.update(_bert_layer_after_attention(layer, p))
     project = getattr(m, "embeddings_project", None)  # ELECTRA with embedding_size != hidden_size
     if project is not None:
         ref = {**{k: v for k, v in ref.items() if k.startswith("embeddings.")},
@@ -235,6 +226,17 @@ def _rotary_bert_reference(m) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 
+def _bert_layer_after_attention(layer, p: str) -> dict[str, torch.Tensor]:
+    """A BERT-named layer's tensors after Q|K|V (attention.output, intermediate, output), under
+    the engine's names with prefix p."""
+    o = layer.attention.output
+    return {p + "attn_out_weight": o.dense.weight.T, p + "attn_out_bias": o.dense.bias,
+            p + "attn_ln_gamma": o.LayerNorm.weight, p + "attn_ln_beta": o.LayerNorm.bias,
+            p + "ffn_in_weight": layer.intermediate.dense.weight.T, p + "ffn_in_bias": layer.intermediate.dense.bias,
+            p + "ffn_out_weight": layer.output.dense.weight.T, p + "ffn_out_bias": layer.output.dense.bias,
+            p + "ffn_ln_gamma": layer.output.LayerNorm.weight, p + "ffn_ln_beta": layer.output.LayerNorm.bias}
+
+
 def _deberta_reference(m) -> dict[str, torch.Tensor]:
     """reference_tensors for a DebertaV2Model: the position table only where position_biased_input,
     a zero token-type row where it has no table, the relative embeddings and their norm after the
@@ -252,21 +254,12 @@ def _deberta_reference(m) -> dict[str, torch.Tensor]:
         ref["encoder.rel_ln_gamma"] = m.encoder.LayerNorm.weight
         ref["encoder.rel_ln_beta"] = m.encoder.LayerNorm.bias
     for i, layer in enumerate(m.encoder.layer):
-        s, o = layer.attention.self, layer.attention.output
+        s = layer.attention.self
         p = f"layers.{i}."
         ref[p + "qkv_weight"] = torch.cat([s.query_proj.weight.T, s.key_proj.weight.T, s.value_proj.weight.T],
                                           dim=1)
         ref[p + "qkv_bias"] = torch.cat([s.query_proj.bias, s.key_proj.bias, s.value_proj.bias])
-        ref[p + "attn_out_weight"] = o.dense.weight.T
-        ref[p + "attn_out_bias"] = o.dense.bias
-        ref[p + "attn_ln_gamma"] = o.LayerNorm.weight
-        ref[p + "attn_ln_beta"] = o.LayerNorm.bias
-        ref[p + "ffn_in_weight"] = layer.intermediate.dense.weight.T
-        ref[p + "ffn_in_bias"] = layer.intermediate.dense.bias
-        ref[p + "ffn_out_weight"] = layer.output.dense.weight.T
-        ref[p + "ffn_out_bias"] = layer.output.dense.bias
-        ref[p + "ffn_ln_gamma"] = layer.output.LayerNorm.weight
-        ref[p + "ffn_ln_beta"] = layer.output.LayerNorm.bias
+        ref.update(_bert_layer_after_attention(layer, p))
     return {k: v.detach().float().contiguous() for k, v in ref.items()}
 
 

@@ -55,12 +55,16 @@ std::vector<int32_t> columns(const DisentangledConfig& d, int positions) {
   return out;
 }
 
-// [2·span, H] in the compute dtype: the relative embeddings, LayerNorm'd in float32 where the
-// model norms them (as torch's LayerNorm computes a half-precision input).
+// Rows of the relative tables: 2·span, padded to a multiple of 8 (DisentangledAttention::width).
+int position_rows(const ModelConfig& c) { return (2 * c.disentangled.span() + 7) / 8 * 8; }
+
+// [position_rows, H] in the compute dtype: the relative embeddings, LayerNorm'd in float32 where
+// the model norms them (as torch's LayerNorm computes a half-precision input); zero padding rows.
 DeviceBuffer relative_embeddings(Backend* backend, const ModelConfig& c, const HostWeights& host,
                                  DType compute) {
   const int64_t rows = 2 * int64_t{c.disentangled.span()}, H = c.hidden_size;
   std::vector<float> e = host_tensor(host, "encoder.rel_embeddings", {rows, H});
+  e.resize(static_cast<size_t>(position_rows(c)) * H, 0.0f);
   if (c.disentangled.norm) {
     const std::vector<float> gamma = host_tensor(host, "encoder.rel_ln_gamma", {H});
     const std::vector<float> beta = host_tensor(host, "encoder.rel_ln_beta", {H});
@@ -96,10 +100,10 @@ class DebertaModel final : public Model {
         host_columns_(columns(config_.disentangled, config_.max_seq())),
         columns_(blocks::upload_ints(backend, host_columns_)) {
     const ModelConfig& c = config_;
-    const int rows = 2 * c.disentangled.span(), H = c.hidden_size;
+    const int rows = position_rows(c), H = c.hidden_size;
     const DeviceBuffer rel = relative_embeddings(backend, c, weights, compute);
     for (const LayerWeights& l : weights_.layers) {
-      // [2·span, 3H] = rel · Wqkv + b: the relative queries | keys | (unused) values.
+      // [position_rows, 3H] = rel · Wqkv + b: the relative queries | keys | (unused) values.
       DeviceBuffer p(backend, static_cast<size_t>(rows) * 3 * H * dtype_size(compute));
       backend->weight_gemm(compute, rows, 3 * H, H, rel.data(), H, l.qkv_weight.data(), p.data(),
                            3 * H, l.qkv_bias.data(), Activation::kIdentity);
@@ -148,6 +152,7 @@ class DebertaModel final : public Model {
     DisentangledAttention da;
     const int center = config_.max_seq() - 1;
     da.positions = positions;
+    da.position_rows = position_rows(config_);
     da.column = columns_.as<int32_t>() + center;
     da.host_column = host_columns_.data() + center;
     da.max_distance = config_.max_seq();
@@ -161,7 +166,7 @@ class DebertaModel final : public Model {
   DeviceBuffer zero_bias_;              // [3H]
   std::vector<int32_t> host_columns_;   // [2·P − 1] (columns)
   DeviceBuffer columns_;                // the same, in backend memory
-  std::vector<DeviceBuffer> positions_;  // per layer [2·span, 3H]
+  std::vector<DeviceBuffer> positions_;  // per layer [position_rows, 3H]
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 // reference) and cpp/cuda/kernels/<family>.cu, and test the CUDA op against the CPU op in tests/.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,15 +43,17 @@ struct DisentangledTerms {
   const void* p2c = nullptr;  // [tables, rows, width] in dt: k · the relative queries; null: none
   int64_t rows = 0;           // rows of one table
   int width = 0;              // columns of a row
-  int first = 0;              // column[−(S − 1)]: the table's column 0
+  int first = 0;              // the table's column 0 (<= column[−(S − 1)])
   const int32_t* column = nullptr;  // backend memory, pointing at δ = 0; |δ| < the max_seq
 };
 
 // What an architecture gives run_attention for DeBERTa's disentangled attention, per layer.
 struct DisentangledAttention {
-  // [2·span, 3H] in dt: the (normalized) relative embeddings through this layer's Q|K|V
-  // projection, bias included; relative query and key of head h at columns h·d and H + h·d.
+  // [position_rows, 3H] in dt: the (normalized) relative embeddings through this layer's Q|K|V
+  // projection, bias included; relative query and key of head h at columns h·d and H + h·d. Rows
+  // past 2·span pad it to a multiple of 8 and are never read.
   const void* positions = nullptr;
+  int position_rows = 0;
   // [2·P − 1] int32 in backend memory and on the host, each pointing at distance δ = i − j = 0
   // (column[δ] for |δ| < P): the row of `positions` for that distance (the clamped log bucket),
   // non-decreasing in δ.
@@ -64,9 +67,12 @@ struct DisentangledAttention {
 
   // 1/sqrt(d · (1 + terms)): DeBERTa scales every term by it.
   float scale(int head_dim) const;
-  // The columns a batch of sequences up to `seq` long reads: column[-(seq-1)] .. column[seq-1].
-  int first(int seq) const { return host_column[-(seq - 1)]; }
-  int width(int seq) const { return host_column[seq - 1] - first(seq) + 1; }
+  // A batch of sequences up to `seq` long reads columns column[-(seq-1)] .. column[seq-1]; the
+  // tables hold `width` columns from `first` that cover them. The width is a multiple of 8 so that
+  // cuBLAS runs its 16-byte vectorized kernels on the term products: with an odd one (DeBERTa-v3
+  // reads 511 columns at 512 tokens) it takes one-element kernels several times slower.
+  int width(int seq) const { return (host_column[seq - 1] - host_column[-(seq - 1)]) / 8 * 8 + 8; }
+  int first(int seq) const { return std::min(host_column[-(seq - 1)], position_rows - width(seq)); }
 };
 
 // What an architecture adds to attention beyond softmax(scale · Q Kᵀ, key mask) V; the default

@@ -260,6 +260,8 @@ def test_builtin_models_are_configs_the_converter_reads(name, tmp_path):
 
     assert BUILTIN_MODELS == ("minilm", *RANDOM_MODELS)
     _, config_class, keys = RANDOM_MODELS[name]
+    if not hasattr(transformers, config_class):
+        pytest.skip(f"transformers {transformers.__version__} has no {config_class}")
     getattr(transformers, config_class)(**keys).save_pretrained(tmp_path)
     family, cfg = read_hf_config(tmp_path)
     if name == "deberta-v3-base":  # microsoft/deberta-v3-base's attention, as the engine runs it

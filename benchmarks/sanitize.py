@@ -169,7 +169,8 @@ def deberta(quick: int = 0) -> None:
 
 
 def invariant() -> None:
-    from transformers import BertForSequenceClassification, ModernBertConfig, ModernBertModel
+    from transformers import (BertForSequenceClassification, DebertaV2Config, DebertaV2Model, ModernBertConfig,
+                              ModernBertModel)
 
     with tempfile.TemporaryDirectory() as d:
         torch.manual_seed(0)
@@ -180,12 +181,17 @@ def invariant() -> None:
             vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=301,
             max_position_embeddings=512, local_attention=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
             cls_token_id=1, sep_token_id=2)).save_pretrained(d + "/modernbert")
+        DebertaV2Model(DebertaV2Config(  # its term tables from the ordered batched GEMM
+            vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=301,
+            max_position_embeddings=512, type_vocab_size=0, relative_attention=True, position_buckets=32,
+            max_relative_positions=64, pos_att_type="p2c|c2p", share_att_key=True, norm_rel_ebd="layer_norm",
+            position_biased_input=False, pad_token_id=0)).save_pretrained(d + "/deberta")
         rng = np.random.default_rng(0)
         ids = rng.integers(3, 97, (5, 133))
         mask = np.zeros((5, 133), np.int64)
         for b, n in enumerate((133, 7, 90, 1, 64)):
             mask[b, :n] = 1
-        for name in ("bert", "modernbert"):
+        for name in ("bert", "modernbert", "deberta"):
             for dtype in ("float16", "bfloat16"):
                 enc = ftbert.Encoder.from_pretrained(f"{d}/{name}", device="cuda", dtype=dtype,
                                                      batch_invariant=True)

@@ -210,12 +210,6 @@ void Encoder::set_batch_invariant(bool on) {
     const std::string why =
         backend_->batch_invariant_unsupported_reason(dtype(), attention_for(1, 1));
     FTBERT_CHECK_INPUT(why.empty(), "batch_invariant=True: " << why);
-    // The term products are batched cuBLAS GEMMs over all of a batch's rows, whose kernel may
-    // change with the row count; on the CPU they sum each element in one order (panel kernel).
-    FTBERT_CHECK_INPUT(!config().disentangled.on || backend_->name() != "cuda",
-                       "batch_invariant=True: DeBERTa's disentangled attention is not batch "
-                       "invariant on the GPU yet (its term products' cuBLAS kernel may change with "
-                       "the batch's row count); it is on the CPU");
   }
   batch_invariant_ = on;  // each session's backend takes it at its next forward
 }

@@ -418,6 +418,18 @@ void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int 
                                                  << batch << ")");
   if (m == 0 || n == 0 || batch == 0) return;
   DeviceScope scope(device_);
+  if (batch_invariant_) {
+    // cuBLAS's kernel, and so its order of sums, may change with m (DeBERTa's term tables take
+    // every row of the batch): the ordered kernel sums each element the same way at any shape.
+    dispatch_dtype(dt, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      invoke_ordered_batched_gemm<T>(trans_a, trans_b, m, n, k, static_cast<const T*>(a), lda,
+                                     stride_a, static_cast<const T*>(b), ldb, stride_b,
+                                     static_cast<T*>(c), ldc, stride_c, batch, alpha, beta,
+                                     stream_);
+    });
+    return;
+  }
   const cudaDataType_t type = cuda_data_type(dt);
   const cublasComputeType_t compute = dt == DType::kFloat32 && allow_tf32_
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32

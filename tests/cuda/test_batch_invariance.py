@@ -4,7 +4,8 @@ its size (up to 64) and padded length, the reference's place, host or CUDA-tenso
 graphs on or off, in float16 and bfloat16, across threads on their own streams, between processes,
 and through `encode`; Hypothesis draws the compositions. The models cover the Hopper attention
 kernel (head dim 64), the portable one (head dim 32, MPNet's relative bias, ModernBERT's windows
-and rotary), a sequence head on the pooler and a token head. Also the settings it refuses."""
+and rotary, DeBERTa's disentangled terms from the ordered batched GEMM), a sequence head on the
+pooler and a token head. Also the settings it refuses."""
 
 import os
 import subprocess
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.skipif(not ftbert.cuda_available(), reason="needs an NV
 # tests/core/test_batch_invariance.py). "mean": ModernBERT's head on the mean of the tokens.
 MODELS = {("bert", "cls", 128, 2): False, ("bert", "cls", 96, 3): False, ("roberta", "cls", 128, 2): True,
           ("mpnet", "cls", 128, 2): True, ("modernbert", "cls", 128, 2): False,
-          ("modernbert", "mean", 128, 2): False, ("electra", "token", 128, 2): False}
+          ("modernbert", "mean", 128, 2): False, ("electra", "token", 128, 2): False,
+          ("deberta-v2", "cls", 128, 2): True, ("deberta-v2", "cls", 96, 3): True}
 
 
 @pytest.fixture(scope="module", params=list(MODELS), ids=lambda m: f"{m[0]}-{m[1]}-d{m[2] // m[3]}")

@@ -196,17 +196,6 @@ def test_heads_match_transformers(headed, rng, dtype, attention):
     assert e_l <= 2 * theirs + 1e-3, f"logits: ftbert {e_l:.3e} vs transformers {theirs:.3e}"
 
 
-def test_batch_invariant_is_refused_by_name(headed):
-    # The term products' cuBLAS kernel may change with the batch's row count (the CPU's holds:
-    # tests/core/test_batch_invariance.py); at load and when switched on later.
-    with pytest.raises(ValueError, match="DeBERTa's disentangled attention is not batch invariant on the GPU"):
-        ftbert.Encoder.from_pretrained(headed.path, device="cuda", dtype="float16", batch_invariant=True)
-    enc = ftbert.Encoder.from_pretrained(headed.path, device="cuda", dtype="float16")
-    with pytest.raises(ValueError, match="not batch invariant on the GPU"):
-        enc.batch_invariant = True
-    assert enc.batch_invariant is False
-
-
 # ---- the op ----------------------------------------------------------------------------------------
 
 

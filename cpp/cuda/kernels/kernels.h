@@ -104,6 +104,15 @@ void invoke_disentangled_scores(T* scores, const T* c2p, const T* p2c, const int
                                 int batch, int heads, int seq, int width, int first,
                                 cudaStream_t stream);
 
+// c[b] = alpha · op(a[b]) · op(b[b]) + beta · c[b] for b < batch, row-major as
+// Backend::batched_gemm, each element summed over k in order with fp32 FMAs: the same bits for
+// any m, n or batch (batch-invariant forwards; ordered_gemm.cu).
+template <typename T>
+void invoke_ordered_batched_gemm(bool trans_a, bool trans_b, int m, int n, int k, const T* a,
+                                 int lda, int64_t stride_a, const T* b, int ldb, int64_t stride_b,
+                                 T* c, int ldc, int64_t stride_c, int batch, float alpha,
+                                 float beta, cudaStream_t stream);
+
 // "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
 const char* masked_softmax_variant(int seq);
 

@@ -154,7 +154,8 @@ class Backend : public Device {
                     const void* a, int lda, const void* b, int ldb, void* c, int ldc,
                     float alpha = 1.0f, float beta = 0.0f) = 0;
 
-  // `batch` independent GEMMs; matrix i of X starts at X + i * stride_x elements.
+  // `batch` independent GEMMs; matrix i of X starts at X + i * stride_x elements. Under
+  // batch_invariant each element of C is the same bits for any m, n or batch.
   virtual void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k,
                             const void* a, int lda, int64_t stride_a,
                             const void* b, int ldb, int64_t stride_b,

@@ -338,15 +338,24 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k
   FTBERT_CHECK(m >= 0 && n >= 0 && k >= 0,
                "gemm: negative size (m " << m << ", n " << n << ", k " << k << ")");
   if (m == 0 || n == 0) return;
-  // Batch-invariant: plain products of the weights' layout (heads, projections) on the fixed
-  // algorithm of weight_gemm's.
-  if (batch_invariant_ && !trans_a && !trans_b && alpha == 1.0f && beta == 0.0f && k > 0 &&
-      lda == k && ldb == n && ldc == n && (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
-    DeviceScope scope(device_);
-    run_invariant_gemm({dt, m, n, k, a, b, nullptr, c, Activation::kIdentity});
+  DeviceScope scope(device_);
+  if (batch_invariant_) {
+    // Plain 16-bit products of the weights' layout (heads, projections) on the fixed algorithm of
+    // weight_gemm's; any other (float32, transposed or strided operands) on the ordered kernel,
+    // which sums each element over k in order at any shape.
+    if (!trans_a && !trans_b && alpha == 1.0f && beta == 0.0f && k > 0 && lda == k && ldb == n &&
+        ldc == n && (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
+      run_invariant_gemm({dt, m, n, k, a, b, nullptr, c, Activation::kIdentity});
+      return;
+    }
+    dispatch_dtype(dt, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      invoke_ordered_batched_gemm<T>(trans_a, trans_b, m, n, k, static_cast<const T*>(a), lda, 0,
+                                     static_cast<const T*>(b), ldb, 0, static_cast<T*>(c), ldc, 0,
+                                     1, alpha, beta, stream_);
+    });
     return;
   }
-  DeviceScope scope(device_);
   const cudaDataType_t type = cuda_data_type(dt);
   const cublasComputeType_t compute = dt == DType::kFloat32 && allow_tf32_
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -420,7 +429,8 @@ void CudaBackend::batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int 
   DeviceScope scope(device_);
   if (batch_invariant_) {
     // cuBLAS's kernel, and so its order of sums, may change with m (DeBERTa's term tables take
-    // every row of the batch): the ordered kernel sums each element the same way at any shape.
+    // every row of the batch, the unfused attention every sequence): the ordered kernel sums each
+    // element the same way at any shape.
     dispatch_dtype(dt, [&](auto tag) {
       using T = typename decltype(tag)::type;
       invoke_ordered_batched_gemm<T>(trans_a, trans_b, m, n, k, static_cast<const T*>(a), lda,
@@ -541,7 +551,7 @@ void CudaBackend::masked_softmax(DType dt, void* scores, const SequenceLayout& l
     using T = typename decltype(tag)::type;
     invoke_masked_softmax<T>(static_cast<T*>(scores), layout.mask, layout.batch, heads,
                              layout.max_seq, scale, options.relative_bias,
-                             options.relative_span, options.window, stream_);
+                             options.relative_span, options.window, batch_invariant_, stream_);
   });
 }
 

@@ -65,10 +65,10 @@ class CudaBackend : public Backend {
   uintptr_t stream() const override { return reinterpret_cast<uintptr_t>(stream_); }
   uintptr_t own_stream() const override { return reinterpret_cast<uintptr_t>(own_stream_); }
   void set_allow_tf32(bool allow) override { allow_tf32_ = allow; }
-  // Batch-invariant: float16/bfloat16 GEMMs on one cuBLASLt algorithm per (n, k) (weight_gemm.cu),
-  // the LayerNorms in one form, the flash kernel fixed per head dim; the unfused attention's
-  // products stay cuBLAS's per-shape choice, so it is refused.
-  std::string batch_invariant_unsupported_reason(DType dt, AttentionKind attention) const override;
+  // Batch-invariant: float16/bfloat16 weight GEMMs on one cuBLASLt algorithm per (n, k)
+  // (weight_gemm.cu), other products (float32, the unfused attention's, DeBERTa's term tables) on
+  // the ordered kernel (kernels/ordered_gemm.cu), the LayerNorms in one form, the softmax's
+  // ordered variant, the flash kernel fixed per head dim.
 
   // ---- recording: CUDA graphs ---------------------------------------------------------------
   // Captured on a private stream (capture cannot run on the legacy default stream, torch's

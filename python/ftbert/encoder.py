@@ -412,8 +412,9 @@ class Encoder:
         sequence-classification output is taken at each sequence's first real token even under left
         padding) and, on a GPU, on kernels whose bits never depend on the row count: GEMMs that
         never split k (each weight's reference algorithm, or a faster one checked to give its
-        bits), one LayerNorm form, one attention kernel per head dim. The CPU's kernels are invariant either way. On a GPU it needs float16
-        or bfloat16 and the fused attention (a ValueError says why otherwise). What it costs:
+        bits), one LayerNorm form, one attention kernel per head dim; other products (float32, the
+        unfused attention, DeBERTa's term tables) on an ordered kernel of plain fp32 FMAs, correct
+        but far slower (docs/api.md). The CPU's kernels are invariant either way. What it costs:
         docs/performance.md ("Batch invariance"). Settable at any time; forwards that start after
         the change follow it."""
         return self._native.batch_invariant

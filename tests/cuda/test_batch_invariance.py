@@ -5,7 +5,8 @@ graphs on or off, in float16 and bfloat16, across threads on their own streams, 
 and through `encode`; Hypothesis draws the compositions. The models cover the Hopper attention
 kernel (head dim 64), the portable one (head dim 32, MPNet's relative bias, ModernBERT's windows
 and rotary, DeBERTa's disentangled terms from the ordered batched GEMM), a sequence head on the
-pooler and a token head. Also the settings it refuses."""
+pooler and a token head. float32 and the unfused attention (the ordered GEMM kernel and softmax
+variant) hold it too."""
 
 import os
 import subprocess
@@ -135,21 +136,26 @@ def test_encode_honours_it():
     np.testing.assert_array_equal(among[150], alone[0])
 
 
-def test_settings_it_refuses(tmp_path):
+@pytest.mark.parametrize("dtype,attention", [("float32", "auto"), ("float16", "unfused"), ("bfloat16", "unfused")])
+def test_float32_and_the_unfused_attention_hold_it_too(model, dtype, attention):
+    # Their products run on the ordered kernel and the softmax on its ordered variant (float32's
+    # "auto" is the unfused path).
+    (family, kind, _, _), path, pad = model
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, attention=attention,
+                                         batch_invariant=True)
+    assert enc.attention_for(64, 48) == "unfused"
+    check_invariance(enc, head_kind(kind), pad, left_ok=MODELS[model[0]], first_token_always=True,
+                     examples=12)
+
+
+def test_switching_it_on_and_off(tmp_path):
     make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=5)
-    with pytest.raises(ValueError, match="float16 and bfloat16"):
-        ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float32", batch_invariant=True)
-    with pytest.raises(ValueError, match="fused attention"):
-        ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", attention="unfused",
-                                       batch_invariant=True)
     enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", batch_invariant=True)
-    with pytest.raises(ValueError, match="fused attention"):
-        enc.attention = "unfused"
     assert enc.attention == "auto" and enc.batch_invariant
     with pytest.raises(TypeError, match="batch_invariant"):
         enc.batch_invariant = 1
     enc.batch_invariant = False  # and back: the per-shape kernels again
     enc.attention = "unfused"
-    with pytest.raises(ValueError, match="fused attention"):
-        enc.batch_invariant = True
-    assert not enc.batch_invariant
+    enc.batch_invariant = True
+    assert enc.batch_invariant and enc.attention == "unfused"
+    check_invariance(enc, "cls", 0, left_ok=False, first_token_always=True, examples=6)

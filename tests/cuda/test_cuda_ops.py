@@ -383,6 +383,39 @@ def test_masked_softmax_matches_cpu_and_zeroes_padding(gpu, cpu, rng, dtype, bat
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 7, 97, 1031, 2049])
+@pytest.mark.parametrize("window", [0, 5])
+def test_batch_invariant_masked_softmax_matches_cpu(invariant_gpu, cpu, rng, dtype, seq, window):
+    # The ordered variant at every length (warp per row).
+    batch, heads = 2, 2
+    scores = randn(rng, (batch, heads, seq, seq), dtype, 4.0)
+    mask = ragged_mask(rng, batch, seq)
+    want = cpu.masked_softmax("float32", scores, mask, 0.125, window=window)
+    got = invariant_gpu.masked_softmax(dtype, scores, mask, 0.125, window=window)
+    check(got, want, dtype, atol=1e-6)
+    assert (got[np.broadcast_to(mask[:, None, None, :] == 0, got.shape)] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_invariant_masked_softmax_keeps_a_rows_bits_at_any_padded_length(invariant_gpu, rng, dtype):
+    # A sequence of 37 keys padded to 37, 40, 64, 1100 and 2100: its rows' probabilities are the
+    # same bits (the default variants choose their layout by length).
+    length, heads = 37, 3
+    scores = randn(rng, (1, heads, length, length), dtype, 4.0)
+    first = None
+    for seq in (37, 40, 64, 1100, 2100):
+        padded = np.zeros((1, heads, seq, seq), np.float32)
+        padded[:, :, :length, :length] = scores
+        padded[:, :, :length, length:] = rng.standard_normal((1, heads, length, seq - length))
+        mask = np.zeros((1, seq), np.int32)
+        mask[0, :length] = 1
+        got = invariant_gpu.masked_softmax(dtype, padded, mask, 0.125)[:, :, :length, :length]
+        if first is None:
+            first = got
+        assert np.array_equal(got, first), seq
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_softmax_large_scores_do_not_overflow(gpu, cpu, rng, dtype):
     # Scaled scores around ±1e4: exp without the max subtracted would overflow to inf.
     batch, heads, seq = 2, 2, 77

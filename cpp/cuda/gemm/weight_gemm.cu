@@ -463,19 +463,6 @@ void CudaBackend::run_invariant_gemm(const WeightGemm& g) {
                << " GEMM m=" << g.m << ", n=" << g.n << ", k=" << g.k);
 }
 
-std::string CudaBackend::batch_invariant_unsupported_reason(DType dt, AttentionKind attention) const {
-  if (dt != DType::kFloat16 && dt != DType::kBFloat16) {
-    return std::string("on a GPU only float16 and bfloat16 forwards are batch-invariant (got ") +
-           dtype_name(dt) + ": its attention runs unfused, on cuBLAS's choice per sequence " +
-           "length); load the model in float16 or bfloat16, or run it on the CPU";
-  }
-  if (attention != AttentionKind::kFlash) {
-    return "on a GPU a batch-invariant forward needs the fused attention (attention='flash' or "
-           "'auto'): the unfused path's products are cuBLAS's choice per sequence length";
-  }
-  return "";
-}
-
 GemmCacheFile CudaBackend::gemm_cache_file() const {
   GemmCacheFile file;
   const std::string dir = PickStore::default_dir();

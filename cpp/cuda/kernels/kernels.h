@@ -95,6 +95,7 @@ void invoke_masked_softmax(T* scores,                   // [B, heads, S, S]
                            const float* relative_bias,  // [heads, 2·span − 1] or null
                            int relative_span,
                            int window,  // 0: every key
+                           bool ordered,  // the ordered variant at every length (batch-invariant)
                            cudaStream_t stream);
 // In place, the unfused path's disentangled terms (Backend::disentangled_scores): score row
 // (t, i) of [B·heads, S, S] += c2p[t][i][column[i − j] − first] + p2c[t][j][column[i − j] − first];

@@ -12,6 +12,9 @@
 //                                block max, block sum, write. Longer rows are streamed: an online
 //                                max/sum pass (the sum rescaled when the max grows), then a second
 //                                read that writes the probabilities.
+// Batch-invariant forwards take a third, ordered variant at every length: warp per row, lane l
+// summing keys l, l + 32, ... in order, then the warp's fixed butterfly; keys past a sequence add
+// exact zeros, so a row's probabilities do not depend on how long the batch pads it.
 // The relative position bias is a template bool of every kernel (kRelBias): the kernels without
 // it are those of plain BERT, their arithmetic unchanged. A bias of zeros gives the same bits.
 // So is the sliding window (kWindow): a key outside the query's window is masked as padding is;
@@ -196,6 +199,41 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
+// The ordered variant (batch-invariant forwards): three passes over the row, each lane over keys
+// lane, lane + 32, ... in order; the same sums for any padded length S.
+template <typename T, bool kRelBias, bool kWindow>
+__global__ void __launch_bounds__(kWarpRowsPerBlock * 32)
+    masked_softmax_ordered_kernel(T* __restrict__ scores, const int32_t* __restrict__ mask,
+                                  int rows, int rows_per_batch, int seq, float scale,
+                                  const float* __restrict__ rel_table, int span, int window) {
+  begin_dependent_kernel();
+  const int row = blockIdx.x * kWarpRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= rows) return;  // uniform across the warp
+  const int lane = threadIdx.x & 31;
+  T* p = scores + static_cast<int64_t>(row) * seq;
+  const int32_t* keep = mask + static_cast<int64_t>(row / rows_per_batch) * seq;
+  const float* rel = nullptr;
+  if constexpr (kRelBias) rel = relative_bias_row(rel_table, row, rows_per_batch, seq, span);
+  const int q = kWindow ? query_of_row(row, seq) : 0;
+  auto score = [&](int j) {
+    return keep[j] != 0 && in_window<kWindow>(j, q, window)
+               ? scaled_score<kRelBias>(to_float(p[j]), scale, rel, j)
+               : -INFINITY;
+  };
+  float row_max = -INFINITY;
+  for (int j = lane; j < seq; j += 32) row_max = fmaxf(row_max, score(j));
+  row_max = warp_max(row_max);
+  float sum = 0.0f;
+  if (row_max != -INFINITY) {
+    for (int j = lane; j < seq; j += 32) sum += expf(score(j) - row_max);  // masked: exp(-inf) = 0
+  }
+  sum = warp_sum(sum);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: every key masked
+  for (int j = lane; j < seq; j += 32) {
+    p[j] = from_float<T>(inv > 0.0f ? expf(score(j) - row_max) * inv : 0.0f);
+  }
+}
+
 // Merges a running (max, sum) pair with another: sums are rescaled to the larger max.
 __device__ __forceinline__ void merge_max_sum(float& m, float& l, float m2, float l2) {
   const float mx = fmaxf(m, m2);
@@ -296,8 +334,15 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <typename T, bool kRelBias, bool kWindow>
 void launch_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
                            float scale, const float* rel_table, int span, int window,
-                           cudaStream_t stream) {
+                           bool ordered, cudaStream_t stream) {
   const int rows = batch * heads * seq;
+  if (ordered) {
+    launch(masked_softmax_ordered_kernel<T, kRelBias, kWindow>, ceil_div(rows, kWarpRowsPerBlock),
+           kWarpRowsPerBlock * 32, 0, stream, scores, mask, rows, heads * seq, seq, scale,
+           rel_table, span, window);
+    FTBERT_LAUNCH_CHECK("masked_softmax_ordered_kernel", stream);
+    return;
+  }
   // The vector must fit the scores and the int32 mask alike (the mask vector is 4/sizeof(T) wider
   // in bytes), so alignment is checked on both.
   int vec = pick_vec<T>(seq, {scores});
@@ -364,7 +409,7 @@ const char* masked_softmax_variant(int seq) { return seq <= kSoftmaxWarpMaxSeq ?
 template <typename T>
 void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads, int seq,
                            float scale, const float* relative_bias, int relative_span, int window,
-                           cudaStream_t stream) {
+                           bool ordered, cudaStream_t stream) {
   FTBERT_CHECK(window >= 0, "masked_softmax: window " << window << " < 0");
   if (batch * heads * seq == 0) return;
   // Every distance j - i of a row is at most S - 1: a window that long masks nothing.
@@ -372,10 +417,10 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
   if (relative_bias == nullptr) {
     if (windowed) {
       launch_masked_softmax<T, false, true>(scores, mask, batch, heads, seq, scale, nullptr, 0,
-                                            window, stream);
+                                            window, ordered, stream);
     } else {
       launch_masked_softmax<T, false, false>(scores, mask, batch, heads, seq, scale, nullptr, 0,
-                                             0, stream);
+                                             0, ordered, stream);
     }
     return;
   }
@@ -385,18 +430,19 @@ void invoke_masked_softmax(T* scores, const int32_t* mask, int batch, int heads,
                                                                            << seq);
   if (windowed) {
     launch_masked_softmax<T, true, true>(scores, mask, batch, heads, seq, scale, relative_bias,
-                                         relative_span, window, stream);
+                                         relative_span, window, ordered, stream);
   } else {
     launch_masked_softmax<T, true, false>(scores, mask, batch, heads, seq, scale, relative_bias,
-                                          relative_span, 0, stream);
+                                          relative_span, 0, ordered, stream);
   }
 }
 
 template void invoke_masked_softmax<float>(float*, const int32_t*, int, int, int, float,
-                                           const float*, int, int, cudaStream_t);
+                                           const float*, int, int, bool, cudaStream_t);
 template void invoke_masked_softmax<__half>(__half*, const int32_t*, int, int, int, float,
-                                            const float*, int, int, cudaStream_t);
+                                            const float*, int, int, bool, cudaStream_t);
 template void invoke_masked_softmax<__nv_bfloat16>(__nv_bfloat16*, const int32_t*, int, int, int,
-                                                   float, const float*, int, int, cudaStream_t);
+                                                   float, const float*, int, int, bool,
+                                                   cudaStream_t);
 
 }  // namespace ftbert::cuda

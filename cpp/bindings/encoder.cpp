@@ -255,10 +255,10 @@ void register_encoder(py::module_& m) {
       // Host arrays in, host arrays out (float32, or the 16-bit bits as uint16 for the caller to
       // view), then the ForwardResult's two flags.
       // packed_outputs: last_hidden_state [T, H] and token logits [T, N], the attended tokens in
-      // order.
+      // order. padded: ForwardArgs::padded (a bool only: a truthy object is no request).
       .def("forward_host",
            [](Encoder& e, const IdArray& ids, const IdArray& mask, const IdArray& types,
-              bool packed_outputs) {
+              bool packed_outputs, bool padded) {
              FTBERT_CHECK_INPUT(ids.ndim() == 2, "input_ids must be 2-D [batch, seq]");
              FTBERT_CHECK_INPUT(mask.ndim() == 2 && mask.shape(0) == ids.shape(0) &&
                                     mask.shape(1) == ids.shape(1),
@@ -272,6 +272,7 @@ void register_encoder(py::module_& m) {
              a.token_type_ids = types.data();
              a.batch = static_cast<int>(ids.shape(0));
              a.seq = static_cast<int>(ids.shape(1));
+             a.padded = padded;
              if (packed_outputs) {
                a.packed_outputs = true;
                a.tokens = 0;
@@ -280,7 +281,7 @@ void register_encoder(py::module_& m) {
              return forward_to_host(e, a);
            },
            py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
-           py::arg("packed_outputs") = false)
+           py::arg("packed_outputs") = false, py::arg("padded").noconvert() = false)
       // Packed host inputs (Encoder.forward_packed): input_ids and token_type_ids [T], cu_seqlens
       // [B + 1]; packed outputs as forward_host's packed_outputs gives them.
       .def("forward_packed_host",
@@ -302,7 +303,7 @@ void register_encoder(py::module_& m) {
           [](Encoder& e, uintptr_t ids, uintptr_t mask, uintptr_t types, int batch, int seq,
              uintptr_t hidden, uintptr_t pooled, uintptr_t logits, uintptr_t stream,
              bool wait_for_finite_check, int64_t tokens, bool packed_outputs, int ids_bytes,
-             int mask_bytes, int types_bytes) {
+             int mask_bytes, int types_bytes, bool padded) {
             ForwardArgs a;
             a.ids_bytes = ids_bytes;
             a.mask_bytes = mask_bytes;
@@ -314,13 +315,15 @@ void register_encoder(py::module_& m) {
             a.seq = seq;
             a.tokens = tokens;
             a.packed_outputs = packed_outputs;
+            a.padded = padded;
             return forward_on_device(e, a, hidden, pooled, logits, stream, wait_for_finite_check);
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"),
           py::arg("batch"), py::arg("seq"), py::arg("last_hidden_state"), py::arg("pooler_output"),
           py::arg("logits"), py::arg("stream"), py::arg("wait_for_finite_check") = false,
           py::arg("tokens") = -1, py::arg("packed_outputs") = false, py::arg("ids_bytes") = 4,
-          py::arg("mask_bytes") = 4, py::arg("types_bytes") = 4)
+          py::arg("mask_bytes") = 4, py::arg("types_bytes") = 4,
+          py::arg("padded").noconvert() = false)
       // Packed device inputs (Encoder.forward_packed): input_ids and token_type_ids [T] (types 0:
       // none), cu_seqlens [B + 1] on the host; packed outputs.
       .def(

@@ -261,6 +261,9 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     args.packed_outputs = true;
   }
   validate(args);
+  FTBERT_CHECK_INPUT(!args.padded || !args.packed_outputs,
+                     "forward: padded=True asks for a padded forward, but the inputs or the "
+                     "outputs come packed (cu_seqlens, packed_outputs)");
   const bool invariant = batch_invariant_;
   // Host masks are counted here (for the rule and the GEMM sizes), with whether every sequence
   // starts with a token.
@@ -285,15 +288,21 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
   // padding_free=True only), so auto's results for device inputs never depend on whether anyone
   // counted.
   const int64_t counted = args.inputs_on_device ? -1 : args.tokens;
-  args.packed = args.packed_outputs || invariant ||
-                padding_free_for(args.batch, args.seq, counted,
-                                 first_token_output && !first_positions_attended);
-  args.pack_if_it_pays = !args.packed && args.inputs_on_device && args.outputs_on_device &&
-                         auto_counts_on_device(args.batch, args.seq);
+  // A padded call under batch invariance stays padded, on the invariant kernels: the rows of
+  // masked positions exist in no packed forward, and every op runs per row or per sequence on
+  // kernels that never change with the row count or the grid, so a sequence's bits still do not
+  // depend on the others in its batch or its place there (they are not a packed forward's bits,
+  // though, nor promised across padded lengths).
+  args.packed = !args.padded &&
+                (args.packed_outputs || invariant ||
+                 padding_free_for(args.batch, args.seq, counted,
+                                  first_token_output && !first_positions_attended));
+  args.pack_if_it_pays = !args.packed && !args.padded && args.inputs_on_device &&
+                         args.outputs_on_device && auto_counts_on_device(args.batch, args.seq);
   // Batch invariance packs every forward; uncounted small batches of device inputs skip the read
   // back of the count (its wait for the inputs costs more than their padding's rows).
-  args.packed_over_all_rows = invariant && args.inputs_on_device && args.outputs_on_device &&
-                              args.tokens < 0 && !args.packed_outputs &&
+  args.packed_over_all_rows = args.packed && invariant && args.inputs_on_device &&
+                              args.outputs_on_device && args.tokens < 0 && !args.packed_outputs &&
                               !auto_counts_on_device(args.batch, args.seq);
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);

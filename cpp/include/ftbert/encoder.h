@@ -56,7 +56,7 @@ class Encoder {
   const Backend& backend() const { return *backend_; }
 
   // Padding-free execution (sequences.h): kOn packs every batch, kOff never, kAuto by
-  // padding_free_for's rule.
+  // padding_free_for's rule; a call with ForwardArgs::padded runs padded whatever it says.
   enum class PaddingFree : int { kAuto = 0, kOff = 1, kOn = 2 };
   void set_padding_free(PaddingFree mode) { padding_free_ = mode; }
   PaddingFree padding_free() const { return padding_free_; }
@@ -108,8 +108,10 @@ class Encoder {
   // Batch invariance (Backend::set_batch_invariant): on, every batch runs packed (so a sequence
   // is laid out the same whatever its padding; a first-token output is its first real token) on
   // the backend's invariant kernels, and each sequence's outputs are the same bits whatever else
-  // is in its batch. Refused, naming why, where the backend cannot keep this dtype and attention
-  // invariant; set_attention is refused likewise while it is on. Drops the recordings.
+  // is in its batch. A call with ForwardArgs::padded runs padded on those kernels: the same bits
+  // whatever else is in its batch too, for a sequence of the same padded length and mask, but
+  // not a packed forward's. Refused, naming why, where the backend cannot keep this dtype and
+  // attention invariant; set_attention is refused likewise while it is on. Drops the recordings.
   void set_batch_invariant(bool on);
   bool batch_invariant() const { return batch_invariant_; }
 

@@ -50,6 +50,11 @@ struct ForwardArgs {
   // Padding-free (sequences.h): only the attended tokens are computed; the outputs are the same
   // at every attended position and zeros at padding. The Encoder decides it.
   bool packed = false;
+  // The caller's: run padded whatever padding_free and batch_invariant say, so that every
+  // position's row is computed, a masked one's too (it attends to the attended keys, as
+  // transformers computes it); a packed forward has no rows for masked positions. Not with inputs
+  // or outputs that come packed. Batch invariance keeps its kernels (Encoder::forward).
+  bool padded = false;
   // The attended tokens, when the caller knows them (host inputs: counted from the mask; packed
   // callers: their length; device inputs: counted by the caller); -1: counted on the device and
   // read back once, which waits for the inputs to be ready.

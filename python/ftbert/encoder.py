@@ -16,7 +16,6 @@ import json
 import os
 import threading
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -129,12 +128,6 @@ class Encoder:
         # Set by from_pretrained for a checkpoint loaded with a task (Jina-embeddings-v3's adapters).
         self.task: str | None = None
         self._task_instruction: str | None = None
-        # encode_multivector's ColBERT queries whose [MASK] tokens nobody attends to run padded:
-        # while any such forward runs, padding_free is held at False and the caller's setting kept
-        # here (_padded_forwards).
-        self._padded_guard = threading.Lock()
-        self._padded_holders = 0
-        self._padding_free_kept = None
         self._ignores_st_length: bool | None = None  # max_seq_length's PyLate case, looked up once
         # Read by every forward of CUDA tensors, so looked up once: at batch 1 the host's work
         # before the launch adds to the latency one for one (docs/performance.md, "Kernel choices").
@@ -355,42 +348,15 @@ class Encoder:
         a first-token output (a pooler or sequence head, with a sequence whose position 0 is padding:
         padded, that position is the first token, as in transformers; packed, the first real token
         is). True packs every batch (CUDA tensors: counted in the same read back as their value
-        check), False none.
+        check), False none. A call given `padded=True` (`Encoder.__call__`) runs padded whatever
+        this says, and changes it for no other call.
         """
-        with self._padded_guard:
-            return self._native.padding_free if self._padded_holders == 0 else self._padding_free_kept
+        return self._native.padding_free
 
     @padding_free.setter
     def padding_free(self, mode) -> None:
-        mode = _check_padding_free(mode)
-        with self._padded_guard:
-            if self._padded_holders:  # a padded ColBERT query forward runs: the setting applies after it
-                self._padding_free_kept = mode
-                return
-            self._native.padding_free = mode
-            self._note_packing()
-
-    @contextmanager
-    def _padded_forwards(self):
-        """Holds padding_free at False for the block (nested and concurrent blocks share one hold),
-        then puts back the caller's setting. encode_multivector's ColBERT queries need it: their
-        [MASK] expansion tokens are masked as keys yet their own rows are kept, which only a padded
-        forward computes (a packed one drops masked positions). Other threads' padded forwards run
-        padded meanwhile: the same values at attended positions; packed forwards do not read it."""
-        with self._padded_guard:
-            if self._padded_holders == 0:
-                self._padding_free_kept = self._native.padding_free
-                self._native.padding_free = False
-                self._note_packing()
-            self._padded_holders += 1
-        try:
-            yield
-        finally:
-            with self._padded_guard:
-                self._padded_holders -= 1
-                if self._padded_holders == 0:
-                    self._native.padding_free = self._padding_free_kept
-                    self._note_packing()
+        self._native.padding_free = _check_padding_free(mode)
+        self._note_packing()
 
     @property
     def quantization(self) -> str | None:
@@ -416,7 +382,14 @@ class Encoder:
         unfused attention, DeBERTa's term tables) on an ordered kernel of plain fp32 FMAs, correct
         but far slower (docs/api.md). The CPU's kernels are invariant either way. What it costs:
         docs/performance.md ("Batch invariance"). Settable at any time; forwards that start after
-        the change follow it."""
+        the change follow it.
+
+        A call given `padded=True` (`Encoder.__call__`; encode_multivector's ColBERT queries whose
+        [MASK] rows nobody attends to) runs padded even so, on the same kernels: the rows of masked
+        positions exist only in a padded forward. Its sequences' bits still do not depend on the
+        other sequences in the batch or their place there, for the same padded length and mask of
+        their own (every op runs per row or per sequence on those kernels), but they are not a
+        packed forward's bits, nor promised across padded lengths."""
         return self._native.batch_invariant
 
     @batch_invariant.setter
@@ -593,9 +566,15 @@ class Encoder:
         )
 
     # ---- forward ---------------------------------------------------------------------------
-    def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> EncoderOutput:
-        """Runs the encoder. See the module docstring for the input/output rules."""
-        return self._forward(self._padded_inputs(input_ids, attention_mask, token_type_ids))
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, *, padded: bool = False) -> EncoderOutput:
+        """Runs the encoder. See the module docstring for the input/output rules.
+
+        padded: run this call padded whatever `padding_free` and `batch_invariant` say, so that
+        every position's row is computed: a masked position's attends to the sequence's attended
+        tokens, as in transformers (a packed forward gives zeros there). Other calls, on this
+        thread or any other, keep the encoder's setting."""
+        _check_bool("padded", padded)
+        return self._forward(self._padded_inputs(input_ids, attention_mask, token_type_ids), bool(padded))
 
     def forward_packed(self, input_ids, cu_seqlens, token_type_ids=None) -> EncoderOutput:
         """Runs sequences given packed, one after another with no padding (FlashAttention's varlen
@@ -696,29 +675,31 @@ class Encoder:
         check_values(self.config, input_ids[None], None, types[None], seq=inputs.seq)
         return inputs
 
-    def _forward(self, inputs: "_Inputs") -> EncoderOutput:
+    def _forward(self, inputs: "_Inputs", padded: bool = False) -> EncoderOutput:
         """The one forward every entry reaches: host arrays through the engine's host entries, the
-        results as the caller's kind (`inputs.back`); CUDA tensors through `_forward_on_device`."""
+        results as the caller's kind (`inputs.back`); CUDA tensors through `_forward_on_device`.
+        padded: the engine's per-call padded forward (padded inputs only)."""
         if inputs.on_device:
-            return self._forward_on_device(inputs)
+            return self._forward_on_device(inputs, padded)
         if inputs.packed:
             out = self._native.forward_packed_host(inputs.ids, inputs.types, inputs.cu_seqlens)
         else:
-            out = self._native.forward_host(inputs.ids, inputs.mask, inputs.types)
+            out = self._native.forward_host(inputs.ids, inputs.mask, inputs.types, False, padded)
         hidden, pooled, logits, nonfinite, earlier = out
         self._report_nonfinite(nonfinite, earlier)
         return EncoderOutput(*(None if a is None else inputs.back(a) for a in (hidden, pooled, logits)))
 
-    def _forward_on_device(self, inputs: "_Inputs") -> EncoderOutput:
+    def _forward_on_device(self, inputs: "_Inputs", padded: bool = False) -> EncoderOutput:
         """CUDA tensors in, CUDA tensors out on the caller's stream. The engine stages and checks
         int32/int64/uint8/bool values itself (input_check="async"); padding_free=True needs the
-        token count, which the host-side check reads back with the values."""
+        token count (unless the call runs `padded`), which the host-side check reads back with the
+        values."""
         ids, mask, types, B, S = inputs.ids, inputs.mask, inputs.types, inputs.batch, inputs.seq
         if B == 0 or S == 0:
             raise ValueError(f"empty input: input_ids has shape {tuple(ids.shape)}")
         self._raise_bad_input(earlier=True)
         kinds = staged_dtypes()
-        staged = (self._input_check == "async" and (inputs.packed or not self._packs_always)
+        staged = (self._input_check == "async" and (inputs.packed or padded or not self._packs_always)
                   and all(t is None or t.dtype in kinds for t in (ids, mask, types)))
         tokens = -1  # not counted
         if staged:
@@ -746,7 +727,7 @@ class Encoder:
             nonfinite, earlier = self._native.forward_device(
                 ids.data_ptr(), mask.data_ptr(), types.data_ptr(), B, S, *outputs,
                 tokens, False,  # tokens, packed_outputs
-                ids.element_size(), mask.element_size(), types.element_size())
+                ids.element_size(), mask.element_size(), types.element_size(), padded)
         if self._nonfinite == "raise":  # the forward has finished: its own bad values are known
             self._raise_bad_input(earlier=False)
         self._report_nonfinite(nonfinite, earlier)
@@ -926,7 +907,8 @@ class Encoder:
         query or document marker token inserted after the first token, texts cut at
         query_maxlen / doc_maxlen; queries padded with [MASK] tokens up to query_maxlen, which
         the other tokens attend to only where the checkpoint says so (their rows are kept either
-        way; unattended, they run in a padded forward); a document's skiplist tokens (colbert-ir's
+        way; unattended, they run in padded forwards of their own, `__call__`'s padded=True, under
+        batch_invariant too); a document's skiplist tokens (colbert-ir's
         mask_punctuation, PyLate's skiplist_words) left out of its vectors. A checkpoint without
         such settings gets its texts as they are, tokenized, truncated and batched as `encode`
         (a warning, once, names what is missing).
@@ -960,7 +942,8 @@ class Encoder:
                                    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> list[np.ndarray]:
         """encode_multivector's rows of sequences built by `ColbertInputs.build`: those whose tokens
         all attend to each other in packed forwards (longest first, batched as encode), those with
-        unattended [MASK] tokens in padded forwards of at most batch_size sequences and
+        unattended [MASK] tokens in padded forwards (padded=True: whatever padding_free and
+        batch_invariant say, other calls untouched) of at most batch_size sequences and
         max_batch_tokens positions; each sequence's `keep` rows."""
         _check_batch_limits("multivector_from_sequences", batch_size, max_batch_tokens)
         torch = _torch()
@@ -981,12 +964,6 @@ class Encoder:
                     out[i] = row
         padded = [i for i, s in enumerate(sequences) if s.attended < len(s.ids)]
         if padded:
-            if self.batch_invariant:
-                raise ValueError(
-                    "encode_multivector: these ColBERT queries end in [MASK] tokens that the checkpoint's "
-                    "tokens do not attend to (attend_to_mask_tokens / attend_to_expansion_tokens false), "
-                    "which needs a padded forward, and batch_invariant=True runs every forward packed; load "
-                    "the encoder without batch_invariant for queries")
             for S in sorted({len(sequences[i].ids) for i in padded}):
                 same = [i for i in padded if len(sequences[i].ids) == S]
                 per = max(1, min(batch_size, max_batch_tokens // S))
@@ -1003,13 +980,9 @@ class Encoder:
         ids = np.stack([s.ids for s in group]).astype(np.int32, copy=False)
         mask = (np.arange(S)[None, :] < np.array([s.attended for s in group])[:, None]).astype(np.int32)
         types = np.zeros_like(ids) if group[0].types is None else np.stack([s.types for s in group]).astype(np.int32)
-        tokens = int(mask.sum())
         if gpu is not None:  # CUDA tensors in: the hidden states stay on the GPU for the projection
             ids, mask, types = (torch.from_numpy(a).to(gpu) for a in (ids, mask, types))
-        with self._padded_forwards():
-            if self.padding_free_for(len(group), S, tokens):  # batch_invariant set meanwhile
-                raise RuntimeError("encode_multivector: a padded forward would run packed")
-            hidden = self(ids, mask, types).last_hidden_state  # [B, S, H]
+        hidden = self(ids, mask, types, padded=True).last_hidden_state  # [B, S, H]
         cu = np.arange(len(group) + 1, dtype=np.int64) * S
         return self.multivector_from_packed(hidden.reshape(len(group) * S, self._hidden), cu, normalize)
 

@@ -8,7 +8,9 @@ first-token output (pooler, sequence head) reads each sequence's first real toke
 under left padding `auto` stays padded (its results are bit for bit padding_free=False's) while
 padding_free=True reads the first real token. Every family of tests/_models.py, bare and with both
 heads; right, left and inner padding, empty rows, length-1 sequences, full batches, many short
-sequences in a long batch, odd sizes, random inputs; and every user error of the new API.
+sequences in a long batch, odd sizes, random inputs; and every user error of the new API. A padded
+call (Encoder.__call__'s padded=True) is the padding_free=False forward at every position, masked
+ones included, whatever the encoder's padding_free and batch_invariant, and changes no other call.
 """
 
 import numpy as np
@@ -520,6 +522,111 @@ def test_bad_padding_free_values_are_refused(zoo, bad):
     assert enc.padding_free is True  # unchanged
     with pytest.raises(ValueError, match=r"padding_free must be 'auto', True or False, got "):
         ftbert.Encoder.from_pretrained(m.path, padding_free=bad)
+
+
+# ---- a padded call (Encoder.__call__'s padded=True) ---------------------------------------------
+
+# BERT's absolute positions with each head, RoBERTa's counted ones, two rotary families.
+PADDED_CALL_MODELS = [("bert", "model"), ("bert", "cls"), ("roberta", "token"), ("nomic_bert", "cls"),
+                      ("modernbert", "model")]
+# The encoder's own settings, which a padded call overrides: padding_free=True and auto pack, and
+# batch_invariant=True packs every other forward.
+SETTINGS = {"packed": {"padding_free": True}, "auto": {"padding_free": "auto"},
+            "invariant": {"batch_invariant": True}}
+
+
+@pytest.mark.parametrize("family,kind", PADDED_CALL_MODELS)
+@pytest.mark.parametrize("padding,batch,seq", [("right", 5, 13), ("inner", 3, 22), ("left", 7, 9)])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_padded_call_is_the_padded_forward_at_every_position(zoo, rng, family, kind, padding, batch, seq,
+                                                               setting):
+    # Masked positions' rows too (they attend to the attended keys), bit for bit a
+    # padding_free=False encoder's: the CPU runs the same kernels either way.
+    m = zoo(family, kind)
+    ids, mask, types = make_batch(rng, m, batch, seq, padding)
+    mask[1] = 0  # a row with no token at all
+    ids[1] = m.pad
+    want = m.encoder(False)(ids, mask, types)
+    enc = ftbert.Encoder.from_pretrained(m.path, **SETTINGS[setting])
+    got = enc(ids, mask, types, padded=True)
+    for name in ("last_hidden_state", "pooler_output", "logits"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    masked = mask == 0
+    assert np.abs(got.last_hidden_state[masked]).max() > 0, "masked positions' rows must be computed"
+    if setting != "auto":  # the same encoder's other calls still pack: zeros there
+        assert (enc(ids, mask, types).last_hidden_state[masked] == 0).all()
+    assert enc.padding_free == SETTINGS[setting].get("padding_free", "auto")
+
+
+def test_a_padded_call_takes_cpu_tensors_and_numpy_bools(zoo, rng):
+    m = zoo("gte", "model")
+    ids, mask, types = make_batch(rng, m, 4, 11, "right")
+    want = m.encoder(False)(ids, mask, types).last_hidden_state
+    enc = m.encoder(True)
+    got = enc(torch.from_numpy(ids), torch.from_numpy(mask), None if types is None else torch.from_numpy(types),
+              padded=np.bool_(True))
+    assert isinstance(got.last_hidden_state, torch.Tensor)
+    np.testing.assert_array_equal(got.last_hidden_state.numpy(), want)
+    # padded=False is the encoder's setting: packed here
+    assert (enc(ids, mask, types, padded=False).last_hidden_state[mask == 0] == 0).all()
+
+
+def test_padded_calls_leave_other_threads_on_the_encoders_setting(zoo, rng):
+    # One thread's padded calls and another's plain ones on one padding_free=True encoder, at
+    # once: the plain ones stay packed (zeros at padding, where a padded forward has rows).
+    from tests._util import run_in_threads
+
+    m = zoo("bert", "model")
+    enc = ftbert.Encoder.from_pretrained(m.path, padding_free=True, concurrency=2)
+    ids, mask, types = make_batch(rng, m, 5, 19, "right")
+    mask[2, 7:] = 0
+    ids[2, 7:] = m.pad
+    want_padded = m.encoder(False)(ids, mask, types).last_hidden_state
+    want_packed = enc(ids, mask, types).last_hidden_state
+    assert (want_packed[mask == 0] == 0).all() and np.abs(want_padded[mask == 0]).max() > 0
+    rounds = 40
+
+    def work(t):
+        for _ in range(rounds):
+            got = enc(ids, mask, types, padded=t == 0).last_hidden_state
+            np.testing.assert_array_equal(got, want_padded if t == 0 else want_packed)
+            assert enc.padding_free is True
+
+    run_in_threads(2, work, timeout=120)
+
+
+@pytest.mark.parametrize("bad", ["yes", "True", 1, 0, 1.0, None, np.int64(1), [True]])
+def test_padded_must_be_a_bool(zoo, rng, bad):
+    m = zoo("bert", "model")
+    ids, mask, types = make_batch(rng, m, 2, 5, "right")
+    with pytest.raises(TypeError, match=r"padded must be True or False, got "):
+        m.encoder(True)(ids, mask, types, padded=bad)
+
+
+def test_padded_is_a_keyword(zoo, rng):
+    m = zoo("bert", "model")
+    ids, mask, types = make_batch(rng, m, 2, 5, "right")
+    with pytest.raises(TypeError, match="positional argument"):
+        m.encoder(True)(ids, mask, types, True)
+
+
+def test_the_engine_takes_padded_as_a_bool_and_not_with_packed_outputs(zoo, rng):
+    # The binding converts nothing (a truthy object is no request); packed outputs have no
+    # padded layout, which the engine says.
+    m = zoo("bert", "model")
+    native = m.encoder(True)._native
+    ids, mask, _ = make_batch(rng, m, 2, 5, "right")
+    ids, mask, types = ids.astype(np.int32), mask.astype(np.int32), np.zeros_like(mask)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        native.forward_host(ids, mask, types, padded=1)
+    with pytest.raises(ValueError, match=r"padded=True asks for a padded forward, but the inputs or the outputs "
+                                         r"come packed"):
+        native.forward_host(ids, mask, types, packed_outputs=True, padded=True)
+    hidden = native.forward_host(ids, mask, types, padded=True)[0]
+    assert hidden.shape == (2, 5, m.config.hidden_size)
 
 
 # ---- forward_packed ---------------------------------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -588,26 +590,79 @@ def test_pylates_saved_max_seq_length_does_not_cut_documents(tmp_path, rng):
     assert_vectors(got, pylate_reference(model, tok, texts, weight, b, PYLATE_CONFIG, False))
 
 
-def test_padded_query_forwards_put_the_padding_free_setting_back(tmp_path, rng):
+class _OverlapGate:
+    """An encoder's engine (`_native`) seen through a gate: the first forward from a thread named
+    `waiter...` waits, inside its engine call, until another thread has run a whole forward
+    meanwhile, so the two overlap whatever the scheduling. Other attributes pass through."""
+
+    def __init__(self, native, waiter: str):
+        object.__setattr__(self, "_gate", (native, waiter, threading.Event(), threading.Event()))
+
+    def __getattr__(self, name):
+        return getattr(self._gate[0], name)
+
+    def __setattr__(self, name, value):
+        setattr(self._gate[0], name, value)
+
+    def forward_host(self, *args):
+        native, waiter, waiting, overlapped = self._gate
+        if threading.current_thread().name.startswith(waiter) and not overlapped.is_set():
+            waiting.set()
+            assert overlapped.wait(60), "no forward ran beside the gated one"
+            return native.forward_host(*args)
+        inside = waiting.is_set() and not overlapped.is_set()
+        out = native.forward_host(*args)
+        if inside:
+            overlapped.set()
+        return out
+
+
+def test_padded_queries_leave_other_threads_forwards_on_the_encoders_setting(tmp_path, rng):
+    # One thread's ColBERT queries (unattended [MASK] rows: padded calls) beside plain forwards on
+    # one padding_free=True encoder, one of them run while a query's padded call is inside the
+    # engine: the plain ones see padding_free True and stay packed throughout (zeros at padding,
+    # where a padded forward has rows).
+    from tests._util import ragged_mask
+
     make_marked_colbert(tmp_path, "colbert-ir")
-    enc = load(tmp_path, padding_free=True)
-    texts = random_texts(rng, 6, max_words=6)
-    want = enc.encode_multivector(texts, is_query=True)
+    enc = load(tmp_path, padding_free=True, concurrency=2)
+    texts = random_texts(rng, 7, max_words=6)
+    want_queries = enc.encode_multivector(texts, is_query=True, batch_size=3)
+    ids = rng.integers(5, VOCAB, (5, 19))
+    mask = ragged_mask(rng, 5, 19)
+    mask[3, 6:] = 0
+    want = enc(ids, mask).last_hidden_state
+    assert (want[mask == 0] == 0).all()
+    enc._native = _OverlapGate(enc._native, waiter="colbert-queries")
+
+    def queries():
+        for _ in range(5):
+            assert_vectors(enc.encode_multivector(texts, is_query=True, batch_size=3), want_queries, tol=0)
+
+    plain_forwards = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="colbert-queries") as pool:
+        done = pool.submit(queries)
+        while not done.done():
+            assert enc.padding_free is True
+            np.testing.assert_array_equal(enc(ids, mask).last_hidden_state, want)
+            plain_forwards += 1
+        done.result()
+    assert plain_forwards >= 1 and enc._native._gate[3].is_set()
     assert enc.padding_free is True and enc._native.padding_free is True
-    from tests._util import run_in_threads
-
-    results = run_in_threads(4, lambda i: enc.encode_multivector(texts, is_query=True), timeout=120)
-    for got in results:
-        assert_vectors(got, want, tol=0)
-    assert enc._native.padding_free is True
 
 
-def test_unattended_query_expansion_is_refused_under_batch_invariance(tmp_path, rng):
-    make_marked_colbert(tmp_path, "colbert-ir")
+def test_unattended_query_expansion_runs_padded_under_batch_invariance(tmp_path, rng):
+    # batch_invariant packs every other forward; the queries' padded calls keep its kernels, so
+    # a query's vectors are the same bits whatever queries share its batch.
+    model, weight, _, tok = make_marked_colbert(tmp_path, "colbert-ir")
     enc = load(tmp_path, batch_invariant=True)
-    assert len(enc.encode_multivector(["a text"])) == 1  # documents run packed: fine
-    with pytest.raises(ValueError, match="padded forward.*batch_invariant"):
-        enc.encode_multivector(["a text"], is_query=True)
+    texts = colbert_texts(rng, 7)
+    alone = [enc.encode_multivector([t], is_query=True)[0] for t in texts]
+    assert_vectors(alone, colbert_ir_reference(model, tok, texts, weight, COLBERT_IR_META, is_query=True), tol=1e-5)
+    for batch_size in (2, 5):
+        assert_vectors(enc.encode_multivector(texts, is_query=True, batch_size=batch_size), alone, tol=0)
+    assert_vectors(enc.encode_multivector(texts[::-1], is_query=True, batch_size=3)[::-1], alone, tol=0)
+    assert enc.batch_invariant and len(enc.encode_multivector(["a text"])) == 1  # documents: packed
 
 
 @pytest.mark.parametrize("layout, settings, pattern", [

@@ -741,6 +741,24 @@ def test_the_route_gives_documents_by_default_and_queries_with_is_query(marked_c
         assert r.status_code == 422 and r.json()["error"]["param"] == "is_query"
 
 
+def test_a_batch_invariant_server_answers_unattended_queries(marked_colbert, rng):
+    # --batch-invariant packs the batcher's forwards; the queries' padded calls run beside them.
+    _serve_extra()
+    import httpx
+
+    from tests.serving._helpers import serve
+
+    path, _ = marked_colbert["ir"]
+    texts = colbert_texts(rng, 5)
+    want = load(path, batch_invariant=True).encode_multivector(texts, is_query=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        server = serve(path, batch_invariant=True)
+    with server:
+        body = {"inputs": texts, "is_query": True}
+        assert_vectors(_vectors(httpx.post(server.url + "/embed_multivector", json=body, timeout=60)), want, tol=0)
+
+
 def test_a_front_process_gives_documents_and_refuses_unattended_queries(marked_colbert, rng):
     _serve_extra()
     from tests.serving.test_workers import WorkersServer

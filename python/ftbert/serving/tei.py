@@ -240,7 +240,8 @@ def register_tei_routes(app: FastAPI) -> None:
             raise core.ApiError(400, f"/embed_multivector: {e}", param=None) from None
         if any(s.attended < len(s.ids) for s in seqs):
             # [MASK] tokens nothing attends to, rows kept: a padded forward, which the batcher's packed
-            # forwards cannot give; a local encoder runs it (Encoder.multivector_from_sequences).
+            # forwards cannot give; a local encoder runs it (Encoder.multivector_from_sequences: padded
+            # calls of its own, under --batch-invariant too, the batcher's forwards left as they are).
             encoders = getattr(svc, "encoders", None)
             if not encoders:
                 raise core.ApiError(
@@ -248,10 +249,7 @@ def register_tei_routes(app: FastAPI) -> None:
                     "its tokens do not attend to, which needs a padded forward outside the batcher, and a --workers "
                     "front process has no encoder to run it (serve without --workers for ColBERT queries)",
                     param="is_query")
-            try:
-                rows = await asyncio.to_thread(encoders[0].multivector_from_sequences, seqs, body.normalize)
-            except ValueError as e:  # a server started with --batch-invariant, which never runs padded
-                raise core.ApiError(400, f"/embed_multivector: {e}", param="is_query") from None
+            rows = await asyncio.to_thread(encoders[0].multivector_from_sequences, seqs, body.normalize)
         else:
             # Token ids built here, forwarded by the batcher with every other request's inputs. The
             # text was cut on the request's side already; a server cap (--max-input-length) below

@@ -2,11 +2,12 @@
 states at its tokens, pooled output, head logits) are the same bits whatever else is in the batch,
 its size (up to 64) and padded length, the reference's place, host or CUDA-tensor inputs, CUDA
 graphs on or off, in float16 and bfloat16, across threads on their own streams, between processes,
-and through `encode`; Hypothesis draws the compositions. The models cover the Hopper attention
-kernel (head dim 64), the portable one (head dim 32, MPNet's relative bias, ModernBERT's windows
-and rotary, DeBERTa's disentangled terms from the ordered batched GEMM), a sequence head on the
-pooler and a token head. float32 and the unfused attention (the ordered GEMM kernel and softmax
-variant) hold it too."""
+and through `encode`; Hypothesis draws the compositions. A padded call (padded=True), which stays
+padded on the invariant kernels, keeps a sequence's bits in any batch of its padded length. The
+models cover the Hopper attention kernel (head dim 64), the portable one (head dim 32, MPNet's
+relative bias, ModernBERT's windows and rotary, DeBERTa's disentangled terms from the ordered
+batched GEMM), a sequence head on the pooler and a token head. float32 and the unfused attention
+(the ordered GEMM kernel and softmax variant) hold it too."""
 
 import os
 import subprocess
@@ -61,6 +62,36 @@ def test_a_sequence_gives_the_same_bits_in_any_batch(model, dtype, inputs, graph
                                          batch_invariant=True)
     check_invariance(enc, head_kind(kind), pad, left_ok=MODELS[model[0]], first_token_always=True,
                      run=cuda_run(enc) if inputs == "cuda" else None)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("inputs", ["host", "cuda"])
+def test_a_padded_call_gives_the_same_bits_in_any_batch_of_its_length(model, dtype, inputs):
+    # padded=True runs padded on the invariant kernels (encode_multivector's ColBERT queries): a
+    # sequence's rows, its masked positions' too, are the same bits whatever else is in a batch of
+    # its padded length and its place there.
+    _, path, _ = model
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, batch_invariant=True)
+    rng = np.random.default_rng(11)
+    S, length = 37, 23
+    ref_ids, ref_mask = rng.integers(3, VOCAB, S), (np.arange(S) < length).astype(np.int32)
+
+    def run(ids, mask):
+        if inputs == "cuda":
+            ids, mask = torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()
+        out = enc(ids, mask, padded=True)
+        return [None if t is None else _numpy(t) if inputs == "cuda" else np.asarray(t, np.float32)
+                for t in (out.last_hidden_state, out.pooler_output, out.logits)]
+
+    alone = run(ref_ids[None], ref_mask[None])
+    assert np.abs(alone[0][0, length:]).max() > 0  # the masked positions' rows are computed
+    for batch, place in ((2, 1), (9, 4), (33, 0), (64, 63)):
+        ids = rng.integers(3, VOCAB, (batch, S))
+        mask = (np.arange(S)[None] < rng.integers(1, S + 1, (batch, 1))).astype(np.int32)
+        ids[place], mask[place] = ref_ids, ref_mask
+        for name, got, want in zip(("last_hidden_state", "pooler_output", "logits"), run(ids, mask), alone):
+            if want is not None:
+                np.testing.assert_array_equal(got[place], want[0], err_msg=f"{name}, batch {batch}")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

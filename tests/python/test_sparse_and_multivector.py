@@ -728,8 +728,8 @@ def test_the_route_gives_documents_by_default_and_queries_with_is_query(marked_c
         assert_vectors(_vectors(post({"inputs": texts})), enc.encode_multivector(texts), tol=TOL)
         assert_vectors(_vectors(post({"inputs": texts, "is_query": False, "normalize": False})),
                        enc.encode_multivector(texts, normalize=False), tol=TOL)
-        # Queries: colbert-ir's unattended [MASK] tokens in a padded forward beside the batcher,
-        # PyLate's attended ones in the batcher's packed forwards.
+        # Queries: colbert-ir's unattended [MASK] tokens in the batcher's padded forwards, PyLate's
+        # attended ones in its packed forwards.
         assert_vectors(_vectors(post({"inputs": texts, "is_query": True})),
                        enc.encode_multivector(texts, is_query=True), tol=TOL)
         long = " ".join(["word"] * 40)
@@ -742,7 +742,7 @@ def test_the_route_gives_documents_by_default_and_queries_with_is_query(marked_c
 
 
 def test_a_batch_invariant_server_answers_unattended_queries(marked_colbert, rng):
-    # --batch-invariant packs the batcher's forwards; the queries' padded calls run beside them.
+    # --batch-invariant packs the batcher's forwards; the queries' padded calls keep their guarantee.
     _serve_extra()
     import httpx
 
@@ -759,7 +759,9 @@ def test_a_batch_invariant_server_answers_unattended_queries(marked_colbert, rng
         assert_vectors(_vectors(httpx.post(server.url + "/embed_multivector", json=body, timeout=60)), want, tol=0)
 
 
-def test_a_front_process_gives_documents_and_refuses_unattended_queries(marked_colbert, rng):
+def test_a_front_process_gives_documents_and_unattended_queries(marked_colbert, rng):
+    # The queries' padded forwards run in the engine process's batcher (Job.attended), as documents'
+    # packed ones do; a request mixing lengths that --max-input-length cuts keeps each keep mask.
     _serve_extra()
     from tests.serving.test_workers import WorkersServer
 
@@ -769,9 +771,24 @@ def test_a_front_process_gives_documents_and_refuses_unattended_queries(marked_c
     try:
         assert_vectors(_vectors(front.client.post("/embed_multivector", json={"inputs": texts})),
                        enc.encode_multivector(texts), tol=TOL)
-        r = front.client.post("/embed_multivector", json={"inputs": texts, "is_query": True})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "is_query"
-        assert "--workers" in r.json()["error"]["message"]
+        for normalize in (True, False):
+            r = front.client.post("/embed_multivector", json={"inputs": texts, "is_query": True, "normalize": normalize})
+            assert_vectors(_vectors(r), enc.encode_multivector(texts, is_query=True, normalize=normalize), tol=TOL)
     finally:
         status, err = front.stop()
     assert status == 0, err[-3000:]
+
+
+def test_a_job_with_attended_counts_is_checked_by_name():
+    from ftbert.serving.batcher import EMBED, IDS, MULTIVECTOR, TEXT, Job
+
+    Job(MULTIVECTOR, IDS, [[1, 2, 3], [4, 5]], attended=[2, 2])
+    for kind, how, inputs, attended, pattern in (
+            (EMBED, IDS, [[1, 2]], [1], "one count per input of a multivector job"),
+            (MULTIVECTOR, TEXT, ["a"], [1], "one count per input of a multivector job"),
+            (MULTIVECTOR, IDS, [[1, 2]], [1, 1], r"got 2 for 1 inputs"),
+            (MULTIVECTOR, IDS, [[1, 2]], [3], r"attended\[0\] must be an int from 1 to its input's 2 tokens, got 3"),
+            (MULTIVECTOR, IDS, [[1, 2]], [0], r"attended\[0\] must be an int from 1"),
+            (MULTIVECTOR, IDS, [[1, 2]], [True], r"attended\[0\] must be an int")):
+        with pytest.raises(ValueError, match=pattern):
+            Job(kind, how, inputs, attended=attended)

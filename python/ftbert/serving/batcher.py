@@ -150,13 +150,28 @@ class Job:
     the server's setting) or refuse them; truncation_side: which end is cut ("right" or "left");
     long_texts: "truncate" or "chunk" for texts to embed past the limit (None: the server's).
     top_k: SPARSE only, the largest values kept per input (None: all). normalize applies to
-    MULTIVECTOR's token vectors too."""
+    MULTIVECTOR's token vectors too. attended: MULTIVECTOR token ids only, per input how many of
+    its first tokens attend to one another; the rest (a ColBERT query's [MASK] expansion) attend to
+    those and are attended by none, so such an input runs in a padded forward of its own
+    (Encoder.multivector_from_sequences) rather than in the packed ones (None: every token
+    attends)."""
 
     def __init__(self, kind: str, how: str, inputs: Sequence, normalize: bool = True,
                  truncate: bool | None = None, truncation_side: str = "right",
-                 long_texts: str | None = None, top_k: int | None = None):
+                 long_texts: str | None = None, top_k: int | None = None,
+                 attended: Sequence[int] | None = None):
         if kind not in KINDS or how not in (TEXT, PAIR, IDS):
             raise ValueError(f"unknown job kind {kind!r} / input kind {how!r}")
+        if attended is not None:
+            attended = list(attended)
+            if kind != MULTIVECTOR or how != IDS or len(attended) != len(inputs):
+                raise ValueError(f"attended must give one count per input of a multivector job of token ids; "
+                                 f"got {len(attended)} for {len(inputs)} inputs ({kind}, {how})")
+            for i, (a, ids) in enumerate(zip(attended, inputs)):
+                if isinstance(a, bool) or not isinstance(a, int) or not 1 <= a <= len(ids):
+                    raise ValueError(f"attended[{i}] must be an int from 1 to its input's {len(ids)} tokens, "
+                                     f"got {a!r}")
+        self.attended = attended
         if top_k is not None and (kind != SPARSE or isinstance(top_k, bool) or not isinstance(top_k, int)
                                   or top_k < 1):
             raise ValueError(f"top_k must be a positive integer, for sparse jobs only; got {top_k!r} ({kind})")
@@ -193,6 +208,7 @@ class _Seq(NamedTuple):
     types: np.ndarray | None  # [L] int32, or None where the tokenizer gives no token types
     arrived: float  # when it entered the forward queue (perf_counter)
     weight: float | None = None  # a window of a chunked text: the tokens it holds; else None
+    attended: int | None = None  # fewer than len(ids) tokens attend (Job.attended): a padded forward
 
 
 class JobTokenizer:
@@ -486,7 +502,8 @@ class Batcher:
                 job._remaining = len(seqs)
                 with self._lock:
                     self._waiting += len(seqs) - len(job)
-            out.extend(_Seq(job, slot, ids, types, now, weight) for slot, ids, types, weight in seqs)
+            out.extend(_Seq(job, slot, ids, types, now, weight, _unattended_from(job, slot, len(ids)))
+                       for slot, ids, types, weight in seqs)
         return out
 
     # ---- the forward threads -----------------------------------------------------------------
@@ -581,21 +598,30 @@ class Batcher:
         import torch
 
         t0 = time.perf_counter()
-        packed = pack_sequences([s.ids for s in batch], [s.types for s in batch])
-        res, offsets = forward_packed_batch(enc, packed, gpu)
+        # Inputs with unattended tokens run padded, beside the packed forward of the others.
+        unattended = [i for i, s in enumerate(batch) if s.attended is not None]
+        at = {i: j for j, i in enumerate(i for i, s in enumerate(batch) if s.attended is None)}  # row in `packed`
+        rows = _unattended_rows(enc, batch, unattended) if unattended else {}
+        tokens = sum(len(batch[i].ids) for i in unattended)
         emb = raw = logits = None
-        if any(s.job.kind == EMBED for s in batch):
-            # Pooled, then normalized as pool_packed would: the same bits as encode()'s.
-            pooled = pool_packed(res.last_hidden_state, res.pooler_output, offsets, self.pooling, False)
-            emb = torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
-            if any(s.job.kind == EMBED and (not s.job.normalize or s.weight is not None) for s in batch):
-                raw = pooled.cpu().numpy()
-        if any(s.job.kind == SCORE for s in batch):
-            logits = torch.as_tensor(res.logits).float().cpu().numpy()
-        rows = _head_rows(enc, batch, res.last_hidden_state, packed.cu_seqlens)  # SPARSE, MULTIVECTOR
+        if at:
+            sub = [batch[i] for i in at]
+            packed = pack_sequences([s.ids for s in sub], [s.types for s in sub])
+            res, offsets = forward_packed_batch(enc, packed, gpu)
+            tokens += int(packed.cu_seqlens[-1])
+            if any(s.job.kind == EMBED for s in sub):
+                # Pooled, then normalized as pool_packed would: the same bits as encode()'s.
+                pooled = pool_packed(res.last_hidden_state, res.pooler_output, offsets, self.pooling, False)
+                emb = torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
+                if any(s.job.kind == EMBED and (not s.job.normalize or s.weight is not None) for s in sub):
+                    raw = pooled.cpu().numpy()
+            if any(s.job.kind == SCORE for s in sub):
+                logits = torch.as_tensor(res.logits).float().cpu().numpy()
+            head_rows = _head_rows(enc, sub, res.last_hidden_state, packed.cu_seqlens)  # SPARSE, MULTIVECTOR
+            rows.update({i: head_rows[j] for i, j in at.items() if j in head_rows})
         forward_s = time.perf_counter() - t0
         if self.metrics is not None:
-            self.metrics.on_batch(len(batch), int(packed.cu_seqlens[-1]), t0 - min(s.arrived for s in batch), forward_s)
+            self.metrics.on_batch(len(batch), tokens, t0 - min(s.arrived for s in batch), forward_s)
         for i, s in enumerate(batch):
             job = s.job
             if job._settled:  # failed in another forward meanwhile
@@ -603,10 +629,10 @@ class Batcher:
             if job.kind in OUTPUT_HEADS:
                 job._out[s.slot] = rows[i]
             elif s.weight is None:
-                job._out[s.slot] = (emb if job.normalize else raw)[i] if job.kind == EMBED else logits[i]
+                job._out[s.slot] = (emb if job.normalize else raw)[at[i]] if job.kind == EMBED else logits[at[i]]
             with self._lock:
                 if s.weight is not None:  # a window: into its text's weighted sum
-                    job._chunks[0][s.slot] += raw[i] * s.weight
+                    job._chunks[0][s.slot] += raw[at[i]] * s.weight
                     job._chunks[1][s.slot] += s.weight
                 job._remaining -= 1
                 last = job._remaining == 0
@@ -675,6 +701,26 @@ def _combine_windows(sums: np.ndarray, weights: np.ndarray, normalize: bool) -> 
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
     return out.astype(np.float32)
+
+
+def _unattended_from(job: Job, slot: int, length: int) -> int | None:
+    """The input's attended count where some of its (possibly truncated) tokens are unattended."""
+    if job.attended is None or job.attended[slot] >= length:
+        return None
+    return job.attended[slot]
+
+
+def _unattended_rows(enc: "Encoder", batch: list[_Seq], picks: list[int]) -> dict[int, np.ndarray]:
+    """The MULTIVECTOR rows of the inputs `picks` of `batch` that have unattended tokens, from
+    padded forwards (Encoder.multivector_from_sequences: calls with padded=True), by place in batch."""
+    from ..encoder import ColbertSequence
+
+    rows: dict[int, np.ndarray] = {}
+    for normalize in sorted({batch[i].job.normalize for i in picks}):
+        group = [i for i in picks if batch[i].job.normalize == normalize]
+        seqs = [ColbertSequence(batch[i].ids, batch[i].types, batch[i].attended, None) for i in group]
+        rows.update(zip(group, enc.multivector_from_sequences(seqs, normalize)))
+    return rows
 
 
 def _head_rows(enc: "Encoder", batch: list[_Seq], hidden, cu_seqlens: np.ndarray) -> dict[int, object]:

@@ -341,7 +341,7 @@ class RemoteBatcher:
         self._send({"op": "job", "id": key, "tokenized": tokenized, "job": {
             "kind": job.kind, "how": job.how, "inputs": job.inputs, "normalize": job.normalize,
             "truncate": job.truncate, "truncation_side": job.truncation_side, "long_texts": job.long_texts,
-            "top_k": job.top_k}})
+            "top_k": job.top_k, "attended": job.attended}})
         self.accepted += 1
         try:
             return await fut

@@ -238,26 +238,15 @@ def register_tei_routes(app: FastAPI) -> None:
                                 param="inputs") from None
         except ValueError as e:  # settings the tokenizer cannot follow (a marker it does not have)
             raise core.ApiError(400, f"/embed_multivector: {e}", param=None) from None
-        if any(s.attended < len(s.ids) for s in seqs):
-            # [MASK] tokens nothing attends to, rows kept: a padded forward, which the batcher's packed
-            # forwards cannot give; a local encoder runs it (Encoder.multivector_from_sequences: padded
-            # calls of its own, under --batch-invariant too, the batcher's forwards left as they are).
-            encoders = getattr(svc, "encoders", None)
-            if not encoders:
-                raise core.ApiError(
-                    400, "/embed_multivector with is_query true: this checkpoint's queries end in [MASK] tokens that "
-                    "its tokens do not attend to, which needs a padded forward outside the batcher, and a --workers "
-                    "front process has no encoder to run it (serve without --workers for ColBERT queries)",
-                    param="is_query")
-            rows = await asyncio.to_thread(encoders[0].multivector_from_sequences, seqs, body.normalize)
-        else:
-            # Token ids built here, forwarded by the batcher with every other request's inputs. The
-            # text was cut on the request's side already; a server cap (--max-input-length) below
-            # ColBERT's length cuts the end, keeping [CLS] and the marker, and each keep mask alike.
-            res = await core._run(svc, Job(MULTIVECTOR, IDS, [s.ids.tolist() for s in seqs], normalize=body.normalize,
-                                           truncate=truncate, truncation_side="right"), "inputs")
-            rows = [np.asarray(v) if s.keep is None else np.asarray(v)[s.keep[: len(v)]]
-                    for v, s in zip(res.values, seqs)]
+        # Token ids built here, forwarded by the batcher with every other request's inputs; a query whose
+        # [MASK] tokens nothing attends to runs there in a padded forward (Job.attended). The text was cut
+        # on the request's side already; a server cap (--max-input-length) below ColBERT's length cuts the
+        # end, keeping [CLS] and the marker, and each keep mask alike.
+        attended = [int(s.attended) for s in seqs] if any(s.attended < len(s.ids) for s in seqs) else None
+        res = await core._run(svc, Job(MULTIVECTOR, IDS, [s.ids.tolist() for s in seqs], normalize=body.normalize,
+                                       truncate=truncate, truncation_side="right", attended=attended), "inputs")
+        rows = [np.asarray(v) if s.keep is None else np.asarray(v)[s.keep[: len(v)]]
+                for v, s in zip(res.values, seqs)]
         return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in rows])
 
     async def rerank(body: TeiRerankRequest, request: Request):

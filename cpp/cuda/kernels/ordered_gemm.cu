@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/attention/flash_common.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
+#include "cuda/kernels/mma.cuh"
 #include "cuda/launch.cuh"
 
 namespace ftbert::cuda {
@@ -115,7 +115,6 @@ __global__ void __launch_bounds__(kMmaThreads)
     ordered_mma_gemm_kernel(int m, int n, int k, const T* a, int64_t lda, int64_t stride_a,
                             const T* b, int64_t ldb, int64_t stride_b, T* c, int64_t ldc,
                             int64_t stride_c, float alpha, float beta) {
-  using flash_detail::Mma;
   begin_dependent_kernel();
   __shared__ __align__(16) T sa[kTile][kMmaPitch];  // A rows
   __shared__ __align__(16) T sb[kTile][kMmaPitch];  // B columns (rows of Bᵀ)

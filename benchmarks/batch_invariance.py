@@ -6,9 +6,10 @@ BERT-base (random weights, ftbert.bench.models) in float16 and bfloat16:
 - drift: one 100-token sequence alone against the same sequence inside batches of 2, 8, 33 and 64
   random sequences (padded to 160, the reference at a random row): the largest difference of its
   hidden states, with the setting off and on;
-- cost: full batches (1 x 128, 8 x 128, 32 x 128, 32 x 512) as CUDA tensors, CUDA graphs on, the
-  median of --reps timed blocks of 20 forwards each (CUDA events) after a warm-up, off and on
-  alternating block by block in one process, and their ratio.
+- cost: full batches (1 x 128, 8 x 128, 32 x 128, 32 x 512) and ragged ones (`ftbert bench
+  --varlen`'s GPU cases: lengths uniform in a range, fixed seed, right-padded) as CUDA tensors,
+  CUDA graphs on, the median of --reps timed blocks of 20 forwards each (CUDA events) after a
+  warm-up, off and on alternating block by block in one process, and their ratio.
 """
 
 import argparse
@@ -24,7 +25,14 @@ import torch
 import ftbert
 from ftbert.bench.models import make_random_bert_base
 
-SHAPES = [(1, 128), (8, 128), (32, 128), (32, 512)]
+# (batch, seq, shortest, longest): full batches, then ragged ones.
+CASES = [(1, 128, 128, 128), (8, 128, 128, 128), (32, 128, 128, 128), (32, 512, 512, 512),
+         (16, 512, 102, 512), (32, 128, 8, 128), (32, 384, 1, 384)]
+
+
+def label(case) -> str:
+    batch, seq, lo, hi = case
+    return f"{batch}x{seq}" if lo == hi == seq else f"{batch}x{seq}:{lo}-{hi}"
 BATCHES = [2, 8, 33, 64]
 
 
@@ -74,9 +82,12 @@ def main(argv=None) -> int:
             row = {"dtype": dtype, "drift_off": drift(enc, vocab)}
             enc.batch_invariant = True
             row["drift_on"] = drift(enc, vocab)
-            for batch, seq in SHAPES:
-                ids = torch.randint(1000, vocab, (batch, seq), device="cuda")
-                mask = torch.ones_like(ids)
+            for case in CASES:
+                batch, seq, lo, hi = case
+                g = torch.Generator().manual_seed(batch * 1000 + seq)
+                lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
+                mask = (torch.arange(seq)[None, :] < lengths[:, None]).to(torch.int64).cuda()
+                ids = torch.randint(1000, vocab, (batch, seq), generator=g).cuda() * mask
                 times = {False: [], True: []}
                 for on in (False, True):  # warm-up: recordings, GEMM picks
                     enc.batch_invariant = on
@@ -89,17 +100,19 @@ def main(argv=None) -> int:
                         block_ms(enc, ids, mask, 3)  # the switch drops the recordings: re-record
                         times[on].append(block_ms(enc, ids, mask))
                 off, on = statistics.median(times[False]), statistics.median(times[True])
-                row[f"{batch}x{seq}"] = {"off_ms": off, "on_ms": on, "ratio": on / off,
+                row[label(case)] = {"off_ms": off, "on_ms": on, "ratio": on / off,
                                          "off_spread": [min(times[False]), max(times[False])],
                                          "on_spread": [min(times[True]), max(times[True])]}
             results["rows"].append(row)
     print(f"batch invariance, BERT-base, {results['gpu']}; median of {args.reps} blocks of 20 forwards")
-    print(f"{'dtype':9} {'max|Δ| off':>11} {'max|Δ| on':>10}  " +
-          "  ".join(f"{b}x{s} off/on ms (ratio)".rjust(28) for b, s in SHAPES))
+    print(f"{'dtype':9} {'max|Δ| off':>11} {'max|Δ| on':>10}")
     for r in results["rows"]:
-        cells = [f"{r[f'{b}x{s}']['off_ms']:.3f}/{r[f'{b}x{s}']['on_ms']:.3f} ({r[f'{b}x{s}']['ratio']:.3f})"
-                 for b, s in SHAPES]
-        print(f"{r['dtype']:9} {r['drift_off']:11.2e} {r['drift_on']:10.2e}  " + "  ".join(c.rjust(28) for c in cells))
+        print(f"{r['dtype']:9} {r['drift_off']:11.2e} {r['drift_on']:10.2e}")
+    print(f"{'dtype':9} {'case':>16} {'off ms':>8} {'on ms':>8} {'ratio':>6}")
+    for r in results["rows"]:
+        for case in CASES:
+            c = r[label(case)]
+            print(f"{r['dtype']:9} {label(case):>16} {c['off_ms']:8.3f} {c['on_ms']:8.3f} {c['ratio']:6.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

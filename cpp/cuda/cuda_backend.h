@@ -250,7 +250,7 @@ class CudaBackend : public Backend {
   // (dt, m, n, k, epilogue activation) -> descriptors
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<LtShape, LtShapeDelete>>
       lt_shapes_;
-  // (dt, n, k, epilogue) -> the batch-invariant algorithm
+  // (dt, n, k, activation) -> the batch-invariant reference kernel
   std::map<std::tuple<int, int, int, int>, GemmPick> invariant_picks_;
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;

@@ -158,6 +158,36 @@ def test_batch_invariant_picks_give_the_reference_bits_at_every_row_count(gpu, r
         gpu.set_gemm_choice("auto")
 
 
+@pytest.mark.skipif(not HOPPER_FUSED, reason="the fused erf-GELU kernels are built for Hopper only")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("choice", ["fixed", "auto"])
+def test_batch_invariant_erf_gelu_is_one_fused_kernel(gpu, cpu, rng, dtype, choice):
+    # cuBLASLt has no erf-GELU epilogue: its class would add the bias and GELU in a second kernel
+    # after rounding the product. Invariant forwards run the fused kernels' class instead, which
+    # rounds once: held to float32 here, and one kernel per GEMM at every row count.
+    from torch.profiler import ProfilerActivity, profile
+
+    n, k = 1032, 264
+    gpu.batch_invariant = True
+    gpu.set_gemm_choice(choice)
+    try:
+        for m in (1, 130, 4100):
+            a, w, bias, want, bound, magnitude = reference(cpu, rng, dtype, m, n, k, "gelu")
+            gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu")
+            gpu.wait_for_tuning()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                got = gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu")
+                torch.cuda.synchronize()
+            kernels = [e.key for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and "memcpy" not in e.key.lower() and "memset" not in e.key.lower()]
+            assert len(kernels) == 1 and "bias_activation" not in kernels[0], (m, kernels)
+            check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
+    finally:
+        gpu.batch_invariant = False
+        gpu.set_gemm_choice("auto")
+
+
 def test_fewer_rows_and_fixed_mode_measure_nothing(gpu, rng):
     n, k = 328, 56
     a = randn(rng, (511, k), "float16")

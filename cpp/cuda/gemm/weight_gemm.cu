@@ -28,7 +28,7 @@ namespace ftbert::cuda {
 namespace {
 
 // The cache file's format and candidate set: a change to either makes older files foreign.
-constexpr int kGemmCacheFormat = 2;
+constexpr int kGemmCacheFormat = 3;
 
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
 constexpr const char* kCublasLtNoWorkspacePrefix = "cublaslt-nows:";  // ranked, run with none
@@ -385,18 +385,28 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   return ms[best] < (1.0f - kRuleMargin) * rule_ms ? candidates[best] : rule;
 }
 
-// Batch invariance: one cuBLASLt algorithm per (dtype, n, k, epilogue) for every row count:
-// cuBLASLt's ranking at kInvariantRows rows given no workspace (so no split of k, whose partial
-// sums would change with the grid), the first that also takes a single row and a large row count,
-// else the first unsplit one (a row count it refuses then fails the forward, never silently runs
-// another kernel).
+// Batch invariance: one kernel per (dtype, n, k, activation) for every row count, the reference
+// whose bits every measured pick must give.
+// - erf-GELU on Hopper: the fused CUTLASS kernel in 64 x 64 tiles. cuBLASLt has no erf epilogue,
+//   so its class would round the product before a second pass adds the bias and the GELU; the
+//   fused class keeps the fp32 sum to one rounding, runs one kernel instead of two, and its other
+//   tilings (the default's FFN-in kernels at many rows) share its epilogue code.
+// - Else cuBLASLt's ranking at kInvariantRows rows given no workspace (so no split of k, whose
+//   partial sums would change with the grid), the first that also takes a single row and a large
+//   row count, else the first unsplit one (a row count it refuses then fails the forward, never
+//   silently runs another kernel).
 constexpr int kInvariantRows = 2048;
 constexpr int kInvariantCheckRows[] = {1, 16384};
 
 const GemmPick& CudaBackend::invariant_gemm_pick(const WeightGemm& g) {
-  const cublasLtEpilogue_t epilogue = lt_epilogue(g.act);
-  const auto key = std::make_tuple(static_cast<int>(g.dt), g.n, g.k, static_cast<int>(epilogue));
+  const auto key = std::make_tuple(static_cast<int>(g.dt), g.n, g.k, static_cast<int>(g.act));
   if (auto it = invariant_picks_.find(key); it != invariant_picks_.end()) return it->second;
+#if FTBERT_GEMM_SM90
+  if (fused_gemm_sm90_ && g.bias_gelu() && g.n % 8 == 0 && g.k % 8 == 0) {
+    return invariant_picks_.emplace(key, cutlass_pick(GemmTiles::k64x64)).first->second;
+  }
+#endif
+  const cublasLtEpilogue_t epilogue = lt_epilogue(g.act);
   LtShape reference(g.dt, kInvariantRows, g.n, g.k, epilogue);
   const std::vector<cublasLtMatmulHeuristicResult_t> ranked = lt_heuristic(reference, 0);
   const cublasLtMatmulAlgo_t* chosen = nullptr;
@@ -458,9 +468,11 @@ void CudaBackend::run_invariant_gemm(const WeightGemm& g) {
     }
     if (pick != nullptr && run_gemm(*pick, g)) return;
   }
-  FTBERT_CHECK(run_gemm(invariant_gemm_pick(g), g),
-               "batch_invariant: the fixed cuBLASLt algorithm refused the " << dtype_name(g.dt)
-               << " GEMM m=" << g.m << ", n=" << g.n << ", k=" << g.k);
+  const GemmPick& rule = invariant_gemm_pick(g);
+  FTBERT_CHECK(run_gemm(rule, g), "batch_invariant: the reference GEMM ("
+                                      << rule.name << ") refused the " << dtype_name(g.dt)
+                                      << " GEMM m=" << g.m << ", n=" << g.n << ", k=" << g.k
+                                      << " (operands not 16-byte aligned?)");
 }
 
 GemmCacheFile CudaBackend::gemm_cache_file() const {

@@ -136,6 +136,8 @@ class Encoder:
         self._hidden = int(config["hidden_size"])
         self._packs_always = False  # whether every forward runs packed: _note_packing keeps it
         self._note_packing()
+        self._batch_invariant_mode = bool(native.batch_invariant)  # from_pretrained sets its mode
+        self._disentangled = config.get("disentangled") is not None  # DeBERTa: term tables
         self._out_dtype = None  # the torch dtype of outputs, once torch is imported
 
     # ---- construction ----------------------------------------------------------------------
@@ -153,7 +155,7 @@ class Encoder:
         padding_free="auto",
         input_check: str = "async",
         warmup: bool | None = None,
-        batch_invariant: bool = False,
+        batch_invariant=False,
         quantization: str | None = None,
         task: str | None = None,
     ) -> "Encoder":
@@ -171,8 +173,9 @@ class Encoder:
         input_check: "async" or "sync", how the values of CUDA tensors are checked (see
         `Encoder.input_check`). warmup: run `warm_up()` before returning, so that the first calls
         do not pay the process's one-time costs; None (the default) warms a GPU encoder and not a
-        CPU one, unless FTBERT_WARMUP says "1" or "0" for every load. batch_invariant: each
-        sequence's outputs the same bits whatever it is batched with (see `Encoder.batch_invariant`).
+        CPU one, unless FTBERT_WARMUP says "1" or "0" for every load. batch_invariant: False (the
+        default), True or "auto": each sequence's outputs the same bits whatever it is batched with;
+        "auto" turns it on where it runs on the fast kernels (see `Encoder.batch_invariant`).
         quantization: None, or "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
         per output channel and int8 activations per token (see `Encoder.quantization`).
         task: for a HuggingFace checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the hub
@@ -184,7 +187,7 @@ class Encoder:
         _check_bool("cuda_graphs", cuda_graphs)
         if warmup is not None:
             _check_bool("warmup", warmup)
-        _check_bool("batch_invariant", batch_invariant)
+        _check_batch_invariant(batch_invariant)
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r}: expected None or 'int8'")
         _check_padding_free(padding_free)
@@ -228,8 +231,6 @@ class Encoder:
         native.concurrency = _check_concurrency(DEFAULT_CONCURRENCY[kind] if concurrency is None else concurrency)
         if allow_tf32:
             native.set_allow_tf32(True)
-        if batch_invariant:
-            native.batch_invariant = True
         if quantization == "int8" and not _C.cpu_has_int8_dot_product():
             warnings.warn(
                 f"quantization='int8' runs the {_C.cpu_int8_kernel()} kernel on this CPU (no "
@@ -238,6 +239,7 @@ class Encoder:
         enc = cls(native, config, f"{kind}:{index}" if kind == "cuda" else "cpu", path)
         enc._nonfinite = nonfinite
         enc._input_check = input_check
+        enc.batch_invariant = batch_invariant
         if task is not None:
             enc.task = task
             enc._task_instruction = _task_instruction(path, task)
@@ -283,6 +285,7 @@ class Encoder:
         if mode not in ATTENTIONS:
             raise ValueError(f"unknown attention {mode!r}: expected one of {', '.join(ATTENTIONS)}")
         self._native.attention = mode
+        self._apply_batch_invariant()
 
     def attention_for(self, batch: int, seq: int) -> str:
         """The attention kernel the selector runs for this shape: "flash" or "unfused"."""
@@ -356,6 +359,7 @@ class Encoder:
     @padding_free.setter
     def padding_free(self, mode) -> None:
         self._native.padding_free = _check_padding_free(mode)
+        self._apply_batch_invariant()
         self._note_packing()
 
     @property
@@ -374,15 +378,23 @@ class Encoder:
         """Whether each sequence's outputs are bit-identical whatever it is batched with: the other
         sequences, its padding (amount and side), its place in the batch, padded or packed input,
         CUDA graphs, the thread and stream, and between processes on the same device and build.
-        Off by default. On, every batch runs packed (`padding_free` then has no effect; a pooled or
-        sequence-classification output is taken at each sequence's first real token even under left
-        padding) and, on a GPU, on kernels whose bits never depend on the row count: GEMMs that
-        never split k (each weight's reference algorithm, or a faster one checked to give its
+        Set False (the default), True or "auto"; this reads what forwards do now.
+
+        "auto" turns it on where it runs on the fast kernels: a GPU encoder in float16 or bfloat16
+        whose attention is not "unfused", whose `padding_free` is not False and whose model has no
+        DeBERTa term tables (what it costs there, per family: docs/performance.md, "Batch
+        invariance on the GPU"). Elsewhere auto leaves it off: float32, the unfused attention and
+        DeBERTa's tables would run on an ordered kernel, correct but far slower; padding_free=False
+        asks for padded forwards; the CPU's kernels are invariant either way. Auto follows later
+        changes of `attention` and `padding_free`; True and False stay as set.
+
+        On, every batch runs packed (a pooled or sequence-classification output is taken at each
+        sequence's first real token even under left padding, where transformers takes the padding
+        at position 0) and, on a GPU, on kernels whose bits never depend on the row count: GEMMs
+        that never split k (each weight's reference kernel, or a faster one checked to give its
         bits), one LayerNorm form, one attention kernel per head dim; other products (float32, the
-        unfused attention, DeBERTa's term tables) on an ordered kernel of plain fp32 FMAs, correct
-        but far slower (docs/api.md). The CPU's kernels are invariant either way. What it costs:
-        docs/performance.md ("Batch invariance"). Settable at any time; forwards that start after
-        the change follow it.
+        unfused attention, DeBERTa's term tables) on an ordered kernel of plain fp32 FMAs (docs/api.md).
+        Settable at any time; forwards that start after the change follow it.
 
         A call given `padded=True` (`Encoder.__call__`; encode_multivector's ColBERT queries whose
         [MASK] rows nobody attends to) runs padded even so, on the same kernels: the rows of masked
@@ -393,10 +405,19 @@ class Encoder:
         return self._native.batch_invariant
 
     @batch_invariant.setter
-    def batch_invariant(self, on: bool) -> None:
-        _check_bool("batch_invariant", on)
-        self._native.batch_invariant = on
+    def batch_invariant(self, mode) -> None:
+        self._batch_invariant_mode = _check_batch_invariant(mode)
+        self._apply_batch_invariant()
         self._note_packing()
+
+    def _apply_batch_invariant(self) -> None:
+        """Sets the engine's switch from the mode ("auto" decides from the current settings)."""
+        mode = self._batch_invariant_mode
+        if mode == "auto":
+            mode = (self._cuda_index >= 0 and self.dtype in ("float16", "bfloat16")
+                    and self._native.attention != "unfused" and self._native.padding_free is not False
+                    and not self._disentangled)
+        self._native.batch_invariant = bool(mode)
 
     def _note_packing(self) -> None:
         """Caches whether every forward needs the token count on the host (padding_free=True),
@@ -1200,6 +1221,15 @@ def _default_warmup(kind: str) -> bool:
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_batch_invariant(mode):
+    """mode as stored: "auto", True or False (a TypeError names anything else)."""
+    if isinstance(mode, str) and mode == "auto":
+        return "auto"
+    if isinstance(mode, (bool, np.bool_)):
+        return bool(mode)
+    raise TypeError(f'batch_invariant must be "auto", True or False, got {mode!r}')
 
 
 def _from_native_numpy(a: np.ndarray) -> np.ndarray:

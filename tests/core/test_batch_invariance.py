@@ -55,3 +55,25 @@ def test_batch_invariant_runs_packed_and_stays_invariant(model, dtype):
     enc = ftbert.Encoder.from_pretrained(path, dtype=dtype, padding_free=False, batch_invariant=True)
     assert enc.batch_invariant and enc.padding_free is False
     check_invariance(enc, head_kind(kind), pad, left_ok=MODELS[(family, kind)], first_token_always=True)
+
+
+def test_the_setting_takes_auto_true_or_false(tmp_path):
+    # The CPU's kernels are invariant either way: off by default, and "auto" leaves the switch off
+    # here, so batches keep padding_free's choice; True packs every batch. Anything else is refused.
+    make_invariance_model(tmp_path, "bert", "cls", hidden=48, heads=3, seed=5)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    assert enc.batch_invariant is False
+    enc.batch_invariant = True
+    enc.attention = "unfused"
+    enc.padding_free = False
+    assert enc.batch_invariant is True
+    enc.batch_invariant = "auto"
+    assert enc.batch_invariant is False
+    assert ftbert.Encoder.from_pretrained(tmp_path, batch_invariant="auto").batch_invariant is False
+    assert ftbert.Encoder.from_pretrained(tmp_path, batch_invariant=True).batch_invariant is True
+    for bad in ("on", "Auto", 1, None):
+        with pytest.raises(TypeError, match='batch_invariant must be "auto", True or False'):
+            ftbert.Encoder.from_pretrained(tmp_path, batch_invariant=bad)
+        with pytest.raises(TypeError, match='batch_invariant must be "auto", True or False'):
+            enc.batch_invariant = bad
+    assert enc.batch_invariant is False  # a refused value changes nothing

@@ -68,10 +68,17 @@ def test_batch_invariant_flag_reaches_the_settings():
     from ftbert.serving.server import build_parser, settings_from_args
     from ftbert.serving.settings import ServeSettings
 
-    assert settings_from_args(build_parser().parse_args(["--batch-invariant"])).batch_invariant is True
-    assert settings_from_args(build_parser().parse_args([])).batch_invariant is False
-    with pytest.raises(ValueError, match="batch_invariant must be True or False"):
-        ServeSettings(batch_invariant="yes")
+    def setting(*argv):
+        return settings_from_args(build_parser().parse_args(list(argv))).batch_invariant
+
+    assert setting() is False and setting("--batch-invariant", "off") is False
+    assert setting("--batch-invariant") is True and setting("--batch-invariant", "on") is True
+    assert setting("--batch-invariant", "auto") == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--batch-invariant", "always"])
+    for bad in ("yes", "Auto", 1, None):
+        with pytest.raises(ValueError, match='batch_invariant must be "auto", True or False'):
+            ServeSettings(batch_invariant=bad)
 
 
 def test_quantization_flag_reaches_the_settings():

@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8 weight GEMMs on the CPU, float32 around them (see Encoder.quantization)")
     p.add_argument("--task", help="for a checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the "
                    "hub holds it): the task whose adapters are merged at load")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="each input's result the same bits whatever it is batched with (see "
+    p.add_argument("--batch-invariant", nargs="?", const="on", default="off", choices=["off", "on", "auto"],
+                   help="each input's result the same bits whatever it is batched with: off (the default), on "
+                        "(--batch-invariant alone) or auto (where the fast kernels keep it; see "
                         "Encoder.batch_invariant)")
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
@@ -90,7 +91,8 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         model=args.model, model_name=args.model_name, devices=args.devices, dtype=args.dtype,
         attention=args.attention, pooling=args.pooling, cuda_graphs=not args.no_cuda_graphs,
-        batch_invariant=args.batch_invariant, quantization=args.quantization, task=args.task,
+        batch_invariant={"on": True, "off": False, "auto": "auto"}[args.batch_invariant],
+        quantization=args.quantization, task=args.task,
         max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         max_client_batch=args.max_client_batch, max_input_length=args.max_input_length,

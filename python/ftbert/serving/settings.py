@@ -23,8 +23,9 @@ class ServeSettings:
     # shape is recorded at its second forward, up to 32 kept: whether replaying beats the recording
     # churn depends on the traffic, hence the switch.
     cuda_graphs: bool = True
-    # Encoder.batch_invariant: an input's result never depends on what else was in its batch.
-    batch_invariant: bool = False
+    # Encoder.batch_invariant (False, True, "auto"): an input's result never depends on what else
+    # was in its batch; "auto" where the fast kernels keep it.
+    batch_invariant: bool | str = False
     # Encoder.quantization: None, or "int8" (CPU devices, float32).
     quantization: str | None = None
     # Encoder.from_pretrained's task: the per-task adapters merged at load (Jina-embeddings-v3 as the
@@ -86,8 +87,8 @@ class ServeSettings:
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.task is not None and not (isinstance(self.task, str) and self.task):
             raise ValueError(f"task must be None or a task name, got {self.task!r}")
-        if not isinstance(self.batch_invariant, bool):
-            raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
+        if not (isinstance(self.batch_invariant, bool) or self.batch_invariant == "auto"):
+            raise ValueError(f'batch_invariant must be "auto", True or False, got {self.batch_invariant!r}')
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
 

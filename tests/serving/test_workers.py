@@ -272,3 +272,24 @@ def test_a_ping_the_engine_never_answers_is_false_and_leaves_nothing_waiting(tmp
 
     answered, left = asyncio.run(main())
     assert answered is False and left == {}
+
+
+def test_the_fronts_listening_socket_has_tcp_nodelay():
+    # uvicorn binds the fronts' shared socket with protocol 0, where asyncio sets no TCP_NODELAY:
+    # a response's body would wait on the client's delayed ACK. Accepted connections inherit it.
+    import uvicorn
+
+    from ftbert.serving.server import nodelay_listening_sockets
+
+    config = uvicorn.Config(lambda *a: None, host="127.0.0.1", port=0)
+    with nodelay_listening_sockets(uvicorn.Config):
+        listener = config.bind_socket()
+    try:
+        listener.listen()
+        with socket.create_connection(listener.getsockname()):
+            accepted, _ = listener.accept()
+            with accepted:
+                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        listener.close()
+    assert uvicorn.Config.bind_socket is not None and "nodelay" not in uvicorn.Config.bind_socket.__qualname__

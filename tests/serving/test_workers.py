@@ -5,6 +5,7 @@ an engine killed mid-service answers 503 at once and is replaced; SIGTERM ends i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -252,7 +253,6 @@ def test_uvicorn_gives_a_busy_front_a_minute_before_killing_it(monkeypatch):
 
 def test_a_ping_the_engine_never_answers_is_false_and_leaves_nothing_waiting(tmp_path):
     # An engine that accepts the connection but never replies (hung): /health's ping gives up.
-    import asyncio
 
     from ftbert.serving.engine import RemoteBatcher
 
@@ -293,3 +293,166 @@ def test_the_fronts_listening_socket_has_tcp_nodelay():
     finally:
         listener.close()
     assert uvicorn.Config.bind_socket is not None and "nodelay" not in uvicorn.Config.bind_socket.__qualname__
+
+
+class _Transport:
+    """What FrameProtocol writes, write by write."""
+
+    def __init__(self):
+        self.writes, self.closed = [], False
+
+    def write(self, data):
+        self.writes.append(bytes(data))
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+
+def _random_message(rng, i):
+    n = int(rng.integers(0, 4))
+    return {"op": "job", "id": i, "text": "ç" * int(rng.integers(0, 5)),
+            "rows": [[k, rng.integers(0, 1000, int(rng.integers(0, 9))).astype(np.int32), None, 0.5] for k in range(n)],
+            "values": rng.standard_normal((int(rng.integers(0, 3)), 3)).astype(np.float32)}
+
+
+def _assert_same_message(got, want):
+    assert got["op"] == want["op"] and got["id"] == want["id"] and got["text"] == want["text"]
+    assert len(got["rows"]) == len(want["rows"])
+    for g, w in zip(got["rows"], want["rows"]):
+        assert g[0] == w[0] and g[2:] == w[2:] and g[1].dtype == w[1].dtype and np.array_equal(g[1], w[1])
+    assert got["values"].dtype == want["values"].dtype and np.array_equal(got["values"], want["values"])
+
+
+def test_frames_sent_in_one_turn_leave_in_one_write_and_read_back_across_any_split():
+    from ftbert.serving.engine import FrameProtocol
+
+    rng = np.random.default_rng(int(np.random.default_rng().integers(1 << 30)))
+    sent = [_random_message(rng, i) for i in range(int(rng.integers(5, 40)))]
+
+    async def main():
+        out = FrameProtocol(on_frame=None)
+        out.connection_made(transport := _Transport())
+        for msg in sent:
+            out.send(msg)
+        assert transport.writes == []  # not yet: at the end of this turn of the loop
+        await asyncio.sleep(0)
+        assert len(transport.writes) == 1
+        data = transport.writes[0]
+        got = []
+        back = FrameProtocol(on_frame=got.append)
+        back.connection_made(_Transport())
+        # Cut anywhere: inside a length, inside a frame, several frames in one read.
+        cuts = np.sort(rng.choice(np.arange(1, len(data)), size=min(len(data) - 1, 25), replace=False))
+        for piece in np.split(np.frombuffer(data, np.uint8), cuts):
+            back.data_received(piece.tobytes())
+        assert len(back._buffer) == 0
+        return got
+
+    got = asyncio.run(main())
+    assert len(got) == len(sent)
+    for g, w in zip(got, sent):
+        _assert_same_message(g, w)
+        assert all(row[1].flags.writeable for row in g["rows"])
+
+
+class _FakeBatcher:
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, job):
+        fut = asyncio.get_running_loop().create_future()
+        self.jobs.append((job, fut))
+        return fut
+
+
+class _FakeService:
+    def __init__(self):
+        from ftbert.serving.metrics import Metrics
+
+        self.metrics = Metrics()
+        self.batcher = _FakeBatcher()
+
+    def info(self):
+        return {"routes": []}
+
+
+def _requests_counted(text: str) -> float:
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("ftbert_requests_total{"))
+
+
+def test_metrics_count_every_front_s_finished_requests_without_waiting_for_their_batches(tmp_path):
+    # Fronts send finished requests to the engine in batches; a /metrics read on any front makes
+    # every front send what it holds first, so it counts every request answered before it.
+    from ftbert.serving.engine import RemoteBatcher, _Connection, _Engine
+
+    rng = np.random.default_rng()
+    counts = [int(rng.integers(1, 40)) for _ in range(3)]
+
+    async def main():
+        engine = _Engine(_FakeService())
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(lambda: _Connection(engine), path=str(tmp_path / "s"))
+        async with server:
+            fronts = [RemoteBatcher(str(tmp_path / "s"), tokenize=None) for _ in counts]
+            for front, n in zip(fronts, counts):
+                front.OBSERVED_FLUSH_S = 3600  # only a /metrics read sends them
+                await front.connect()
+                for _ in range(n):
+                    front.observe("/v1/embeddings", 200, float(rng.random()), 1)
+            texts = [await front.metrics_text() for front in fronts]
+            for front in fronts:
+                front.observe("/v1/rerank", 200, 0.01, 2)
+            closing = fronts.pop()
+            await closing.close()  # a front that stops sends what it holds
+            await asyncio.sleep(0.2)
+            texts.append(await fronts[0].metrics_text())
+            for front in fronts:
+                await front.close()
+            return texts
+
+    texts = asyncio.run(main())
+    assert [_requests_counted(t) for t in texts] == [sum(counts)] * 3 + [sum(counts) + 3]
+
+
+def test_the_engine_answers_cancels_and_drops_jobs_by_callback(tmp_path):
+    from ftbert.serving.batcher import Job, JobResult, QueueFull
+    from ftbert.serving.engine import RemoteBatcher, _Connection, _Engine
+
+    async def main():
+        service = _FakeService()
+        engine = _Engine(service)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(lambda: _Connection(engine), path=str(tmp_path / "s"))
+        async with server:
+            rows = [[0, np.arange(3, dtype=np.int32), None, None]]
+            front = RemoteBatcher(str(tmp_path / "s"), tokenize=lambda job: rows)
+            tasks = [loop.create_task(front.submit(Job("embed", "text", [f"t{i}"]))) for i in range(3)]
+            while len(service.batcher.jobs) < 3:
+                await asyncio.sleep(0.01)
+            (j0, f0), (j1, f1), (j2, f2) = service.batcher.jobs
+            assert np.array_equal(j0.tokenized[0][1], np.arange(3))
+            values = np.random.default_rng().standard_normal((1, 4)).astype(np.float32)
+            f0.set_result(JobResult(values, 3))
+            f1.set_exception(QueueFull("full"))
+            got = await tasks[0]
+            assert np.array_equal(got.values, values) and got.tokens == 3
+            with pytest.raises(QueueFull, match="full"):
+                await tasks[1]
+            tasks[2].cancel()  # the client went away: the engine's future is cancelled
+            while not f2.cancelled():
+                await asyncio.sleep(0.01)
+            assert not engine.in_flight
+            # A front that goes away cancels its jobs in flight.
+            task = loop.create_task(front.submit(Job("embed", "text", ["x"])))
+            while len(service.batcher.jobs) < 4:
+                await asyncio.sleep(0.01)
+            await front.close()
+            while not service.batcher.jobs[3][1].cancelled():
+                await asyncio.sleep(0.01)
+            task.cancel()
+            return True
+
+    assert asyncio.run(main())

@@ -10,13 +10,17 @@ front processes (HTTP, validation, JSON), one port.
                     come back
 
 The fronts and the engine speak length-prefixed frames over a Unix socket in a private folder
-(asyncio streams on both sides: no thread per connection, no dependency beyond the standard
+(an asyncio Protocol on both sides: no thread per connection, no dependency beyond the standard
 library and numpy): JSON, with numpy arrays (token ids, result rows) as raw bytes after it. Nothing
-is unpickled, so a frame can only ever be data. A front sends {"op": "job", "id", "job": Job's
-arguments, "tokenized": its rows}; the engine answers
-{"id", "values", "tokens"} or {"id", "error": (kind, fields)}; {"op": "cancel", "id"} drops a job
-whose client went away; {"op": "request", ...} records a finished request in the engine's metrics
-(so /metrics counts every front's requests); {"op": "metrics", "id"} returns the metrics' text.
+is unpickled, so a frame can only ever be data. Each side decodes every complete frame of a read at
+once and writes the frames of one event-loop turn in one write. A front sends {"op": "job", "id",
+"job": Job's arguments, "tokenized": its rows}; the engine answers {"id", "values", "tokens"} or
+{"id", "error": (kind, fields)} from the job's future's done-callback (no task per job);
+{"op": "cancel", "id"} drops a job whose client went away; {"op": "observed", "observed": [...]}
+records finished requests in the engine's metrics (so /metrics counts every front's requests), sent
+in batches (every 50 ms at most); {"op": "metrics", "id"} returns the metrics' text once the engine
+has asked every other front for the requests it holds ({"op": "flush", "id"} to the front, which
+answers {"op": "observed", ..., "flushed": id}), so the text counts every request answered before.
 
 If the engine process dies, the jobs in flight answer 503 at once, /health answers 503, and the main
 process starts a new engine; the fronts connect to it on their next request.
@@ -53,6 +57,10 @@ FRONT_ENV = "FTBERT_SERVE_FRONT"
 def encode(obj) -> bytes:
     """`obj` (JSON values and numpy arrays) as bytes: the JSON's length and text, then each
     array's length and raw bytes, which the JSON names by index. Tuples come back as lists."""
+    return b"".join(_encode_parts(obj))
+
+
+def _encode_parts(obj) -> list[bytes]:
     blobs: list[bytes] = []
 
     def array(o):
@@ -67,39 +75,97 @@ def encode(obj) -> bytes:
     parts = [_HEADER.pack(len(text)), text]
     for b in blobs:
         parts += [_HEADER.pack(len(b)), b]
-    return b"".join(parts)
+    return parts
 
 
-def decode(data: bytes):
-    (n,) = _HEADER.unpack_from(data, 0)
-    text, at, blobs = data[4:4 + n], 4 + n, []
-    while at < len(data):
+def decode(data, start: int = 0, end: int | None = None):
+    """The object `encode` gave, from data[start:end] (bytes or a bytearray: arrays are copied
+    out of it once, straight into their own memory)."""
+    end = len(data) if end is None else end
+    (n,) = _HEADER.unpack_from(data, start)
+    text, at, blobs = data[start + 4:start + 4 + n], start + 4 + n, []
+    while at < end:
         (size,) = _HEADER.unpack_from(data, at)
-        blobs.append(data[at + 4:at + 4 + size])
+        blobs.append((at + 4, size))
         at += 4 + size
+    if not blobs:
+        return json.loads(text)
 
     def hook(d: dict):
         spec = d.get("__array__")
         if spec is None or len(d) != 1:
             return d
         dtype, shape, index = spec
-        return np.frombuffer(blobs[index], dtype=np.dtype(dtype)).reshape(shape).copy()
+        offset, size = blobs[index]
+        dtype = np.dtype(dtype)
+        return np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize, offset=offset).reshape(shape).copy()
 
     return json.loads(text, object_hook=hook)
 
 
-async def read_frame(reader: asyncio.StreamReader):
-    """The next object on the stream; None once the other side has closed it."""
-    try:
-        header = await reader.readexactly(_HEADER.size)
-        return decode(await reader.readexactly(_HEADER.unpack(header)[0]))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
+def frame(obj) -> list[bytes]:
+    """`obj` as one frame on the socket: its encoding's length, then the encoding (as parts)."""
+    parts = _encode_parts(obj)
+    return [_HEADER.pack(sum(map(len, parts)))] + parts
 
 
-def write_frame(writer: asyncio.StreamWriter, obj) -> None:
-    data = encode(obj)
-    writer.write(_HEADER.pack(len(data)) + data)
+class FrameProtocol(asyncio.Protocol):
+    """One end of the socket. Reading: every complete frame in what has arrived is decoded and
+    handed to `on_frame` at once (a frame may span reads, a read may hold many frames). Writing:
+    frames sent during one turn of the event loop leave in one write at its end, so that a batch's
+    replies, or a burst of jobs, cost one system call rather than one each."""
+
+    def __init__(self, on_frame, on_lost=None):
+        self._on_frame, self._on_lost = on_frame, on_lost
+        self._buffer = bytearray()
+        self._outbox: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self._outbox.clear()
+        if self._on_lost is not None:
+            self._on_lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buffer
+        buf += data
+        at, end = 0, len(buf)
+        try:
+            while end - at >= 4:
+                (size,) = _HEADER.unpack_from(buf, at)
+                if end - at - 4 < size:
+                    break
+                msg = decode(buf, at + 4, at + 4 + size)
+                at += 4 + size
+                self._on_frame(msg)
+        finally:
+            del buf[:at]
+
+    def send(self, obj) -> None:
+        """Queues `obj` for this turn's write (dropped if the connection has closed)."""
+        if not self._outbox:
+            self._loop.call_soon(self.flush)
+        self._outbox += frame(obj)
+
+    def flush(self) -> None:
+        if self._outbox:
+            data = b"".join(self._outbox)
+            self._outbox.clear()
+            if not self.closing:
+                self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
 
 
 # ---- errors across the socket -----------------------------------------------------------------
@@ -172,6 +238,122 @@ def run_engine(settings: ServeSettings, socket_path: str, control) -> None:
               file=sys.stderr, flush=True)
 
 
+class _Connection(FrameProtocol):
+    """The engine's end of one front's connection."""
+
+    def __init__(self, engine: "_Engine"):
+        super().__init__(self._on_message, self._on_closed)
+        self._engine = engine
+        self._running: dict[int, asyncio.Future] = {}  # job id -> the batcher's future
+        self._flushes: dict[int, asyncio.Future] = {}  # asked the front for its observations
+        self._next_flush = 0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._engine.connections.add(self)
+        self.send({"id": 0, "info": self._engine.service.info()})  # a restarted engine's own facts
+
+    def _on_message(self, msg: dict) -> None:
+        op = msg["op"]
+        if op == "job":
+            self._submit(msg)
+        elif op == "cancel":
+            fut = self._running.get(msg["id"])
+            if fut is not None:
+                fut.cancel()  # the batcher drops its inputs not yet forwarded
+        elif op == "observed":  # finished requests, in the engine's metrics (every front's count)
+            on_request = self._engine.service.metrics.on_request
+            for observed in msg["observed"]:
+                on_request(*observed)
+            waiter = self._flushes.pop(msg.get("flushed"), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        elif op == "metrics":
+            self._engine.answer_metrics(self, msg["id"])
+        elif op == "ping":
+            self.send({"id": msg["id"]})
+
+    def _submit(self, msg: dict) -> None:
+        key = msg["id"]
+        try:
+            job = Job(**msg["job"])
+            job.tokenized = msg["tokenized"]
+            fut = self._engine.service.batcher.submit(job)
+        except Exception as e:  # noqa: BLE001 - refused at once: answered as the batcher's error
+            self.send({"id": key, "error": error_fields(e)})
+            return
+        self._running[key] = fut
+        self._engine.in_flight.add(fut)
+        # A callback, not a task per job: the reply is written where the future resolves.
+        fut.add_done_callback(lambda f: self._reply(key, f))
+
+    def _reply(self, key: int, fut: asyncio.Future) -> None:
+        self._running.pop(key, None)
+        self._engine.in_flight.discard(fut)
+        if fut.cancelled():
+            return  # the front dropped it: nobody waits for an answer
+        error = fut.exception()
+        if isinstance(error, asyncio.CancelledError):
+            return  # (the batcher's word for a job dropped unforwarded)
+        self.send({"id": key, "error": error_fields(error)} if error is not None
+                  else {"id": key, "values": fut.result().values, "tokens": fut.result().tokens})
+
+    def ask_flush(self) -> asyncio.Future:
+        """Asks the front for the requests it has finished and not yet reported; resolves when it
+        has sent them (or is gone)."""
+        self._next_flush += 1
+        waiter = self._loop.create_future()
+        self._flushes[self._next_flush] = waiter
+        self.send({"op": "flush", "id": self._next_flush})
+        return waiter
+
+    def _on_closed(self, _) -> None:
+        self._engine.connections.discard(self)
+        # The front went away: its jobs in flight have nobody to answer.
+        for fut in list(self._running.values()):
+            fut.cancel()
+        for waiter in self._flushes.values():
+            if not waiter.done():
+                waiter.set_result(None)
+        self._flushes.clear()
+
+
+class _Engine:
+    # How long /metrics waits for the other fronts' unreported requests (a hung front's are left out).
+    FLUSH_WAIT_S = 2.0
+
+    def __init__(self, service):
+        self.service = service
+        self.connections: set[_Connection] = set()
+        self.in_flight: set[asyncio.Future] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    def answer_metrics(self, asker: _Connection, key: int) -> None:
+        """The metrics' text, once every other front has reported the requests it finished (the
+        asking front sent its own before asking): /metrics counts every request answered before it."""
+        waits = [c.ask_flush() for c in self.connections if c is not asker]
+
+        async def answer() -> None:
+            if waits:
+                await asyncio.wait(waits, timeout=self.FLUSH_WAIT_S)
+            asker.send({"id": key, "text": self.service.metrics.render().decode()})
+
+        task = asyncio.get_running_loop().create_task(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout_s: float = 10.0) -> None:
+        """Every job in flight answered and its reply handed to the socket."""
+        while self.in_flight:
+            await asyncio.wait(list(self.in_flight))
+        await asyncio.sleep(0)  # the replies' callbacks, then their writes
+        deadline = time.monotonic() + timeout_s
+        for c in list(self.connections):
+            c.flush()
+            while not c.closing and c.transport.get_write_buffer_size() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+
 async def _serve(service, socket_path: str, control) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -181,54 +363,8 @@ async def _serve(service, socket_path: str, control) -> None:
         stop.set()
 
     loop.add_reader(control.fileno(), on_control)
-    jobs: set[asyncio.Task] = set()
-
-    async def run_job(msg: dict, writer, running: dict) -> None:
-        try:
-            job = Job(**msg["job"])
-            job.tokenized = msg["tokenized"]
-            fut = service.batcher.submit(job)
-        except Exception as e:  # noqa: BLE001 - refused at once: answered as the batcher's error
-            write_frame(writer, {"id": msg["id"], "error": error_fields(e)})
-            return
-        running[msg["id"]] = fut
-        try:
-            res = await fut
-            reply = {"id": msg["id"], "values": res.values, "tokens": res.tokens}
-        except asyncio.CancelledError:
-            return  # the front dropped it: nobody waits for an answer
-        except Exception as e:  # noqa: BLE001
-            reply = {"id": msg["id"], "error": error_fields(e)}
-        finally:
-            running.pop(msg["id"], None)
-        if not writer.is_closing():
-            write_frame(writer, reply)
-
-    async def connection(reader, writer) -> None:
-        write_frame(writer, {"id": 0, "info": service.info()})  # a restarted engine's own facts
-        running: dict[int, asyncio.Future] = {}
-        while (msg := await read_frame(reader)) is not None:
-            op = msg["op"]
-            if op == "job":
-                task = loop.create_task(run_job(msg, writer, running))
-                jobs.add(task)
-                task.add_done_callback(jobs.discard)
-            elif op == "cancel":
-                fut = running.get(msg["id"])
-                if fut is not None:
-                    fut.cancel()  # the batcher drops its inputs not yet forwarded
-            elif op == "request":
-                service.metrics.on_request(*msg["observed"])
-            elif op == "metrics":
-                write_frame(writer, {"id": msg["id"], "text": service.metrics.render().decode()})
-            elif op == "ping":
-                write_frame(writer, {"id": msg["id"]})
-        # The front went away: its jobs in flight have nobody to answer.
-        for fut in list(running.values()):
-            fut.cancel()
-        writer.close()
-
-    server = await asyncio.start_unix_server(connection, path=socket_path)
+    engine = _Engine(service)
+    server = await loop.create_unix_server(lambda: _Connection(engine), path=socket_path)
     os.chmod(socket_path, 0o600)
     control.send_bytes(encode(["ready", describe(service)]))
     async with server:
@@ -236,8 +372,9 @@ async def _serve(service, socket_path: str, control) -> None:
         server.close()
         # The fronts have finished their requests before the main process stops the engine; what
         # is still in flight is answered before the batcher closes.
-        if jobs:
-            await asyncio.wait(list(jobs))
+        await engine.drain()
+        for c in list(engine.connections):
+            c.close()
 
 
 # ---- the front process's view of the engine ---------------------------------------------------
@@ -249,60 +386,78 @@ class RemoteBatcher:
     """Batcher.submit's contract over the engine's socket: a future per job that resolves to its
     JobResult or raises the error the job ended with."""
 
+    # Finished requests wait this long at most before they go to the engine's metrics in one frame
+    # (or until OBSERVED_BATCH of them wait); /metrics asks every front for its own first.
+    OBSERVED_FLUSH_S = 0.05
+    OBSERVED_BATCH = 512
+
     def __init__(self, socket_path: str, tokenize, on_info=None):
         self.socket_path = socket_path
         self._tokenize = tokenize  # a job's rows (JobTokenizer.tokenize), run in a thread
         self._on_info = on_info  # called with the engine's info as each connection opens
         self._reconnect_task: asyncio.Task | None = None
         self._detached = False
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._conn: FrameProtocol | None = None
         self._pending: dict[int, tuple[Job, asyncio.Future]] = {}
         self._replies: dict[int, asyncio.Future] = {}  # metrics texts and pings
+        self._observed: list = []  # finished requests not yet sent to the engine
+        self._observed_timer: asyncio.TimerHandle | None = None
         self._next_id = 0
         self._connecting: asyncio.Lock | None = None
         self.closing = False  # /health: the engine is not reachable (or the front is stopping)
         self.accepted = self.finished = 0
 
     async def connect(self) -> None:
-        if self._writer is not None and not self._writer.is_closing():
+        if self._conn is not None and not self._conn.closing:
             return  # connected: every request passes here
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._writer is not None and not self._writer.is_closing():
+            if self._conn is not None and not self._conn.closing:
                 return
+            loop = asyncio.get_running_loop()
             try:
-                reader, self._writer = await asyncio.open_unix_connection(self.socket_path)
+                _, conn = await loop.create_unix_connection(lambda: FrameProtocol(self._on_frame, self._on_lost),
+                                                            self.socket_path)
             except OSError as e:
                 self.closing = True
                 raise EngineGone(f"the engine process is not running ({e.strerror or e})") from None
+            if conn.closing:  # lost already (on_lost ignored it: not ours yet)
+                self.closing = True
+                raise EngineGone("the engine process closed the connection")
             self.closing = False
-            self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+            self._conn = conn
 
-    async def _read(self, reader) -> None:
-        while (msg := await read_frame(reader)) is not None:
-            if msg["id"] == 0:
-                if self._on_info is not None:
-                    self._on_info(msg["info"])
-                continue
-            waiter = self._replies.pop(msg["id"], None)
-            if waiter is not None:
-                if not waiter.done():
-                    waiter.set_result(msg.get("text"))
-                continue
-            job, fut = self._pending.pop(msg["id"], (None, None))
-            if fut is None or fut.done():
-                continue
-            self.finished += 1
-            if "error" in msg:
-                fut.set_exception(error_from_fields(msg["error"]))
-            else:
-                job.tokens = msg["tokens"]
-                fut.set_result(JobResult(msg["values"], msg["tokens"]))
+    def _on_frame(self, msg: dict) -> None:
+        key = msg["id"]
+        if key == 0:
+            if self._on_info is not None:
+                self._on_info(msg["info"])
+            return
+        if msg.get("op") == "flush":  # the engine renders /metrics: our finished requests first
+            self._send_observed(flushed=key)
+            return
+        waiter = self._replies.pop(key, None)
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(msg.get("text"))
+            return
+        job, fut = self._pending.pop(key, (None, None))
+        if fut is None or fut.done():
+            return
+        self.finished += 1
+        if "error" in msg:
+            fut.set_exception(error_from_fields(msg["error"]))
+        else:
+            job.tokens = msg["tokens"]
+            fut.set_result(JobResult(msg["values"], msg["tokens"]))
+
+    def _on_lost(self, conn: FrameProtocol) -> None:
+        if conn is not self._conn:
+            return  # a connection given up on before it was ours
         # The engine is gone: every job in flight answers now, never hangs.
         self.closing = True
-        self._writer = None
+        self._conn = None
         gone = EngineGone("the engine process stopped; it is being restarted")
         for _, fut in self._pending.values():
             if not fut.done():
@@ -323,9 +478,9 @@ class RemoteBatcher:
                 await asyncio.sleep(every_s)
 
     def _send(self, obj) -> None:
-        if self._writer is None or self._writer.is_closing():
+        if self._conn is None or self._conn.closing:
             raise EngineGone("the engine process stopped; it is being restarted")
-        write_frame(self._writer, obj)
+        self._conn.send(obj)
 
     async def submit(self, job: Job) -> JobResult:
         """Tokenizes `job` here (front processes tokenize in parallel; a too long or empty input is
@@ -352,9 +507,28 @@ class RemoteBatcher:
             raise
 
     def observe(self, *observed) -> None:
-        """A finished request, counted in the engine's metrics (dropped while it is unreachable)."""
+        """A finished request, for the engine's metrics: sent with others within OBSERVED_FLUSH_S,
+        or when the engine asks (dropped while it is unreachable)."""
+        self._observed.append(observed)
+        if len(self._observed) >= self.OBSERVED_BATCH:
+            self._send_observed()
+        elif self._observed_timer is None:
+            self._observed_timer = asyncio.get_running_loop().call_later(self.OBSERVED_FLUSH_S, self._send_observed)
+
+    def _send_observed(self, flushed: int | None = None) -> None:
+        """Sends the finished requests not yet reported; `flushed`: the engine's flush request
+        this answers (answered even with none)."""
+        if self._observed_timer is not None:
+            self._observed_timer.cancel()
+            self._observed_timer = None
+        observed, self._observed = self._observed, []
+        if not observed and flushed is None:
+            return
+        msg = {"op": "observed", "observed": observed}
+        if flushed is not None:
+            msg["flushed"] = flushed
         with contextlib.suppress(EngineGone):
-            self._send({"op": "request", "observed": observed})
+            self._send(msg)
 
     async def _ask(self, op: str):
         """Sends `op` and waits for the engine's reply to it (EngineGone if the engine goes)."""
@@ -370,6 +544,8 @@ class RemoteBatcher:
             self._replies.pop(key, None)
 
     async def metrics_text(self) -> str:
+        await self.connect()
+        self._send_observed()  # ours first, on the same connection: counted before the text is made
         return await self._ask("metrics")
 
     async def ping(self, timeout_s: float = 5.0) -> bool:
@@ -384,14 +560,14 @@ class RemoteBatcher:
         return True
 
     async def close(self) -> None:
+        self._send_observed()  # the last requests this front answered still count
         self._detached = self.closing = True
-        if self._writer is not None:
-            self._writer.close()
-        for task in (self._reader_task, self._reconnect_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        if self._conn is not None:
+            self._conn.close()
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnect_task
 
 
 class _RemoteMetrics:

@@ -286,3 +286,40 @@ def test_long_texts_settings_are_checked(embedder):
     b, _ = _batcher(embedder, long_texts="chunk", chunk_overlap=10_000)
     with pytest.raises(ValueError, match="chunk_overlap 10000 must be less than a window's"):
         b.start()
+
+
+def test_jobs_tokenized_elsewhere_skip_the_tokenizer_and_answer_as_the_others(embedder, rng):
+    # Jobs that come tokenized (a front process of --workers did it with the batcher's own rules)
+    # go straight to the forward queue; they mix with jobs the batcher tokenizes, count against
+    # the queue, fail on the same limits, and closing answers every one of them.
+    from ftbert.serving.batcher import JobTokenizer
+
+    b, (enc,) = _batcher(embedder, max_batch_size=5, max_wait_ms=2, long_texts="chunk", chunk_overlap=4)
+    b.start()
+    front = JobTokenizer(enc.tokenizer, b.settings, b.limits, threading.Lock)
+    long_text = " ".join(random_texts(rng, 40))
+    texts = [random_texts(rng, int(rng.integers(1, 4))) + ([long_text] if rng.random() < 0.3 else [])
+             for _ in range(40)]
+    tokenized = [rng.random() < 0.6 for _ in texts]
+
+    async def main():
+        futs = []
+        for t, pre in zip(texts, tokenized):
+            job = Job(EMBED, TEXT, t)
+            if pre:
+                job.tokenized = front.tokenize(job)
+            futs.append(b.submit(job))
+        too_long = Job(EMBED, IDS, [[5] * 70], truncate=False)
+        too_long.tokenized = [(0, np.full(70, 5, np.int32), None, None)]
+        futs.append(b.submit(too_long))
+        closer = threading.Thread(target=b.close)
+        closer.start()
+        results = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), 120)
+        closer.join()
+        return results
+
+    *results, refused = asyncio.run(main())
+    assert isinstance(refused, InputTooLong) and refused.tokens == 70
+    for t, res in zip(texts, results):
+        np.testing.assert_allclose(res.values, enc.encode(t, long_texts="chunk", chunk_overlap=4), rtol=0, atol=TOL)
+    assert b.accepted == b.finished == len(texts) + 1 and b.queue_depth == 0

@@ -7,7 +7,9 @@
 
 The path of a request (a *job*: its inputs are texts, text pairs or token-id lists):
 1. `submit` (event loop) counts its inputs against `max_queue` (over it: QueueFull, the server's
-   429) and hands the job to the tokenizer thread. Nothing heavier runs on the event loop.
+   429) and hands the job to the tokenizer thread. Nothing heavier runs on the event loop. A job
+   that comes tokenized (`Job.tokenized`: a front process of `ftbert serve --workers` ran
+   JobTokenizer) is checked against the limits and queued for the forward threads right there.
 2. The tokenizer thread takes every job waiting, tokenizes each kind of input in one tokenizer call
    (the Rust tokenizer spreads a batch call over the cores), applies the length limit (truncate, or
    fail the job with InputTooLong; or, under long_texts "chunk", cut each text to embed into
@@ -412,16 +414,43 @@ class Batcher:
             if job.kind == SCORE and not width:
                 raise ValueError("score jobs need an encoder with a sequence-classification head")
             job._out = np.empty((len(job), width), dtype=np.float32)
+        if job.tokenized is not None:
+            return self._submit_tokenized(job)
         with self._lock:
-            if self._closing:
-                raise ShuttingDown("the server is shutting down")
-            if self._waiting + len(job) > self.settings.max_queue:
-                raise QueueFull(f"the queue holds {self._waiting} inputs; {len(job)} more would pass "
-                                f"its limit of {self.settings.max_queue}")
-            self._waiting += len(job)
-            self.accepted += 1
+            self._accept(job)
             # Put under the lock: close() puts the end marker under it too, so no job lands after it.
             self._jobs.put(job)
+        return job._future
+
+    def _accept(self, job: Job) -> None:
+        """Counts the job in, or raises ShuttingDown or QueueFull (holding _lock)."""
+        if self._closing:
+            raise ShuttingDown("the server is shutting down")
+        if self._waiting + len(job) > self.settings.max_queue:
+            raise QueueFull(f"the queue holds {self._waiting} inputs; {len(job)} more would pass "
+                            f"its limit of {self.settings.max_queue}")
+        self._waiting += len(job)
+        self.accepted += 1
+
+    def _submit_tokenized(self, job: Job) -> asyncio.Future:
+        """A job a front process tokenized goes straight to the forward queue: handing it to the
+        tokenizer thread, which has nothing to do for it, would cost a thread wake-up per job."""
+        t = self.tokenizer
+        error = t.check_lengths(job.how, job.tokenized, t.truncates(job) or t.chunks(job))
+        seqs = [] if error is not None else self._queued(job, job.tokenized, time.perf_counter())
+        # _cond before _lock, as the forward threads take them; the queue is filled under _cond
+        # with _closing checked: the tokenizer thread ends (close()) only after, so the forward
+        # threads see these inputs before they stop.
+        with self._cond:
+            with self._lock:
+                self._accept(job)
+                if error is None:
+                    self._waiting += len(seqs) - len(job)  # windows of chunked texts
+            if error is None:
+                self._queue.extend(seqs)
+                self._cond.notify()
+        if error is not None:
+            self._fail_unqueued(job, error)
         return job._future
 
     # ---- the tokenizer thread ----------------------------------------------------------------
@@ -469,9 +498,6 @@ class Batcher:
         for j in jobs:
             if j.cancelled:
                 continue
-            if j.tokenized is not None:  # tokenized by a front process already
-                tokenized[id(j)] = j.tokenized
-                continue
             groups.setdefault((j.how, t.truncates(j), j.truncation_side, t.chunks(j)), []).append(j)
         for (how, truncate, side, chunk), group in groups.items():
             try:
@@ -496,15 +522,21 @@ class Batcher:
             if error is not None:
                 self._fail_unqueued(job, error)
                 continue
-            job.tokens = sum(len(ids) for _, ids, _, _ in seqs)
-            if t.chunks(job):  # windows: each is a row to write and an input queued
-                job._chunks = (np.zeros((len(job), self.hidden_size)), np.zeros(len(job)))
-                job._remaining = len(seqs)
+            queued = self._queued(job, seqs, now)
+            if len(queued) != len(job):  # windows: each is a row to write and an input queued
                 with self._lock:
-                    self._waiting += len(seqs) - len(job)
-            out.extend(_Seq(job, slot, ids, types, now, weight, _unattended_from(job, slot, len(ids)))
-                       for slot, ids, types, weight in seqs)
+                    self._waiting += len(queued) - len(job)
+            out.extend(queued)
         return out
+
+    def _queued(self, job: Job, seqs: list, now: float) -> list[_Seq]:
+        """A tokenized job's forward-queue entries (its rows [(slot, ids, types, weight)])."""
+        job.tokens = sum(len(ids) for _, ids, _, _ in seqs)
+        if self.tokenizer.chunks(job):  # windows: each is a row to write and an input queued
+            job._chunks = (np.zeros((len(job), self.hidden_size)), np.zeros(len(job)))
+            job._remaining = len(seqs)
+        return [_Seq(job, slot, ids, types, now, weight, _unattended_from(job, slot, len(ids)))
+                for slot, ids, types, weight in seqs]
 
     # ---- the forward threads -----------------------------------------------------------------
     def _forward_loop(self, enc: "Encoder") -> None:

@@ -27,8 +27,8 @@ The path of a request (a *job*: its inputs are texts, text pairs or token-id lis
    projection (`Encoder.sparse_from_packed`, `multivector_from_packed`), theirs only.
 4. Each row is written into its job's result at the input's own index (a window's pooled row is
    added into its text's, weighted by the tokens it holds, and the sum divided and normalized
-   with the last); the thread that writes a job's last row resolves the job's asyncio future
-   through `loop.call_soon_threadsafe`.
+   with the last); the thread that writes a job's last row resolves the job's asyncio future,
+   the jobs a forward finishes together in one `loop.call_soon_threadsafe`.
 
 A job's inputs may be split over several forwards (and forward threads); a forward may hold inputs
 of many jobs. An error in a forward (the device out of memory, a CUDA or engine error) fails the
@@ -654,28 +654,34 @@ class Batcher:
         forward_s = time.perf_counter() - t0
         if self.metrics is not None:
             self.metrics.on_batch(len(batch), tokens, t0 - min(s.arrived for s in batch), forward_s)
-        for i, s in enumerate(batch):
-            job = s.job
-            if job._settled:  # failed in another forward meanwhile
-                continue
-            if job.kind in OUTPUT_HEADS:
-                job._out[s.slot] = rows[i]
-            elif s.weight is None:
-                job._out[s.slot] = (emb if job.normalize else raw)[at[i]] if job.kind == EMBED else logits[at[i]]
-            with self._lock:
-                if s.weight is not None:  # a window: into its text's weighted sum
-                    job._chunks[0][s.slot] += raw[at[i]] * s.weight
-                    job._chunks[1][s.slot] += s.weight
-                job._remaining -= 1
-                last = job._remaining == 0
-            if last:
-                if job._chunks is not None:
-                    job._out[:] = _combine_windows(*job._chunks, job.normalize)
-                finite = _finite_rows(job)
-                if finite.all():
-                    self._settle(job, JobResult(job._out, job.tokens), None)
-                else:
-                    self._settle(job, None, NonFiniteOutput(int(np.argmin(finite))))
+        # The batch's jobs are resolved together, one wake-up of each event loop per forward rather
+        # than one per job (posted in `finally`: a job marked settled is never left unresolved).
+        settled: list = []
+        try:
+            for i, s in enumerate(batch):
+                job = s.job
+                if job._settled:  # failed in another forward meanwhile
+                    continue
+                if job.kind in OUTPUT_HEADS:
+                    job._out[s.slot] = rows[i]
+                elif s.weight is None:
+                    job._out[s.slot] = (emb if job.normalize else raw)[at[i]] if job.kind == EMBED else logits[at[i]]
+                with self._lock:
+                    if s.weight is not None:  # a window: into its text's weighted sum
+                        job._chunks[0][s.slot] += raw[at[i]] * s.weight
+                        job._chunks[1][s.slot] += s.weight
+                    job._remaining -= 1
+                    last = job._remaining == 0
+                if last:
+                    if job._chunks is not None:
+                        job._out[:] = _combine_windows(*job._chunks, job.normalize)
+                    finite = _finite_rows(job)
+                    if finite.all():
+                        self._settle(job, JobResult(job._out, job.tokens), None, settled)
+                    else:
+                        self._settle(job, None, NonFiniteOutput(int(np.argmin(finite))), settled)
+        finally:
+            self._resolve(settled)
 
     def _drop(self, seq: _Seq) -> None:
         """A queued input of a cancelled or failed job, taken out unforwarded (holding _cond)."""
@@ -695,27 +701,41 @@ class Batcher:
         job.cancelled = True
         self._settle(job, None, error)
 
-    def _settle(self, job: Job, result: JobResult | None, error: BaseException | None) -> None:
-        """Resolves the job's future on its loop, once: later calls for the same job do nothing."""
+    def _settle(self, job: Job, result: JobResult | None, error: BaseException | None,
+                settled: list | None = None) -> None:
+        """Resolves the job's future on its loop, once: later calls for the same job do nothing.
+        With `settled`, the resolution is added to it, for `_resolve` to post with others."""
         with self._lock:
             if job._settled:
                 return
             job._settled = True
             self.finished += 1
-        fut, loop = job._future, job._loop
+        if settled is None:
+            self._resolve([(job, result, error)])
+        else:
+            settled.append((job, result, error))
 
-        def resolve():
-            if fut.done():  # cancelled by the caller meanwhile
-                return
-            if error is None:
-                fut.set_result(result)
-            else:
-                fut.set_exception(error)
+    @staticmethod
+    def _resolve(settled: list) -> None:
+        """Sets the jobs' futures, one call_soon_threadsafe per event loop."""
+        by_loop: dict = {}
+        for job, result, error in settled:
+            by_loop.setdefault(job._loop, []).append((job._future, result, error))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_set_futures, items)
+            except RuntimeError:  # the loop has closed: nobody waits for these jobs any more
+                pass
 
-        try:
-            loop.call_soon_threadsafe(resolve)
-        except RuntimeError:  # the loop has closed: nobody waits for this job any more
-            pass
+
+def _set_futures(items: list) -> None:
+    for fut, result, error in items:
+        if fut.done():  # cancelled by the caller meanwhile
+            continue
+        if error is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(error)
 
 
 def _mark_cancelled(job: Job) -> Callable[[asyncio.Future], None]:

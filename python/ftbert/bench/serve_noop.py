@@ -56,8 +56,13 @@ def main(argv=None) -> int:
     if args.dim < 1 or args.workers < 1:
         p.error("--dim and --workers must be at least 1")
     os.environ[_ENV] = str(args.dim)  # the workers are spawned: they read it from the environment
-    uvicorn.run("ftbert.bench.serve_noop:build_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers, log_level="warning")
+    from ..serving.server import nodelay_listening_sockets
+
+    # As ftbert serve --workers: without it, uvicorn's shared socket leaves Nagle's algorithm on
+    # and every response waits for the client's delayed ACK, which would lower the ceiling.
+    with nodelay_listening_sockets(uvicorn.Config):
+        uvicorn.run("ftbert.bench.serve_noop:build_app", factory=True, host=args.host, port=args.port,
+                    workers=args.workers, log_level="warning")
     return 0
 
 

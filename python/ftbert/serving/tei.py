@@ -37,12 +37,13 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from ..encoder import ColbertInputTooLong, colbert_inputs_for
 from ..weights_tools.layout import usable_seq_length
 from .batcher import EMBED, IDS, MULTIVECTOR, PAIR, SCORE, SPARSE, TEXT, Job
+from .jsonrows import float_rows
 
 
 class _TeiRequest(BaseModel):
@@ -185,7 +186,7 @@ def register_tei_routes(app: FastAPI) -> None:
             values = values[:, : body.dimensions]
             if body.normalize:
                 values = values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
-        return JSONResponse(values.astype(np.float32).tolist())
+        return Response("[" + ",".join(float_rows(values)) + "]", media_type="application/json")
 
     async def per_token_job(svc, request: Request, route: str, kind: str, what: str, texts: list[str],
                             prompt_name: str | None, **options):

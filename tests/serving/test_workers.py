@@ -456,3 +456,54 @@ def test_the_engine_answers_cancels_and_drops_jobs_by_callback(tmp_path):
             return True
 
     assert asyncio.run(main())
+
+
+def test_small_jobs_are_tokenized_on_the_loop_and_the_rest_in_a_thread(embedder, rng):
+    # A front tokenizes a small job on its event loop (cheaper than the hand-off to a thread), with
+    # the same rows and errors as the thread's; a large job, or one that finds the tokenizer busy,
+    # goes to a thread (None here).
+    import threading
+
+    from tests._vocab import random_texts
+
+    from ftbert.serving.batcher import Job, JobTokenizer
+    from ftbert.serving.engine import INLINE_TOKENIZE_CHARS, RemoteService
+    from ftbert.serving.settings import ServeSettings
+    from ftbert.tokenization import load_transformers_tokenizer
+
+    svc = RemoteService.__new__(RemoteService)  # its tokenizer only: no engine behind it
+    svc._tokenizer_lock = threading.RLock()
+    svc._tokenizer = load_transformers_tokenizer(embedder)
+    svc._job_tokenizer = JobTokenizer(svc._tokenizer, ServeSettings(model=str(embedder)),
+                                      {"text": 48, "pair": 48, "ids": 48}, lambda: svc._tokenizer_lock)
+
+    def same(a, b):
+        return len(a) == len(b) and all(x[0] == y[0] and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+
+    texts = random_texts(rng, int(rng.integers(1, 6)), max_words=12)
+    pairs = [[a, b] for a, b in zip(random_texts(rng, 3, max_words=8), random_texts(rng, 3, max_words=8))]
+    for job in (Job("embed", "text", texts), Job("score", "pair", pairs), Job("embed", "ids", [[5, 6, 7]])):
+        now = svc._tokenize_now(job)
+        assert now is not None and same(now, svc._job_tokenizer.tokenize(job)), job.how
+    assert svc._tokenize_now(Job("embed", "text", ["a" * (INLINE_TOKENIZE_CHARS + 1)])) is None
+    assert svc._tokenize_now(Job("embed", "text", ["word"] * (INLINE_TOKENIZE_CHARS // 4 + 1))) is None
+    words = " ".join(random_texts(rng, 1, max_words=1) * 80)  # 80 tokens at least, under 2,048 characters
+    too_long = Job("embed", "text", [words[:INLINE_TOKENIZE_CHARS]], truncate=False)
+    with pytest.raises(InputTooLong):
+        svc._tokenize_now(too_long)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with svc._tokenizer_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        assert svc._tokenize_now(Job("embed", "text", texts)) is None  # busy: a thread waits, not the loop
+    finally:
+        release.set()
+        holder.join()
+    assert svc._tokenize_now(Job("embed", "text", texts)) is not None

@@ -341,10 +341,12 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k
   DeviceScope scope(device_);
   if (batch_invariant_) {
     // Plain 16-bit products of the weights' layout (heads, projections) on the fixed algorithm of
-    // weight_gemm's; any other (float32, transposed or strided operands) on the ordered kernel,
-    // which sums each element over k in order at any shape.
+    // weight_gemm's; any other (float32, transposed or strided operands, rows of other widths than
+    // invariant_kernels_take's) on the ordered kernel, which sums each element over k in order at
+    // any shape.
     if (!trans_a && !trans_b && alpha == 1.0f && beta == 0.0f && k > 0 && lda == k && ldb == n &&
-        ldc == n && (dt == DType::kFloat16 || dt == DType::kBFloat16)) {
+        ldc == n && (dt == DType::kFloat16 || dt == DType::kBFloat16) &&
+        invariant_kernels_take(n, k)) {
       run_invariant_gemm({dt, m, n, k, a, b, nullptr, c, Activation::kIdentity});
       return;
     }

@@ -223,6 +223,10 @@ class CudaBackend : public Backend {
   // whose bits equal it (measure_gemm with key.invariant).
   const GemmPick& invariant_gemm_pick(const WeightGemm& g);
   void run_invariant_gemm(const WeightGemm& g);
+  // Whether a 16-bit product of n outputs over k goes to those kernels: rows of 16-byte multiples,
+  // which cuBLASLt's and CUTLASS's kernels need. Other shapes (a head of 1 or 9 labels) run on the
+  // ordered kernel: a choice by the shape alone, so the same at every row count.
+  static bool invariant_kernels_take(int n, int k) { return n % 8 == 0 && k % 8 == 0; }
   // Whether `pick` may ever give other bits than the reference: cuBLAS's own choice (its kernel
   // changes with the row count), and cuBLASLt algorithms that split k or take a workspace.
   bool may_split_k(const GemmPick& pick) const;

@@ -179,6 +179,20 @@ def test_float32_and_the_unfused_attention_hold_it_too(model, dtype, attention):
                      examples=12)
 
 
+@pytest.mark.parametrize("kind,labels", [("cls", 1), ("token", 1), ("token", 9), ("cls", 5)])
+def test_heads_of_any_width(tmp_path, kind, labels):
+    # A reranker's single score or a tagger's 9 labels: rows narrower than 16 bytes, which the
+    # invariant GEMM kernels refuse, run on the ordered kernel.
+    make_model(tmp_path, "bert", kind, hidden=128, heads=2, layers=2, vocab=VOCAB, num_labels=labels, seed=8)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", batch_invariant=True)
+    check_invariance(enc, kind, 0, left_ok=False, first_token_always=True, examples=6)
+    plain = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float32", batch_invariant=False)
+    ids, mask, _ = make_batch(23, 5, 31, 2, False, [23, 4, 31, 17, 1], 3, np.arange(3, 26), 0)
+    got, want = enc(ids, mask).logits, plain(ids, mask).logits
+    rows = mask.astype(bool) if kind == "token" else slice(None)
+    np.testing.assert_allclose(got[rows].astype(np.float32), want[rows], rtol=2e-2, atol=2e-2)
+
+
 def test_switching_it_on_and_off(tmp_path):
     make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=5)
     enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", batch_invariant=True)

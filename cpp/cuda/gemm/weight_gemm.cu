@@ -608,7 +608,8 @@ void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int 
                               const void* w, void* c, int ldc, const void* bias, Activation act) {
   const bool choosable = (dt == DType::kFloat16 || dt == DType::kBFloat16) && lda == k &&
                          ldc == n && m > 0 && n > 0 && k > 0 &&
-                         (bias == nullptr || covered_epilogue(true, act));
+                         (bias == nullptr || covered_epilogue(true, act)) &&
+                         (!batch_invariant_ || invariant_kernels_take(n, k));
   if (!choosable) {
     Backend::weight_gemm(dt, m, n, k, a, lda, w, c, ldc, bias, act);
     return;

@@ -155,7 +155,7 @@ class Encoder:
         padding_free="auto",
         input_check: str = "async",
         warmup: bool | None = None,
-        batch_invariant=False,
+        batch_invariant="auto",
         quantization: str | None = None,
         task: str | None = None,
     ) -> "Encoder":
@@ -173,9 +173,9 @@ class Encoder:
         input_check: "async" or "sync", how the values of CUDA tensors are checked (see
         `Encoder.input_check`). warmup: run `warm_up()` before returning, so that the first calls
         do not pay the process's one-time costs; None (the default) warms a GPU encoder and not a
-        CPU one, unless FTBERT_WARMUP says "1" or "0" for every load. batch_invariant: False (the
-        default), True or "auto": each sequence's outputs the same bits whatever it is batched with;
-        "auto" turns it on where it runs on the fast kernels (see `Encoder.batch_invariant`).
+        CPU one, unless FTBERT_WARMUP says "1" or "0" for every load. batch_invariant: "auto"
+        (the default), True or False: each sequence's outputs the same bits whatever it is batched
+        with; "auto" turns it on where it runs on the fast kernels (see `Encoder.batch_invariant`).
         quantization: None, or "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
         per output channel and int8 activations per token (see `Encoder.quantization`).
         task: for a HuggingFace checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the hub
@@ -378,7 +378,7 @@ class Encoder:
         """Whether each sequence's outputs are bit-identical whatever it is batched with: the other
         sequences, its padding (amount and side), its place in the batch, padded or packed input,
         CUDA graphs, the thread and stream, and between processes on the same device and build.
-        Set False (the default), True or "auto"; this reads what forwards do now.
+        Set "auto" (the default of from_pretrained), True or False; this reads what forwards do now.
 
         "auto" turns it on where it runs on the fast kernels: a GPU encoder in float16 or bfloat16
         whose attention is not "unfused", whose `padding_free` is not False and whose model has no

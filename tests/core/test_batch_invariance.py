@@ -58,8 +58,8 @@ def test_batch_invariant_runs_packed_and_stays_invariant(model, dtype):
 
 
 def test_the_setting_takes_auto_true_or_false(tmp_path):
-    # The CPU's kernels are invariant either way: off by default, and "auto" leaves the switch off
-    # here, so batches keep padding_free's choice; True packs every batch. Anything else is refused.
+    # The CPU's kernels are invariant either way: "auto", the default, leaves the switch off here, so
+    # batches keep padding_free's choice; True packs every batch. Anything else is refused.
     make_invariance_model(tmp_path, "bert", "cls", hidden=48, heads=3, seed=5)
     enc = ftbert.Encoder.from_pretrained(tmp_path)
     assert enc.batch_invariant is False

@@ -209,14 +209,14 @@ def test_switching_it_on_and_off(tmp_path):
 def test_auto_turns_it_on_where_the_fast_kernels_keep_it(tmp_path):
     # "auto": on for float16/bfloat16 with the fused attention and padding_free not False; off for
     # float32, the unfused attention, padding_free=False and DeBERTa's term tables (ordered kernels,
-    # or padded forwards asked for). It follows later changes; True and False stay. Off by default.
+    # or padded forwards asked for). It follows later changes; True and False stay. It is the default.
     bert, deberta = tmp_path / "bert", tmp_path / "deberta"
     make_model(bert, "bert", "cls", hidden=128, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=5)
     make_invariance_model(deberta, "deberta-v2", "cls", hidden=64, heads=2, seed=7)
     for dtype in ("float16", "bfloat16"):
-        assert ftbert.Encoder.from_pretrained(bert, device="cuda", dtype=dtype).batch_invariant is False
+        assert ftbert.Encoder.from_pretrained(bert, device="cuda", dtype=dtype).batch_invariant is True
         assert ftbert.Encoder.from_pretrained(bert, device="cuda", dtype=dtype,
-                                              batch_invariant="auto").batch_invariant is True
+                                              batch_invariant=False).batch_invariant is False
     off = [dict(dtype="float32"), dict(dtype="float16", attention="unfused"),
            dict(dtype="float16", padding_free=False)]
     for kwargs in off:

@@ -71,7 +71,7 @@ def test_batch_invariant_flag_reaches_the_settings():
     def setting(*argv):
         return settings_from_args(build_parser().parse_args(list(argv))).batch_invariant
 
-    assert setting() is False and setting("--batch-invariant", "off") is False
+    assert setting() == "auto" and setting("--batch-invariant", "off") is False
     assert setting("--batch-invariant") is True and setting("--batch-invariant", "on") is True
     assert setting("--batch-invariant", "auto") == "auto"
     with pytest.raises(SystemExit):

@@ -49,10 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="int8 weight GEMMs on the CPU, float32 around them (see Encoder.quantization)")
     p.add_argument("--task", help="for a checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the "
                    "hub holds it): the task whose adapters are merged at load")
-    p.add_argument("--batch-invariant", nargs="?", const="on", default="off", choices=["off", "on", "auto"],
-                   help="each input's result the same bits whatever it is batched with: off (the default), on "
-                        "(--batch-invariant alone) or auto (where the fast kernels keep it; see "
-                        "Encoder.batch_invariant)")
+    p.add_argument("--batch-invariant", nargs="?", const="on", default="auto", choices=["off", "on", "auto"],
+                   help="each input's result the same bits whatever it is batched with: auto (the default: "
+                        "where the fast kernels keep it; see Encoder.batch_invariant), on (--batch-invariant "
+                        "alone) or off")
     b = p.add_argument_group("dynamic batching")
     b.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
                    help="tokens per forward, counted as sequences x longest (default %(default)s)")

@@ -23,9 +23,9 @@ class ServeSettings:
     # shape is recorded at its second forward, up to 32 kept: whether replaying beats the recording
     # churn depends on the traffic, hence the switch.
     cuda_graphs: bool = True
-    # Encoder.batch_invariant (False, True, "auto"): an input's result never depends on what else
+    # Encoder.batch_invariant ("auto", True, False): an input's result never depends on what else
     # was in its batch; "auto" where the fast kernels keep it.
-    batch_invariant: bool | str = False
+    batch_invariant: bool | str = "auto"
     # Encoder.quantization: None, or "int8" (CPU devices, float32).
     quantization: str | None = None
     # Encoder.from_pretrained's task: the per-task adapters merged at load (Jina-embeddings-v3 as the

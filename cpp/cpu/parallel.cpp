@@ -40,6 +40,12 @@ bool poll_for(Ready ready) {
   }
 }
 
+// A job's chunks are claimed through one word: its generation (high 32 bits), its chunk count
+// (next 16) and its next unclaimed chunk (low 16). Claiming is a compare-exchange on the whole
+// word, so a thread that wakes after its job has ended claims nothing and never touches the job;
+// the caller waits for the claimed chunks to be done, never for threads that took none. Waking a
+// core that has idled for a while can take milliseconds (a VM's halted vCPU), which a forward
+// would otherwise pay at every op until the worker is up.
 class Pool {
  public:
   explicit Pool(int threads) {
@@ -59,68 +65,80 @@ class Pool {
   bool run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
     std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
-    const int64_t chunks = std::min<int64_t>(n, 4 * size());  // a few per thread, for balance
+    // Many chunks a thread, so that one slow to wake holds little of the job.
+    const int64_t chunks = std::min<int64_t>({n, 16 * size(), kMaxChunks});
     {
-      // Published under the mutex (for sleeping workers) and by the generation's release (for
-      // polling ones): a worker that sees the new generation sees the job.
+      // Published under the mutex (for sleeping workers) and by the word's release (for polling
+      // ones): a claim of this generation's chunk sees the job.
       std::lock_guard<std::mutex> lock(mutex_);
       fn_ = &fn;
       n_ = n;
-      chunks_ = chunks;
-      next_.store(0);
-      pending_.store(static_cast<int>(workers_.size()));
-      generation_.fetch_add(1, std::memory_order_release);
+      done_.store(0, std::memory_order_relaxed);
+      const uint64_t generation = (next_.load(std::memory_order_relaxed) >> 32) + 1;
+      next_.store(generation << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
     }
     wake_.notify_all();
     run_chunks();
-    if (!poll_for([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    const auto finished = [&] { return done_.load(std::memory_order_acquire) == chunks; };
+    if (!poll_for(finished)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      finished_.wait(lock, finished);
     }
     fn_ = nullptr;
     return true;
   }
 
  private:
+  static constexpr int64_t kMaxChunks = 0xffff;
+
+  // Claims and runs the current job's chunks until none is left.
   void run_chunks() {
-    for (int64_t c; (c = next_.fetch_add(1)) < chunks_;) {
-      const int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
-      (*fn_)(begin, end);
+    uint64_t word = next_.load(std::memory_order_acquire);
+    for (;;) {
+      const int64_t chunk = static_cast<int64_t>(word & 0xffff);
+      const int64_t chunks = static_cast<int64_t>(word >> 16 & 0xffff);
+      if (chunk >= chunks) return;
+      if (!next_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        continue;  // word now holds the current value
+      }
+      // The job cannot end before this chunk is done, so its fields are this job's.
+      (*fn_)(n_ * chunk / chunks, n_ * (chunk + 1) / chunks);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+        // Under the mutex: the caller is then either before its check or asleep in wait().
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.notify_one();
+      }
+      word = next_.load(std::memory_order_acquire);
     }
   }
 
   void work_loop() {
-    uint64_t seen = 0;
+    uint64_t seen = 0;  // the generation last looked at
     for (;;) {
       const auto fresh = [&] {
         return stop_.load(std::memory_order_acquire) ||
-               generation_.load(std::memory_order_acquire) != seen;
+               next_.load(std::memory_order_acquire) >> 32 != seen;
       };
       if (!poll_for(fresh)) {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, fresh);
       }
       if (stop_.load(std::memory_order_acquire)) return;
-      seen = generation_.load(std::memory_order_acquire);
+      seen = next_.load(std::memory_order_acquire) >> 32;
       run_chunks();
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        // Under the mutex: the caller is then either before its check or asleep in wait().
-        std::lock_guard<std::mutex> lock(mutex_);
-        done_.notify_one();
-      }
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one job at a time
   std::mutex mutex_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_, finished_;
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> next_{0};   // generation | chunk count | next chunk, as above
+  std::atomic<int64_t> done_{0};    // the current job's chunks done
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0, chunks_ = 0;
-  std::atomic<int64_t> next_{0};
+  int64_t n_ = 0;
 };
 
 int configured_threads() {

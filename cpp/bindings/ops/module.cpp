@@ -2,7 +2,11 @@
 // benchmarks. Kept out of ftbert._C so that the production module only converts.
 #include "bindings/bindings.h"
 
+#include <atomic>
+#include <vector>
+
 #include "cpu/isa.h"
+#include "cpu/parallel.h"
 #include "ftbert/backend.h"
 
 PYBIND11_MODULE(_ops, m) {
@@ -15,6 +19,24 @@ PYBIND11_MODULE(_ops, m) {
         "erf-GELU in the epilogue), which runs on compute capability 9.0 devices.");
   m.def("cpu_isa", [] { return ftbert::cpu::isa_name(ftbert::cpu::isa()); },
         "The instruction set the CPU kernels run with (FTBERT_CPU_ISA caps it).");
+  m.def(
+      "cpu_parallel_cover",
+      [](int64_t n, int64_t work) {
+        std::vector<std::atomic<int32_t>> seen(static_cast<size_t>(std::max<int64_t>(n, 0)));
+        {
+          pybind11::gil_scoped_release release;  // so that Python threads call it at once
+          ftbert::cpu::parallel_for(n, work, [&](int64_t begin, int64_t end) {
+            for (int64_t i = begin; i < end; ++i) seen[i].fetch_add(1, std::memory_order_relaxed);
+          });
+        }
+        pybind11::array_t<int32_t> out(static_cast<pybind11::ssize_t>(seen.size()));
+        for (size_t i = 0; i < seen.size(); ++i) out.mutable_at(i) = seen[i].load();
+        return out;
+      },
+      pybind11::arg("n"), pybind11::arg("work"),
+      "How many times the CPU thread pool's parallel_for(n, work) called its function on each of "
+      "[0, n): ones when the chunks cover the range once.");
+  m.def("cpu_num_threads", &ftbert::cpu::num_threads, "The CPU thread pool's threads.");
   ftbert::bindings::register_op_runner(m);
   ftbert::bindings::register_pick_store(m);
 }

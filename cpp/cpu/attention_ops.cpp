@@ -215,11 +215,14 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
                                                       << " is shorter than the sequence "
                                                       << l.max_seq);
   const int B = l.batch, S = l.max_seq, H = heads * head_dim;
-  // bfloat16: the kernel reads float32 rows, so Q|K|V is widened once (every tile reads its keys
-  // again) and the output gathered in float32, then narrowed row by row.
-  const cpu::Floats in(dt, qkv, static_cast<int64_t>(l.rows) * 3 * H), bias(dt, qkv_bias, 3 * H);
-  std::vector<float> out_floats(dt == DType::kFloat32 ? 0 : static_cast<size_t>(l.rows) * H);
-  float* o = dt == DType::kFloat32 ? static_cast<float*>(out) : out_floats.data();
+  // bfloat16: the kernel reads the rows' bits, widening them as a tile gathers them, and rounds
+  // each output row once; no float32 copy of Q|K|V or of the output.
+  const bool bf16 = dt == DType::kBFloat16;
+  const cpu::Floats bias(dt, qkv_bias, 3 * H);
+  const auto* qkv16 = bf16 ? static_cast<const uint16_t*>(qkv) : nullptr;
+  auto* out16 = bf16 ? static_cast<uint16_t*>(out) : nullptr;
+  const float* in = bf16 ? nullptr : static_cast<const float*>(qkv);
+  float* o = bf16 ? nullptr : static_cast<float*>(out);
   // Per sequence: its query rows (all of them) and its key rows, in qkv's row numbering, and
   // (with a relative bias or a window) their positions in the padded row.
   std::vector<int32_t> queries, keys, query_pos, key_pos;
@@ -283,9 +286,17 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       const Tile& t = tiles[i];
       const int hd = t.h * head_dim;
       cpu::AttentionTile a;
-      a.q = in.data() + hd;
-      a.k = in.data() + H + hd;
-      a.v = in.data() + 2 * H + hd;
+      if (bf16) {
+        a.q16 = qkv16 + hd;
+        a.k16 = qkv16 + H + hd;
+        a.v16 = qkv16 + 2 * H + hd;
+        a.out16 = out16 + hd;
+      } else {
+        a.q = in + hd;
+        a.k = in + H + hd;
+        a.v = in + 2 * H + hd;
+        a.out = o + hd;
+      }
       a.ld = 3 * H;
       a.q_bias = bias.data() + hd;
       a.k_bias = bias.data() + H + hd;
@@ -296,7 +307,6 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       a.n_keys = static_cast<int>(k_begin[t.b + 1] - k_begin[t.b]);
       a.head_dim = head_dim;
       a.scale = scale;
-      a.out = o + hd;
       a.ldo = H;
       if (positions) {
         a.query_pos = query_pos.data() + t.q0;
@@ -319,14 +329,6 @@ void CpuBackend::flash_attention(DType dt, const void* qkv,  // [rows, 3H], bias
       kernel(a, scratch.data());
     }
   });
-  if (dt != DType::kFloat32) {  // the rows attention wrote: every query's (packed: no others)
-    const int64_t n = static_cast<int64_t>(queries.size());
-    cpu::parallel_for(n, n * H, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        cpu::store_row(dt, out, queries[i], H, o + queries[i] * int64_t{H});
-      }
-    });
-  }
 }
 
 }  // namespace ftbert

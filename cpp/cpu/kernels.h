@@ -45,6 +45,12 @@ struct AttentionTile {
   // With a bias, a window or the terms: positions in the padded row, ascending (as the rows are).
   const int32_t* query_pos = nullptr;  // [n_queries]
   const int32_t* key_pos = nullptr;    // [n_keys]
+  // bfloat16 rows (their bits) in place of q, k, v and out, where q16 is set: read widened
+  // (exactly) as the tile gathers them, each output row rounded once. The sums stay float32.
+  const uint16_t* q16 = nullptr;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
+  uint16_t* out16 = nullptr;
 };
 
 // The width of a packed weight panel (CpuBackend::upload_weight): W [k, n] is kept as ceil(n / 16)

@@ -390,7 +390,38 @@ inline void values_tile(const float* __restrict p, const float* __restrict vv, f
   }
 }
 
-void attention(const AttentionTile& t, float* scratch) {
+// A row element as float32: a float as it is, a bfloat16's bits widened (exact).
+inline float as_float(float x) { return x; }
+inline float as_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline vf load_row(const float* p) { return load(p); }
+inline vf load_row(const uint16_t* p) { return widen(load_h(p)); }
+
+// dst[c] = (x[c] + bias[c]) · mul for c < d.
+template <typename T>
+inline void biased_row(const T* __restrict x, const float* __restrict bias, float mul,
+                       float* __restrict dst, int d) {
+  int c = 0;
+  for (; c + W <= d; c += W) store(dst + c, (load_row(x + c) + load(bias + c)) * mul);
+  for (; c < d; ++c) dst[c] = (as_float(x[c]) + bias[c]) * mul;
+}
+
+// An output row from its float32 values: as they are, or rounded once to bfloat16.
+inline void store_out_row(const float* x, float* o, int d) {
+  for (int c = 0; c < d; ++c) o[c] = x[c];
+}
+inline void store_out_row(const float* x, uint16_t* o, int d) { narrow_bf16(x, o, d); }
+
+// The tile over rows of T (float, or bfloat16 bits): q, k, v and out are the tile's pointers of
+// that type.
+template <typename T>
+void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* tv, T* tout,
+                    float* scratch) {
   const int d = t.head_dim, dp = round_up(d, kPadD), nq = t.n_queries, nq4 = round_up(nq, 4);
   const int64_t ld = t.ld;
   const float scale = t.scale;
@@ -407,8 +438,8 @@ void attention(const AttentionTile& t, float* scratch) {
     for (int i = 0; i < nq4; ++i) {
       float* __restrict qi = q + i * d;
       if (i < nq) {
-        const float* __restrict src = t.q + static_cast<int64_t>(t.query_rows[i]) * ld;
-        for (int c = 0; c < d; ++c) qi[c] = (src[c] + qb[c]) * scale;
+        const T* __restrict src = tq + static_cast<int64_t>(t.query_rows[i]) * ld;
+        biased_row(src, qb, scale, qi, d);
       } else {
         for (int c = 0; c < d; ++c) qi[c] = 0.0f;
       }
@@ -433,10 +464,15 @@ void attention(const AttentionTile& t, float* scratch) {
         float* __restrict vrow = vv + j * dp;
         if (j < nk) {
           const int64_t row = static_cast<int64_t>(t.key_rows[kb + j]) * ld;
-          const float* __restrict kr = t.k + row;
-          const float* __restrict vr = t.v + row;
-          for (int c = 0; c < d; ++c) ktr[c * kKeyBlock + j] = kr[c] + kbias[c];
-          for (int c = 0; c < d; ++c) vrow[c] = vr[c] + vbias[c];
+          const T* __restrict kr = tk + row;
+          const T* __restrict vr = tv + row;
+          int c = 0;
+          for (; c + W <= d; c += W) {
+            const vf x = load_row(kr + c) + load(kbias + c);
+            for (int l = 0; l < W; ++l) ktr[(c + l) * kKeyBlock + j] = x[l];
+          }
+          for (; c < d; ++c) ktr[c * kKeyBlock + j] = as_float(kr[c]) + kbias[c];
+          biased_row(vr, vbias, 1.0f, vrow, d);
         } else {
           for (int c = 0; c < d; ++c) ktr[c * kKeyBlock + j] = 0.0f;
           for (int c = 0; c < d; ++c) vrow[c] = 0.0f;
@@ -520,10 +556,20 @@ void attention(const AttentionTile& t, float* scratch) {
     }
   }
   for (int i = 0; i < nq; ++i) {
-    float* o = t.out + static_cast<int64_t>(t.query_rows[i]) * t.ldo;
+    T* o = tout + static_cast<int64_t>(t.query_rows[i]) * t.ldo;
     // No keys at all: zeros, as the unfused path's all-masked softmax gives.
     const float inv = lrow[i] > 0.0f ? 1.0f / lrow[i] : 0.0f;
-    for (int c = 0; c < d; ++c) o[c] = acc[i * dp + c] * inv;
+    float* ai = acc + i * dp;
+    for (int c = 0; c < d; ++c) ai[c] *= inv;
+    store_out_row(ai, o, d);
+  }
+}
+
+void attention(const AttentionTile& t, float* scratch) {
+  if (t.q16 != nullptr) {
+    attention_rows<uint16_t>(t, t.q16, t.k16, t.v16, t.out16, scratch);
+  } else {
+    attention_rows<float>(t, t.q, t.k, t.v, t.out, scratch);
   }
 }
 

@@ -282,8 +282,10 @@ def test_bfloat16_within_twice_transformers_error(zoo, rng, variant, attention, 
                     reason=_C.cpu_dtype_unsupported_reason("bfloat16") or "runs")
 @pytest.mark.parametrize("kind", ["cls", "token"])
 def test_bfloat16_heads_within_twice_transformers_error(zoo, rng, kind):
+    # 16 sequences: over 4, the largest of a dozen errors drew ftbert 2.4x transformers' for one
+    # seed in 25, the two being alike over 64 (mean abs 1.8e-2 and 1.7e-2).
     m = zoo("v3", kind)
-    ids, mask, _ = make_inputs(rng, m, 4, 53, "right")
+    ids, mask, _ = make_inputs(rng, m, 16, 53, "right")
     _, want = reference(m.hf, ids, mask)
     _, theirs = reference(m.hf_bf16, ids, mask)
     got = m.encoder("auto", False, "bfloat16")(ids, mask).logits

@@ -143,4 +143,10 @@ std::vector<float> time_candidates(cudaStream_t stream,
 // never runs a kernel that was not clearly faster when measured.
 constexpr float kRuleMargin = 0.03f;
 
+// What a GEMM launched programmatically (CUTLASS's, launch.cuh) saves in a recorded forward over
+// one behind a full edge (cuBLAS's): it is scheduled while the kernel before it finishes. Timed
+// back to back the two classes look alike, so the tuner credits the first with this (ms); it
+// decides between GEMMs of a few microseconds and is noise beyond (docs/performance.md).
+constexpr float kProgrammaticEdgeMs = 0.002f;
+
 }  // namespace ftbert::cuda

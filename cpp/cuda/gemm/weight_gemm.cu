@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/launch.cuh"
 #include "ftbert/pick_store.h"
 #if FTBERT_GEMM_SM90
 #include "cuda/gemm/gemm_sm90.h"
@@ -27,8 +28,9 @@
 namespace ftbert::cuda {
 namespace {
 
-// The cache file's format and candidate set: a change to either makes older files foreign.
-constexpr int kGemmCacheFormat = 3;
+// The cache file's format, candidate set and how candidates are timed: a change to any makes
+// older files foreign.
+constexpr int kGemmCacheFormat = 4;
 
 constexpr const char* kCublasLtPrefix = "cublaslt:";  // + the heuristic's rank
 constexpr const char* kCublasLtNoWorkspacePrefix = "cublaslt-nows:";  // ranked, run with none
@@ -374,7 +376,15 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     runs.push_back([&, i] { return run_gemm(candidates[i], g); });
   }
-  const std::vector<float> ms = time_candidates(stream_, runs);
+  std::vector<float> ms = time_candidates(stream_, runs);
+  if (dependent_launch_enabled()) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const GemmKernel kernel = candidates[i].kernel;
+      if (kernel == GemmKernel::kCutlass || kernel == GemmKernel::kCutlassPlain) {
+        ms[i] -= kProgrammaticEdgeMs;
+      }
+    }
+  }
   // The rule's time: its kernel's, or cuBLAS's where its kernel cannot take the shape (run_gemm
   // then falls back to cuBLAS, candidate 0).
   float rule_ms = ms[0];
@@ -485,7 +495,8 @@ GemmCacheFile CudaBackend::gemm_cache_file() const {
   FTBERT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
   std::ostringstream id;
   // Everything a pick depends on: the GPU, the libraries whose kernels are candidates, the
-  // workspace they were given, and the candidate set (kGemmCacheFormat changes with it).
+  // workspace they were given, and the candidate set and its timing (kGemmCacheFormat changes
+  // with them).
   id << "gemm-picks " << kGemmCacheFormat << "; " << device_name_ << "; sm_"
      << compute_capability_major_ << minor << "; " << sm_count_ << " SMs; driver " << driver
      << "; CUDA runtime " << runtime << "; cuBLASLt " << cublasLtGetVersion() << "; CUTLASS "

@@ -19,6 +19,15 @@ os.environ.setdefault("FTBERT_CACHE_DIR", _CACHE)
 os.environ.setdefault("FTBERT_GEMM_TUNING", "inline")
 os.environ.setdefault("FTBERT_WARMUP", "0")
 
+# Under pytest-xdist, each worker takes its share of the cores for ftbert's and torch's thread
+# pools (at least 2, so the pool's own tests still run threads side by side): 14 workers with 16
+# threads each for both on a 16-core GPU machine kept the CPU at 100% and the GPU idle.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _SHARE = str(max(2, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("FTBERT_NUM_THREADS", _SHARE)
+    os.environ.setdefault("OMP_NUM_THREADS", _SHARE)
+
 # Fresh random inputs on every run; FTBERT_TEST_SEED=N replays a run (the header prints N).
 RUN_SEED = int(os.environ.get("FTBERT_TEST_SEED", np.random.SeedSequence().entropy % (2**31)))
 

@@ -112,6 +112,10 @@ struct Kernels {
                           float* low);
   // Which panel_gemm_s8 this is: "amx", "vnni", "avx2" or "portable".
   const char* s8_kernel;
+  // For benchmarks: `steps` rounds of 12 independent 512-bit bfloat16 dot products (vdpbf16ps, 64
+  // floating-point operations each) on registers only, what one thread's bfloat16 GEMM cannot
+  // beat; returns a value of the sums so that none is left out. Null without AVX512-BF16.
+  float (*bf16_dot_peak)(int64_t steps);
 };
 
 // Floats of scratch one attention tile needs (same for every instruction set).

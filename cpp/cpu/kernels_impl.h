@@ -1176,6 +1176,28 @@ void panel_gemm_bf16_amx(const uint16_t* a, int64_t lda, const uint16_t* panel, 
 }
 #endif
 
+#if defined(__AVX512BF16__)
+float bf16_dot_peak(int64_t steps) {
+  constexpr int kChains = 12;  // more than the instruction's latency in cycles: no chain waits
+  __m512 acc[kChains];
+  for (int r = 0; r < kChains; ++r) acc[r] = _mm512_setzero_ps();
+  __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // pairs of 1.0
+  const __m512bh y = (__m512bh)_mm512_set1_epi32(0x3a803a80);  // pairs of 2^-10
+  for (int64_t i = 0; i < steps; ++i) {
+#pragma GCC unroll 12
+    for (int r = 0; r < kChains; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], x, y);
+    __asm__ volatile("" : "+v"(x));  // x unknown to the compiler each round: no folding
+  }
+  float sum = 0.0f;
+  for (int r = 0; r < kChains; ++r) {
+    vf v;
+    __builtin_memcpy(&v, &acc[r], sizeof v);
+    sum += v[0];
+  }
+  return sum;
+}
+#endif
+
 // The bfloat16 weight GEMM: AMX-BF16 where the CPU has it and the OS lets this process use it
 // (FTBERT_CPU_AMX=0 leaves it out), else AVX512-BF16's dot product; null without either.
 decltype(Kernels::panel_gemm_bf16) bf16_kernel_for_cpu() {
@@ -1196,7 +1218,13 @@ const Kernels& table() {
   static const S8Kernel s8 = s8_kernel_for_cpu();
   static const Kernels k{bias_activation, sum3_layernorm, masked_softmax, attention, panel_gemm,
                          widen_bf16,      narrow_bf16,    bf16_kernel_for_cpu(), s8.gemm,
-                         quantize_row_u8, s8.name};
+                         quantize_row_u8, s8.name,
+#if defined(__AVX512BF16__)
+                         bf16_dot_peak
+#else
+                         nullptr
+#endif
+  };
   return k;
 }
 

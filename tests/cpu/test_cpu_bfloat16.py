@@ -205,3 +205,13 @@ def test_bfloat16_models_on_tile_sized_weights_stay_batch_invariant(tmp_path):
                intermediate=128)
     enc = ftbert.Encoder.from_pretrained(tmp_path, dtype="bfloat16")
     check_invariance(enc, "cls", 0, left_ok=False, first_token_always=False, examples=10)
+
+
+def test_bf16_dot_peak_gives_a_rate_and_refuses_nothing_to_run():
+    # The benchmarks' ceiling: a positive rate for one thread and for two; bad arguments refused.
+    for threads in (1, 2):
+        rate = _ops.cpu_bf16_dot_peak(threads, 1000)
+        assert math.isfinite(rate) and rate > 0
+    for threads, steps in ((0, 1000), (1, 0)):
+        with pytest.raises(ValueError, match="at least 1"):
+            _ops.cpu_bf16_dot_peak(threads, steps)

@@ -362,3 +362,18 @@ def test_cpu_attention_support_and_reasons(cpu, rng):
     qkv = rng.standard_normal((1, 3, 96)).astype(np.float32)
     with pytest.raises(RuntimeError, match="float32 and bfloat16 only, not float16"):
         cpu.flash_attention("float16", qkv, np.zeros(96, np.float32), np.ones((1, 3), np.int32), 1, 0.1)
+
+
+def test_bf16_dot_peak_names_the_instruction_set_it_lacks():
+    # Kernels capped below AVX512-BF16 (FTBERT_CPU_ISA) have no bfloat16 dot product to time.
+    import os
+    import subprocess
+    import sys
+
+    code = ("from ftbert import _ops\ntry:\n    _ops.cpu_bf16_dot_peak(1, 10)\n"
+            "except ValueError as e:\n    print('refused:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, FTBERT_CPU_ISA="avx2"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    isa = "avx2" if "avx2" in done.stdout else "baseline"  # the cap takes what the CPU has
+    assert f"refused: cpu_bf16_dot_peak: the CPU kernels run {isa}, without AVX512-BF16" in done.stdout

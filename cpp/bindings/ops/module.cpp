@@ -3,10 +3,14 @@
 #include "bindings/bindings.h"
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "cpu/isa.h"
+#include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "ftbert/check.h"
 #include "ftbert/backend.h"
 
 PYBIND11_MODULE(_ops, m) {
@@ -37,6 +41,27 @@ PYBIND11_MODULE(_ops, m) {
       "How many times the CPU thread pool's parallel_for(n, work) called its function on each of "
       "[0, n): ones when the chunks cover the range once.");
   m.def("cpu_num_threads", &ftbert::cpu::num_threads, "The CPU thread pool's threads.");
+  m.def(
+      "cpu_bf16_dot_peak",
+      [](int threads, int64_t steps) {
+        const auto peak = ftbert::cpu::kernels().bf16_dot_peak;
+        FTBERT_CHECK_INPUT(peak != nullptr, "cpu_bf16_dot_peak: the CPU kernels run "
+                                                << ftbert::cpu::isa_name(ftbert::cpu::isa())
+                                                << ", without AVX512-BF16");
+        FTBERT_CHECK_INPUT(threads >= 1 && steps >= 1,
+                           "cpu_bf16_dot_peak: threads and steps must be at least 1");
+        pybind11::gil_scoped_release release;
+        std::vector<std::thread> pool;
+        std::vector<float> sink(static_cast<size_t>(threads));
+        const auto start = std::chrono::steady_clock::now();
+        for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { sink[t] = peak(steps); });
+        for (std::thread& t : pool) t.join();
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return 12.0 * 64.0 * static_cast<double>(steps) * threads / s / 1e9;
+      },
+      pybind11::arg("threads"), pybind11::arg("steps"),
+      "GFLOP/s of `threads` threads each running `steps` rounds of 12 independent 512-bit "
+      "vdpbf16ps on registers (benchmarks: the bfloat16 GEMM's ceiling on this CPU).");
   ftbert::bindings::register_op_runner(m);
   ftbert::bindings::register_pick_store(m);
 }

@@ -77,3 +77,16 @@ def test_the_setting_takes_auto_true_or_false(tmp_path):
         with pytest.raises(TypeError, match='batch_invariant must be "auto", True or False'):
             enc.batch_invariant = bad
     assert enc.batch_invariant is False  # a refused value changes nothing
+
+
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+def test_int8_weights_keep_it(model, padding_free):
+    # quantization="int8": each row of activations is quantized with its own scale and the integer
+    # sums are exact, so the int8 GEMM is invariant as the float kernels are.
+    import warnings
+
+    (family, kind), path, pad = model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a CPU without an int8 dot product is warned about, not refused
+        enc = ftbert.Encoder.from_pretrained(path, quantization="int8", padding_free=padding_free)
+    check_invariance(enc, head_kind(kind), pad, left_ok=MODELS[(family, kind)], first_token_always=padding_free)

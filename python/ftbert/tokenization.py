@@ -47,6 +47,11 @@ class TextTokenizer:
         # ~20% of tokenizing a 250-word text (tokenizers 0.20 and later; the same ids).
         self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
+    @property
+    def backend(self):
+        """The `tokenizers.Tokenizer` itself (its truncation set at the loaded max_length)."""
+        return self._tok
+
     def __call__(self, texts, truncation=True, max_length=None, return_attention_mask=False) -> dict:
         if not truncation or max_length != self._max_length:
             raise ValueError("this tokenizer truncates at the length it was loaded for only")

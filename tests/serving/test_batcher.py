@@ -323,3 +323,45 @@ def test_jobs_tokenized_elsewhere_skip_the_tokenizer_and_answer_as_the_others(em
     for t, res in zip(texts, results):
         np.testing.assert_allclose(res.values, enc.encode(t, long_texts="chunk", chunk_overlap=4), rtol=0, atol=TOL)
     assert b.accepted == b.finished == len(texts) + 1 and b.queue_depth == 0
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, kind, side):
+    # Single texts go through the checkpoint's tokenizer.json directly (JobTokenizer's `fast`):
+    # the same rows as through transformers, cut at the limit from either side, in windows, and
+    # the same error for a text too long to run uncut, whatever truncation the call before set.
+    from ftbert.serving.batcher import JobTokenizer
+    from ftbert.tokenization import load_text_tokenizer, load_transformers_tokenizer
+    from tests._tokenizers import write_bpe_tokenizer, write_unigram_tokenizer, write_wordpiece_tokenizer
+
+    {"wordpiece": lambda: write_wordpiece_tokenizer(tmp_path, 200), "bpe": lambda: write_bpe_tokenizer(tmp_path, 150),
+     "unigram": lambda: write_unigram_tokenizer(tmp_path, 150)}[kind]()
+    limits = {TEXT: 24, PAIR: 24, IDS: 24}
+    fast = load_text_tokenizer(tmp_path, limits[TEXT])
+    assert fast is not None, "the tokenizer.json should give transformers' ids"
+    settings = ServeSettings(model=str(tmp_path), long_texts="chunk", chunk_overlap=3)
+    slow = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock)
+    quick = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock,
+                         fast=fast.backend)
+    long_text = " ".join(random_texts(rng, 12))
+    jobs = []
+    for _ in range(12):
+        texts = random_texts(rng, int(rng.integers(1, 4))) + ([long_text] if rng.random() < 0.5 else [])
+        jobs.append(Job(EMBED, TEXT, texts, truncation_side=side, long_texts="truncate"))
+        jobs.append(Job(EMBED, TEXT, texts, long_texts="chunk"))
+        jobs.append(Job(EMBED, TEXT, [long_text], truncate=False, long_texts="truncate"))
+    refused = 0
+    for job in jobs:
+        try:
+            want = slow.tokenize(job)
+        except InputTooLong as e:
+            with pytest.raises(InputTooLong, match=f"{e.tokens} tokens"):
+                quick.tokenize(job)
+            refused += 1
+            continue
+        got = quick.tokenize(job)
+        assert [(s, w) for s, _, _, w in got] == [(s, w) for s, _, _, w in want]
+        assert all(np.array_equal(g[1], w[1]) and g[1].dtype == np.int32 for g, w in zip(got, want))
+        assert all(t is None or not t.any() for _, _, t, _ in want)  # single texts: type 0 throughout
+    assert refused == 12  # every uncut long text, between calls that cut

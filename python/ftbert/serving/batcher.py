@@ -55,6 +55,7 @@ from ..cross_encoder import _truncation_length
 from ..encoder import MULTIVECTOR, OUTPUT_HEADS, SPARSE, keep_top_k
 from ..text import (chunk_windows, default_pooling, forward_packed_batch, pack_sequences, pool_packed,
                     special_tokens, tokenizer_lock)
+from ..tokenization import load_text_tokenizer
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -220,9 +221,17 @@ class JobTokenizer:
     (engine.py), whose jobs then reach the batcher tokenized. `lock()` guards the tokenizer (a
     context manager: the same tokenizer object is never called from two threads at once)."""
 
-    def __init__(self, tokenizer, settings: "ServeSettings", limits: dict[str, int], lock: Callable):
+    def __init__(self, tokenizer, settings: "ServeSettings", limits: dict[str, int], lock: Callable,
+                 fast=None):
         self._tok, self.settings, self.limits, self._lock = tokenizer, settings, limits, lock
         self._specials: tuple[list[int], list[int]] | None = None  # around a window (long_texts "chunk")
+        # `fast`: the checkpoint's tokenizer.json as a `tokenizers.Tokenizer` where it gives
+        # transformers' ids (tokenization.load_text_tokenizer), of this JobTokenizer's own (its
+        # truncation is set per call). Single texts go through it without transformers' wrapper
+        # and without offsets: a short text 22 against 32 us, a 250-word one 330 against 410.
+        self._fast = fast
+        self._fast_encode = None if fast is None else getattr(fast, "encode_batch_fast", fast.encode_batch)
+        self._fast_truncation: tuple | None = ()  # what is set on it: (max_length, side), None for none
 
     def tokenize(self, job: Job) -> list:
         """One job's rows [(slot, ids, types, weight)], checked against the limits; raises the
@@ -256,7 +265,10 @@ class JobTokenizer:
         prefix, suffix = self._specials
         flat = [x for job in group for x in job.inputs]
         with self._lock():
-            content = self._tok(flat, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+            if self._fast is not None:
+                content = self._fast_ids(flat, None, "right", special_tokens=False)
+            else:
+                content = self._tok(flat, add_special_tokens=False, return_attention_mask=False)["input_ids"]
         out, k = [], 0
         for job in group:
             rows = []
@@ -278,6 +290,14 @@ class JobTokenizer:
             return [[(slot, np.asarray(cut(ids) if truncate else ids, dtype=np.int32), None, None)
                      for slot, ids in enumerate(job.inputs)] for job in group]
         flat = [x for job in group for x in job.inputs]
+        if how == TEXT and self._fast is not None:
+            with self._lock():
+                ids = self._fast_ids(flat, limit if truncate else None, side)
+            out, k = [], 0
+            for job in group:  # single texts: type 0 throughout, as the IDS rows
+                out.append([(slot, np.asarray(ids[k + slot], dtype=np.int32), None, None) for slot in range(len(job))])
+                k += len(job)
+            return out
         opts = dict(return_attention_mask=False)
         if truncate:
             opts.update(truncation=True if how == TEXT else "longest_first", max_length=limit)
@@ -302,6 +322,18 @@ class JobTokenizer:
                         for slot in range(len(job))])
             k += len(job)
         return out
+
+    def _fast_ids(self, texts: list, max_length: int | None, side: str, special_tokens: bool = True) -> list:
+        """Single texts' ids through `fast`, cut at max_length from `side` (None: not cut). The
+        caller holds the lock: the truncation is the tokenizer's state."""
+        setting = None if max_length is None else (max_length, side)
+        if setting != self._fast_truncation:
+            if setting is None:
+                self._fast.no_truncation()
+            else:
+                self._fast.enable_truncation(max_length=max_length, direction=side)
+            self._fast_truncation = setting
+        return [e.ids for e in self._fast_encode(texts, add_special_tokens=special_tokens)]
 
     def check_lengths(self, how: str, seqs: list, truncate: bool) -> BatcherError | None:
         for slot, ids, _, _ in seqs:
@@ -356,7 +388,9 @@ class Batcher:
             IDS: min(model_limit, cap) if cap else model_limit,
             PAIR: min(pair_limit, cap) if cap else pair_limit,
         }
-        self.tokenizer = JobTokenizer(tok, self.settings, self.limits, lambda: tokenizer_lock(enc))
+        fast = load_text_tokenizer(enc.path, self.limits[TEXT])
+        self.tokenizer = JobTokenizer(tok, self.settings, self.limits, lambda: tokenizer_lock(enc),
+                                      fast=None if fast is None else fast.backend)
         for kind in OUTPUT_HEADS:
             reason = enc.unavailable_reason(kind)
             if reason is None:

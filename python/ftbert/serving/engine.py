@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from .batcher import (ForwardFailed, InputTooLong, Job, JobResult, JobTokenizer, NoTokens, NonFiniteOutput, PAIR,
-                      QueueFull, ShuttingDown)
+                      QueueFull, ShuttingDown, TEXT)
 from .settings import ServeSettings
 
 log = logging.getLogger("ftbert.serve")
@@ -627,11 +627,13 @@ class RemoteService:
         """The checkpoint's tokenizer, as the engine's encoder loads it (transformers')."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                from ..tokenization import load_transformers_tokenizer
+                from ..tokenization import load_text_tokenizer, load_transformers_tokenizer
 
                 self._tokenizer = load_transformers_tokenizer(self.path)
+                fast = load_text_tokenizer(self.path, self._limits[TEXT])
                 self._job_tokenizer = JobTokenizer(self._tokenizer, self.settings, self._limits,
-                                                   lambda: self._tokenizer_lock)
+                                                   lambda: self._tokenizer_lock,
+                                                   fast=None if fast is None else fast.backend)
 
     def _tokenize(self, job: Job) -> list:
         self._load_tokenizer()

@@ -10,8 +10,8 @@
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
-#include "ftbert/check.h"
 #include "ftbert/backend.h"
+#include "ftbert/check.h"
 
 PYBIND11_MODULE(_ops, m) {
   m.doc() = "ftbert engine (C++): op-level entry points for tests and benchmarks";

@@ -295,7 +295,8 @@ class JobTokenizer:
                 ids = self._fast_ids(flat, limit if truncate else None, side)
             out, k = [], 0
             for job in group:  # single texts: type 0 throughout, as the IDS rows
-                out.append([(slot, np.asarray(ids[k + slot], dtype=np.int32), None, None) for slot in range(len(job))])
+                out.append([(slot, np.asarray(ids[k + slot], dtype=np.int32), None, None)
+                            for slot in range(len(job))])
                 k += len(job)
             return out
         opts = dict(return_attention_mask=False)

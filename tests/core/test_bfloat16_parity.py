@@ -51,7 +51,11 @@ def test_error_within_twice_transformers_bfloat16(models, rng, attention, paddin
     assert np.isfinite(out.last_hidden_state).all()  # padded rows too
     e_ours = np.abs(out.last_hidden_state - ref_h)[valid].max()
     e_theirs = np.abs(theirs_h - ref_h)[valid].max()
-    assert e_ours <= 2 * e_theirs + 1e-3, f"ftbert {e_ours:.3e} vs transformers {e_theirs:.3e}"
+    # Over a single token both errors are a few roundings of its largest values, and their ratio
+    # is luck (past 2x in about 1 of 300 draws): there, three bfloat16 ulps (2^-7 relative) of the
+    # largest output value also pass.
+    floor = 3 * 2.0**-7 * np.abs(ref_h[valid]).max() if valid.sum() == 1 else 0.0
+    assert e_ours <= max(2 * e_theirs + 1e-3, floor), f"ftbert {e_ours:.3e} vs transformers {e_theirs:.3e}"
     p_ours, p_theirs = np.abs(out.pooler_output - ref_p).max(), np.abs(theirs_p - ref_p).max()
     assert p_ours <= 2 * p_theirs + 1e-3, f"pooler: ftbert {p_ours:.3e} vs transformers {p_theirs:.3e}"
 

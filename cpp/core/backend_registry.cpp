@@ -29,11 +29,16 @@ void Backend::flash_attention(DType dt, const void*, const void*, void*, const S
 Quantization quantization_from_string(const std::string& name) {
   if (name == "none") return Quantization::kNone;
   if (name == "int8") return Quantization::kInt8;
-  throw InputError("unknown quantization '" + name + "': expected 'none' or 'int8'");
+  if (name == "fp8") return Quantization::kFp8;
+  throw InputError("unknown quantization '" + name + "': expected 'none', 'int8' or 'fp8'");
 }
 
 const char* quantization_name(Quantization q) {
-  return q == Quantization::kInt8 ? "int8" : "none";
+  switch (q) {
+    case Quantization::kInt8: return "int8";
+    case Quantization::kFp8: return "fp8";
+    default: return "none";
+  }
 }
 
 void check_gemm_choice_mode(const std::string& mode) {

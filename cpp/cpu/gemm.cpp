@@ -269,6 +269,10 @@ void run_s8_panels(int m, int n, int k, const float* a, int64_t lda, const void*
 }  // namespace
 
 std::string CpuBackend::quantization_unsupported_reason(Quantization q, DType dt) const {
+  if (q == Quantization::kFp8) {
+    return "quantization 'fp8' runs on a GPU of compute capability 9.0 (Hopper) or later, not on "
+           "the CPU (quantization='int8' is the CPU's)";
+  }
   if (q == Quantization::kInt8 && dt != DType::kFloat32) {
     return std::string("quantization 'int8' runs float32 activations on the CPU (got dtype ") +
            dtype_name(dt) + "); load it with dtype='float32'";

@@ -123,6 +123,10 @@ def test_settings_it_refuses(tmp_path):
     r = _ops.OpRunner("cpu")
     with pytest.raises(ValueError, match="unknown quantization"):
         r.quantization = "fp4"
+    # fp8 is the GPU's: the CPU's op refuses it with the reason.
+    r.quantization = "fp8"
+    with pytest.raises(ValueError, match="not on the CPU"):
+        r.weight_gemm("float32", np.ones((2, 16), np.float32), np.ones((16, 16), np.float32))
 
 
 AVX2_CHECK = """

@@ -186,6 +186,8 @@ WeightGemmOperands weight_gemm_operands(OpRunner& r, const char* op, DType dt, c
   if (bias) {
     FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == o.n, op << ": bias must be [" << o.n << "]");
   }
+  const std::string why = r.backend().quantization_unsupported_reason(r.backend().quantization(), dt);
+  FTBERT_CHECK_INPUT(why.empty(), op << ": " << why);
   std::vector<unsigned char> host(static_cast<size_t>(w.size()) * dtype_size(dt));
   convert_host(w.data(), DType::kFloat32, host.data(), dt, w.size());
   o.w = DeviceBuffer(&r.backend(), r.backend().weight_bytes(dt, o.k, o.n));

@@ -112,10 +112,12 @@ inline const char* attention_kind_name(AttentionKind k) {
   return k == AttentionKind::kFlash ? "flash" : "unfused";
 }
 
-// Weights a backend keeps quantized, weight_gemm running on them: none, or "int8" (per output
-// channel int8 weights; each GEMM's activations quantized per row; exact int32 sums).
-enum class Quantization : int { kNone = 0, kInt8 = 1 };
-Quantization quantization_from_string(const std::string& name);  // "none" or "int8"
+// Weights a backend keeps quantized, weight_gemm running on them: none, "int8" (CPU: per output
+// channel int8 weights; each GEMM's activations quantized per row; exact int32 sums) or "fp8"
+// (CUDA, Hopper and later: e4m3 weights per output channel, e4m3 activations per row, fp32
+// accumulation, 16-bit outputs).
+enum class Quantization : int { kNone = 0, kInt8 = 1, kFp8 = 2 };
+Quantization quantization_from_string(const std::string& name);  // "none", "int8" or "fp8"
 const char* quantization_name(Quantization q);
 
 class Backend : public Device {

@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/gemm/lt_descriptors.h"
 #include "cuda/launch.cuh"
 #include "ftbert/pick_store.h"
 #if FTBERT_GEMM_SM90
@@ -110,32 +111,14 @@ bool run_cutlass(GemmTiles tiles, int m, int n, int k, const void* a, const void
 
 // cuBLASLt's description of one weight GEMM shape and epilogue, kept per backend (creating it
 // costs host time on every call otherwise). The bias pointer is set per call.
-struct CudaBackend::LtShape {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t w = nullptr, a = nullptr, c = nullptr;  // column-major Wᵀ, aᵀ, cᵀ
+struct CudaBackend::LtShape : LtDescriptors {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   LtShape(DType dt, int m, int n, int k, cublasLtEpilogue_t epi) : epilogue(epi) {
-    try {
-      FTBERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      FTBERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                         &epilogue, sizeof(epilogue)));
-      FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w, data_type(dt), n, k, n));
-      FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, data_type(dt), k, m, k));
-      FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, data_type(dt), n, m, n));
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  ~LtShape() { release(); }
-  LtShape(const LtShape&) = delete;
-  LtShape& operator=(const LtShape&) = delete;
-  void release() noexcept {
-    if (desc != nullptr) (void)cublasLtMatmulDescDestroy(desc);
-    for (cublasLtMatrixLayout_t l : {w, a, c})
-      if (l != nullptr) (void)cublasLtMatrixLayoutDestroy(l);
-    desc = nullptr;
-    w = a = c = nullptr;
+    FTBERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+    FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w, data_type(dt), n, k, n));
+    FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, data_type(dt), k, m, k));
+    FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, data_type(dt), n, m, n));
   }
 };
 
@@ -161,34 +144,11 @@ GemmShapeKey CudaBackend::gemm_key(const WeightGemm& g) const {
 
 std::vector<cublasLtMatmulHeuristicResult_t> CudaBackend::lt_heuristic(LtShape& shape,
                                                                       size_t workspace) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  FTBERT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  cublasLtMatmulHeuristicResult_t found[kCublasLtCandidates];
-  int count = 0;
   // Split-k reductions in fp32 or none: never in the 16-bit output type (as for cuBLAS,
-  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION). No result (an unsupported shape) leaves
+  // cuBLAS's own path.
   const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  const cublasStatus_t status = [&] {
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                               &schemes, sizeof(schemes));
-    if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulAlgoGetHeuristic(cublaslt_, shape.desc, shape.w, shape.a, shape.c,
-                                         shape.c, pref, kCublasLtCandidates, found, &count);
-    return s;
-  }();
-  (void)cublasLtMatmulPreferenceDestroy(pref);
-  // No heuristic result (an unsupported shape) leaves cuBLAS's own path; other errors are real.
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) FTBERT_CUBLAS_CHECK(status);
-  std::vector<cublasLtMatmulHeuristicResult_t> out;
-  for (int i = 0; i < count; ++i) {
-    if (found[i].state == CUBLAS_STATUS_SUCCESS && found[i].workspaceSize <= workspace) {
-      out.push_back(found[i]);
-    }
-  }
-  return out;
+  return lt_ranked(cublaslt_, shape, workspace, schemes, kCublasLtCandidates);
 }
 
 std::vector<GemmPick> CudaBackend::gemm_candidates(const WeightGemm& g) {
@@ -557,8 +517,7 @@ GemmPick measure_gemm_shape(const GemmShapeKey& key, GemmCacheFile* cache) {
 bool CudaBackend::run_cublaslt(const GemmPick& pick, const WeightGemm& g) {
   LtShape& shape = lt_shape(g.dt, g.m, g.n, g.k, g.act);
   if (shape.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-    FTBERT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-        shape.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    shape.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
   }
   const float one = 1.0f, zero = 0.0f;
   const cublasStatus_t status =

@@ -114,8 +114,8 @@ inline const char* attention_kind_name(AttentionKind k) {
 
 // Weights a backend keeps quantized, weight_gemm running on them: none, "int8" (CPU: per output
 // channel int8 weights; each GEMM's activations quantized per row; exact int32 sums) or "fp8"
-// (CUDA, Hopper and later: e4m3 weights per output channel, e4m3 activations per row, fp32
-// accumulation, 16-bit outputs).
+// (e4m3 weights per output channel, e4m3 activations per row, fp32 accumulation, 16-bit
+// outputs). A backend that cannot keep one says why (quantization_unsupported_reason).
 enum class Quantization : int { kNone = 0, kInt8 = 1, kFp8 = 2 };
 Quantization quantization_from_string(const std::string& name);  // "none", "int8" or "fp8"
 const char* quantization_name(Quantization q);

@@ -25,6 +25,9 @@
                          from host arrays and from CUDA tensors (the reference GEMMs and the
                          measured ones of their class, the LayerNorm's one form, the fixed
                          attention kernels, the packed layout over every position)
+  sanitize.py fp8      - quantization="fp8" (Hopper): a small BERT whose FFN goes to e4m3 and one
+                         whose 301-wide FFN stays 16-bit, float16 and bfloat16, batch invariant
+                         and not, eager, recorded and replayed
   sanitize.py threads [N] - one encoder called from 4 threads, each on its own stream, graphs on,
                          concurrency 1 and 2, float16 unfused and flash, N forwards (24): every
                          output equal to the sequential one
@@ -80,6 +83,33 @@ def forward() -> None:
                             dev = enc(torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda())
                             assert torch.isfinite(dev.last_hidden_state).all()
                         print(head, dtype, attention, enc.attention_for(3, 77), "packed" if packed else "padded", "ok")
+
+
+def fp8() -> None:
+    # quantization="fp8" (Hopper): the row quantization kernel and cuBLASLt's e4m3 GEMMs with each
+    # epilogue, eager and recorded, batch invariant and not; a 301-wide FFN stays 16-bit beside them.
+    from transformers import BertForSequenceClassification
+
+    with tempfile.TemporaryDirectory() as d:
+        torch.manual_seed(0)
+        for inter in (512, 301):
+            path = os.path.join(d, str(inter))
+            BertForSequenceClassification(BertConfig(
+                vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=inter, max_position_embeddings=256, num_labels=3)).save_pretrained(path)
+            rng = np.random.default_rng(0)
+            ids = rng.integers(0, 97, (3, 77))
+            mask = np.ones((3, 77), np.int64)
+            mask[1, 40:] = 0
+            for dtype in ("float16", "bfloat16"):
+                for invariant in (False, True):
+                    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, quantization="fp8",
+                                                         batch_invariant=invariant)
+                    outs = [enc(ids, mask) for _ in range(3)]  # eager, recorded, replayed
+                    for o in outs[1:]:
+                        np.testing.assert_array_equal(o.last_hidden_state, outs[0].last_hidden_state)
+                    assert np.isfinite(outs[0].last_hidden_state).all()
+                    print("fp8", inter, dtype, "invariant" if invariant else "default", "ok")
 
 
 def _family_forwards(name: str, model, pad: int, quick: int) -> None:
@@ -334,4 +364,4 @@ def ops() -> None:
 
 if __name__ == "__main__":
     {"forward": forward, "ops": ops, "mpnet": mpnet, "modernbert": modernbert, "rotary": rotary,
-     "deberta": deberta, "invariant": invariant, "threads": threads}[sys.argv[1]](*map(int, sys.argv[2:]))
+     "deberta": deberta, "invariant": invariant, "threads": threads, "fp8": fp8}[sys.argv[1]](*map(int, sys.argv[2:]))

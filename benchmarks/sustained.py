@@ -13,8 +13,10 @@ and ftbert's 12 attention calls on those QKV products. Their sum is what the for
 it were nothing but its matrix products at cuBLAS's rate and ftbert's attention, with the clock the
 power cap leaves them: a floor for the whole forward with these kernels.
 
+--quantization fp8 runs ftbert's forward with e4m3 weight GEMMs (Encoder.quantization) instead.
+
     python benchmarks/sustained.py [--shapes 128x128,32x512,1x128] [--seconds 8] [--parts]
-                                   [--json FILE]
+                                   [--quantization fp8] [--json FILE]
 """
 
 import argparse
@@ -301,6 +303,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--parts", action="store_true",
                     help="also run each shape's GEMMs alone and its attention alone")
+    ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -317,7 +320,9 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as d, torch.inference_mode():
         BertModel(cfg).save_pretrained(d)
-        enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype="float16", attention="flash")
+        enc = ftbert.Encoder.from_pretrained(
+            d, device="cuda", dtype="float16", attention="flash",
+            quantization=None if args.quantization == "none" else args.quantization)
         hf = None
         if args.parts:
             hf = BertModel.from_pretrained(d, torch_dtype=torch.float16,
@@ -331,7 +336,7 @@ def main():
                 time.sleep(1.0)  # a gap between shapes in the clock log
         finally:
             sampler.stop()
-    print(f"{props.name}: {len(sampler.samples)} nvidia-smi samples")
+    print(f"{props.name}: {len(sampler.samples)} nvidia-smi samples; quantization {args.quantization}")
     print(f"{'shape':>8} {'first ms':>9} {'late ms':>9} {'J':>7} {'SM MHz':>7} {'W':>5} "
           f"{'limit':>6} {'TFLOP/s':>8} {'peak@clk':>8}  throttle")
     for r in rows:

@@ -89,6 +89,7 @@ CudaBackend::CudaBackend(int device_index) : device_(device_index) {
   FTBERT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   device_name_ = prop.name;
   compute_capability_major_ = prop.major;
+  compute_capability_minor_ = prop.minor;
   sm_count_ = prop.multiProcessorCount;
 #if FTBERT_GEMM_SM90
   fused_gemm_sm90_ = prop.major == 9 && prop.minor == 0;  // sm_90a code runs on 9.0 only
@@ -131,6 +132,9 @@ void CudaBackend::release() noexcept {
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
   if (cublaslt_ != nullptr) (void)cublasLtDestroy(cublaslt_);
   if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);
+  fp8_shapes_.clear();
+  for (void* p : fp8_rows_) (void)cudaFree(p);
+  fp8_rows_.clear();
   if (capture_stream_ != nullptr) (void)cudaStreamDestroy(capture_stream_);
   if (own_stream_ != nullptr) (void)cudaStreamDestroy(own_stream_);
   if (switch_event_ != nullptr) (void)cudaEventDestroy(switch_event_);
@@ -378,7 +382,8 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
                                            float eps, void* workspace, size_t workspace_bytes,
                                            int32_t* nonfinite, void* product) {
   // A split by the row count would change how a row's products are summed: none when invariant.
-  const int splits = batch_invariant_ ? 1 : dense_layernorm_splits(m, n, k);
+  // FP8 weights have no split form.
+  const int splits = batch_invariant_ || fp8_weight(n, k) ? 1 : dense_layernorm_splits(m, n, k);
   if (splits <= 1 || workspace == nullptr ||
       workspace_bytes < dense_layernorm_partials_bytes(m, n, splits)) {
     // Unsplit, the LayerNorm adds the bias and the residual. Adding them in the GEMM's epilogue

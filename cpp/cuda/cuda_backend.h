@@ -70,6 +70,11 @@ class CudaBackend : public Backend {
   // the ordered kernel (kernels/ordered_gemm.cu), the LayerNorms in one form, the softmax's
   // ordered variant, the flash kernel fixed per head dim.
 
+  // ---- quantized weights: "fp8" (gemm/fp8_gemm.cu) -----------------------------------------
+  std::string quantization_unsupported_reason(Quantization q, DType dt) const override;
+  size_t weight_bytes(DType dt, int k, int n) const override;
+  void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) override;
+
   // ---- recording: CUDA graphs ---------------------------------------------------------------
   // Captured on a private stream (capture cannot run on the legacy default stream, torch's
   // default), replayed on the current one. Redirects set the noted kernels' parameters in the
@@ -198,6 +203,20 @@ class CudaBackend : public Backend {
     Activation act;  // kIdentity exactly when there is no bias
     bool bias_gelu() const { return act == Activation::kGeluErf; }
   };
+  // Whether W [k, n] is kept in e4m3 (quantization "fp8"): cuBLASLt's FP8 kernels need k and n
+  // in multiples of 16; other weights (a layer of odd test sizes) stay 16-bit, decided by the
+  // shape alone so that weight_bytes, upload_weight and weight_gemm agree.
+  bool fp8_weight(int n, int k) const {
+    return quantization_ == Quantization::kFp8 && n % 16 == 0 && k % 16 == 0;
+  }
+  struct Fp8Shape;  // cuBLASLt's FP8 descriptors and algorithm of a shape (fp8_gemm.cu)
+  struct Fp8ShapeDelete {
+    void operator()(Fp8Shape* shape) const noexcept;
+  };
+  Fp8Shape& fp8_shape(DType dt, int m, int n, int k, int ldc, cublasLtEpilogue_t epilogue);
+  // The quantized activations' buffer, at least `bytes`.
+  void* fp8_rows(size_t bytes);
+  void fp8_weight_gemm(const WeightGemm& g, int lda, int ldc);
   struct LtShape;  // cuBLASLt's descriptors of a shape (weight_gemm.cu)
   struct LtShapeDelete {
     void operator()(LtShape* shape) const noexcept;  // where LtShape is complete
@@ -238,6 +257,7 @@ class CudaBackend : public Backend {
 
   int device_ = 0;
   int compute_capability_major_ = 0;
+  int compute_capability_minor_ = 0;
   int sm_count_ = 0;
   bool fused_gemm_sm90_ = false;  // built with FTBERT_GEMM_SM90 and running on a 9.0 device
   std::string device_name_;
@@ -256,6 +276,13 @@ class CudaBackend : public Backend {
       lt_shapes_;
   // (dt, n, k, activation) -> the batch-invariant reference kernel
   std::map<std::tuple<int, int, int, int>, GemmPick> invariant_picks_;
+  // (dt, m, n, k, ldc, epilogue, invariant) -> FP8 descriptors and algorithm
+  std::map<std::tuple<int, int, int, int, int, int, bool>, std::unique_ptr<Fp8Shape, Fp8ShapeDelete>>
+      fp8_shapes_;
+  // fp8_rows' buffers, the last the current one; all freed with the backend (recordings may
+  // hold any of them)
+  std::vector<void*> fp8_rows_;
+  size_t fp8_rows_bytes_ = 0;
   void* cublas_workspace_ = nullptr;
   size_t cublas_workspace_bytes_ = 0;
   bool allow_tf32_ = false;

@@ -1,0 +1,264 @@
+// Quantization "fp8": the layers' weight GEMMs on e4m3 operands (Hopper and later).
+//
+// W [k, n] is kept as e4m3 Wᵀ [n, k] with a float32 scale per output channel,
+// s_j = max_p |W[p, j]| / 448 (e4m3's largest finite value), made once at upload. Each GEMM's
+// activations a [m, k] are quantized per row the same way (t_i = max_p |a[i, p]| / 448) into a
+// buffer of the backend's own, and cuBLASLt multiplies the two with those scales as outer
+// vectors (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): c[i, j] = t_i · s_j · Σ_p qa[i, p] ·
+// qw[j, p] in fp32, then bias (and ReLU / tanh-GELU) in its epilogue, rounded once to the 16-bit
+// output. erf-GELU, which cuBLASLt has no epilogue for, runs as add_bias_activation after it.
+//
+// In cuBLASLt's column-major terms cᵀ [n, m] = op(A) · op(B) with A = the stored Wᵀ (read
+// transposed: e4m3 operands must be "TN") and B = the quantized rows; A's scales are per row of
+// op(A) (channels), B's per column of op(B) (tokens).
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
+#include "cuda/gemm/lt_descriptors.h"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/kernels.h"
+#include "cuda/launch.cuh"
+
+namespace ftbert::cuda {
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+// Under batch invariance every row count runs the algorithm cuBLASLt ranks first at this one.
+constexpr int kFp8InvariantRows = 2048;
+
+size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// One warp per row: the row's largest magnitude, then its values scaled into e4m3's range.
+// Reads the row twice (the second time from cache); k is a multiple of 16, a 16-byte aligned.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    quantize_rows_e4m3(const T* __restrict__ a, int lda, int rows, int k,
+                       __nv_fp8_storage_t* __restrict__ q, float* __restrict__ scales) {
+  begin_dependent_kernel();
+  constexpr int kVec = 8;  // 16 bytes of T in, 8 bytes of e4m3 out
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const T* x = a + static_cast<int64_t>(row) * lda;
+  float top = 0.0f;
+  for (int c = lane * kVec; c < k; c += 32 * kVec) {
+    const Vec<T, kVec> v = load_vec<kVec>(x + c);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) top = fmaxf(top, fabsf(to_float(v.v[i])));
+  }
+  top = warp_max(top);
+  const float inv = top > 0.0f ? kE4m3Max / top : 1.0f;
+  __nv_fp8_storage_t* out = q + static_cast<int64_t>(row) * k;
+  for (int c = lane * kVec; c < k; c += 32 * kVec) {
+    const Vec<T, kVec> v = load_vec<kVec>(x + c);
+    Vec<__nv_fp8x2_storage_t, kVec / 2> packed;
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) {
+      const float2 pair = make_float2(to_float(v.v[2 * i]) * inv, to_float(v.v[2 * i + 1]) * inv);
+      packed.v[i] = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+    }
+    store_vec<kVec / 2>(reinterpret_cast<__nv_fp8x2_storage_t*>(out + c), packed);
+  }
+  if (lane == 0) scales[row] = top > 0.0f ? top / kE4m3Max : 1.0f;
+}
+
+float host_to_float(DType dt, const void* p, int64_t i) {
+  if (dt == DType::kFloat16) return __half2float(static_cast<const __half*>(p)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+}  // namespace
+
+// cuBLASLt's description of one FP8 GEMM shape (its scale and bias pointers set per call) and
+// the algorithm it runs, found once.
+struct CudaBackend::Fp8Shape : LtDescriptors {
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+  size_t workspace = 0;
+
+  Fp8Shape(DType dt, int m, int n, int k, int ldc, cublasLtEpilogue_t epi) : epilogue(epi) {
+    FTBERT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t t = CUBLAS_OP_T, nop = CUBLAS_OP_N;
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t));
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &nop, sizeof(nop));
+    const int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer));
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+    const cudaDataType_t out = dt == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      const int32_t bias_type = out;
+      set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+    }
+    FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&w, CUDA_R_8F_E4M3, k, n, k));
+    FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, k, m, k));
+    FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, out, n, m, ldc));
+  }
+};
+
+void CudaBackend::Fp8ShapeDelete::operator()(Fp8Shape* shape) const noexcept { delete shape; }
+
+std::string CudaBackend::quantization_unsupported_reason(Quantization q, DType dt) const {
+  if (q != Quantization::kFp8) return Backend::quantization_unsupported_reason(q, dt);
+  if (compute_capability_major_ < 9) {
+    return "quantization 'fp8' needs an NVIDIA GPU of compute capability 9.0 (Hopper) or later; " +
+           device_name_ + " is " + std::to_string(compute_capability_major_) + "." +
+           std::to_string(compute_capability_minor_);
+  }
+  if (dt != DType::kFloat16 && dt != DType::kBFloat16) {
+    return std::string("quantization 'fp8' runs float16 or bfloat16 activations (got dtype ") +
+           dtype_name(dt) + ")";
+  }
+  return "";
+}
+
+size_t CudaBackend::weight_bytes(DType dt, int k, int n) const {
+  if (!fp8_weight(n, k)) return Backend::weight_bytes(dt, k, n);
+  return align16(static_cast<size_t>(n) * k) + static_cast<size_t>(n) * sizeof(float);
+}
+
+void CudaBackend::upload_weight(DType dt, const void* host_w, int k, int n, void* dst) {
+  if (!fp8_weight(n, k)) {
+    Backend::upload_weight(dt, host_w, k, n, dst);
+    return;
+  }
+  FTBERT_CHECK(dt == DType::kFloat16 || dt == DType::kBFloat16,
+               "fp8 weights are quantized from float16 or bfloat16");
+  // Host: Wᵀ [n, k] in e4m3, then the n scales.
+  std::vector<unsigned char> packed(weight_bytes(dt, k, n), 0);
+  auto* scales = reinterpret_cast<float*>(packed.data() + align16(static_cast<size_t>(n) * k));
+  std::vector<float> column(k);
+  for (int j = 0; j < n; ++j) {
+    float top = 0.0f;
+    for (int p = 0; p < k; ++p) {
+      column[p] = host_to_float(dt, host_w, int64_t{p} * n + j);
+      top = std::max(top, std::fabs(column[p]));
+    }
+    const float inv = top > 0.0f ? kE4m3Max / top : 1.0f;
+    scales[j] = top > 0.0f ? top / kE4m3Max : 1.0f;
+    unsigned char* row = packed.data() + static_cast<size_t>(j) * k;
+    for (int p = 0; p < k; ++p) {
+      row[p] = __nv_cvt_float_to_fp8(column[p] * inv, __NV_SATFINITE, __NV_E4M3);
+    }
+  }
+  copy_to_device(dst, packed.data(), packed.size());
+  synchronize();  // `packed` is gone after this call
+}
+
+CudaBackend::Fp8Shape& CudaBackend::fp8_shape(DType dt, int m, int n, int k, int ldc,
+                                              cublasLtEpilogue_t epilogue) {
+  const bool invariant = batch_invariant_;
+  const auto key = std::make_tuple(static_cast<int>(dt), m, n, k, ldc, static_cast<int>(epilogue),
+                                   invariant);
+  auto it = fp8_shapes_.find(key);
+  if (it != fp8_shapes_.end()) return *it->second;
+  if (fp8_shapes_.size() >= 256) fp8_shapes_.clear();  // packed batches: any row count
+  auto shape = std::unique_ptr<Fp8Shape, Fp8ShapeDelete>(new Fp8Shape(dt, m, n, k, ldc, epilogue));
+  // The algorithm: cuBLASLt's first, found at this row count or, under batch invariance, at
+  // kFp8InvariantRows with no workspace and no split reduction, so that every row count runs
+  // the same kernel and sums each output in the same order.
+  const size_t workspace = invariant ? 0 : cublas_workspace_bytes_;
+  const uint32_t schemes = invariant ? CUBLASLT_REDUCTION_SCHEME_NONE
+                                     : (CUBLASLT_REDUCTION_SCHEME_NONE |
+                                        CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  std::vector<cublasLtMatmulHeuristicResult_t> ranked;
+  if (invariant && m != kFp8InvariantRows) {
+    const Fp8Shape reference(dt, kFp8InvariantRows, n, k, n, epilogue);
+    ranked = lt_ranked(cublaslt_, reference, workspace, schemes, 1);
+    // That algorithm must run at this row count as it is; where it cannot, this row count's own
+    // first one (still without workspace or split), which the invariance tests would catch
+    // giving other bits.
+    cublasLtMatmulHeuristicResult_t check{};
+    if (!ranked.empty() &&
+        (cublasLtMatmulAlgoCheck(cublaslt_, shape->desc, shape->w, shape->a, shape->c, shape->c,
+                                 &ranked[0].algo, &check) != CUBLAS_STATUS_SUCCESS ||
+         check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize != 0)) {
+      ranked.clear();
+    }
+  }
+  if (ranked.empty()) ranked = lt_ranked(cublaslt_, *shape, workspace, schemes, 1);
+  if (!ranked.empty()) {
+    shape->algo = ranked[0].algo;
+    shape->workspace = ranked[0].workspaceSize;
+    shape->found = true;
+  }
+  return *fp8_shapes_.emplace(key, std::move(shape)).first->second;
+}
+
+void* CudaBackend::fp8_rows(size_t bytes) {
+  if (fp8_rows_.empty() || fp8_rows_bytes_ < bytes) {
+    // Grown, never shrunk or freed while the backend lives: recordings made earlier keep the
+    // address they captured.
+    const size_t grown = std::max(bytes, fp8_rows_bytes_ * 2);
+    void* p = nullptr;
+    FTBERT_CUDA_CHECK(cudaMalloc(&p, grown));
+    fp8_rows_.push_back(p);
+    fp8_rows_bytes_ = grown;
+  }
+  return fp8_rows_.back();
+}
+
+void CudaBackend::fp8_weight_gemm(const WeightGemm& g, int lda, int ldc) {
+  DeviceScope scope(device_);
+  FTBERT_CHECK(lda % 8 == 0 && is_aligned(g.a, 16) && is_aligned(g.c, 16) && ldc % 8 == 0,
+               "fp8 weight GEMM: activations and outputs need 16-byte aligned rows (lda "
+                   << lda << ", ldc " << ldc << ")");
+  const size_t q_bytes = align16(static_cast<size_t>(g.m) * g.k);
+  char* rows = static_cast<char*>(fp8_rows(q_bytes + static_cast<size_t>(g.m) * sizeof(float)));
+  auto* q = reinterpret_cast<__nv_fp8_storage_t*>(rows);
+  auto* row_scales = reinterpret_cast<float*>(rows + q_bytes);
+  const auto* w = static_cast<const unsigned char*>(g.w);
+  const auto* w_scales = reinterpret_cast<const float*>(w + align16(static_cast<size_t>(g.n) * g.k));
+
+  constexpr int kRowsPerBlock = 8;
+  const dim3 grid(ceil_div(g.m, kRowsPerBlock)), block(32 * kRowsPerBlock);
+  if (g.dt == DType::kFloat16) {
+    launch(quantize_rows_e4m3<__half>, grid, block, 0, stream_, static_cast<const __half*>(g.a),
+           lda, g.m, g.k, q, row_scales);
+  } else {
+    launch(quantize_rows_e4m3<__nv_bfloat16>, grid, block, 0, stream_,
+           static_cast<const __nv_bfloat16*>(g.a), lda, g.m, g.k, q, row_scales);
+  }
+  FTBERT_LAUNCH_CHECK("quantize_rows_e4m3", stream_);
+
+  const bool has_bias = g.bias != nullptr;
+  // The bias (and ReLU / tanh-GELU) in cuBLASLt's epilogue where it has one for it.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (has_bias) {
+    epilogue = g.act == Activation::kIdentity ? CUBLASLT_EPILOGUE_BIAS
+             : g.act == Activation::kRelu     ? CUBLASLT_EPILOGUE_RELU_BIAS
+             : g.act == Activation::kGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                              : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  Fp8Shape* shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue);
+  if (!shape->found && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // no kernel with that epilogue: a second op adds it
+    shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue);
+  }
+  FTBERT_CHECK(shape->found, "fp8 weight GEMM: cuBLASLt has no algorithm for m=" << g.m << ", n="
+                                 << g.n << ", k=" << g.k << " on " << device_name_);
+  shape->set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales));
+  shape->set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &row_scales, sizeof(row_scales));
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    shape->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  FTBERT_CUBLAS_CHECK(cublasLtMatmul(cublaslt_, shape->desc, &alpha, w, shape->w, q, shape->a,
+                                     &beta, g.c, shape->c, g.c, shape->c, &shape->algo,
+                                     shape->workspace > 0 ? cublas_workspace_ : nullptr,
+                                     shape->workspace, stream_));
+  if (has_bias && epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
+    FTBERT_CHECK(ldc == g.n, "fp8 weight GEMM: a bias after the product needs ldc == n");
+    add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, g.act);
+  }
+}
+
+}  // namespace ftbert::cuda

@@ -47,7 +47,7 @@ DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 1}
 MAX_CONCURRENCY = 64
 NONFINITE = ("warn", "raise", "ignore")
 ATTENTIONS = ("auto", "unfused", "flash")
-QUANTIZATIONS = (None, "int8")
+QUANTIZATIONS = (None, "int8", "fp8")
 # The outputs that run a head of their own after the encoder, in torch (encode_sparse,
 # encode_multivector), and what each needs from the checkpoint.
 SPARSE, MULTIVECTOR = "sparse", "multivector"
@@ -176,8 +176,9 @@ class Encoder:
         CPU one, unless FTBERT_WARMUP says "1" or "0" for every load. batch_invariant: "auto"
         (the default), True or False: each sequence's outputs the same bits whatever it is batched
         with; "auto" turns it on where it runs on the fast kernels (see `Encoder.batch_invariant`).
-        quantization: None, or "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
-        per output channel and int8 activations per token (see `Encoder.quantization`).
+        quantization: None, "int8" (CPU, float32 activations): the weight GEMMs on int8 weights
+        per output channel and int8 activations per token, or "fp8" (a GPU of compute capability
+        9.0 or later, float16/bfloat16 activations): the same on e4m3 (see `Encoder.quantization`).
         task: for a HuggingFace checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the hub
         holds it), the task whose adapters are merged into the weights once, here (one of its
         config.json's lora_adaptations); required for such a checkpoint, refused for any other.
@@ -189,7 +190,7 @@ class Encoder:
             _check_bool("warmup", warmup)
         _check_batch_invariant(batch_invariant)
         if quantization not in QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {quantization!r}: expected None or 'int8'")
+            raise ValueError(f"unknown quantization {quantization!r}: expected None, 'int8' or 'fp8'")
         _check_padding_free(padding_free)
         _check_input_check(input_check)
         path = Path(path)
@@ -369,7 +370,15 @@ class Encoder:
         each GEMM's input rows quantized likewise per token as the GEMM starts, the products summed
         exactly in int32 and scaled back, with the bias and activation, in float32. Embeddings,
         LayerNorms, attention, pooler and heads stay float32. Its error against float32 and its
-        speed: docs/performance.md ("CPU int8")."""
+        speed: docs/performance.md ("CPU int8").
+
+        "fp8" on a GPU of compute capability 9.0 (Hopper) or later, in float16 or bfloat16: the
+        layers' weight matrices in e4m3 with a float32 scale per output channel (max |w| / 448),
+        each GEMM's input rows in e4m3 with a scale per token, computed as the GEMM starts; the
+        products summed in fp32 by cuBLASLt, scaled back, bias and activation added, rounded once
+        to `dtype`. Embeddings, LayerNorms, attention, pooler and heads stay 16-bit; a weight whose
+        sides are not multiples of 16 stays 16-bit too. Its error and speed: docs/performance.md
+        ("FP8 on the GPU")."""
         q = self._native.quantization
         return None if q == "none" else q
 

@@ -123,7 +123,9 @@ def test_settings_it_refuses(tmp_path):
     r = _ops.OpRunner("cpu")
     with pytest.raises(ValueError, match="unknown quantization"):
         r.quantization = "fp4"
-    # fp8 is the GPU's: the CPU's op refuses it with the reason.
+    # fp8 is the GPU's: refused on the CPU, by the encoder and by the op alike.
+    with pytest.raises(ValueError, match="compute capability 9.0"):
+        ftbert.Encoder.from_pretrained(tmp_path, quantization="fp8")
     r.quantization = "fp8"
     with pytest.raises(ValueError, match="not on the CPU"):
         r.weight_gemm("float32", np.ones((2, 16), np.float32), np.ones((16, 16), np.float32))

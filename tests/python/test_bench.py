@@ -326,6 +326,20 @@ def test_bad_option_values_are_one_line_and_exit_2(args, message, tiny, tmp_path
     assert message in err and "\n" not in err
 
 
+def test_quantization_adds_its_rows_and_fp8_skips_on_the_cpu(tiny, tmp_path):
+    assert parse_options(["--quantization", "fp8"], cuda_available=False).engines[-1] == "ftbert-fp8"
+    o = parse_options(["--quantization", "int8", "--engines", "ftbert-int8"], cuda_available=False)
+    assert o.engines == ["ftbert-int8"]
+    with pytest.raises(BenchError, match="--quantization does not apply to --rerank"):
+        parse_options(["--rerank", "--quantization", "fp8"], cuda_available=False)
+    out = tmp_path / "q"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "6", "--engines", "ftbert",
+                 "--attention", "unfused", "--quantization", "fp8", "--quiet"], out) == 0
+    doc, _ = _read(out)
+    fp8 = [r for r in doc["results"] if r["engine"] == "ftbert-fp8"]
+    assert [r["status"] for r in fp8] == ["skipped"] and "GPU" in fp8[0]["note"]
+
+
 def test_compile_mode_reaches_torch_compile(monkeypatch):
     o = parse_options(["--compile", "--compile-mode", "max-autotune"], cuda_available=False)
     assert o.compile_mode == "max-autotune" and o.engines[-1] == "hf-compile"

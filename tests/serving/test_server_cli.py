@@ -87,7 +87,8 @@ def test_quantization_flag_reaches_the_settings():
 
     assert settings_from_args(build_parser().parse_args(["--quantization", "int8"])).quantization == "int8"
     assert settings_from_args(build_parser().parse_args([])).quantization is None
-    with pytest.raises(ValueError, match="quantization must be None or 'int8'"):
+    assert settings_from_args(build_parser().parse_args(["--quantization", "fp8"])).quantization == "fp8"
+    with pytest.raises(ValueError, match="quantization must be None, 'int8' or 'fp8'"):
         ServeSettings(quantization="int4")
 
 

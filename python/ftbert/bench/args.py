@@ -16,7 +16,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 ATTENTIONS = ("unfused", "flash", "auto")
 # "ftbert" expands to one engine per attention variant; the others are the transformers peers and
 # ONNX Runtime (CPU, float32 fused and int8; optional, bench/onnx.py).
-ENGINES = ("ftbert", "ftbert-int8", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
+ENGINES = ("ftbert", "ftbert-int8", "ftbert-fp8", "hf-eager", "hf-sdpa", "hf-compile", "onnxruntime", "onnxruntime-int8")
 # torch.compile's modes for hf-compile ("default": torch.compile's own default).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 BUILTIN_MODELS = ("minilm", "bert-base", "mpnet-base", "modernbert-base", "nomic-bert-base", "gte-base",
@@ -60,14 +60,14 @@ VARLEN_PASSES = {"cuda": 5, "cpu": 2}
 ST_DEFAULT_BATCH = 32  # SentenceTransformer.encode's own default batch_size
 
 # Options of the latency sweep that mean nothing to --rerank, and those of each mode.
-SWEEP_ONLY = ("seq", "min_len", "compile", "compile_mode")
+SWEEP_ONLY = ("seq", "min_len", "compile", "compile_mode", "quantization")
 RERANK_ONLY = ("pairs", "query_len", "doc_len", "tokenizer")
 VARLEN_ONLY = ("cases", "parts", "sentences", "encode_model", "st_batch", "passes")
 
 # Keys a preset may set (the option names, with "-" spelt "_").
 PRESET_KEYS = (
     "description", "model", "device", "dtype", "batch", "seq", "attention", "engines", "compile",
-    "compile_mode",
+    "compile_mode", "quantization",
     "iters", "warmup", "min_len", "seed", "allow_tf32", "no_cuda_graphs",
     "rerank", "pairs", "query_len", "doc_len", "tokenizer",
     "varlen", "cases", "parts", "sentences", "encode_model", "st_batch", "passes",
@@ -252,11 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", nargs="+", help="sequence lengths (default 32,128,512)")
     p.add_argument("--attention", nargs="+", help="ftbert attention variants: unfused, flash, auto "
                    "(default: all three)")
-    p.add_argument("--engines", nargs="+", help="ftbert, ftbert-int8 (cpu, float32), hf-eager, hf-sdpa, hf-compile, onnxruntime, "
+    p.add_argument("--engines", nargs="+", help="ftbert, ftbert-int8 (cpu, float32), ftbert-fp8 (cuda, float16/bfloat16), hf-eager, hf-sdpa, hf-compile, onnxruntime, "
                    "onnxruntime-int8 (default: ftbert,hf-eager,hf-sdpa; the onnxruntime rows run on "
                    "the cpu and need pip install 'ftbert[onnx]'); with --rerank: ftbert, hf-eager, hf-sdpa, "
                    "sentence-transformers; with --varlen: the rows of each ragged batch, from "
                    f"{', '.join(VARLEN_ENGINES)} (default: {','.join(VARLEN_DEFAULT_ENGINES)})")
+    p.add_argument("--quantization", choices=["int8", "fp8"], help="add ftbert's rows with that "
+                   "quantization (the ftbert-int8 or ftbert-fp8 engine): int8 on the cpu in float32, "
+                   "fp8 on a GPU of compute capability 9.0+ in float16/bfloat16")
     p.add_argument("--compile", action="store_true", default=None, help="add torch.compile of the "
                    "transformers sdpa model (hf-compile); compiles once per shape and dtype (minutes)")
     p.add_argument("--compile-mode", help="torch.compile mode of hf-compile: "
@@ -495,6 +498,11 @@ def parse_options(argv: list[str], cuda_available: bool) -> Options:
                else list(defaults))
     if pick("compile") and "hf-compile" not in engines:
         engines.append("hf-compile")
+    if (quantization := pick("quantization")) is not None:
+        if quantization not in ("int8", "fp8"):
+            raise BenchError(f"--quantization: {quantization!r} is not one of int8, fp8")
+        if f"ftbert-{quantization}" not in engines:
+            engines.append(f"ftbert-{quantization}")
     compile_mode = pick("compile_mode")
     if compile_mode is not None:
         if compile_mode not in COMPILE_MODES:

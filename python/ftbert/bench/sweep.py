@@ -273,15 +273,19 @@ class Sweep:
             return {"status": "skipped", "note": "onnxruntime rows run on the cpu in float32"}
         if engine == "ftbert-int8" and (device != "cpu" or dtype != "float32"):
             return {"status": "skipped", "note": "ftbert's int8 rows run on the cpu in float32"}
+        if engine == "ftbert-fp8" and (device == "cpu" or dtype == "float32"):
+            return {"status": "skipped", "note": "ftbert's fp8 rows run on a GPU in float16 or bfloat16"}
         try:
             res: dict = {}
-            if engine == "ftbert-int8":
+            if engine in ("ftbert-int8", "ftbert-fp8"):
                 from .. import _C
 
+                quantization = engine.split("-")[1]
                 runner = make_ftbert(self.model, device, dtype, "auto", o.allow_tf32, o.cuda_graphs,
-                                     quantization="int8")
-                res["kernel"] = (runner.attention_for(ft_in["input_ids"].shape[0], seq)
-                                 + f", int8 weights ({_C.cpu_int8_kernel()})")
+                                     quantization=quantization)
+                weights = (f"int8 weights ({_C.cpu_int8_kernel()})" if quantization == "int8"
+                           else "fp8 e4m3 weights and activations")
+                res["kernel"] = runner.attention_for(ft_in["input_ids"].shape[0], seq) + ", " + weights
                 enc = runner
                 ids, mask, types = ft_in["input_ids"], ft_in["attention_mask"], ft_in["token_type_ids"]
 

@@ -45,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", help="the model name in responses and /info (default: the directory's name)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run every forward op by op (batches vary in shape; see Encoder.cuda_graphs)")
-    p.add_argument("--quantization", choices=["int8"],
-                   help="int8 weight GEMMs on the CPU, float32 around them (see Encoder.quantization)")
+    p.add_argument("--quantization", choices=["int8", "fp8"],
+                   help="int8 weight GEMMs on the CPU, float32 around them; fp8 (e4m3) weight GEMMs on a "
+                        "GPU of compute capability 9.0 or later, float16/bfloat16 around them "
+                        "(see Encoder.quantization)")
     p.add_argument("--task", help="for a checkpoint with per-task LoRA adapters (Jina-embeddings-v3 as the "
                    "hub holds it): the task whose adapters are merged at load")
     p.add_argument("--batch-invariant", nargs="?", const="on", default="auto", choices=["off", "on", "auto"],

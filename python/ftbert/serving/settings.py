@@ -26,7 +26,8 @@ class ServeSettings:
     # Encoder.batch_invariant ("auto", True, False): an input's result never depends on what else
     # was in its batch; "auto" where the fast kernels keep it.
     batch_invariant: bool | str = "auto"
-    # Encoder.quantization: None, or "int8" (CPU devices, float32).
+    # Encoder.quantization: None, "int8" (CPU devices, float32) or "fp8" (GPUs of compute
+    # capability 9.0 or later, float16/bfloat16).
     quantization: str | None = None
     # Encoder.from_pretrained's task: the per-task adapters merged at load (Jina-embeddings-v3 as the
     # hub holds it); None for a checkpoint without them.
@@ -83,8 +84,8 @@ class ServeSettings:
             raise ValueError(f"long_texts must be 'truncate' or 'chunk', got {self.long_texts!r}")
         if isinstance(self.chunk_overlap, bool) or not isinstance(self.chunk_overlap, int) or self.chunk_overlap < 0:
             raise ValueError(f"chunk_overlap must be a whole number of tokens >= 0, got {self.chunk_overlap!r}")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "fp8"):
+            raise ValueError(f"quantization must be None, 'int8' or 'fp8', got {self.quantization!r}")
         if self.task is not None and not (isinstance(self.task, str) and self.task):
             raise ValueError(f"task must be None or a task name, got {self.task!r}")
         if not (isinstance(self.batch_invariant, bool) or self.batch_invariant == "auto"):

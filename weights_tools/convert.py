@@ -11,6 +11,14 @@ import torch
 from safetensors.torch import save_file
 
 from .errors import ConversionError
+from .fp8 import (
+    CHECKPOINT_QUANTIZATION,
+    FP8,
+    QUANTIZATIONS,
+    SCALE_SUFFIX,
+    fp8_weight,
+    quantize_columns,
+)
 from .hf import finite_after_cast, read_hf_checkpoint
 from .layout import CONFIG_FILE, DTYPES, WEIGHTS_FILE, sha256_file
 
@@ -42,17 +50,24 @@ def load_hf_checkpoint(src, progress: bool = False, task: str | None = None) -> 
     return read_hf_checkpoint(src, _logger(progress), task=task)
 
 
-def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, task: str | None = None) -> Path:
+def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, task: str | None = None,
+                       quantization: str | None = None) -> Path:
     """Converts the HuggingFace checkpoint directory `src` (of a family in families.py) into the
     ftbert directory `dst`; returns dst.
 
     dtype: the stored dtype, "float32", "float16" or "bfloat16". dst is created if needed; files of
     an earlier conversion there are replaced. task: as load_hf_checkpoint's; the converted weights
-    are that task's, merged before the cast.
+    are that task's, merged before the cast. quantization: None, or "fp8": each layer weight whose
+    sides are multiples of 16 (fp8.fp8_weight, the engine's rule) stored as float8 e4m3 with a
+    float32 scale per output channel, quantized from the float32 weights as the engine would; every
+    other tensor in `dtype`.
     """
     log = _logger(progress)
     if dtype not in DTYPES:
         raise ConversionError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConversionError(f"unknown quantization {quantization!r} (expected None or one of "
+                              f"{', '.join(map(repr, QUANTIZATIONS))})")
     src, dst = Path(src), Path(dst)
     if src.exists() and dst.exists() and src.resolve() == dst.resolve():
         raise ConversionError(
@@ -62,13 +77,25 @@ def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, 
         raise ConversionError(f"{dst}: exists and is not a directory")
 
     config, tensors = read_hf_checkpoint(src, log, task=task)
+    if config[CHECKPOINT_QUANTIZATION] == FP8 and quantization != FP8:
+        log("the source's FP8 weights are written dequantized (keep them FP8 with --quantization fp8)")
+    stored: dict[str, torch.Tensor] = {}
+    quantized = 0
     if dtype != "float32":
         log(f"casting to {dtype}")
-        target = DTYPES[dtype]
-        for name, t in tensors.items():
-            cast = t.to(target).contiguous()
-            finite_after_cast(name, t, cast, dtype)
-            tensors[name] = cast
+    target = DTYPES[dtype]
+    for name, t in tensors.items():
+        if quantization == FP8 and fp8_weight(name, t.shape):
+            stored[name], stored[name + SCALE_SUFFIX] = quantize_columns(t)
+            quantized += 1
+            continue
+        cast = t.to(target).contiguous()
+        finite_after_cast(name, t, cast, dtype)
+        stored[name] = cast
+    if quantization == FP8:
+        log(f"quantized {quantized} layer weight(s) to float8 e4m3 with a float32 scale per output channel"
+            + ("" if quantized else " (none has both sides a multiple of 16)"))
+    tensors = stored
 
     dst.mkdir(parents=True, exist_ok=True)
     config_path = dst / CONFIG_FILE
@@ -85,7 +112,10 @@ def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, 
     if copied:
         log(f"copied {', '.join(copied)}")
 
-    config.update(dtype=dtype, weights_file=WEIGHTS_FILE, weights_sha256=sha)
+    config.update({"dtype": dtype, CHECKPOINT_QUANTIZATION: quantization, "weights_file": WEIGHTS_FILE,
+                   "weights_sha256": sha})
+    if quantization is None:  # an optional key: a file without FP8 tensors keeps the keys it always had
+        del config[CHECKPOINT_QUANTIZATION]
     text = json.dumps(config, indent=2) + "\n"
     _write_atomic(dst, CONFIG_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     log(f"wrote {config_path}")

@@ -25,8 +25,17 @@ from typing import Callable, Iterable
 
 import torch
 
+from .compressed_tensors import (
+    QUANTIZATION_CONFIG,
+    Fp8Pair,
+    Fp8Scheme,
+    is_float8,
+    pair_scales,
+    parse_quantization_config,
+)
 from .errors import ConversionError
 from .families import ABSOLUTE, Family, KVHeads, Part, family_for_config, supported_model_types
+from .fp8 import CHECKPOINT_QUANTIZATION, FP8, FP8_DTYPE, bad_scale_count, dequantize
 from .jsonfile import read_json, read_json_object
 from .layout import (
     CONFIG_FILE,
@@ -57,9 +66,11 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 
-# The dtypes an encoder weight may have in a checkpoint; all are read as float32.
+# The dtypes an encoder weight may have in a checkpoint; all are read as float32. An FP8 weight of a
+# compressed-tensors checkpoint (compressed_tensors.py) is read as float32 too, times its scale.
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 _MIN_ITEMSIZE = min(getattr(torch, d).itemsize for d in FLOAT_DTYPES)
+_FP8_ITEMSIZE = 1
 
 
 def _quiet(_: str) -> None:
@@ -261,9 +272,13 @@ def _json_key(path: Path, key: str):
 
 class WeightFiles:
     """The tensors of a checkpoint's weight file(s), by name; their dtypes and shapes are known
-    from the headers (or the memory-mapped .bin) before any tensor data is read."""
+    from the headers (or the memory-mapped .bin) before any tensor data is read.
 
-    def __init__(self, src: Path):
+    With `scheme` (a compressed-tensors FP8 quantization_config), each F8_E4M3 weight that has its
+    weight_scale is handed out as float32 weight * scale, with float32 as its dtype; its scale (and
+    zero point) are consumed: not among names(). `dequantized` names those read so far."""
+
+    def __init__(self, src: Path, scheme: Fp8Scheme | None = None):
         self.src = src
         self.kind, self.files = self._find(src)
         self._where: dict[str, Path] = {}  # tensor name -> file holding it
@@ -278,6 +293,15 @@ class WeightFiles:
                     )
                 self._where[name] = f
                 self._meta[name] = meta
+        self.scheme = scheme
+        self.dequantized: set[str] = set()
+        self._pairs: dict[str, Fp8Pair] = {}
+        self._consumed: dict[str, Path] = {}  # scales and zero points: read with their weight only
+        if scheme is not None:
+            self._pairs = pair_scales(self._meta, scheme, self._where.__getitem__, ConversionError)
+            for pair in self._pairs.values():
+                for n in filter(None, (pair.scale, pair.zero_point)):
+                    self._consumed[n] = self._where.pop(n)
 
     @staticmethod
     def _find(src: Path) -> tuple[str, list[Path]]:
@@ -318,17 +342,54 @@ class WeightFiles:
         return list(self._where)
 
     def meta(self, name: str) -> tuple[str, tuple[int, ...]]:
-        """(dtype name, shape) of a tensor, without reading it."""
-        return self._meta[name]
+        """(dtype name, shape) of a tensor, without reading it; float32 for a paired FP8 weight,
+        which get() dequantizes."""
+        dtype, shape = self._meta[name]
+        return ("float32", shape) if name in self._pairs else (dtype, shape)
+
+    def has_float8(self) -> bool:
+        """Whether any tensor of the files is a float8 one."""
+        return any(is_float8(dtype) for dtype, _ in self._meta.values())
 
     def where(self, name: str) -> Path:
-        return self._where[name]
+        return self._where.get(name) or self._consumed[name]
+
+    def fp8_refusal(self, name: str, dtype: str) -> str:
+        """Why a float8 tensor the reader needs cannot be read (it has no pair)."""
+        where = f"{self.where(name)}: tensor {name!r} has dtype {dtype}, which the engine does not take"
+        if dtype != FP8_DTYPE:
+            return (f"{where} (float8 weights are read only as {FP8_DTYPE}, F8_E4M3, with a weight_scale, from a "
+                    "compressed-tensors checkpoint of format 'float-quantized')")
+        if self.scheme is None:
+            return (f"{where} without a scale: config.json has no {QUANTIZATION_CONFIG} (compressed-tensors, "
+                    "format 'float-quantized') to say how it is scaled")
+        scale = (name[: -len("weight")] if name.endswith("weight") else name + ".") + "weight_scale"
+        return f"{where} without a scale: {scale!r} is not in {self.describe()}"
 
     def nbytes(self) -> int:
         return sum(f.stat().st_size for f in self.files)
 
     def get(self, name: str) -> torch.Tensor:
-        f = self._where[name]
+        pair = self._pairs.get(name)
+        if pair is not None:
+            return self._dequantized(pair)
+        return self._raw(name)
+
+    def _dequantized(self, pair: Fp8Pair) -> torch.Tensor:
+        """weight * weight_scale in float32 (the scale per output row, or one for the tensor)."""
+        scale = self._raw(pair.scale)
+        bad = bad_scale_count(scale)
+        if bad:
+            raise ConversionError(f"{self.where(pair.scale)}: tensor {pair.scale!r} holds {bad} scale(s) that "
+                                  f"are not finite positive numbers (of {scale.numel()})")
+        if pair.zero_point is not None and bool(self._raw(pair.zero_point).ne(0).any()):
+            raise ConversionError(f"{self.where(pair.zero_point)}: tensor {pair.zero_point!r} is not all zeros, "
+                                  "but the scheme is symmetric (no zero point)")
+        self.dequantized.add(pair.weight)
+        return dequantize(self._raw(pair.weight), scale)
+
+    def _raw(self, name: str) -> torch.Tensor:
+        f = self.where(name)
         if self.kind == "safetensors":
             try:
                 return self._safe[f].get_tensor(name)
@@ -546,6 +607,8 @@ class _Collector:
         return torch.empty(shape, device="meta")
 
     def _check_dtype(self, orig: str, dtype: str) -> None:
+        if is_float8(dtype):
+            raise ConversionError(self.files.fp8_refusal(orig, dtype))
         if dtype not in FLOAT_DTYPES:
             raise ConversionError(
                 f"{self.files.where(orig)}: tensor {orig!r} has dtype {dtype}, which the engine does "
@@ -737,7 +800,8 @@ def hf_state_dict(family: Family, config: dict,
 
 
 def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256: str | None,
-                  max_seq_length: int | None, head: dict | None = None) -> dict:
+                  max_seq_length: int | None, head: dict | None = None,
+                  checkpoint_quantization: str | None = None) -> dict:
     """The engine config dict (ftbert_config.json's content), keys in the documented order."""
     cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "model_type": family.name}
     cfg.update({k: hf[k] for k in INT_KEYS})
@@ -752,6 +816,7 @@ def engine_config(family: Family, hf: dict, has_pooler: bool, dtype: str, sha256
     cfg["has_pooler"] = has_pooler
     cfg[HEAD] = head
     cfg["dtype"] = dtype
+    cfg[CHECKPOINT_QUANTIZATION] = checkpoint_quantization
     cfg["weights_file"] = WEIGHTS_FILE if sha256 is not None else None
     cfg["weights_sha256"] = sha256
     cfg["max_seq_length"] = max_seq_length
@@ -771,9 +836,13 @@ def read_hf_checkpoint(src, log: Log = _quiet, task: str | None = None) -> tuple
         raise ConversionError(f"{src}: not a directory (expected a HuggingFace checkpoint directory)")
     family, hf = read_hf_config(src)
     max_seq_length = read_max_seq_length(src)
-    files = WeightFiles(src)
+    scheme = parse_quantization_config(read_json_object(src / "config.json", ConversionError), src / "config.json",
+                                       ConversionError)
+    files = WeightFiles(src, scheme)
     # No tensor has been read yet, only headers: absurd sizes in config.json fail here, cheaply.
-    check_fits({**hf, "model_type": family.name, "has_pooler": False}, files.nbytes(), _MIN_ITEMSIZE,
+    # Float8 tensors take one byte an element (refused later, by name, where they cannot be read).
+    check_fits({**hf, "model_type": family.name, "has_pooler": False}, files.nbytes(),
+               _FP8_ITEMSIZE if files.has_float8() else _MIN_ITEMSIZE,
                str(src / "config.json"), files.describe(), ConversionError)
     col = _Collector(files, family, hf["num_hidden_layers"])
     col.merge = _task_merge(src, family, col, task)
@@ -818,7 +887,10 @@ def read_hf_checkpoint(src, log: Log = _quiet, task: str | None = None) -> tuple
             )
         if inside:
             log(f"  ignored {len(inside)} unrecognised encoder tensor(s): {_short_list(inside)}")
-    config = engine_config(family, hf, has_pooler, "float32", None, max_seq_length, head)
+    if files.dequantized:
+        log(f"  {len(files.dequantized)} FP8 weight(s) read as weight * weight_scale (compressed-tensors)")
+    config = engine_config(family, hf, has_pooler, "float32", None, max_seq_length, head,
+                           FP8 if files.dequantized else None)
     # Guards the re-layout against drifting from the one definition the loader checks.
     assert [(n, tuple(t.shape)) for n, t in tensors.items()] == expected_tensors(config)
     return config, tensors

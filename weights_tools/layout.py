@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from .._native import _C
+from .fp8 import CHECKPOINT_QUANTIZATION, QUANTIZATIONS
 
 FORMAT_NAME = "ftbert"
 FORMAT_VERSION = 2  # what the converter writes
@@ -140,6 +141,8 @@ CONFIG_KEYS = (
     "weights_sha256",
     "max_seq_length",
 )
+# Not among them: fp8.CHECKPOINT_QUANTIZATION, written after "dtype" only by FP8 conversions (a file
+# without it stores no tensor as FP8, as every conversion before FP8 files); read back as null.
 
 # Engine tensor names the family tables map HF names onto (the full list of each architecture's
 # tensors, with their shapes, is the engine's own: cpp/core/weights.cpp, read through schema.py).
@@ -339,6 +342,10 @@ def check_format(cfg: Any, where: str, error: Callable[[str], Exception]) -> Non
     check_head(cfg, where, error)
     if cfg["dtype"] not in DTYPES:
         raise error(f"{where}: dtype {cfg['dtype']!r} is not one of {', '.join(DTYPES)}")
+    quant = cfg.get(CHECKPOINT_QUANTIZATION)
+    if quant is not None and (not isinstance(quant, str) or quant not in QUANTIZATIONS):
+        raise error(f"{where}: {CHECKPOINT_QUANTIZATION} must be null or one of "
+                    f"{', '.join(map(repr, QUANTIZATIONS))}, got {quant!r}")
     wf = cfg["weights_file"]
     # A bare file name: the directory must be self-contained, and a path could point anywhere.
     if not isinstance(wf, str) or not wf or Path(wf).name != wf or wf in (".", ".."):

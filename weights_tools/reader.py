@@ -8,6 +8,7 @@ import torch
 
 from .errors import FormatError
 from .families import check_engine_config
+from .fp8 import CHECKPOINT_QUANTIZATION, FP8, FP8_DTYPE, SCALE_SUFFIX, bad_scale_count, dequantize, fp8_weight
 from .jsonfile import read_json_object
 from .layout import (
     ABSOLUTE,
@@ -120,6 +121,32 @@ def _fill_head(config: dict) -> dict:
     return {**{k: merged[k] for k in CONFIG_KEYS if k in merged}, **merged}
 
 
+def _fill_checkpoint_quantization(config: dict) -> dict:
+    """A config without the key (every one but an FP8 conversion's) stores no tensor as FP8: it
+    comes back null, after "dtype" (where an FP8 conversion writes it)."""
+    if CHECKPOINT_QUANTIZATION in config or "dtype" not in config:
+        return config
+    out = {}
+    for k, v in config.items():
+        out[k] = v
+        if k == "dtype":
+            out[CHECKPOINT_QUANTIZATION] = None
+    return out
+
+
+def expected_stored(config: dict):
+    """(name, shape, dtype) of every tensor the weights file holds, in file order: the engine's
+    tensors in the config's dtype; under checkpoint_quantization "fp8" each weight fp8.fp8_weight
+    picks in float8_e4m3fn, followed by its float32 scale per output channel, `<name>_scale` [out]."""
+    fp8 = config.get(CHECKPOINT_QUANTIZATION) == FP8
+    for name, shape in iter_expected_tensors(config):
+        if fp8 and fp8_weight(name, shape):
+            yield name, shape, FP8_DTYPE
+            yield name + SCALE_SUFFIX, (shape[1],), "float32"
+        else:
+            yield name, shape, config["dtype"]
+
+
 def read_config(directory) -> dict:
     """ftbert_config.json, checked (format, version, keys, value ranges); a version-1 config comes
     back with the keys version 2 added (position_ids "absolute", pad_token_id 0), and a config
@@ -145,17 +172,20 @@ def read_config(directory) -> dict:
     if version == 1:
         config = _upgrade_version_1(config, path)
     config = _fill_head(_fill_disentangled(_fill_layer(_fill_relative_buckets(_fill_embedding_size(config)))))
+    config = _fill_checkpoint_quantization(config)
     check_engine_config(config, str(path), FormatError)
     return config
 
 
 def read_converted(directory) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(engine config, tensors in the stored dtype) of a converted directory, all checked.
+    """(engine config, tensors in the stored dtype) of a converted directory, all checked; FP8
+    weights (checkpoint_quantization "fp8") come back as float32 q * scale, their scales consumed.
 
     Raises FormatError for a missing or malformed config, a missing, truncated or altered weights
     file, sizes the weights file cannot hold, any tensor that is missing, unexpected, or of the wrong
-    shape or dtype, and any NaN or infinite weight. Everything but the last is checked from the
-    config and the safetensors header, before any tensor data is read.
+    shape or dtype, a scale that is not a finite positive number, and any NaN or infinite weight.
+    Everything but the last two is checked from the config and the safetensors header, before any
+    tensor data is read.
     """
     d = Path(directory)
     config = read_config(d)
@@ -171,11 +201,13 @@ def read_converted(directory) -> tuple[dict, dict[str, torch.Tensor]]:
             f"{config['weights_sha256'][:16]}..., the file hashes to {actual[:16]}...)"
         )
     # The checksum covers the weights, not the config: its sizes are checked against the file.
-    want_dtype = DTYPES[config["dtype"]]
-    check_fits(config, wpath.stat().st_size, want_dtype.itemsize, str(cpath), wpath.name, FormatError)
+    fp8 = config[CHECKPOINT_QUANTIZATION] == FP8
+    # An FP8 weight takes 1 byte an element; the others the declared dtype's.
+    itemsize = 1 if fp8 else DTYPES[config["dtype"]].itemsize
+    check_fits(config, wpath.stat().st_size, itemsize, str(cpath), wpath.name, FormatError)
     header = read_header(wpath, FormatError)
-    names = []
-    for name, shape in iter_expected_tensors(config):
+    names, scales = [], {}
+    for name, shape, dtype in expected_stored(config):
         info = header.pop(name, None)
         if info is None:
             raise FormatError(f"{wpath}: missing tensor {name!r}")
@@ -183,12 +215,18 @@ def read_converted(directory) -> tuple[dict, dict[str, torch.Tensor]]:
             raise FormatError(
                 f"{wpath}: tensor {name!r} has shape {fmt_shape(info.shape)}, expected {fmt_shape(shape)}"
             )
-        if info.dtype != config["dtype"]:  # DTYPES and the header both use torch's names
-            raise FormatError(
-                f"{wpath}: tensor {name!r} is {info.dtype}, but {CONFIG_FILE} declares dtype "
-                f"{config['dtype']}"
-            )
-        names.append(name)
+        if info.dtype != dtype:  # DTYPES and the header both use torch's names
+            scale = fp8 and name.endswith(SCALE_SUFFIX)
+            declared = (f"declares dtype {config['dtype']}" if dtype == config["dtype"] and not scale else
+                        f"declares {CHECKPOINT_QUANTIZATION} {config[CHECKPOINT_QUANTIZATION]!r}, which stores "
+                        f"it as {dtype}")
+            if info.dtype == FP8_DTYPE and not fp8:
+                declared += f" ({CHECKPOINT_QUANTIZATION} is {config[CHECKPOINT_QUANTIZATION]!r})"
+            raise FormatError(f"{wpath}: tensor {name!r} is {info.dtype}, but {CONFIG_FILE} {declared}")
+        if dtype == FP8_DTYPE:
+            scales[name] = name + SCALE_SUFFIX
+        if not (fp8 and name.endswith(SCALE_SUFFIX) and name[: -len(SCALE_SUFFIX)] in scales):
+            names.append(name)
     if header:
         raise FormatError(f"{wpath}: unexpected tensor(s) {', '.join(sorted(header))}")
 
@@ -198,6 +236,12 @@ def read_converted(directory) -> tuple[dict, dict[str, torch.Tensor]]:
         tensors = load_file(str(wpath), device="cpu")
     except Exception as e:  # safetensors raises its own error types, and others for odd files
         raise FormatError(f"{wpath}: cannot be read as safetensors ({e})") from e
+    for name, scale in scales.items():
+        bad = bad_scale_count(tensors[scale])
+        if bad:
+            raise FormatError(f"{wpath}: tensor {scale!r} holds {bad} scale(s) that are not finite positive "
+                              f"numbers (of {tensors[scale].numel()})")
+        tensors[name] = dequantize(tensors[name], tensors[scale])
     for name in names:
         check_finite(name, tensors[name], str(wpath), FormatError)
     return config, {name: tensors[name] for name in names}

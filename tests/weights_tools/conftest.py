@@ -385,6 +385,83 @@ def save_checkpoint(model, path: Path, layout: str = "safetensors") -> Path:
     return path
 
 
+# config.json's quantization_config as llm-compressor writes it for its FP8_DYNAMIC scheme: weights
+# 8-bit float, static, per output channel; activations dynamic per token (nothing stored for them).
+def fp8_quantization_config(strategy: str = "channel", ignore=("classifier",)) -> dict:
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True,
+                            "dynamic": False, "group_size": None, "block_structure": None, "actorder": None,
+                            "observer": "minmax", "observer_kwargs": {}},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                      "dynamic": True, "group_size": None, "block_structure": None,
+                                      "actorder": None, "observer": None, "observer_kwargs": {}},
+                "output_activations": None,
+                "format": "float-quantized",
+            }
+        },
+        "ignore": list(ignore),
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+        "global_compression_ratio": None,
+    }
+
+
+def save_fp8_checkpoint(model, path: Path, strategy: str = "channel", scale_dtype=torch.bfloat16,
+                        rest_dtype=None, layout: str = "safetensors", ignore=("classifier",)):
+    """Saves `model` as a compressed-tensors FP8 checkpoint (what llm-compressor's FP8 schemes
+    write): each nn.Linear's weight, except those under `ignore`, as float8_e4m3fn [out, in] with
+    X.weight_scale = max|w| / 448 in `scale_dtype`, per output row ([out, 1], "channel") or for the
+    whole tensor ([1], "tensor"); the other tensors in `rest_dtype` (default: as they are).
+
+    Returns (path, dequantized): `dequantized` is a copy of the model holding what the checkpoint
+    means (weight * weight_scale, the other tensors through rest_dtype), the oracle of the readers."""
+    import copy
+
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ref = copy.deepcopy(model)
+    ref_sd = ref.state_dict()
+    quantized = set()
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or any(name.split(".")[0] == i for i in ignore):
+            continue
+        w = module.weight.detach().float()
+        top = w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax().reshape(1)
+        scale = (top / 448.0).to(scale_dtype)
+        q = (w / scale.float()).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        sd[name + ".weight"] = q
+        sd[name + ".weight_scale"] = scale
+        quantized.add(name + ".weight")
+        with torch.no_grad():
+            ref_sd[name + ".weight"].copy_(q.float() * scale.float())
+    for k, v in sd.items():
+        if k not in quantized and not k.endswith("weight_scale") and rest_dtype is not None and v.is_floating_point():
+            sd[k] = v.to(rest_dtype)
+            with torch.no_grad():
+                ref_sd[k].copy_(sd[k].float())
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(path)
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"] = fp8_quantization_config(strategy, ignore)
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    sd = {k: v.contiguous() for k, v in sd.items()}
+    if layout == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
+    elif layout == "bin":
+        torch.save(sd, path / "pytorch_model.bin")
+    else:
+        raise ValueError(layout)
+    return path, ref.eval()
+
+
 @pytest.fixture
 def make_checkpoint(tmp_path):
     """make_checkpoint(kind, layout, family="bert", **config overrides) -> (directory, model)."""
@@ -413,4 +490,6 @@ def hf():
         reference_tensors=reference_tensors,
         build_model=build_model,
         save_checkpoint=save_checkpoint,
+        save_fp8_checkpoint=save_fp8_checkpoint,
+        fp8_quantization_config=fp8_quantization_config,
     )

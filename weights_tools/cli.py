@@ -7,8 +7,7 @@ import sys
 
 from .convert import convert_checkpoint
 from .errors import ConversionError
-from .fp8 import QUANTIZATIONS
-from .layout import DTYPES, WEIGHTS_FILE, human_size
+from .layout import DTYPES, QUANTIZATIONS, WEIGHTS_FILE, human_size
 
 
 def build_parser(prog: str = "ftbert convert") -> argparse.ArgumentParser:

@@ -11,16 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from .errors import ConversionError
-from .fp8 import (
-    CHECKPOINT_QUANTIZATION,
-    FP8,
-    QUANTIZATIONS,
-    SCALE_SUFFIX,
-    fp8_weight,
-    quantize_columns,
-)
+from .fp8 import SCALE_SUFFIX, fp8_names, quantize_columns
 from .hf import finite_after_cast, read_hf_checkpoint
-from .layout import CONFIG_FILE, DTYPES, WEIGHTS_FILE, sha256_file
+from .layout import CHECKPOINT_QUANTIZATION, CONFIG_FILE, DTYPES, FP8, QUANTIZATIONS, WEIGHTS_FILE, sha256_file
 
 # Files a tokenizer or a sentence-transformers pipeline reads next to the weights.
 COPIED_FILES = (
@@ -58,7 +51,7 @@ def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, 
     dtype: the stored dtype, "float32", "float16" or "bfloat16". dst is created if needed; files of
     an earlier conversion there are replaced. task: as load_hf_checkpoint's; the converted weights
     are that task's, merged before the cast. quantization: None, or "fp8": each layer weight whose
-    sides are multiples of 16 (fp8.fp8_weight, the engine's rule) stored as float8 e4m3 with a
+    sides are multiples of 16 (fp8.is_fp8, the engine's rule) stored as float8 e4m3 with a
     float32 scale per output channel, quantized from the float32 weights as the engine would; every
     other tensor in `dtype`.
     """
@@ -84,8 +77,9 @@ def convert_checkpoint(src, dst, dtype: str = "float32", progress: bool = True, 
     if dtype != "float32":
         log(f"casting to {dtype}")
     target = DTYPES[dtype]
+    quantize = fp8_names(config) if quantization == FP8 else set()
     for name, t in tensors.items():
-        if quantization == FP8 and fp8_weight(name, t.shape):
+        if name in quantize:
             stored[name], stored[name + SCALE_SUFFIX] = quantize_columns(t)
             quantized += 1
             continue

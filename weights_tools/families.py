@@ -1100,10 +1100,8 @@ DEBERTA_V2 = Family(
 )
 
 
-def _engine_names(family: Family) -> dict[str, set[str]]:
-    """The engine's tensor names for the family's architecture (cpp/core/weights.cpp, through the
-    bound module), by part: "embeddings", "layer" (a layer past the first, unprefixed),
-    "pooler" and "model" (the rest: a relative bias table, a final norm)."""
+def _probe_config(family: Family) -> dict:
+    """A tiny engine config of the family's architecture with every optional tensor present."""
     config = dict(vocab_size=8, hidden_size=4, num_hidden_layers=2, num_attention_heads=1,
                   intermediate_size=4, max_position_embeddings=8, type_vocab_size=2,
                   layer_norm_eps=1e-12, hidden_act="gelu", has_pooler=bool(family.weights.pooler),
@@ -1116,7 +1114,14 @@ def _engine_names(family: Family) -> dict[str, set[str]]:
         # Every optional tensor: the position table and the relative embeddings' norm.
         config[DISENTANGLED] = dict(position_buckets=4, max_relative_positions=8, c2p=True, p2c=True,
                                     position_table=True, norm=True)
-    names = [n for n, _, _ in _C.expected_tensors(config)]
+    return config
+
+
+def _engine_names(family: Family) -> dict[str, set[str]]:
+    """The engine's tensor names for the family's architecture (cpp/core/weights.cpp, through the
+    bound module), by part: "embeddings", "layer" (a layer past the first, unprefixed),
+    "pooler" and "model" (the rest: a relative bias table, a final norm)."""
+    names = [n for n, *_ in _C.expected_tensors(_probe_config(family))]
     parts = {"embeddings": set(), "layer": set(), "pooler": set(), "model": set()}
     for n in names:
         if n.startswith("layers.1."):

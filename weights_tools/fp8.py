@@ -4,50 +4,39 @@ The engine's quantization "fp8" (cpp/cuda/gemm/fp8_gemm.cu) keeps a layer weight
 e4m3 when both sides are multiples of 16 (cuBLASLt's FP8 kernels need it; CudaBackend::fp8_weight),
 with one float32 scale per output channel (column): s_j = max_p |W[p, j]| / 448, q = W[:, j] * (448
 / max) rounded to nearest e4m3, saturating; an all-zero column gets scale 1. `ftbert convert
---quantization fp8` stores the same quantization (fp8_weight, quantize_columns) so that a converted
+--quantization fp8` stores the same quantization (is_fp8, quantize_columns) so that a converted
 directory and the engine agree on which tensors are e4m3; both readers hand out q * s in float32
 (dequantize), and the engine quantizes those again at load when asked to.
 """
 
 from __future__ import annotations
 
-import re
-
 import torch
+
+from .schema import Tensor, iter_tensors
 
 # e4m3's largest finite magnitude (torch.finfo(torch.float8_e4m3fn).max).
 E4M3_MAX = 448.0
 # torch's (and the safetensors header reader's) name of the stored element type (safetensors F8_E4M3).
 FP8_DTYPE = "float8_e4m3fn"
-# The engine config's record of FP8 weights in the checkpoint that was read: null, or FP8 (its layer
-# weights were e4m3 with scales, handed out as float32 q * s). An optional key of ftbert_config.json,
-# written after "dtype" by FP8 conversions only; reader.read_config fills in null where it is absent.
-CHECKPOINT_QUANTIZATION = "checkpoint_quantization"
-FP8 = "fp8"
-QUANTIZATIONS = (FP8,)
 # A converted file's scale of tensor X is X + SCALE_SUFFIX ("layers.0.qkv_weight_scale"), as
 # compressed-tensors names X.weight's "X.weight_scale".
 SCALE_SUFFIX = "_scale"
 # The engine's only multiple: both sides of an FP8 weight.
 FP8_MULTIPLE = 16
 
-# The weights the engine multiplies with Backend::weight_gemm (cpp/core/weights.cpp, the entries
-# flagged gemm_weight): each layer's four matrices, in every architecture. The pooler, the
-# embedding projection and the heads stay 16-bit under quantization "fp8".
-_GEMM_WEIGHT = re.compile(r"^layers\.\d+\.(qkv_weight|attn_out_weight|ffn_in_weight|ffn_out_weight)$")
+def is_fp8(tensor: Tensor) -> bool:
+    """Whether the engine keeps `tensor` (a schema.Tensor, [in, out]) in e4m3 under quantization
+    "fp8": a matrix that only Backend::weight_gemm multiplies (the engine's own flag, cpp/core/
+    weights.cpp) whose two sides are multiples of 16. The one rule for the converter, the reader of
+    converted directories and the engine (CudaBackend::fp8_weight)."""
+    return (tensor.gemm_weight and len(tensor.shape) == 2
+            and all(int(d) % FP8_MULTIPLE == 0 for d in tensor.shape))
 
 
-def is_layer_gemm_weight(name: str) -> bool:
-    """Whether the engine tensor `name` is one of a layer's weight matrices."""
-    return _GEMM_WEIGHT.match(name) is not None
-
-
-def fp8_weight(name: str, shape) -> bool:
-    """Whether the engine keeps tensor `name` of `shape` ([in, out]) in e4m3 under quantization
-    "fp8": a layer's weight matrix whose two sides are multiples of 16. The one rule for the
-    converter, the reader of converted directories and the engine (CudaBackend::fp8_weight)."""
-    return (is_layer_gemm_weight(name) and len(shape) == 2
-            and all(int(d) % FP8_MULTIPLE == 0 for d in shape))
+def fp8_names(config: dict) -> set[str]:
+    """The names of the tensors `config` (an engine config) keeps in e4m3 (is_fp8)."""
+    return {t.name for t in iter_tensors(config) if is_fp8(t)}
 
 
 def quantize_columns(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,10 +35,12 @@ from .compressed_tensors import (
 )
 from .errors import ConversionError
 from .families import ABSOLUTE, Family, KVHeads, Part, family_for_config, supported_model_types
-from .fp8 import CHECKPOINT_QUANTIZATION, FP8, FP8_DTYPE, bad_scale_count, dequantize
+from .fp8 import FP8_DTYPE, bad_scale_count, dequantize
 from .jsonfile import read_json, read_json_object
 from .layout import (
+    CHECKPOINT_QUANTIZATION,
     CONFIG_FILE,
+    FP8,
     DISENTANGLED,
     LAYER,
     RELATIVE_BUCKETS,

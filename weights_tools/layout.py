@@ -17,9 +17,17 @@ from typing import Any, Callable
 import torch
 
 from .._native import _C
-from .fp8 import CHECKPOINT_QUANTIZATION, QUANTIZATIONS
 
 FORMAT_NAME = "ftbert"
+
+# The engine config's record of FP8 weights in the checkpoint that was read: null, or FP8 (its layer
+# weights were e4m3 with scales, handed out as float32 q * s). An optional key of ftbert_config.json,
+# written after "dtype" by FP8 conversions only; reader.read_config fills in null where it is absent
+# (weights_tools/fp8.py: which tensors, and how).
+CHECKPOINT_QUANTIZATION = "checkpoint_quantization"
+FP8 = "fp8"
+QUANTIZATIONS = (FP8,)
+
 FORMAT_VERSION = 2  # what the converter writes
 READABLE_VERSIONS = (1, 2)  # what read_converted reads (version 1: reader._upgrade_version_1)
 CONFIG_FILE = "ftbert_config.json"
@@ -141,7 +149,7 @@ CONFIG_KEYS = (
     "weights_sha256",
     "max_seq_length",
 )
-# Not among them: fp8.CHECKPOINT_QUANTIZATION, written after "dtype" only by FP8 conversions (a file
+# Not among them: CHECKPOINT_QUANTIZATION, written after "dtype" only by FP8 conversions (a file
 # without it stores no tensor as FP8, as every conversion before FP8 files); read back as null.
 
 # Engine tensor names the family tables map HF names onto (the full list of each architecture's

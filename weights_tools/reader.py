@@ -8,10 +8,12 @@ import torch
 
 from .errors import FormatError
 from .families import check_engine_config
-from .fp8 import CHECKPOINT_QUANTIZATION, FP8, FP8_DTYPE, SCALE_SUFFIX, bad_scale_count, dequantize, fp8_weight
+from .fp8 import FP8_DTYPE, SCALE_SUFFIX, bad_scale_count, dequantize, is_fp8
 from .jsonfile import read_json_object
 from .layout import (
     ABSOLUTE,
+    CHECKPOINT_QUANTIZATION,
+    FP8,
     CONFIG_FILE,
     CONFIG_KEYS,
     DTYPES,
@@ -29,7 +31,7 @@ from .layout import (
     sha256_file,
 )
 from .safetensors_header import read_header
-from .schema import check_fits, iter_expected_tensors
+from .schema import check_fits, iter_tensors
 
 
 def is_converted(directory) -> bool:
@@ -136,15 +138,15 @@ def _fill_checkpoint_quantization(config: dict) -> dict:
 
 def expected_stored(config: dict):
     """(name, shape, dtype) of every tensor the weights file holds, in file order: the engine's
-    tensors in the config's dtype; under checkpoint_quantization "fp8" each weight fp8.fp8_weight
+    tensors in the config's dtype; under checkpoint_quantization "fp8" each weight fp8.is_fp8
     picks in float8_e4m3fn, followed by its float32 scale per output channel, `<name>_scale` [out]."""
     fp8 = config.get(CHECKPOINT_QUANTIZATION) == FP8
-    for name, shape in iter_expected_tensors(config):
-        if fp8 and fp8_weight(name, shape):
-            yield name, shape, FP8_DTYPE
-            yield name + SCALE_SUFFIX, (shape[1],), "float32"
+    for t in iter_tensors(config):
+        if fp8 and is_fp8(t):
+            yield t.name, t.shape, FP8_DTYPE
+            yield t.name + SCALE_SUFFIX, (t.shape[1],), "float32"
         else:
-            yield name, shape, config["dtype"]
+            yield t.name, t.shape, config["dtype"]
 
 
 def read_config(directory) -> dict:

@@ -19,6 +19,7 @@ class Tensor(NamedTuple):
     name: str
     shape: tuple[int, ...]
     table: bool  # a lookup table (embeddings, a relative bias): rows as HF stores them
+    gemm_weight: bool  # a matrix only Backend::weight_gemm multiplies (what quantization applies to)
 
 
 def engine_config(config: dict) -> dict:
@@ -38,7 +39,7 @@ def iter_tensors(config: dict) -> Iterator[Tensor]:
     at the first mismatch however many layers a config claims."""
     layers = int(config["num_hidden_layers"])
     asked = min(layers, 2)
-    specs = [Tensor(n, tuple(s), t) for n, s, t in
+    specs = [Tensor(n, tuple(s), t, g) for n, s, t, g in
              _C.expected_tensors(engine_config({**config, "num_hidden_layers": asked}))]
     in_layer = [t.name.startswith("layers.") for t in specs]
     first = in_layer.index(True) if any(in_layer) else len(specs)

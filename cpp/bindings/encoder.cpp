@@ -157,11 +157,12 @@ void register_encoder(py::module_& m) {
       [](const py::dict& config) {
         py::list out;
         for (const ExpectedTensor& t : expected_tensors(config_from_dict(config))) {
-          out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.table));
+          out.append(py::make_tuple(t.name, py::tuple(py::cast(t.shape)), t.table, t.gemm_weight));
         }
         return out;
       },
-      "The tensors an engine config implies, in file order: (name, shape, is a lookup table).");
+      "The tensors an engine config implies, in file order: (name, shape, is a lookup table, is a "
+      "weight GEMM's matrix).");
   m.def(
       "engine_config_keys",
       [] {

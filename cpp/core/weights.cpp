@@ -170,7 +170,7 @@ std::vector<TensorSpec> pre_norm_tensor_table(const ModelConfig& c, ModelWeights
 std::vector<ExpectedTensor> expected_tensors(const ModelConfig& c) {
   std::vector<ExpectedTensor> out;
   for (TensorSpec& t : tensor_table(c, nullptr)) {
-    out.push_back({std::move(t.name), std::move(t.shape), t.table});
+    out.push_back({std::move(t.name), std::move(t.shape), t.table, t.gemm_weight});
   }
   return out;
 }

@@ -68,8 +68,8 @@ def test_the_schema_repeats_the_engine_s_layers(tmp_path, family, kind):
     config, tensors = load_hf_checkpoint(tmp_path)
     for layers in (1, 2, 5):
         cfg = engine_config({**config, "num_hidden_layers": layers})
-        assert [(t.name, t.shape, t.table) for t in iter_tensors(cfg)] == \
-            [(n, tuple(s), table) for n, s, table in _C.expected_tensors(cfg)]
+        assert [(t.name, t.shape, t.table, t.gemm_weight) for t in iter_tensors(cfg)] == \
+            [(n, tuple(s), table, gemm) for n, s, table, gemm in _C.expected_tensors(cfg)]
     tables = {t.name for t in iter_tensors(engine_config(config)) if t.table}
     assert tables == {n for n in tensors if n.startswith("embeddings.") and n[11:] in ("word", "position",
                       "token_type")} | {n for n in tensors if n in ("encoder.relative_attention_bias",

@@ -27,36 +27,32 @@ def _codes(q: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "name, shape, expected",
+    "shape, gemm_weight, expected",
     [
-        ("layers.0.qkv_weight", (48, 144), True),
-        ("layers.11.attn_out_weight", (768, 768), True),
-        ("layers.1.ffn_in_weight", (48, 40), False),  # 40 is not a multiple of 16
-        ("layers.1.ffn_out_weight", (40, 48), False),
-        ("layers.1.ffn_out_weight", (48, 48), True),
-        ("layers.0.qkv_bias", (144,), False),
-        ("pooler.weight", (48, 48), False),  # the engine's weight GEMMs are the layers' four only
-        ("embeddings.project_weight", (32, 48), False),
-        ("classifier.dense_weight", (48, 48), False),
-        ("classifier.out_weight", (48, 16), False),
-        ("embeddings.word", (112, 48), False),
-        ("layers.0.qkv_weight_scale", (144,), False),
+        ((48, 144), True, True),
+        ((768, 768), True, True),
+        ((48, 40), True, False),  # 40 is not a multiple of 16
+        ((40, 48), True, False),
+        ((48, 48), False, False),  # not a weight GEMM's matrix (a pooler, a head)
+        ((144,), False, False),
     ],
 )
-def test_which_weights_are_fp8(fp8, name, shape, expected):
-    assert fp8.fp8_weight(name, shape) is expected
+def test_which_weights_are_fp8(wt, fp8, shape, gemm_weight, expected):
+    schema = import_module(wt.__name__ + ".schema")
+    assert fp8.is_fp8(schema.Tensor("t", shape, False, gemm_weight)) is expected
 
 
-def test_the_rule_names_every_layer_matrix_of_every_architecture(wt, fp8):
-    """The engine's weight GEMMs are each layer's four matrices (the gemm_weight entries of
-    cpp/core/weights.cpp, which the binding does not expose): a layer matrix the engine adds under
-    another name fails here, so that the rule is looked at again."""
+def test_the_engine_flags_each_layers_four_matrices_in_every_architecture(wt):
+    """The flag is the engine's (cpp/core/weights.cpp's gemm_weight, through the binding): in every
+    family's architecture, each layer's QKV, attention output, FFN-in and FFN-out, and nothing else
+    (embeddings, a projection, the pooler, heads stay 16-bit under quantization "fp8")."""
     families = import_module(wt.__name__ + ".families")
+    schema = import_module(wt.__name__ + ".schema")
     for family in wt.FAMILIES.values():
-        layer = families._engine_names(family)["layer"]
-        matrices = {n for n in layer if n.endswith("_weight")}
-        assert matrices == {"qkv_weight", "attn_out_weight", "ffn_in_weight", "ffn_out_weight"}, family.name
-        assert all(fp8.is_layer_gemm_weight("layers.1." + n) == (n in matrices) for n in layer), family.name
+        flagged = {t.name for t in schema.iter_tensors(families._probe_config(family)) if t.gemm_weight}
+        want = {f"layers.{i}.{w}" for i in range(2)
+                for w in ("qkv_weight", "attn_out_weight", "ffn_in_weight", "ffn_out_weight")}
+        assert flagged == want, family.name
 
 
 def test_quantize_columns_is_the_engines_per_channel_absmax(fp8, rng):
@@ -192,12 +188,14 @@ def test_convert_fp8_stores_the_engines_weights_as_e4m3(wt, fp8, hf, tmp_path, o
     header = _header(out / "ftbert_weights.safetensors")
     stored = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]
     want = {}
-    for name, shape in wt.expected_tensors(cfg):
-        if fp8.fp8_weight(name, shape):
-            want[name] = ("F8_E4M3", shape)
-            want[name + "_scale"] = ("F32", (shape[1],))
+    schema = import_module(wt.__name__ + ".schema")
+    quantized = fp8.fp8_names(cfg)
+    for t in schema.iter_tensors(cfg):
+        if t.name in quantized:
+            want[t.name] = ("F8_E4M3", t.shape)
+            want[t.name + "_scale"] = ("F32", (t.shape[1],))
         else:
-            want[name] = (stored, shape)
+            want[t.name] = (stored, t.shape)
     assert header == want
     assert [n for n, (d, _) in want.items() if d == "F8_E4M3"] == [
         f"layers.{i}.{w}" for i in range(2) for w in ("qkv_weight", "attn_out_weight")]
@@ -208,7 +206,7 @@ def test_convert_fp8_stores_the_engines_weights_as_e4m3(wt, fp8, hf, tmp_path, o
     ref = hf.reference_tensors(odd_model)
     assert list(tensors) == list(ref)
     for name, t in tensors.items():
-        if fp8.fp8_weight(name, t.shape):
+        if name in quantized:
             q, s = fp8.quantize_columns(ref[name])
             assert t.dtype == torch.float32 and torch.equal(t, q.float() * s), name
         else:

@@ -34,6 +34,7 @@ struct ExpectedTensor {
   std::string name;
   std::vector<int64_t> shape;
   bool table = false;
+  bool gemm_weight = false;  // multiplied only by Backend::weight_gemm (what quantization applies to)
 };
 
 // The tensors a converted checkpoint must hold for `config`, in file order: the one definition

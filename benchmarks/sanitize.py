@@ -105,7 +105,11 @@ def fp8() -> None:
                 for invariant in (False, True):
                     enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype=dtype, quantization="fp8",
                                                          batch_invariant=invariant)
-                    outs = [enc(ids, mask) for _ in range(3)]  # eager, recorded, replayed
+                    outs = [enc(ids, mask)]
+                    # The 16-bit GEMMs beside the e4m3 ones (pooler, head, the 301-wide FFN) are
+                    # measured first: a shape is recorded once its picks are in.
+                    enc._native.wait_for_tuning()
+                    outs += [enc(ids, mask) for _ in range(2)]  # recorded, replayed
                     for o in outs[1:]:
                         np.testing.assert_array_equal(o.last_hidden_state, outs[0].last_hidden_state)
                     assert np.isfinite(outs[0].last_hidden_state).all()

@@ -10,29 +10,14 @@ import struct
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+
+from tests.weights_tools._converted import rewrite_config, rewrite_weights
 
 
 @pytest.fixture
 def converted(wt, make_checkpoint, tmp_path):
     src, _ = make_checkpoint("cls")
     return wt.convert_checkpoint(src, tmp_path / "out", progress=False)
-
-
-def _rewrite_config(out, **changes):
-    path = out / "ftbert_config.json"
-    cfg = json.loads(path.read_text())
-    cfg.update(changes)
-    path.write_text(json.dumps(cfg))
-
-
-def _rewrite_weights(out, edit):
-    """Edits the tensors and re-records the checksum, so the check under test is the one that fires."""
-    path = out / "ftbert_weights.safetensors"
-    sd = load_file(str(path))
-    edit(sd)
-    save_file(sd, str(path))
-    _rewrite_config(out, weights_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
 
 
 def test_intact_directory_reads_and_is_converted(wt, converted):
@@ -66,7 +51,7 @@ def test_unparsable_weights_with_matching_checksum_is_a_format_error(wt, convert
     data = bytearray(path.read_bytes())
     data[8:20] = b"not a header"
     path.write_bytes(bytes(data))
-    _rewrite_config(converted, weights_sha256=hashlib.sha256(bytes(data)).hexdigest())
+    rewrite_config(converted, weights_sha256=hashlib.sha256(bytes(data)).hexdigest())
     with pytest.raises(wt.FormatError, match="cannot be read as safetensors"):
         wt.read_converted(converted)
 
@@ -104,7 +89,7 @@ def test_config_that_is_not_a_json_object_is_a_format_error(wt, converted, text)
     ],
 )
 def test_bad_config_values_are_format_errors(wt, converted, changes, pattern):
-    _rewrite_config(converted, **changes)
+    rewrite_config(converted, **changes)
     with pytest.raises(wt.FormatError, match=pattern):
         wt.read_converted(converted)
 
@@ -125,26 +110,26 @@ def test_missing_weights_file_is_a_format_error(wt, converted):
 
 
 def test_declared_dtype_must_match_the_stored_one(wt, converted):
-    _rewrite_config(converted, dtype="bfloat16")
+    rewrite_config(converted, dtype="bfloat16")
     with pytest.raises(wt.FormatError, match="'embeddings.word' is float32.*declares dtype bfloat16"):
         wt.read_converted(converted)
 
 
 def test_tensor_of_wrong_shape_is_named(wt, converted):
-    _rewrite_weights(converted, lambda sd: sd.__setitem__("layers.1.ffn_in_weight", torch.zeros(80, 48)))
+    rewrite_weights(converted, lambda sd: sd.__setitem__("layers.1.ffn_in_weight", torch.zeros(80, 48)))
     pattern = r"'layers.1.ffn_in_weight' has shape \[80, 48\], expected \[48, 80\]"
     with pytest.raises(wt.FormatError, match=pattern):
         wt.read_converted(converted)
 
 
 def test_missing_and_unexpected_tensors_are_named(wt, converted):
-    _rewrite_weights(converted, lambda sd: sd.pop("layers.0.qkv_bias"))
+    rewrite_weights(converted, lambda sd: sd.pop("layers.0.qkv_bias"))
     with pytest.raises(wt.FormatError, match="missing tensor 'layers.0.qkv_bias'"):
         wt.read_converted(converted)
-    _rewrite_weights(converted, lambda sd: sd.__setitem__("layers.0.qkv_bias", torch.zeros(144)))
+    rewrite_weights(converted, lambda sd: sd.__setitem__("layers.0.qkv_bias", torch.zeros(144)))
     wt.read_converted(converted)
     # A pooler (or head) the config does not declare is as wrong as a missing one.
-    _rewrite_config(converted, has_pooler=False, head=None)
+    rewrite_config(converted, has_pooler=False, head=None)
     with pytest.raises(wt.FormatError, match="unexpected tensor.*classifier.out_bias, classifier.out_weight, "
                                              "pooler.bias, pooler.weight"):
         wt.read_converted(converted)

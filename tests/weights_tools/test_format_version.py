@@ -4,29 +4,10 @@ directories written before version 2, which still load as the BERTs they are."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-
-def _config(out) -> dict:
-    return json.loads((out / "ftbert_config.json").read_text())
-
-
-def _write_config(out, cfg: dict) -> None:
-    (out / "ftbert_config.json").write_text(json.dumps(cfg))
-
-
-def _rewrite_config(out, **changes):
-    """Sets keys; a value of ... removes the key."""
-    cfg = _config(out)
-    for k, v in changes.items():
-        if v is ...:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    _write_config(out, cfg)
+from tests.weights_tools._converted import read_config, rewrite_config
 
 
 @pytest.fixture
@@ -43,7 +24,7 @@ def convert(wt, make_checkpoint, tmp_path):
 def _as_version_1(out):
     """What the converter wrote before version 2: no position_ids, no pad_token_id (and no
     embedding_size)."""
-    _rewrite_config(out, format_version=1, position_ids=..., pad_token_id=..., embedding_size=...)
+    rewrite_config(out, format_version=1, position_ids=..., pad_token_id=..., embedding_size=...)
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "electra"])
@@ -51,7 +32,7 @@ def test_written_config_is_version_2_with_keys_in_order(wt, convert, family):
     from importlib import import_module
 
     layout = import_module(wt.__name__ + ".layout")
-    stored = _config(convert(family))
+    stored = read_config(convert(family))
     assert tuple(stored) == layout.CONFIG_KEYS
     assert stored["format_version"] == wt.FORMAT_VERSION == 2
     assert stored["model_type"] == family
@@ -75,7 +56,7 @@ def test_version_1_directory_reads_as_bert_with_absolute_positions(wt, convert):
 
 def test_version_1_may_spell_out_what_it_implies(wt, convert):
     out = convert("bert")
-    _rewrite_config(out, format_version=1)  # position_ids "absolute", pad_token_id 0 kept
+    rewrite_config(out, format_version=1)  # position_ids "absolute", pad_token_id 0 kept
     config, _ = wt.read_converted(out)
     assert (config["position_ids"], config["pad_token_id"]) == ("absolute", 0)
 
@@ -94,7 +75,7 @@ def test_version_1_may_spell_out_what_it_implies(wt, convert):
 def test_version_1_contradicting_itself_is_refused(wt, convert, changes, pattern):
     out = convert("bert")
     _as_version_1(out)
-    _rewrite_config(out, **changes)
+    rewrite_config(out, **changes)
     with pytest.raises(wt.FormatError, match=pattern):
         wt.read_converted(out)
 
@@ -148,7 +129,7 @@ def test_roberta_converted_as_version_1_is_refused(wt, convert):
 )
 def test_bad_version_2_values_are_format_errors(wt, convert, family, changes, pattern):
     out = convert(family)
-    _rewrite_config(out, **changes)
+    rewrite_config(out, **changes)
     with pytest.raises(wt.FormatError, match=pattern):
         wt.read_converted(out)
 
@@ -159,7 +140,7 @@ def test_version_2_without_embedding_size_reads_as_hidden_size(wt, convert, fami
     # filled in on read, in its place in the key order.
     out = convert(family)
     written, tensors = wt.read_converted(out)
-    _rewrite_config(out, embedding_size=...)
+    rewrite_config(out, embedding_size=...)
     config, again = wt.read_converted(out)
     assert config == written and list(config) == list(written)
     assert config["embedding_size"] == config["hidden_size"] == 48
@@ -169,7 +150,7 @@ def test_version_2_without_embedding_size_reads_as_hidden_size(wt, convert, fami
 def test_electra_without_embedding_size_is_refused_by_its_shapes(wt, convert):
     # A projected ELECTRA needs the key: read as hidden_size, its tables are the wrong width.
     out = convert("electra")
-    _rewrite_config(out, embedding_size=...)
+    rewrite_config(out, embedding_size=...)
     with pytest.raises(wt.FormatError, match=r"embedding_size=48\) imply .* a size in the config is wrong"):
         wt.read_converted(out)
 
@@ -185,13 +166,13 @@ def test_electra_converted_as_version_1_is_refused(wt, convert):
 def test_one_family_member_may_be_relabelled_as_another(wt, convert, model_type):
     # The three RoBERTa model_types share layout and positions: the label is what the config says.
     out = convert("roberta")
-    _rewrite_config(out, model_type=model_type)
+    rewrite_config(out, model_type=model_type)
     config, _ = wt.read_converted(out)
     assert config["model_type"] == model_type
 
 
 def test_pad_token_id_leaving_one_position_reads(wt, convert):
     out = convert("roberta")  # max_position_embeddings 41
-    _rewrite_config(out, pad_token_id=39)
+    rewrite_config(out, pad_token_id=39)
     config, _ = wt.read_converted(out)
     assert config["pad_token_id"] == 39

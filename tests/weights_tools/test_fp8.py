@@ -4,14 +4,14 @@ and `ftbert convert --quantization fp8` with the reader of what it writes."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from importlib import import_module
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from tests.weights_tools._converted import read_config, rewrite_config, rewrite_weights
 
 
 @pytest.fixture(scope="module")
@@ -148,28 +148,6 @@ def _header(path):
         return {n: (str(f.get_slice(n).get_dtype()), tuple(f.get_slice(n).get_shape())) for n in names}
 
 
-def _config(out):
-    return json.loads((out / "ftbert_config.json").read_text())
-
-
-def _rewrite_config(out, **changes):
-    cfg = _config(out)
-    for k, v in changes.items():
-        if v is ...:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (out / "ftbert_config.json").write_text(json.dumps(cfg))
-
-
-def _rewrite_weights(out, edit):
-    path = out / "ftbert_weights.safetensors"
-    sd = load_file(str(path))
-    edit(sd)
-    save_file(sd, str(path))
-    _rewrite_config(out, weights_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
-
-
 @pytest.fixture
 def odd_model(hf):
     """A model with a 40-wide FFN: its FFN weights ([48, 40], [40, 48]) stay unquantized."""
@@ -180,7 +158,7 @@ def odd_model(hf):
 def test_convert_fp8_stores_the_engines_weights_as_e4m3(wt, fp8, hf, tmp_path, odd_model, dtype):
     src = hf.save_checkpoint(odd_model, tmp_path / "hf")
     out = wt.convert_checkpoint(src, tmp_path / "out", dtype=dtype, progress=False, quantization="fp8")
-    cfg = _config(out)
+    cfg = read_config(out)
     layout = import_module(wt.__name__ + ".layout")
     at = layout.CONFIG_KEYS.index("dtype") + 1
     assert tuple(cfg) == (*layout.CONFIG_KEYS[:at], "checkpoint_quantization", *layout.CONFIG_KEYS[at:])
@@ -262,7 +240,7 @@ def test_cli_quantization_flag(wt, hf, tmp_path, capsys, odd_model):
     src = hf.save_checkpoint(odd_model, tmp_path / "hf")
     assert wt.main([str(src), str(tmp_path / "out"), "--quantization", "fp8", "--dtype", "bfloat16", "-q"]) == 0
     assert "bfloat16, fp8 layer weights" in capsys.readouterr().out
-    assert _config(tmp_path / "out")["checkpoint_quantization"] == "fp8"
+    assert read_config(tmp_path / "out")["checkpoint_quantization"] == "fp8"
     with pytest.raises(SystemExit) as e:
         wt.main([str(src), str(tmp_path / "o2"), "--quantization", "int4"])
     assert e.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
@@ -307,7 +285,7 @@ def converted_fp8(wt, hf, tmp_path, odd_model):
          "negative-scale", "inf-scale", "nan-code"],
 )
 def test_damaged_fp8_directory_is_refused_by_name(wt, converted_fp8, edit, pattern):
-    _rewrite_weights(converted_fp8, edit)
+    rewrite_weights(converted_fp8, edit)
     with pytest.raises(wt.FormatError, match=pattern):
         wt.read_converted(converted_fp8)
 
@@ -317,12 +295,12 @@ def test_reader_without_the_record_refuses_fp8_tensors(wt, converted_fp8):
     refused, never read as something else; so the format keeps version 2. The file is smaller than
     the declared dtype needs, so the size check refuses it first; where it is not (a dtype whose
     size fits), the first FP8 weight is refused by its dtype."""
-    _rewrite_config(converted_fp8, checkpoint_quantization=...)
+    rewrite_config(converted_fp8, checkpoint_quantization=...)
     with pytest.raises(wt.FormatError, match="imply 36562 parameters, at least 142.8 KiB, but the weight files "
                        "\\(ftbert_weights.safetensors\\) hold only"):
         wt.read_converted(converted_fp8)
     # Padded so that the sizes fit (the pad is named after the first mismatch, too late to matter).
-    _rewrite_weights(converted_fp8, lambda sd: sd.update(pad=torch.zeros(1 << 16)))
+    rewrite_weights(converted_fp8, lambda sd: sd.update(pad=torch.zeros(1 << 16)))
     with pytest.raises(wt.FormatError, match="tensor 'layers.0.qkv_weight' is float8_e4m3fn, but "
                        "ftbert_config.json declares dtype float32 \\(checkpoint_quantization is None\\)"):
         wt.read_converted(converted_fp8)
@@ -330,7 +308,7 @@ def test_reader_without_the_record_refuses_fp8_tensors(wt, converted_fp8):
 
 @pytest.mark.parametrize("value", ["int8", "FP8", 1, True, {"method": "fp8"}])
 def test_bad_checkpoint_quantization_value_is_refused(wt, converted_fp8, value):
-    _rewrite_config(converted_fp8, checkpoint_quantization=value)
+    rewrite_config(converted_fp8, checkpoint_quantization=value)
     with pytest.raises(wt.FormatError, match="checkpoint_quantization must be null or one of 'fp8', got"):
         wt.read_converted(converted_fp8)
 
@@ -341,11 +319,11 @@ def test_plain_conversion_writes_no_record_and_reads_as_null(wt, make_checkpoint
     layout = import_module(wt.__name__ + ".layout")
     src, _ = make_checkpoint()
     out = wt.convert_checkpoint(src, tmp_path / "out", progress=False)
-    assert tuple(_config(out)) == layout.CONFIG_KEYS
+    assert tuple(read_config(out)) == layout.CONFIG_KEYS
     config, _ = wt.read_converted(out)
     keys = list(config)
     assert config["checkpoint_quantization"] is None and keys[keys.index("dtype") + 1] == "checkpoint_quantization"
-    _rewrite_config(out, checkpoint_quantization=None)  # spelled out as null: the same
+    rewrite_config(out, checkpoint_quantization=None)  # spelled out as null: the same
     assert wt.read_converted(out)[0] == config
 
 
@@ -362,7 +340,7 @@ def test_converted_fp8_runs_as_its_float_twin(wt, hf, tmp_path, rng, odd_model):
     twin_model.load_state_dict(odd_model.state_dict())
     fam = wt.family_for("bert")
     sd = twin_model.state_dict()
-    hf_sd = import_module(wt.__name__ + ".hf").hf_state_dict(fam, _config(out), tensors)
+    hf_sd = import_module(wt.__name__ + ".hf").hf_state_dict(fam, read_config(out), tensors)
     with torch.no_grad():
         for k, v in hf_sd.items():
             sd[k].copy_(v)

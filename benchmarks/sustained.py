@@ -13,10 +13,11 @@ and ftbert's 12 attention calls on those QKV products. Their sum is what the for
 it were nothing but its matrix products at cuBLAS's rate and ftbert's attention, with the clock the
 power cap leaves them: a floor for the whole forward with these kernels.
 
---quantization fp8 runs ftbert's forward with e4m3 weight GEMMs (Encoder.quantization) instead.
+--quantization fp8 runs ftbert's forward with e4m3 weight GEMMs (Encoder.quantization) instead;
+--batch-invariant sets the Encoder's batch_invariant (default auto: on here, float16 with flash).
 
     python benchmarks/sustained.py [--shapes 128x128,32x512,1x128] [--seconds 8] [--parts]
-                                   [--quantization fp8] [--json FILE]
+                                   [--quantization fp8] [--batch-invariant auto|on|off] [--json FILE]
 """
 
 import argparse
@@ -69,6 +70,10 @@ def window_summary(samples, start: float, end: float) -> dict | None:
             "watts": statistics.median(s[2] for s in inside),
             "power_limit_w": statistics.median(s[3] for s in inside),
             "throttle": decode_reasons(reasons)}
+
+
+# --batch-invariant's values: the Encoder's batch_invariant.
+INVARIANCE = {"auto": "auto", "on": True, "off": False}
 
 
 def forward_flops(batch: int, seq: int, layers=12, hidden=768, inter=3072) -> int:
@@ -304,6 +309,7 @@ def main():
     ap.add_argument("--parts", action="store_true",
                     help="also run each shape's GEMMs alone and its attention alone")
     ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
+    ap.add_argument("--batch-invariant", choices=sorted(INVARIANCE), default="auto")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -322,7 +328,8 @@ def main():
         BertModel(cfg).save_pretrained(d)
         enc = ftbert.Encoder.from_pretrained(
             d, device="cuda", dtype="float16", attention="flash",
-            quantization=None if args.quantization == "none" else args.quantization)
+            quantization=None if args.quantization == "none" else args.quantization,
+            batch_invariant=INVARIANCE[args.batch_invariant])
         hf = None
         if args.parts:
             hf = BertModel.from_pretrained(d, torch_dtype=torch.float16,
@@ -336,7 +343,8 @@ def main():
                 time.sleep(1.0)  # a gap between shapes in the clock log
         finally:
             sampler.stop()
-    print(f"{props.name}: {len(sampler.samples)} nvidia-smi samples; quantization {args.quantization}")
+    print(f"{props.name}: {len(sampler.samples)} nvidia-smi samples; quantization {args.quantization}, "
+          f"batch_invariant {enc.batch_invariant}")
     print(f"{'shape':>8} {'first ms':>9} {'late ms':>9} {'J':>7} {'SM MHz':>7} {'W':>5} "
           f"{'limit':>6} {'TFLOP/s':>8} {'peak@clk':>8}  throttle")
     for r in rows:
@@ -375,7 +383,8 @@ def main():
                   f"{joules(r['parts_j'])}  (forward {r['late_ms']:.3f} ms{at_limit})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": props.name, "rows": rows}, f, indent=1)
+            json.dump({"device": props.name, "quantization": args.quantization,
+                       "batch_invariant": enc.batch_invariant, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

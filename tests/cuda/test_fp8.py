@@ -42,8 +42,8 @@ def _e4m3(x: torch.Tensor) -> torch.Tensor:
 
 def fp8_reference(a, w, bias, act, dtype):
     """What the fp8 GEMM computes: a and w rounded to `dtype` first (the engine's inputs), then
-    quantized; the product in float64. Also |product| before the bias: erf-GELU runs as a second
-    op on the product rounded to `dtype`, whose rounding the caller allows for."""
+    quantized; the product in float64. Also |product| before the bias. erf-GELU ("gelu") is the
+    exact one here; the engine runs it as cuBLASLt's tanh form, which the caller allows for."""
     t = TORCH[dtype]
     a16 = torch.from_numpy(a).to(t).float()
     w16 = torch.from_numpy(w).to(t).float()
@@ -73,12 +73,13 @@ def test_fp8_gemm_is_the_quantized_product(rng, dtype, m, k, n, act):
     act_name = "identity" if act == "none" else act
     got = r.weight_gemm(dtype, a, w, bias=bias, act=act_name).astype(np.float64)
     want, product = fp8_reference(a, w, bias, act_name, dtype)
-    # fp32 sums in another order and one rounding to the 16-bit output (two for erf-GELU, the
-    # first of the product before its bias).
+    # fp32 sums in another order and one rounding to the 16-bit output; erf-GELU as its tanh form
+    # (within 4.7e-4 of it) or, where cuBLASLt has no kernel with that epilogue, as a second op on
+    # the product rounded to the 16-bit dtype.
     ulp = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10
     tol = 2 * ulp * np.abs(want) + 1e-4 * (np.abs(want).max() + 1)
     if act_name == "gelu":
-        tol = tol + ulp * product
+        tol = tol + ulp * product + 4.8e-4
     excess = np.abs(got - want) - tol
     i = np.unravel_index(np.argmax(excess), excess.shape)
     assert excess[i] <= 0, f"at {i}: got {got[i]}, want {want[i]}"

@@ -5,8 +5,8 @@
 // activations a [m, k] are quantized per row the same way (t_i = max_p |a[i, p]| / 448) into a
 // buffer of the backend's own, and cuBLASLt multiplies the two with those scales as outer
 // vectors (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F): c[i, j] = t_i · s_j · Σ_p qa[i, p] ·
-// qw[j, p] in fp32, then bias (and ReLU / tanh-GELU) in its epilogue, rounded once to the 16-bit
-// output. erf-GELU, which cuBLASLt has no epilogue for, runs as add_bias_activation after it.
+// qw[j, p] in fp32, then bias (and ReLU or GELU, erf-GELU as its tanh form) in its epilogue,
+// rounded once to the 16-bit output. Other activations run as add_bias_activation after it.
 //
 // In cuBLASLt's column-major terms cᵀ [n, m] = op(A) · op(B) with A = the stored Wᵀ (read
 // transposed: e4m3 operands must be "TN") and B = the quantized rows; A's scales are per row of
@@ -243,13 +243,17 @@ void CudaBackend::fp8_weight_gemm(const WeightGemm& g, int lda, int ldc) {
   FTBERT_LAUNCH_CHECK("quantize_rows_e4m3", stream_);
 
   const bool has_bias = g.bias != nullptr;
-  // The bias (and ReLU / tanh-GELU) in cuBLASLt's epilogue where it has one for it.
+  // The bias and the activation in cuBLASLt's epilogue where it has one for it. erf-GELU too:
+  // cuBLASLt's GELU is the tanh form, at most 4.7e-4 from erf's, far inside the e4m3 rounding
+  // that the next GEMM gives this output (2^-4 of each value), and a pass of its own over [m, n]
+  // costs more than the FP8 product saves.
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   if (has_bias) {
     epilogue = g.act == Activation::kIdentity ? CUBLASLT_EPILOGUE_BIAS
              : g.act == Activation::kRelu     ? CUBLASLT_EPILOGUE_RELU_BIAS
-             : g.act == Activation::kGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                              : CUBLASLT_EPILOGUE_DEFAULT;
+             : g.act == Activation::kGeluTanh || g.act == Activation::kGeluErf
+                 ? CUBLASLT_EPILOGUE_GELU_BIAS
+                 : CUBLASLT_EPILOGUE_DEFAULT;
   }
   Fp8Shape* shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, w_scales, row_scales, g.bias);
   if (!shape->found && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {

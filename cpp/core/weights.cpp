@@ -248,6 +248,7 @@ ModelWeights upload_weights(Backend* backend, const ModelConfig& config, const H
       continue;
     }
     *t.dest = upload_one(backend, host, t.name, t.shape, compute, t.gemm_weight);
+    w.bytes += t.dest->bytes();
   }
   backend->synchronize();  // the host staging buffers are gone after this function
   return w;

@@ -501,6 +501,13 @@ class Encoder:
     def workspace_bytes(self) -> int:
         return self._native.workspace_bytes
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of device (or, on the CPU, host) memory the weights take in the engine: each
+        tensor in the layout it is kept in (compute dtype; e4m3 or int8 with their scales where
+        `quantization` applies) and what the architecture derives from them at load."""
+        return self._native.weight_bytes
+
     def tune(self, max_tokens: int = 16384, progress=None) -> dict:
         """Measures the GEMM kernels of every token count from 512 to `max_tokens` now, rather than
         when forwards first meet them, and waits until the picks are in use and written to the

@@ -26,6 +26,8 @@ class BertModel final : public Model {
     blocks::pooler_and_head(be, dtype_, config_, weights_, act, out, layout, outputs);
   }
 
+  size_t weight_bytes() const override { return weights_.bytes; }
+
  private:
   ModelWeights weights_;
 };

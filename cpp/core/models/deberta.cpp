@@ -162,6 +162,12 @@ class DebertaModel final : public Model {
     return da;
   }
 
+ public:
+  size_t weight_bytes() const override {
+    return weights_.bytes + zero_bias_.bytes() + columns_.bytes() + bytes_of(positions_);
+  }
+
+ private:
   ModelWeights weights_;
   DeviceBuffer zero_bias_;              // [3H]
   std::vector<int32_t> host_columns_;   // [2·P − 1] (columns)

@@ -66,6 +66,8 @@ class EuroBertModel final : public Model {
     blocks::pooler_and_head(be, dt, c, w, act, out, L, outputs);
   }
 
+  size_t weight_bytes() const override { return weights_.bytes + rotary_.bytes() + zeros_.bytes(); }
+
  private:
   ModelWeights weights_;
   DeviceBuffer rotary_;  // [P, d] float32

@@ -106,6 +106,12 @@ class ModernBertModel final : public Model {
     be.add_bias_activation(dt, act.logits, w.head_out_bias.data(), M, N, Activation::kIdentity);
   }
 
+ public:
+  size_t weight_bytes() const override {
+    return weights_.bytes + global_rotary_.bytes() + local_rotary_.bytes() + zeros_.bytes();
+  }
+
+ private:
   ModelWeights weights_;
   DeviceBuffer global_rotary_;  // [P, d] float32
   DeviceBuffer local_rotary_;   // [P, d] float32

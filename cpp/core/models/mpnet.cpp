@@ -71,6 +71,10 @@ class MpnetModel final : public Model {
     return buf;
   }
 
+ public:
+  size_t weight_bytes() const override { return weights_.bytes + bias_.bytes(); }
+
+ private:
   ModelWeights weights_;
   int span_;
   DeviceBuffer bias_;  // [heads, 2·span − 1] float32

@@ -114,6 +114,10 @@ class RotaryBertModel final : public Model {
     blocks::pooler_and_head(be, dt, c, weights_, act, out, L, outputs);
   }
 
+  size_t weight_bytes() const override {
+    return weights_.bytes + rotary_.bytes() + bytes_of(v_bias_);
+  }
+
  private:
   ModelWeights weights_;
   DeviceBuffer rotary_;               // [P, d] float32

@@ -87,6 +87,8 @@ class Encoder {
   // Bytes of activation workspace held now, over all sessions (each grows to the largest
   // batch x seq it ran, then stays).
   size_t workspace_bytes() const;
+  // Bytes of backend memory the weights take (Model::weight_bytes).
+  size_t weight_bytes() const { return model_->weight_bytes(); }
 
   // Replaying repeated shapes (CUDA graphs). When on (the default), the second forward of a
   // shape (batch, seq, packed or not and its token-count bucket, attention kernel, outputs) in a

@@ -71,6 +71,10 @@ class Model {
                        const SequenceLayout& layout, AttentionKind attention,
                        Outputs outputs) const = 0;
 
+  // Bytes of backend memory the weights take: the uploaded tensors, in the layout each is kept in
+  // (e4m3 or int8 panels where quantized), and what the architecture derives from them at load.
+  virtual size_t weight_bytes() const = 0;
+
   // Bytes of Activations::attention_scratch a forward of B sequences up to `seq` long over `rows`
   // rows needs: run_attention's own, and whatever the architecture computes beside it.
   virtual size_t attention_scratch_bytes(AttentionKind kind, int batch, int seq,

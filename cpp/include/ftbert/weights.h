@@ -95,7 +95,15 @@ struct ModelWeights {
   DeviceBuffer head_ln_gamma;          // [H] (a head with a norm; else empty)
   DeviceBuffer head_out_weight;        // [H, N] (empty without a head)
   DeviceBuffer head_out_bias;          // [N]
+  size_t bytes = 0;                    // backend memory of all of the above
 };
+
+// Backend memory of buffers an architecture derives from its weights at load.
+inline size_t bytes_of(const std::vector<DeviceBuffer>& buffers) {
+  size_t n = 0;
+  for (const DeviceBuffer& b : buffers) n += b.bytes();
+  return n;
+}
 
 // A host tensor checked (present, of `shape`, finite) and widened to float32: for what an
 // architecture computes from at load rather than uploads.

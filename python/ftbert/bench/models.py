@@ -172,11 +172,6 @@ def compile_model(model, mode: str):
     return torch.compile(model, dynamic=False, mode=None if mode == "default" else mode)
 
 
-def ftbert_weight_bytes(model: Model, dtype: str) -> int:
-    """The engine keeps every weight in the compute dtype: parameters x its size."""
-    return model.n_params * torch.tensor([], dtype=TORCH_DTYPES[dtype]).element_size()
-
-
 # ---- transformers --------------------------------------------------------------------------
 def make_hf(model: Model, attn_implementation: str):
     """A float32 CPU transformers model of the checkpoint's family with the model's weights, in eval

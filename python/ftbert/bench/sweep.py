@@ -10,13 +10,12 @@ import gc
 import torch
 
 from .args import Options
-from .models import (Model, Peers, ftbert_weight_bytes, hf_attention, hf_peer, make_ftbert,
-                     weight_bytes)
+from .models import Model, Peers, hf_attention, hf_peer, make_ftbert, weight_bytes
 from .onnx import ONNX_ENGINES, OnnxPeers, make_onnx_fn
 from .timing import summarize, time_interleaved
 
 MIB = 1024 * 1024
-MEM_SOURCE_FTBERT = ("estimate: weights (parameters x dtype size) + enc.workspace_bytes + "
+MEM_SOURCE_FTBERT = ("enc.weight_bytes (as the engine keeps them, quantized or not) + enc.workspace_bytes + "
                      "torch.cuda.max_memory_allocated delta of the forward (outputs)")
 MEM_SOURCE_TORCH = "parameter+buffer bytes + torch.cuda.max_memory_allocated delta of the forward"
 
@@ -350,7 +349,7 @@ class Sweep:
                 torch.cuda.synchronize()
                 delta = torch.cuda.max_memory_allocated() - base
                 if engine.startswith("ftbert"):
-                    weights = ftbert_weight_bytes(self.model, dtype)
+                    weights = runner.weight_bytes  # the engine's own: quantized weights counted as kept
                     act = runner.workspace_bytes + delta
                     res["mem_source"] = MEM_SOURCE_FTBERT
                 else:

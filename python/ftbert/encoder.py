@@ -375,8 +375,8 @@ class Encoder:
         "fp8" on a GPU of compute capability 9.0 (Hopper) or later, in float16 or bfloat16: the
         layers' weight matrices in e4m3 with a float32 scale per output channel (max |w| / 448),
         each GEMM's input rows in e4m3 with a scale per token, computed as the GEMM starts; the
-        products summed in fp32 by cuBLASLt, scaled back, bias and activation added, rounded once
-        to `dtype`. Embeddings, LayerNorms, attention, pooler and heads stay 16-bit; a weight whose
+        products summed in fp32 by cuBLASLt, scaled back, bias and activation added (erf-GELU as
+        its tanh form, within 4.7e-4), rounded once to `dtype`. Embeddings, LayerNorms, attention, pooler and heads stay 16-bit; a weight whose
         sides are not multiples of 16 stays 16-bit too. Its error and speed: docs/performance.md
         ("FP8 on the GPU")."""
         q = self._native.quantization

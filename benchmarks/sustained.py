@@ -281,7 +281,7 @@ def run_shape(enc, torch, vocab: int, batch: int, seq: int, seconds: float, mete
     # The shape's GEMMs go to the tuner, which measures them on the GPU beside the forwards and
     # holds the recording back until its picks are in: timed after that, not during it.
     enc(ids, mask)
-    enc._native.wait_for_tuning()
+    enc.wait_for_tuning()
     r = back_to_back(torch, lambda: enc(ids, mask), seconds, meter)
     row = {"batch": batch, "seq": seq, "start": r["start"], "end": r["end"],
            "forwards": r["calls"], "first_ms": r["first_ms"], "late_ms": r["late_ms"],

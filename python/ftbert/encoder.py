@@ -508,6 +508,13 @@ class Encoder:
         `quantization` applies) and what the architecture derives from them at load."""
         return self._native.weight_bytes
 
+    def wait_for_tuning(self) -> None:
+        """Returns once the GEMM tuner has measured every shape this encoder's forwards have met
+        so far, their picks in use (at once on the CPU and in float32, where nothing is measured).
+        The tuner times its candidates on the same GPU while forwards go on; a benchmark waits
+        here after a first forward so that what it times is the forward a warmed-up server runs."""
+        self._native.wait_for_tuning()
+
     def tune(self, max_tokens: int = 16384, progress=None) -> dict:
         """Measures the GEMM kernels of every token count from 512 to `max_tokens` now, rather than
         when forwards first meet them, and waits until the picks are in use and written to the
@@ -534,7 +541,7 @@ class Encoder:
             self(ids, np.ones_like(ids))
             if progress is not None:
                 progress(i + 1, len(batches))
-        self._native.wait_for_tuning()
+        self.wait_for_tuning()
         return dict(self._native.tuning_counters)
 
     def warm_up(self, max_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> None:

@@ -318,10 +318,8 @@ class Sweep:
                 def fn():
                     return model(**hf_in).last_hidden_state
             if engine.startswith("ftbert"):
-                # The batch's GEMM shapes go to the tuner, which measures them on the device beside
-                # the forwards: timed once its picks are in use, as in a warmed-up server.
-                fn()
-                runner._native.wait_for_tuning()
+                fn()  # the batch's GEMM shapes go to the tuner: timed once its picks are in use
+                runner.wait_for_tuning()
             return {"res": res, "fn": fn, "runner": runner}
         except KeyboardInterrupt:
             raise

@@ -302,6 +302,8 @@ class Varlen(ProgressRun):
         def failed(name: str, e: Exception) -> None:
             rows[name].update(failed_row(e, device))
 
+        for enc in encoders.values():  # each ran its rows once above: timed once the tuner's picks are in
+            enc.wait_for_tuning()
         samples = time_interleaved(fns, device, o.warmup_for(device), o.iters_for(device), ROUNDS, failed)
         for name, s in samples.items():
             row = rows[name]
@@ -519,6 +521,8 @@ class Varlen(ProgressRun):
         def failed(name: str, e: Exception) -> None:
             rows[name].update(failed_row(e, device))
 
+        if "ftbert" in engines:  # its checked pass above met the shapes: timed once the picks are in
+            engines["ftbert"].wait_for_tuning()
         samples = time_interleaved({k: calls[k] for k in engines}, device, ENCODE_WARMUP,
                                    o.passes_for(device), o.passes_for(device), failed)
         for name, s in samples.items():

@@ -1013,3 +1013,25 @@ def test_cpu_summary_names_the_model_and_only_the_flags_it_has():
     assert f"{os.cpu_count()} CPUs" in text and "no_such_flag_here" not in text
     if platform.machine() == "x86_64":
         assert text.endswith("; sse2")  # every x86-64 CPU has it
+
+
+def test_each_ftbert_row_waits_for_the_tuner_before_it_is_timed(tiny, tmp_path, monkeypatch):
+    # A GPU encoder's first forwards hand their GEMM shapes to the tuner, which measures beside the
+    # forwards: a row is timed only after one forward and a wait for the picks, in that order.
+    from ftbert.encoder import Encoder
+
+    events = []
+    real_wait, real_time = Encoder.wait_for_tuning, bench_sweep.time_interleaved
+    monkeypatch.setattr(Encoder, "wait_for_tuning", lambda self: (events.append("wait"), real_wait(self))[1])
+
+    def timed(fns, *args, **kwargs):
+        events.append(("time", sorted(fns)))
+        return real_time(fns, *args, **kwargs)
+
+    monkeypatch.setattr(bench_sweep, "time_interleaved", timed)
+    out = tmp_path / "o"
+    assert _run(["--model", str(tiny), "--batch", "2", "--seq", "9", "--attention", "unfused,auto",
+                 "--quiet"], out) == 0
+    first_time = next(i for i, e in enumerate(events) if e != "wait")
+    assert events[:first_time] == ["wait", "wait"]  # ftbert-unfused and ftbert-auto, before any timing
+

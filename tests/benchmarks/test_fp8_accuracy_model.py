@@ -22,7 +22,8 @@ def test_rows_are_scaled_so_that_each_largest_magnitude_is_448(rng):
     x[3] = 0.0  # an all-zero row stays zero
     q = model.e4m3_rows(x).double()
     top = x.abs().amax(1, keepdim=True).double()
-    assert torch.equal(q.abs().amax(1, keepdim=True), top)
+    # 448 x (top / 448) in float32: top to a rounding or two
+    assert torch.allclose(q.abs().amax(1, keepdim=True), top, rtol=3e-7, atol=0)
     scaled = (q / torch.where(top > 0, top / 448, 1.0)).abs()
     # every value on e4m3's grid once scaled, and the nearest grid point to the scaled input
     on_grid = (scaled.reshape(-1, 1) - E4M3.reshape(1, -1)).abs().amin(1)

@@ -250,6 +250,9 @@ class CudaBackend : public Backend {
   // Whether `pick` may ever give other bits than the reference: cuBLAS's own choice (its kernel
   // changes with the row count), and cuBLASLt algorithms that split k or take a workspace.
   bool may_split_k(const GemmPick& pick) const;
+  // The tuning operands grown to at least `need` bytes each, in stream order: cudaFree would
+  // synchronize the device, which fails while another thread records a CUDA graph.
+  void grow_tuning_operands(const size_t (&need)[5]);
 
   void release() noexcept;
   // Points cuBLAS at `stream` and at our own workspace (cublasSetStream resets it to cuBLAS's

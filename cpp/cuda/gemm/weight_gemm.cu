@@ -255,6 +255,17 @@ void fill(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t 
 }
 }  // namespace
 
+void CudaBackend::grow_tuning_operands(const size_t (&need)[5]) {
+  for (int i = 0; i < 5; ++i) {
+    if (tuning_bytes_[i] >= need[i]) continue;
+    if (tuning_operands_[i] != nullptr) FTBERT_CUDA_CHECK(cudaFreeAsync(tuning_operands_[i], stream_));
+    tuning_operands_[i] = nullptr;
+    tuning_bytes_[i] = 0;
+    FTBERT_CUDA_CHECK(cudaMallocAsync(&tuning_operands_[i], need[i], stream_));
+    tuning_bytes_[i] = need[i];
+  }
+}
+
 // Batch-invariant shapes' candidates are checked against the reference on this many rows at least.
 constexpr int kInvariantCheckedRows = 4096;
 
@@ -269,19 +280,10 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   const int checked_rows = key.invariant ? std::max(m, kInvariantCheckedRows) : m;
   const size_t out_bytes = static_cast<size_t>(checked_rows) * n * es;
   const size_t count_at = (out_bytes + 255) / 256 * 256;  // the reference's count of differences
-  // The operands, grown as larger shapes come, in stream order: cudaFree would synchronize the
-  // device, which fails while another thread records a CUDA graph.
   const size_t need[5] = {static_cast<size_t>(checked_rows) * k * es,
                           static_cast<size_t>(k) * n * es, static_cast<size_t>(n) * es, out_bytes,
                           key.invariant ? count_at + sizeof(int) : 0};
-  for (int i = 0; i < 5; ++i) {
-    if (tuning_bytes_[i] >= need[i]) continue;
-    if (tuning_operands_[i] != nullptr) FTBERT_CUDA_CHECK(cudaFreeAsync(tuning_operands_[i], stream_));
-    tuning_operands_[i] = nullptr;
-    tuning_bytes_[i] = 0;
-    FTBERT_CUDA_CHECK(cudaMallocAsync(&tuning_operands_[i], need[i], stream_));
-    tuning_bytes_[i] = need[i];
-  }
+  grow_tuning_operands(need);
   const float scales[3] = {1.7f, 0.05f, 0.1f};
   for (int i = 0; i < 3; ++i) {
     fill(key.dt, tuning_operands_[i], need[i] / es, 0x9e3779b9u * (i + 1), scales[i], stream_);

@@ -16,6 +16,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/gemm/lt_descriptors.h"
+#include "cuda/gemm/tuning_data.h"
 #include "cuda/launch.cuh"
 #include "ftbert/pick_store.h"
 #if FTBERT_GEMM_SM90
@@ -207,11 +208,8 @@ const GemmPick& CudaBackend::measured_gemm_pick(const WeightGemm& g) {
 }
 
 namespace {
-// Uniform values in [-scale, scale), a hash of the index: data for timing candidates, with the
-// magnitudes of a model's (LayerNorm outputs ~1, weights ~0.05), since a GEMM's power draw and so
-// its clock under the power cap depend on the bits it multiplies.
 template <typename T>
-__global__ void fill_uniform(T* p, size_t n, uint32_t seed, float scale) {
+__global__ void fill_uniform_kernel(T* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
@@ -233,8 +231,8 @@ __global__ void count_differing_elements(const uint16_t* a, const uint16_t* b, s
   }
   if (local > 0) atomicAdd(differing, local);  // a count: the order of the adds does not matter
 }
+}  // namespace
 
-// Adds to *differing the number of 16-bit elements in which a [n] and b [n] differ.
 void count_differing_bits(const void* a, const void* b, size_t n, int* differing,
                           cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<size_t>((n + 255) / 256, 1024));
@@ -244,16 +242,16 @@ void count_differing_bits(const void* a, const void* b, size_t n, int* differing
   FTBERT_CUDA_CHECK(cudaGetLastError());
 }
 
-void fill(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t stream) {
+void fill_uniform(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<size_t>((n + 255) / 256, 4096));
   if (dt == DType::kFloat16) {
-    fill_uniform<<<blocks, 256, 0, stream>>>(static_cast<__half*>(p), n, seed, scale);
+    fill_uniform_kernel<<<blocks, 256, 0, stream>>>(static_cast<__half*>(p), n, seed, scale);
   } else {
-    fill_uniform<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale);
+    fill_uniform_kernel<<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(p), n, seed,
+                                                    scale);
   }
   FTBERT_CUDA_CHECK(cudaGetLastError());
 }
-}  // namespace
 
 void CudaBackend::grow_tuning_operands(const size_t (&need)[5]) {
   for (int i = 0; i < 5; ++i) {
@@ -266,17 +264,13 @@ void CudaBackend::grow_tuning_operands(const size_t (&need)[5]) {
   }
 }
 
-// Batch-invariant shapes' candidates are checked against the reference on this many rows at least.
-constexpr int kInvariantCheckedRows = 4096;
-
 GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   DeviceScope scope(device_);
   const int m = key.rows_bucket, n = key.n, k = key.k;
   const bool has_bias = key.act != Activation::kIdentity;
   const size_t es = dtype_size(key.dt);
   // Invariant shapes' candidates are checked on at least kInvariantCheckedRows rows, whatever
-  // the bucket: two orders of fp32 sums round to different 16-bit outputs in only about one
-  // output in 10^4, which a few rows would miss.
+  // the bucket (tuning_data.h).
   const int checked_rows = key.invariant ? std::max(m, kInvariantCheckedRows) : m;
   const size_t out_bytes = static_cast<size_t>(checked_rows) * n * es;
   const size_t count_at = (out_bytes + 255) / 256 * 256;  // the reference's count of differences
@@ -286,7 +280,7 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   grow_tuning_operands(need);
   const float scales[3] = {1.7f, 0.05f, 0.1f};
   for (int i = 0; i < 3; ++i) {
-    fill(key.dt, tuning_operands_[i], need[i] / es, 0x9e3779b9u * (i + 1), scales[i], stream_);
+    fill_uniform(key.dt, tuning_operands_[i], need[i] / es, 0x9e3779b9u * (i + 1), scales[i], stream_);
   }
   const WeightGemm g{key.dt, m, n, k, tuning_operands_[0], tuning_operands_[1],
                      has_bias ? tuning_operands_[2] : nullptr, tuning_operands_[3], key.act};
@@ -301,7 +295,7 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   if (key.invariant) {
     // Checked on products of a model's size (|a·W| ~ 2, where GELU bends) rather than the
     // timing's small ones, on which two epilogues may round alike by chance.
-    fill(key.dt, tuning_operands_[1], need[1] / es, 0x7f4a7c15u, 3.5f / std::sqrt(float(k)), stream_);
+    fill_uniform(key.dt, tuning_operands_[1], need[1] / es, 0x7f4a7c15u, 3.5f / std::sqrt(float(k)), stream_);
     FTBERT_CHECK(run_gemm(rule, {g.dt, checked_rows, n, k, g.a, g.w, g.bias, reference_out, g.act}),
                  "batch_invariant: the reference GEMM refused its own shape");
   }
@@ -332,7 +326,7 @@ GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
   }
   if (key.invariant) {
     candidates.insert(candidates.begin(), rule);  // its time is the bar
-    fill(key.dt, tuning_operands_[1], need[1] / es, 0x9e3779b9u * 2, scales[1], stream_);
+    fill_uniform(key.dt, tuning_operands_[1], need[1] / es, 0x9e3779b9u * 2, scales[1], stream_);
   }
   std::vector<std::function<bool()>> runs;
   for (size_t i = 0; i < candidates.size(); ++i) {

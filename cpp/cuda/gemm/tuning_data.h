@@ -1,0 +1,28 @@
+// The data the GEMM tuner times and checks candidates on (weight_gemm.cu), shared by the 16-bit
+// and the FP8 (fp8_gemm.cu) measurements.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ftbert/dtype.h"
+
+namespace ftbert::cuda {
+
+// Batch-invariant shapes' candidates are checked against the reference on this many rows at
+// least: two orders of fp32 sums round to different 16-bit outputs in only about one output in
+// 10^4, which a few rows would miss.
+constexpr int kInvariantCheckedRows = 4096;
+
+// p [n] (float16 or bfloat16) = uniform values in [-scale, scale), a hash of the index and seed:
+// a model's magnitudes (LayerNorm outputs ~1, weights ~0.05), since a GEMM's power draw and so
+// its clock under the power cap depend on the bits it multiplies.
+void fill_uniform(DType dt, void* p, size_t n, uint32_t seed, float scale, cudaStream_t stream);
+
+// Adds to *differing the number of 16-bit elements in which a [n] and b [n] differ.
+void count_differing_bits(const void* a, const void* b, size_t n, int* differing,
+                          cudaStream_t stream);
+
+}  // namespace ftbert::cuda

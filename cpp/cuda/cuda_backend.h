@@ -213,11 +213,23 @@ class CudaBackend : public Backend {
   struct Fp8ShapeDelete {
     void operator()(Fp8Shape* shape) const noexcept;
   };
+  // The descriptors of a shape and its fixed rule's algorithm: cuBLASLt's first at m rows, or
+  // under batch invariance the invariant reference (the first at kFp8InvariantRows rows, unsplit).
   Fp8Shape& fp8_shape(DType dt, int m, int n, int k, int ldc, cublasLtEpilogue_t epilogue,
-                      const float* w_scales, const float* row_scales, const void* bias);
+                      bool invariant, const float* w_scales, const float* row_scales,
+                      const void* bias);
   // The quantized activations' buffer, at least `bytes`.
   void* fp8_rows(size_t bytes);
   void fp8_weight_gemm(const WeightGemm& g, int lda, int ldc);
+  // The measured pick of an FP8 GEMM (m rows, that epilogue), as measured_gemm_pick; nullptr
+  // where the fixed rule runs (not measured yet, too few rows, or an epilogue not tuned).
+  const GemmPick* measured_fp8_pick(const WeightGemm& g, cublasLtEpilogue_t epilogue,
+                                    bool invariant);
+  // measure_gemm for an FP8 key: cuBLASLt's FP8 algorithms on e4m3 data.
+  GemmPick measure_fp8_gemm(const GemmShapeKey& key);
+  // Enqueues cᵀ = op(w) · q with `algo`; false, enqueuing nothing, where it refuses the shape.
+  bool run_fp8(Fp8Shape& shape, const cublasLtMatmulAlgo_t& algo, size_t workspace, const void* w,
+               const void* q, void* c);
   struct LtShape;  // cuBLASLt's descriptors of a shape (weight_gemm.cu)
   struct LtShapeDelete {
     void operator()(LtShape* shape) const noexcept;  // where LtShape is complete

@@ -212,6 +212,51 @@ print(json.dumps(dict(loaded=loaded, done=enc.gemm_tuning)))
         assert np.array_equal(a[key], b[key]) and np.array_equal(a[key], c[key]), key
 
 
+def _hopper() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.skipif(not _hopper(), reason="quantization 'fp8' needs compute capability 9.0+")
+@pytest.mark.parametrize("invariant", [True, False])
+def test_fp8_picks_are_measured_persist_and_keep_the_bits(tmp_path, model_dir, invariant):
+    # FP8 GEMMs are measured among cuBLASLt's FP8 algorithms under keys of their own (",fp8"); a
+    # later process loads the picks and computes the same bits. Under batch invariance every
+    # bucket is measured and any pick gives the reference's bits, as "fixed" (no measurement)
+    # computes them.
+    code = FORWARDS.replace("import json, sys", "import json, os, sys") + f"""
+enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16",
+                                     quantization="fp8", batch_invariant={invariant})
+loaded = enc.gemm_tuning
+forwards(enc, [1, 4, 12], 1)
+enc.wait_for_tuning()
+outs = forwards(enc, [1, 4, 12], 2)
+name = "/fixed.npz" if os.environ["FTBERT_GEMM_CHOICE"] == "fixed" else (
+    "/second.npz" if loaded["loaded"] else "/first.npz")
+np.savez({str(tmp_path)!r} + name, *outs)
+print(json.dumps(dict(loaded=loaded, done=enc.gemm_tuning)))
+"""
+    first, err = run(code, tmp_path)
+    assert "failed" not in err, err
+    text = cache_files(tmp_path)[0].read_text()
+    fp8_keys = [line for line in text.splitlines() if ",fp8" in line]
+    # bert's four weight GEMMs at 512 and 1,536 rows, and under invariance at 128 rows too
+    assert len(fp8_keys) >= (12 if invariant else 8), text[:3000]
+    assert all((",invariant,fp8" in line) == invariant for line in fp8_keys), fp8_keys
+    second, err = run(code, tmp_path)
+    assert "warning" not in err, err
+    assert second["loaded"]["loaded"] == first["done"]["measured"]
+    assert second["done"]["measured"] == 0
+    a, b = (np.load(tmp_path / f) for f in ("first.npz", "second.npz"))
+    for key in a.files:
+        assert np.array_equal(a[key], b[key]), key
+    if invariant:
+        run(code, tmp_path / "none", FTBERT_GEMM_CHOICE="fixed")
+        c = np.load(tmp_path / "fixed.npz")
+        for key in a.files:
+            assert np.array_equal(a[key], c[key]), key
+
+
 COUNT_PICKS = FORWARDS + """
 enc = ftbert.Encoder.from_pretrained(sys.argv[1], device="cuda", dtype="float16")
 batches = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 and sys.argv[2] else []

@@ -16,12 +16,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/gemm/gemm_tuner.h"
 #include "cuda/gemm/lt_descriptors.h"
+#include "cuda/gemm/tuning_data.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/kernels.h"
 #include "cuda/launch.cuh"
@@ -68,6 +71,69 @@ __global__ void __launch_bounds__(256)
   }
   if (lane == 0) scales[row] = top > 0.0f ? top / kE4m3Max : 1.0f;
 }
+
+// Random e4m3 codes of values uniform in [-448, 448): the FP8 measurement's operands, as
+// fill_uniform's (tuning_data.h) once quantized.
+__global__ void fill_e4m3_kernel(__nv_fp8_storage_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    const float x = kE4m3Max * (static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    p[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+__global__ void fill_value_kernel(float* p, size_t n, float value) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] = value;
+  }
+}
+
+int fill_blocks(size_t n) { return static_cast<int>(std::min<size_t>((n + 255) / 256, 4096)); }
+
+void fill_e4m3(void* p, size_t n, uint32_t seed, cudaStream_t stream) {
+  fill_e4m3_kernel<<<fill_blocks(n), 256, 0, stream>>>(static_cast<__nv_fp8_storage_t*>(p), n,
+                                                       seed);
+  FTBERT_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_value(float* p, size_t n, float value, cudaStream_t stream) {
+  fill_value_kernel<<<fill_blocks(n), 256, 0, stream>>>(p, n, value);
+  FTBERT_CUDA_CHECK(cudaGetLastError());
+}
+
+// The bias and the activation in cuBLASLt's epilogue where it has one for them. erf-GELU too:
+// cuBLASLt's GELU is the tanh form, at most 4.7e-4 from erf's, far inside the e4m3 rounding that
+// the next GEMM gives this output (2^-4 of each value), and a pass of its own over [m, n] costs
+// more than the FP8 product saves.
+cublasLtEpilogue_t fp8_epilogue(bool has_bias, Activation act) {
+  if (!has_bias) return CUBLASLT_EPILOGUE_DEFAULT;
+  switch (act) {
+    case Activation::kIdentity: return CUBLASLT_EPILOGUE_BIAS;
+    case Activation::kRelu: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case Activation::kGeluTanh:
+    case Activation::kGeluErf: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    default: return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+bool splits_k(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splits = 1;
+  size_t written = 0;
+  return cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                              sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+         splits > 1;
+}
+
+// The candidates cuBLASLt ranks for a shape in the measurement (as many as the 16-bit GEMMs').
+constexpr int kFp8Candidates = 8;
+constexpr const char* kFp8CandidatePrefix = "cublaslt-fp8:";  // + the heuristic's rank
 
 float host_to_float(DType dt, const void* p, int64_t i) {
   if (dt == DType::kFloat16) return __half2float(static_cast<const __half*>(p)[i]);
@@ -164,9 +230,9 @@ void CudaBackend::upload_weight(DType dt, const void* host_w, int k, int n, void
 }
 
 CudaBackend::Fp8Shape& CudaBackend::fp8_shape(DType dt, int m, int n, int k, int ldc,
-                                              cublasLtEpilogue_t epilogue, const float* w_scales,
-                                              const float* row_scales, const void* bias) {
-  const bool invariant = batch_invariant_;
+                                              cublasLtEpilogue_t epilogue, bool invariant,
+                                              const float* w_scales, const float* row_scales,
+                                              const void* bias) {
   const auto key = std::make_tuple(static_cast<int>(dt), m, n, k, ldc, static_cast<int>(epilogue),
                                    invariant);
   auto it = fp8_shapes_.find(key);
@@ -243,35 +309,148 @@ void CudaBackend::fp8_weight_gemm(const WeightGemm& g, int lda, int ldc) {
   FTBERT_LAUNCH_CHECK("quantize_rows_e4m3", stream_);
 
   const bool has_bias = g.bias != nullptr;
-  // The bias and the activation in cuBLASLt's epilogue where it has one for it. erf-GELU too:
-  // cuBLASLt's GELU is the tanh form, at most 4.7e-4 from erf's, far inside the e4m3 rounding
-  // that the next GEMM gives this output (2^-4 of each value), and a pass of its own over [m, n]
-  // costs more than the FP8 product saves.
-  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  if (has_bias) {
-    epilogue = g.act == Activation::kIdentity ? CUBLASLT_EPILOGUE_BIAS
-             : g.act == Activation::kRelu     ? CUBLASLT_EPILOGUE_RELU_BIAS
-             : g.act == Activation::kGeluTanh || g.act == Activation::kGeluErf
-                 ? CUBLASLT_EPILOGUE_GELU_BIAS
-                 : CUBLASLT_EPILOGUE_DEFAULT;
-  }
-  Fp8Shape* shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, w_scales, row_scales, g.bias);
+  const bool invariant = batch_invariant_;
+  cublasLtEpilogue_t epilogue = fp8_epilogue(has_bias, g.act);
+  Fp8Shape* shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, invariant, w_scales,
+                               row_scales, g.bias);
   if (!shape->found && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // no kernel with that epilogue: a second op adds it
-    shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, w_scales, row_scales, g.bias);
+    shape = &fp8_shape(g.dt, g.m, g.n, g.k, ldc, epilogue, invariant, w_scales, row_scales,
+                       g.bias);
   }
   FTBERT_CHECK(shape->found, "fp8 weight GEMM: cuBLASLt has no algorithm for m=" << g.m << ", n="
                                  << g.n << ", k=" << g.k << " on " << device_name_);
   shape->point(w_scales, row_scales, g.bias);
-  const float alpha = 1.0f, beta = 0.0f;
-  FTBERT_CUBLAS_CHECK(cublasLtMatmul(cublaslt_, shape->desc, &alpha, w, shape->w, q, shape->a,
-                                     &beta, g.c, shape->c, g.c, shape->c, &shape->algo,
-                                     shape->workspace > 0 ? cublas_workspace_ : nullptr,
-                                     shape->workspace, stream_));
+  // The measured pick of the row bucket where there is one (it may refuse a row count or ldc of
+  // its bucket), else the rule.
+  const GemmPick* pick = measured_fp8_pick(g, epilogue, invariant);
+  if (pick == nullptr || !run_fp8(*shape, pick->algo, pick->workspace, w, q, g.c)) {
+    FTBERT_CHECK(run_fp8(*shape, shape->algo, shape->workspace, w, q, g.c),
+                 "fp8 weight GEMM: cuBLASLt refused its own algorithm for m="
+                     << g.m << ", n=" << g.n << ", k=" << g.k << ", ldc=" << ldc);
+  }
   if (has_bias && epilogue == CUBLASLT_EPILOGUE_DEFAULT) {
     FTBERT_CHECK(ldc == g.n, "fp8 weight GEMM: a bias after the product needs ldc == n");
     add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, g.act);
   }
+}
+
+bool CudaBackend::run_fp8(Fp8Shape& shape, const cublasLtMatmulAlgo_t& algo, size_t workspace,
+                          const void* w, const void* q, void* c) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(cublaslt_, shape.desc, &alpha, w, shape.w, q, shape.a, &beta, c, shape.c, c,
+                     shape.c, &algo, workspace > 0 ? cublas_workspace_ : nullptr, workspace,
+                     stream_);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) return false;
+  FTBERT_CUBLAS_CHECK(status);
+  return true;
+}
+
+const GemmPick* CudaBackend::measured_fp8_pick(const WeightGemm& g, cublasLtEpilogue_t epilogue,
+                                               bool invariant) {
+  // As the 16-bit GEMMs: few rows keep the rule, except under batch invariance, where the rule's
+  // algorithm is the one ranked at kFp8InvariantRows and every bucket is measured. A bias alone
+  // (no activation) is not a key of the tuner's.
+  if (!measure_gemms_ || epilogue == CUBLASLT_EPILOGUE_BIAS ||
+      (!invariant && g.m < kTunedMinRows)) {
+    return nullptr;
+  }
+  GemmShapeKey key{device_, g.dt, rows_bucket(g.m), g.n, g.k,
+                   epilogue == CUBLASLT_EPILOGUE_DEFAULT ? Activation::kIdentity : g.act};
+  key.invariant = invariant;
+  key.fp8 = true;
+  if (const GemmPick* found = GemmPicks::find(key)) return found;
+  if (gemm_tuning_inline()) return GemmPicks::measure_and_wait(key);
+  GemmPicks::request(key);  // measured on the tuner's thread; this GEMM runs the rule
+  return nullptr;
+}
+
+GemmPick CudaBackend::measure_fp8_gemm(const GemmShapeKey& key) {
+  DeviceScope scope(device_);
+  const int m = key.rows_bucket, n = key.n, k = key.k;
+  const bool has_bias = key.act != Activation::kIdentity;
+  const cublasLtEpilogue_t epilogue = fp8_epilogue(has_bias, key.act);
+  const size_t es = dtype_size(key.dt);
+  const int checked_rows = key.invariant ? std::max(m, kInvariantCheckedRows) : m;
+  // The quantized rows [checked_rows, k] and their scales; Wᵀ [n, k] and its scales (as
+  // upload_weight lays them out); the bias; c; and for invariant keys the reference's c and a count.
+  const size_t q_bytes = align16(static_cast<size_t>(checked_rows) * k);
+  const size_t w_bytes = align16(static_cast<size_t>(n) * k);
+  const size_t out_bytes = static_cast<size_t>(checked_rows) * n * es;
+  const size_t count_at = (out_bytes + 255) / 256 * 256;
+  const size_t need[5] = {q_bytes + static_cast<size_t>(checked_rows) * sizeof(float),
+                          w_bytes + static_cast<size_t>(n) * sizeof(float),
+                          static_cast<size_t>(n) * es, out_bytes,
+                          key.invariant ? count_at + sizeof(int) : 0};
+  grow_tuning_operands(need);
+  auto* q = static_cast<unsigned char*>(tuning_operands_[0]);
+  auto* row_scales = reinterpret_cast<float*>(q + q_bytes);
+  auto* w = static_cast<unsigned char*>(tuning_operands_[1]);
+  auto* w_scales = reinterpret_cast<float*>(w + w_bytes);
+  const void* bias = has_bias ? tuning_operands_[2] : nullptr;
+  void* const c = tuning_operands_[3];
+  // The 16-bit measurement's magnitudes (weight_gemm.cu): rows ~1.7, weights ~0.05, bias ~0.1.
+  fill_e4m3(q, static_cast<size_t>(checked_rows) * k, 0x9e3779b9u, stream_);
+  fill_value(row_scales, checked_rows, 1.7f / kE4m3Max, stream_);
+  fill_e4m3(w, static_cast<size_t>(n) * k, 0x9e3779b9u * 2, stream_);
+  fill_value(w_scales, n, 0.05f / kE4m3Max, stream_);
+  if (has_bias) fill_uniform(key.dt, tuning_operands_[2], n, 0x9e3779b9u * 3, 0.1f, stream_);
+
+  // The rule: what fp8_weight_gemm runs at this row count until a pick is published.
+  Fp8Shape& rule = fp8_shape(key.dt, m, n, k, n, epilogue, key.invariant, w_scales, row_scales,
+                             bias);
+  FTBERT_CHECK(rule.found, "fp8 weight GEMM: cuBLASLt has no algorithm for m=" << m << ", n=" << n
+                               << ", k=" << k << " on " << device_name_);
+  const GemmPick rule_pick{"cublaslt-fp8-rule", GemmKernel::kCublasLtFp8, rule.algo, {},
+                           rule.workspace};
+  const uint32_t schemes = key.invariant ? CUBLASLT_REDUCTION_SCHEME_NONE
+                                         : (CUBLASLT_REDUCTION_SCHEME_NONE |
+                                            CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  rule.point(w_scales, row_scales, bias);
+  // Given no workspace, as the 16-bit candidates are timed (measure_gemm): in a recorded forward
+  // an algorithm that clears its workspace adds a memset node and its edges.
+  const std::vector<cublasLtMatmulHeuristicResult_t> ranked =
+      lt_ranked(cublaslt_, rule, 0, schemes, kFp8Candidates);
+
+  // Batch invariance: a candidate must give the reference's bits on checked_rows rows, on
+  // products of a model's size (|a·W| ~ 2, where GELU bends).
+  std::optional<Fp8Shape> checked;
+  void* const reference_out = tuning_operands_[4];
+  int* const differing =
+      key.invariant ? reinterpret_cast<int*>(static_cast<char*>(reference_out) + count_at) : nullptr;
+  if (key.invariant) {
+    fill_value(w_scales, n, 3.5f / std::sqrt(static_cast<float>(k)) / kE4m3Max, stream_);
+    checked.emplace(key.dt, checked_rows, n, k, n, epilogue);
+    checked->point(w_scales, row_scales, bias);
+    FTBERT_CHECK(run_fp8(*checked, rule.algo, rule.workspace, w, q, reference_out),
+                 "batch_invariant: the FP8 reference refused " << checked_rows << " rows");
+  }
+  const auto gives_reference_bits = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (splits_k(algo)) return false;
+    FTBERT_CUDA_CHECK(cudaMemsetAsync(c, 0xff, out_bytes, stream_));
+    if (!run_fp8(*checked, algo, 0, w, q, c)) return false;
+    int count = 0;
+    FTBERT_CUDA_CHECK(cudaMemsetAsync(differing, 0, sizeof(int), stream_));
+    count_differing_bits(c, reference_out, out_bytes / es, differing, stream_);
+    FTBERT_CUDA_CHECK(cudaMemcpyAsync(&count, differing, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    FTBERT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return count == 0;
+  };
+  std::vector<GemmPick> candidates{rule_pick};  // its time is the bar
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (key.invariant && !gives_reference_bits(ranked[i].algo)) continue;
+    candidates.push_back({kFp8CandidatePrefix + std::to_string(i), GemmKernel::kCublasLtFp8,
+                          ranked[i].algo, {}, 0});
+  }
+  if (key.invariant) fill_value(w_scales, n, 0.05f / kE4m3Max, stream_);
+  std::vector<std::function<bool()>> runs;
+  for (const GemmPick& p : candidates) {
+    runs.push_back([&, p] { return run_fp8(rule, p.algo, p.workspace, w, q, c); });
+  }
+  const std::vector<float> ms = time_candidates(stream_, runs);
+  const size_t best = std::min_element(ms.begin(), ms.end()) - ms.begin();
+  return ms[best] < (1.0f - kRuleMargin) * ms[0] ? candidates[best] : rule_pick;
 }
 
 }  // namespace ftbert::cuda

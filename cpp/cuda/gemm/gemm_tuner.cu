@@ -29,8 +29,8 @@ int rows_bucket(int m) {
 }
 
 bool GemmShapeKey::operator<(const GemmShapeKey& o) const {
-  return std::tie(device, dt, rows_bucket, n, k, act, invariant) <
-         std::tie(o.device, o.dt, o.rows_bucket, o.n, o.k, o.act, o.invariant);
+  return std::tie(device, dt, rows_bucket, n, k, act, invariant, fp8) <
+         std::tie(o.device, o.dt, o.rows_bucket, o.n, o.k, o.act, o.invariant, o.fp8);
 }
 
 namespace {
@@ -319,6 +319,7 @@ std::string gemm_key_text(const GemmShapeKey& key) {
   os << static_cast<int>(key.dt) << ',' << key.rows_bucket << ',' << key.n << ',' << key.k << ','
      << static_cast<int>(key.act);
   if (key.invariant) os << ",invariant";
+  if (key.fp8) os << ",fp8";
   return os.str();
 }
 
@@ -355,9 +356,20 @@ bool parse_int(const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
 }  // namespace
 
 bool parse_gemm_key(const std::string& text, int device, GemmShapeKey* key) {
-  std::vector<std::string> f = fields(text, 6);
-  const bool invariant = !f.empty() && f[5] == "invariant";
-  if (!invariant) f = fields(text, 5);
+  // dt,rows,n,k,act then ",invariant" and ",fp8" where they hold, in that order.
+  std::vector<std::string> f;
+  bool invariant = false, fp8 = false;
+  for (size_t count = 7; count >= 5 && f.empty(); --count) {
+    f = fields(text, count);
+    if (f.empty()) continue;
+    const std::vector<std::string> flags(f.begin() + 5, f.end());
+    invariant = !flags.empty() && flags[0] == "invariant";
+    fp8 = !flags.empty() && flags.back() == "fp8";
+    if (flags.size() != static_cast<size_t>(invariant) + static_cast<size_t>(fp8) ||
+        (flags.size() == 2 && !(invariant && fp8))) {
+      return false;
+    }
+  }
   int64_t dt, rows, n, k, act;
   if (f.empty() || !parse_int(f[0], 1, 2, &dt) ||  // float16, bfloat16
       !parse_int(f[1], invariant ? 1 : kTunedMinRows, INT32_MAX, &rows) ||
@@ -368,6 +380,7 @@ bool parse_gemm_key(const std::string& text, int device, GemmShapeKey* key) {
   }
   *key = {device, static_cast<DType>(dt), static_cast<int>(rows), static_cast<int>(n),
           static_cast<int>(k), static_cast<Activation>(act), invariant};
+  key->fp8 = fp8;
   return true;
 }
 
@@ -376,7 +389,7 @@ bool parse_gemm_pick(const std::string& text, GemmPick* pick) {
   int64_t kernel, tiles, workspace;
   if (f.empty() || f[0].empty() ||
       f[0].find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789:_-") != std::string::npos ||
-      !parse_int(f[1], 0, static_cast<int>(GemmKernel::kCutlassPlain), &kernel) ||
+      !parse_int(f[1], 0, static_cast<int>(GemmKernel::kCublasLtFp8), &kernel) ||
       !parse_int(f[2], 0, static_cast<int>(GemmTiles::k128x128Pingpong), &tiles) ||
       !parse_int(f[3], 0, int64_t{1} << 40, &workspace) || f[4].size() != 2 * sizeof(pick->algo) ||
       f[4].find_first_not_of("0123456789abcdef") != std::string::npos) {

@@ -47,12 +47,15 @@ struct GemmShapeKey {
   // A batch-invariant forward's pick: only kernels whose bits equal the invariant reference's
   // (CudaBackend::invariant_gemm_pick) at every row count are candidates; every bucket is tuned.
   bool invariant = false;
+  // Quantization "fp8": e4m3 operands with per-row and per-channel scales (fp8_gemm.cu), whose
+  // candidates are cuBLASLt's FP8 algorithms.
+  bool fp8 = false;
   bool operator<(const GemmShapeKey& o) const;
 };
 
 // Which library's kernel a candidate runs: kCutlass the fused bias + erf-GELU GEMM, kCutlassPlain
-// the plain one (gemm_sm90.h).
-enum class GemmKernel { kCublas, kCublasLt, kCutlass, kCutlassPlain };
+// the plain one (gemm_sm90.h), kCublasLtFp8 a cuBLASLt algorithm on e4m3 operands (fp8 keys only).
+enum class GemmKernel { kCublas, kCublasLt, kCutlass, kCutlassPlain, kCublasLtFp8 };
 
 // A pick: the candidate's name (CudaBackend names them; for tests and reports) and what it runs,
 // resolved once, so that running it compares no names. cuBLASLt's carry the algorithm (the

@@ -265,6 +265,7 @@ void CudaBackend::grow_tuning_operands(const size_t (&need)[5]) {
 }
 
 GemmPick CudaBackend::measure_gemm(const GemmShapeKey& key) {
+  if (key.fp8) return measure_fp8_gemm(key);
   DeviceScope scope(device_);
   const int m = key.rows_bucket, n = key.n, k = key.k;
   const bool has_bias = key.act != Activation::kIdentity;
@@ -471,9 +472,12 @@ bool CudaBackend::runs_loaded_pick(const GemmShapeKey& key, const GemmPick& pick
   // The file's identity names this cuBLASLt, CUTLASS and GPU, and its checksums hold, so a
   // cuBLASLt algorithm in it is one this library gave for the shape; it only needs the workspace
   // it ran with. (Should it still not take a row count, run_gemm falls back to cuBLAS.)
+  // An FP8 key's picks are cuBLASLt's FP8 algorithms, and only those.
+  if (key.fp8 != (pick.kernel == GemmKernel::kCublasLtFp8)) return false;
   switch (pick.kernel) {
     case GemmKernel::kCublas: return true;
-    case GemmKernel::kCublasLt: return pick.workspace <= cublas_workspace_bytes_;
+    case GemmKernel::kCublasLt:
+    case GemmKernel::kCublasLtFp8: return pick.workspace <= cublas_workspace_bytes_;
     case GemmKernel::kCutlass: return fused_gemm_sm90_ && key.act == Activation::kGeluErf;
     case GemmKernel::kCutlassPlain: return fused_gemm_sm90_ && key.act == Activation::kIdentity;
   }
@@ -563,6 +567,8 @@ bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
       return false;
 #endif
     }
+    case GemmKernel::kCublasLtFp8:
+      return false;  // runs on e4m3 operands, in fp8_weight_gemm
   }
   if (separate_epilogue && g.bias != nullptr) {
     add_bias_activation(g.dt, g.c, g.bias, g.m, g.n, g.act);

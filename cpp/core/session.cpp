@@ -41,7 +41,8 @@ size_t Session::workspace_bytes() const {
          token_index_.bytes() + first_tokens_.bytes() + hidden_.bytes() + hidden2_.bytes() +
          embedded_.bytes() + recorded_output_.bytes() +
          qkv_.bytes() + ctx_.bytes() + inter_.bytes() + pooled_.bytes() + head_hidden_.bytes() +
-         logits_.bytes() + attention_scratch_.bytes() + dense_workspace_.bytes();
+         logits_.bytes() + attention_scratch_.bytes() + dense_workspace_.bytes() +
+         gemm_codes_.bytes();
 }
 
 void Session::drop_recordings() {
@@ -70,6 +71,7 @@ Activations Session::activations() const {
   a.attention_scratch = attention_scratch_.data();
   a.dense_workspace = dense_workspace_.data();
   a.dense_workspace_bytes = dense_workspace_.bytes();
+  a.gemm_codes = gemm_codes_.data();
   a.nonfinite = nonfinite_device_;
   return a;
 }
@@ -154,6 +156,8 @@ void Session::ensure_workspace(int batch, int seq, int64_t rows, size_t attentio
     const size_t dense_bytes = b->dense_residual_layernorm_workspace_bytes(
         static_cast<int>(std::min<int64_t>(rows, INT32_MAX)), static_cast<int>(H));
     dense_workspace_ = dense_bytes > 0 ? DeviceBuffer(b, dense_bytes) : DeviceBuffer();
+    const size_t codes_bytes = b->gemm_input_codes_bytes(rows, static_cast<int>(H));
+    gemm_codes_ = codes_bytes > 0 ? DeviceBuffer(b, codes_bytes) : DeviceBuffer();
     capacity_rows_ = rows;
   }
   if (attention_bytes > attention_scratch_.bytes()) {

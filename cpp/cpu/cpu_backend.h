@@ -49,8 +49,8 @@ class CpuBackend final : public Backend {
   size_t weight_bytes(DType dt, int k, int n) const override;
   void upload_weight(DType dt, const void* host_w, int k, int n, void* dst) override;
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
-                   int ldc, const void* bias = nullptr,
-                   Activation act = Activation::kIdentity) override;
+                   int ldc, const void* bias = nullptr, Activation act = Activation::kIdentity,
+                   const void* a_codes = nullptr) override;
   void first_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
                     int hidden) override;
   void mean_tokens(DType dt, const void* x, const SequenceLayout& layout, void* out,
@@ -62,7 +62,8 @@ class CpuBackend final : public Backend {
                        const void* word, const void* position, const void* token_type,
                        const void* gamma, const void* beta, void* out,
                        const SequenceLayout& layout, int hidden, int vocab, int type_vocab,
-                       float eps, int position_pad_id = -1) override;
+                       float eps, int position_pad_id = -1,
+                       void* out_codes = nullptr) override;
   void add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q, void* k,
                               void* v, const SequenceLayout& layout, int heads,
                               int head_dim) override;

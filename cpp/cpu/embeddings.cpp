@@ -21,7 +21,8 @@ void CpuBackend::embed_layernorm(DType dt, const int32_t* input_ids,  // [B, S];
                                  const void* gamma, const void* beta,  // [H]
                                  void* out,                            // [rows, H]
                                  const SequenceLayout& l, int hidden, int vocab, int type_vocab,
-                                 float eps, int position_pad_id) {
+                                 float eps, int position_pad_id, void* out_codes) {
+  FTBERT_CHECK(out_codes == nullptr, "embed_layernorm: the CPU writes no quantized rows");
   require_cpu_dtype(dt, "embed_layernorm");
   const int64_t seq = l.max_seq;
   // The position of every input first (a running count per sequence), so that the parallel rows

@@ -333,7 +333,8 @@ void CpuBackend::upload_weight(DType dt, const void* host_w, int k, int n, void*
 }
 
 void CpuBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
-                             void* c, int ldc, const void* bias, Activation act) {
+                             void* c, int ldc, const void* bias, Activation act,
+                             const void* /*a_codes: none on the CPU*/) {
   require_cpu_dtype(dt, "weight_gemm");
   const cpu::Floats bias_floats(dt, bias, n);  // applied in the kernel's epilogue, in float32
   const float* B = bias_floats.data();

@@ -380,7 +380,8 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
                                            const void* w, const void* bias, const void* residual,
                                            const void* gamma, const void* beta, void* out,
                                            float eps, void* workspace, size_t workspace_bytes,
-                                           int32_t* nonfinite, void* product) {
+                                           int32_t* nonfinite, void* product, void* out_codes) {
+  const E4m3Rows codes = e4m3_rows(out_codes, m, n);
   // A split by the row count would change how a row's products are summed: none when invariant.
   // FP8 weights have no split form.
   const int splits = batch_invariant_ || fp8_weight(n, k) ? 1 : dense_layernorm_splits(m, n, k);
@@ -398,7 +399,7 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
       invoke_dense_residual_layernorm<T>(
           static_cast<const T*>(product), static_cast<const T*>(residual),
           static_cast<const T*>(bias), static_cast<const T*>(gamma), static_cast<const T*>(beta),
-          static_cast<T*>(out), m, n, eps, nonfinite, stream_, batch_invariant_);
+          static_cast<T*>(out), m, n, eps, nonfinite, stream_, batch_invariant_, codes);
     });
     return;
   }
@@ -422,6 +423,7 @@ void CudaBackend::dense_residual_layernorm(DType dt, int m, int n, int k, const 
         partials, splits, static_cast<const T*>(residual), static_cast<const T*>(bias),
         static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(out), m, n,
         eps, nonfinite, stream_);
+    if (codes.codes != nullptr) invoke_quantize_rows_e4m3<T>(static_cast<T*>(out), n, m, n, codes, stream_);
   });
 }
 
@@ -512,15 +514,17 @@ void CudaBackend::embed_layernorm(DType dt, const int32_t* input_ids, const int3
                                   const void* word, const void* position, const void* token_type,
                                   const void* gamma, const void* beta, void* out,
                                   const SequenceLayout& layout, int hidden, int vocab,
-                                  int type_vocab, float eps, int position_pad_id) {
+                                  int type_vocab, float eps, int position_pad_id,
+                                  void* out_codes) {
   DeviceScope scope(device_);
+  const E4m3Rows codes = e4m3_rows(out_codes, layout.rows, hidden);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     invoke_embed_layernorm<T>(input_ids, token_type_ids, static_cast<const T*>(word),
                               static_cast<const T*>(position), static_cast<const T*>(token_type),
                               static_cast<const T*>(gamma), static_cast<const T*>(beta),
                               static_cast<T*>(out), layout, hidden, vocab, type_vocab, eps,
-                              position_pad_id, stream_);
+                              position_pad_id, stream_, codes);
   });
 }
 

@@ -94,9 +94,12 @@ class CudaBackend : public Backend {
   // the kernel per shape measured (gemm_tuner.h; cuBLASLt's candidates fuse tanh-GELU and ReLU)
   // or by the fixed rule: FFN-in (bias + erf-GELU) on Hopper as one CUTLASS kernel for the row
   // counts gemm_sm90.h names, otherwise cuBLAS (then the op).
+  // Under "fp8", W [k, n] with k and n multiples of 16 is e4m3 (gemm/fp8_gemm.cu).
   void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w, void* c,
-                   int ldc, const void* bias = nullptr,
-                   Activation act = Activation::kIdentity) override;
+                   int ldc, const void* bias = nullptr, Activation act = Activation::kIdentity,
+                   const void* a_codes = nullptr) override;
+  // "fp8": e4m3 codes [rows, k] (16-byte aligned), then rows float32 scales.
+  size_t gemm_input_codes_bytes(int64_t rows, int k) const override;
   GemmChoiceControl* gemm_choice_control() override { return &gemm_choice_; }
   // ---- forwards and measured choices (gemm_tuner.h) ---------------------------------------
   uint64_t begin_forward() override;
@@ -115,7 +118,7 @@ class CudaBackend : public Backend {
                                 const void* bias, const void* residual, const void* gamma,
                                 const void* beta, void* out, float eps, void* workspace,
                                 size_t workspace_bytes, int32_t* nonfinite = nullptr,
-                                void* product = nullptr) override;
+                                void* product = nullptr, void* out_codes = nullptr) override;
   void batched_gemm(DType dt, bool trans_a, bool trans_b, int m, int n, int k, const void* a,
                     int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, void* c,
                     int ldc, int64_t stride_c, int batch, float alpha = 1.0f,
@@ -140,7 +143,8 @@ class CudaBackend : public Backend {
                        const void* word, const void* position, const void* token_type,
                        const void* gamma, const void* beta, void* out,
                        const SequenceLayout& layout, int hidden, int vocab, int type_vocab,
-                       float eps, int position_pad_id = -1) override;
+                       float eps, int position_pad_id = -1,
+                       void* out_codes = nullptr) override;
   void add_qkv_bias_transpose(DType dt, const void* qkv, const void* bias, void* q, void* k,
                               void* v, const SequenceLayout& layout, int heads,
                               int head_dim) override;
@@ -220,7 +224,8 @@ class CudaBackend : public Backend {
                       const void* bias);
   // The quantized activations' buffer, at least `bytes`.
   void* fp8_rows(size_t bytes);
-  void fp8_weight_gemm(const WeightGemm& g, int lda, int ldc);
+  // `a_codes`: g.a's rows in e4m3 already (gemm_input_codes_bytes), else null.
+  void fp8_weight_gemm(const WeightGemm& g, int lda, int ldc, const void* a_codes);
   // The measured pick of an FP8 GEMM (m rows, that epilogue), as measured_gemm_pick; nullptr
   // where the fixed rule runs (not measured yet, too few rows, or an epilogue not tuned).
   const GemmPick* measured_fp8_pick(const WeightGemm& g, cublasLtEpilogue_t epilogue,

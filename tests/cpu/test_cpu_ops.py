@@ -223,6 +223,15 @@ def test_dense_residual_layernorm_into_its_own_product_buffer_is_the_same(cpu, r
         np.testing.assert_array_equal(got, want)
 
 
+def test_dense_residual_layernorm_refuses_to_write_quantized_rows_on_the_cpu(cpu, rng):
+    # Only a backend whose weight GEMMs read e4m3 rows (CUDA under "fp8") writes them
+    # (tests/cuda/test_fp8.py); asked here, the op says so instead of ignoring the request.
+    a = rng.standard_normal((4, 64)).astype(np.float32)
+    v = np.ones(64, np.float32)
+    with pytest.raises(ValueError, match="write no quantized rows of width 64"):
+        cpu.dense_residual_layernorm("float32", a, np.eye(64, dtype=np.float32), v, a, v, v, codes=True)
+
+
 @pytest.mark.parametrize("bad", [None, "a", "gamma"])
 def test_dense_residual_layernorm_reports_nonfinite_outputs(cpu, rng, bad):
     m, n, k = 6, 40, 24

@@ -111,6 +111,53 @@ def test_fp8_is_the_same_bits_at_any_row_count_when_invariant(rng):
         np.testing.assert_array_equal(r.weight_gemm("bfloat16", a[:rows], w, bias=bias), full[:rows])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rows", [5, 130, 300])
+def test_layernorm_writes_its_rows_as_the_next_gemm_reads_them(rng, dtype, rows):
+    # The LayerNorm's e4m3 codes and scales (the block kernel then a pass at 5 rows, the warp kernel
+    # in the same pass from 128): its stored 16-bit output quantized per row, bit for bit, as
+    # torch rounds to e4m3. A zero row (a scale of 1, zero codes) is among them.
+    r = _ops.OpRunner("cuda")
+    r.quantization = "fp8"
+    h = 384
+    a = rng.standard_normal((rows, h)).astype(np.float32)
+    w = (rng.standard_normal((h, h)) * 0.05).astype(np.float32)
+    bias, gamma = rng.standard_normal(h).astype(np.float32), rng.standard_normal(h).astype(np.float32)
+    beta = rng.standard_normal(h).astype(np.float32)
+    residual = rng.standard_normal((rows, h)).astype(np.float32)
+    gamma[:] = gamma if rows != 130 else 0.0  # every row 0 once gamma and beta are
+    beta[:] = beta if rows != 130 else 0.0
+    out, codes, scales = r.dense_residual_layernorm(dtype, a, w, bias, residual, gamma, beta, eps=1e-5,
+                                                    codes=True)
+    plain = r.dense_residual_layernorm(dtype, a, w, bias, residual, gamma, beta, eps=1e-5)
+    np.testing.assert_array_equal(out, plain)  # the codes change nothing else
+    x = torch.from_numpy(out)
+    top = x.abs().amax(1)
+    multiplier = torch.where(top > 0, torch.tensor(448.0) / torch.where(top > 0, top, 1.0), 1.0)
+    want = (x * multiplier[:, None]).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    np.testing.assert_array_equal(codes, want)
+    np.testing.assert_array_equal(scales, torch.where(top > 0, top / 448.0, 1.0).numpy())
+
+
+def test_only_the_gemm_inputs_no_layernorm_writes_are_quantized_apart(tmp_path, rng):
+    # BERT's QKV and FFN-in GEMMs read the e4m3 rows their LayerNorm wrote (the embeddings', the
+    # attention output's and the last layer's); the attention output and the FFN activation are
+    # quantized by a pass of their own: two such passes a layer.
+    layers = 3
+    make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=layers, vocab=VOCAB, num_labels=3,
+               seed=6, intermediate=256)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype="float16", quantization="fp8",
+                                         cuda_graphs=False, batch_invariant=False)
+    ids = rng.integers(3, VOCAB, (2, 128))
+    enc(ids)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        enc(ids)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("quantize_rows_e4m3" in n for n in names) == 2 * layers, sorted(set(names))
+
+
 FAMILIES = [("bert", "cls"), ("roberta", "cls"), ("mpnet", "cls"), ("modernbert", "cls"), ("electra", "token"),
             ("deberta-v2", "cls")]
 

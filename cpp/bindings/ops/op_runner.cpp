@@ -337,7 +337,7 @@ void register_op_runner(py::module_& m) {
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& w,
               const F32Array& bias, const F32Array& residual, const F32Array& gamma,
               const F32Array& beta, float eps, bool workspace, bool report_nonfinite,
-              bool product) -> py::object {
+              bool product, bool codes) -> py::object {
              const DType dt = dtype_from_string(dtype);
              require_ndim(a, 2, "a");
              require_ndim(w, 2, "w");
@@ -357,16 +357,36 @@ void register_op_runner(py::module_& m) {
              DeviceBuffer prod = product ? DeviceBuffer(&r.backend(),
                                                         static_cast<size_t>(m) * n * dtype_size(dt))
                                          : DeviceBuffer();
+             // codes: out's rows as the next weight GEMM reads them (Backend::gemm_input_codes_bytes),
+             // returned as (out, codes [m, n] uint8, scales [m] float32).
+             const size_t codes_bytes = codes ? r.backend().gemm_input_codes_bytes(m, n) : 0;
+             FTBERT_CHECK_INPUT(!codes || codes_bytes > 0,
+                                "dense_residual_layernorm: this backend and quantization write no "
+                                "quantized rows of width " << n);
+             DeviceBuffer dcodes = codes_bytes > 0 ? DeviceBuffer(&r.backend(), codes_bytes)
+                                                   : DeviceBuffer();
              const NonfiniteFlag flag(r, report_nonfinite);
              r.backend().dense_residual_layernorm(dt, m, n, k, o.a.data(), o.w.data(),
                                                   o.bias.data(), dr.data(), dg.data(), dbe.data(),
                                                   o.c.data(), eps, ws.data(), ws.bytes(),
-                                                  flag.device(), prod.data());
-             return flag.result(r.download(o.c, dt, {m, n}));
+                                                  flag.device(), prod.data(), dcodes.data());
+             py::object out = flag.result(r.download(o.c, dt, {m, n}));
+             if (!codes) return out;
+             py::array_t<uint8_t> q({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)});
+             py::array_t<float> scales(static_cast<py::ssize_t>(m));
+             const size_t q_bytes = static_cast<size_t>(m) * n;
+             r.backend().copy_to_host(q.mutable_data(), dcodes.data(), q_bytes);
+             r.backend().copy_to_host(scales.mutable_data(),
+                                      static_cast<const char*>(dcodes.data()) + codes_bytes -
+                                          static_cast<size_t>(m) * sizeof(float),
+                                      static_cast<size_t>(m) * sizeof(float));
+             r.backend().synchronize();
+             return py::make_tuple(out, q, scales);
            },
            py::arg("dtype"), py::arg("a"), py::arg("w"), py::arg("bias"), py::arg("residual"),
            py::arg("gamma"), py::arg("beta"), py::arg("eps") = 1e-12f, py::arg("workspace") = true,
-           py::arg("report_nonfinite") = false, py::arg("product") = false)
+           py::arg("report_nonfinite") = false, py::arg("product") = false,
+           py::arg("codes") = false)
       .def("batched_gemm",
            [](OpRunner& r, const std::string& dtype, const F32Array& a, const F32Array& b,
               bool trans_a, bool trans_b, float alpha) {

@@ -20,9 +20,10 @@ class BertModel final : public Model {
   void forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* types,
                const SequenceLayout& layout, AttentionKind attention,
                Outputs outputs) const override {
-    blocks::embeddings(be, dtype_, config_, weights_, act, ids, types, layout);
+    const void* codes =
+        blocks::embeddings(be, dtype_, config_, weights_, act, ids, types, layout, true);
     const void* out =
-        blocks::post_ln_layers(be, dtype_, config_, weights_, act, layout, attention, {});
+        blocks::post_ln_layers(be, dtype_, config_, weights_, act, layout, attention, {}, codes);
     blocks::pooler_and_head(be, dtype_, config_, weights_, act, out, layout, outputs);
   }
 

@@ -45,15 +45,16 @@ DeviceBuffer zeros(Backend* backend, size_t bytes) {
   return buf;
 }
 
-void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
-                const Activations& act, const int32_t* ids, const int32_t* types,
-                const SequenceLayout& L) {
+const void* embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                       const Activations& act, const int32_t* ids, const int32_t* types,
+                       const SequenceLayout& L, bool codes) {
   const int H = c.hidden_size, E = c.embedding_size, M = L.rows;
   const bool project = c.has_projection();
+  void* const hidden_codes = codes && !project ? act.gemm_codes : nullptr;
   be.embed_layernorm(dt, ids, types, w.word_embeddings.data(), w.position_embeddings.data(),
                      w.token_type_embeddings.data(), w.emb_ln_gamma.data(), w.emb_ln_beta.data(),
                      project ? act.embedded : act.hidden, L, E, c.vocab_size, c.type_vocab_size,
-                     c.layer_norm_eps, c.position_pad_id);
+                     c.layer_norm_eps, c.position_pad_id, hidden_codes);
   if (project) {
     be.gemm(dt, false, false, M, H, E, act.embedded, E, w.project_weight.data(), H, act.hidden, H);
     be.add_bias_activation(dt, act.hidden, w.project_bias.data(), M, H, Activation::kIdentity);
@@ -61,49 +62,57 @@ void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights&
   // Rows past the tokens (a bucketed recording): the embeddings made them zeros and the per-row
   // ops keep them finite; attention never writes them, so its output there is zeroed once.
   if (L.bounded) be.clear_rows_past_tokens(act.ctx, L, static_cast<size_t>(H) * dtype_size(dt));
+  return hidden_codes;
 }
 
 void post_ln_layer(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
                    const LayerWeights& w, const SequenceLayout& L, AttentionKind attention,
-                   const AttentionOptions& options, void* out, int32_t* nonfinite) {
+                   const AttentionOptions& options, void* out, int32_t* nonfinite,
+                   const void* hidden_codes, void* out_codes) {
   // qkv [M, 3H] = hidden [M, H] · Wqkv [H, 3H]   (bias added inside attention)
   be.weight_gemm(dt, L.rows, 3 * c.hidden_size, c.hidden_size, act.hidden, c.hidden_size,
-                 w.qkv_weight.data(), act.qkv, 3 * c.hidden_size);
+                 w.qkv_weight.data(), act.qkv, 3 * c.hidden_size, nullptr, Activation::kIdentity,
+                 hidden_codes);
   run_attention(be, attention, dt, act.qkv, w.qkv_bias.data(), act.ctx, act.attention_scratch, L,
                 c.num_heads, c.head_dim(), options);
-  post_ln_output(be, dt, c, act, w, L, out, nonfinite);
+  post_ln_output(be, dt, c, act, w, L, out, nonfinite, out_codes);
 }
 
 void post_ln_output(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
                     const LayerWeights& w, const SequenceLayout& L, void* out,
-                    int32_t* nonfinite) {
+                    int32_t* nonfinite, void* out_codes) {
   const int M = L.rows, H = c.hidden_size, I = c.intermediate_size;
   const float eps = c.layer_norm_eps;
-  // hidden2 = LN(ctx · Wo + bo + hidden)
+  // hidden2 = LN(ctx · Wo + bo + hidden), its rows also in act.gemm_codes where the backend takes
+  // them: the FFN-in GEMM reads those before anything else writes there.
   be.dense_residual_layernorm(dt, M, H, H, act.ctx, w.attn_out_weight.data(),
                               w.attn_out_bias.data(), act.hidden, w.attn_ln_gamma.data(),
                               w.attn_ln_beta.data(), act.hidden2, eps, act.dense_workspace,
-                              act.dense_workspace_bytes);
+                              act.dense_workspace_bytes, nullptr, nullptr, act.gemm_codes);
   // inter = act(hidden2 · W1 + b1)
   be.weight_gemm(dt, M, I, H, act.hidden2, H, w.ffn_in_weight.data(), act.inter, I,
-                 w.ffn_in_bias.data(), c.activation);
+                 w.ffn_in_bias.data(), c.activation, act.gemm_codes);
   // out = LN(inter · W2 + b2 + hidden2); into act.output, only the LayerNorm writes it (model.h):
   // the product goes to ctx, free once the attention output above has read it.
   be.dense_residual_layernorm(dt, M, H, I, act.inter, w.ffn_out_weight.data(),
                               w.ffn_out_bias.data(), act.hidden2, w.ffn_ln_gamma.data(),
                               w.ffn_ln_beta.data(), out, eps, act.dense_workspace,
                               act.dense_workspace_bytes, nonfinite,
-                              out == act.hidden ? nullptr : act.ctx);
+                              out == act.hidden ? nullptr : act.ctx, out_codes);
 }
 
 void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
                      const Activations& act, const SequenceLayout& L, AttentionKind attention,
-                     const AttentionOptions& options) {
+                     const AttentionOptions& options, const void* hidden_codes) {
   void* const out = act.output != nullptr ? act.output : act.hidden;
+  const void* codes = hidden_codes;
   for (const LayerWeights& l : w.layers) {
     const bool last = &l == &w.layers.back();
+    // Every layer but the last hands its output's rows to the next one's QKV GEMM.
+    void* const out_codes = last ? nullptr : act.gemm_codes;
     post_ln_layer(be, dt, c, act, l, L, attention, options, last ? out : act.hidden,
-                  last ? act.nonfinite : nullptr);
+                  last ? act.nonfinite : nullptr, codes, out_codes);
+    codes = out_codes;
   }
   return out;
 }

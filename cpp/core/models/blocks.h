@@ -28,30 +28,37 @@ DeviceBuffer zeros(Backend* backend, size_t bytes);
 
 // act.hidden [M, H] = LN(word[ids] + position + token type), then (ELECTRA) · Wp + bp; rows past
 // the tokens of a bucketed recording are cleared in act.ctx (attention never writes them).
-void embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
-                const Activations& act,
-                const int32_t* ids,    // [B, S]
-                const int32_t* types,  // [B, S]
-                const SequenceLayout& layout);
+// With `codes` the LayerNorm also writes act.hidden's rows to act.gemm_codes where the backend
+// takes them (no projection after it); returns them for the first layer's QKV GEMM, else null.
+const void* embeddings(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
+                       const Activations& act,
+                       const int32_t* ids,    // [B, S]
+                       const int32_t* types,  // [B, S]
+                       const SequenceLayout& layout, bool codes = false);
 
 // The post-LayerNorm layer of BERT: attention (with `options`' score bias) -> output dense +
 // residual + LN -> FFN -> dense + residual + LN. Reads act.hidden, writes `out` [M, H] (act.hidden
-// or act.output); `nonfinite` goes to the last LayerNorm (null: not checked).
+// or act.output); `nonfinite` goes to the last LayerNorm (null: not checked). `hidden_codes`:
+// act.hidden's rows as act.gemm_codes holds them (the QKV GEMM reads those), or null; with
+// `out_codes` (act.gemm_codes) the last LayerNorm writes out's rows there for the next layer.
 void post_ln_layer(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
                    const LayerWeights& w, const SequenceLayout& layout, AttentionKind attention,
-                   const AttentionOptions& options, void* out, int32_t* nonfinite);
+                   const AttentionOptions& options, void* out, int32_t* nonfinite,
+                   const void* hidden_codes = nullptr, void* out_codes = nullptr);
 
 // The post-LayerNorm layer after attention wrote act.ctx: output dense + residual (act.hidden) +
-// LN into act.hidden2, then the FFN + residual + LN into `out`.
+// LN into act.hidden2 (and its rows into act.gemm_codes, for the FFN-in GEMM), then the FFN +
+// residual + LN into `out` (and `out_codes`, as post_ln_layer's).
 void post_ln_output(Backend& be, DType dt, const ModelConfig& c, const Activations& act,
                     const LayerWeights& w, const SequenceLayout& layout, void* out,
-                    int32_t* nonfinite);
+                    int32_t* nonfinite, void* out_codes = nullptr);
 
 // Every layer of w.layers in turn, the last writing act.output (or act.hidden) with the nonfinite
-// check; returns where the final hidden states are.
+// check; returns where the final hidden states are. `hidden_codes`: embeddings()' return.
 void* post_ln_layers(Backend& be, DType dt, const ModelConfig& c, const ModelWeights& w,
                      const Activations& act, const SequenceLayout& layout,
-                     AttentionKind attention, const AttentionOptions& options);
+                     AttentionKind attention, const AttentionOptions& options,
+                     const void* hidden_codes = nullptr);
 
 // A sequence head's own dense: act.head_hidden [B, H] = act(x_b · Wd + bd), x_b being sequence b's
 // first token, or the mean of its tokens where the head reads the mean (HeadConfig::reads_mean);

@@ -43,9 +43,10 @@ class MpnetModel final : public Model {
     AttentionOptions options;
     options.relative_bias = bias_.as<float>();
     options.relative_span = span_;
-    blocks::embeddings(be, dtype_, config_, weights_, act, ids, types, layout);
-    const void* out =
-        blocks::post_ln_layers(be, dtype_, config_, weights_, act, layout, attention, options);
+    const void* codes =
+        blocks::embeddings(be, dtype_, config_, weights_, act, ids, types, layout, true);
+    const void* out = blocks::post_ln_layers(be, dtype_, config_, weights_, act, layout,
+                                             attention, options, codes);
     blocks::pooler_and_head(be, dtype_, config_, weights_, act, out, layout, outputs);
   }
 

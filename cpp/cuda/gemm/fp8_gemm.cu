@@ -26,51 +26,17 @@
 #include "cuda/gemm/lt_descriptors.h"
 #include "cuda/gemm/tuning_data.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/e4m3.cuh"
 #include "cuda/kernels/kernels.h"
 #include "cuda/launch.cuh"
 
 namespace ftbert::cuda {
 namespace {
 
-constexpr float kE4m3Max = 448.0f;
 // Under batch invariance every row count runs the algorithm cuBLASLt ranks first at this one.
 constexpr int kFp8InvariantRows = 2048;
 
 size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
-
-// One warp per row: the row's largest magnitude, then its values scaled into e4m3's range.
-// Reads the row twice (the second time from cache); k is a multiple of 16, a 16-byte aligned.
-template <typename T>
-__global__ void __launch_bounds__(256)
-    quantize_rows_e4m3(const T* __restrict__ a, int lda, int rows, int k,
-                       __nv_fp8_storage_t* __restrict__ q, float* __restrict__ scales) {
-  begin_dependent_kernel();
-  constexpr int kVec = 8;  // 16 bytes of T in, 8 bytes of e4m3 out
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const T* x = a + static_cast<int64_t>(row) * lda;
-  float top = 0.0f;
-  for (int c = lane * kVec; c < k; c += 32 * kVec) {
-    const Vec<T, kVec> v = load_vec<kVec>(x + c);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) top = fmaxf(top, fabsf(to_float(v.v[i])));
-  }
-  top = warp_max(top);
-  const float inv = top > 0.0f ? kE4m3Max / top : 1.0f;
-  __nv_fp8_storage_t* out = q + static_cast<int64_t>(row) * k;
-  for (int c = lane * kVec; c < k; c += 32 * kVec) {
-    const Vec<T, kVec> v = load_vec<kVec>(x + c);
-    Vec<__nv_fp8x2_storage_t, kVec / 2> packed;
-#pragma unroll
-    for (int i = 0; i < kVec / 2; ++i) {
-      const float2 pair = make_float2(to_float(v.v[2 * i]) * inv, to_float(v.v[2 * i + 1]) * inv);
-      packed.v[i] = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
-    }
-    store_vec<kVec / 2>(reinterpret_cast<__nv_fp8x2_storage_t*>(out + c), packed);
-  }
-  if (lane == 0) scales[row] = top > 0.0f ? top / kE4m3Max : 1.0f;
-}
 
 // Random e4m3 codes of values uniform in [-448, 448): the FP8 measurement's operands, as
 // fill_uniform's (tuning_data.h) once quantized.
@@ -285,28 +251,31 @@ void* CudaBackend::fp8_rows(size_t bytes) {
   return fp8_rows_.back();
 }
 
-void CudaBackend::fp8_weight_gemm(const WeightGemm& g, int lda, int ldc) {
+size_t CudaBackend::gemm_input_codes_bytes(int64_t rows, int k) const {
+  if (quantization_ != Quantization::kFp8 || k % 16 != 0) return 0;
+  return align16(static_cast<size_t>(rows) * k) + static_cast<size_t>(rows) * sizeof(float);
+}
+
+void CudaBackend::fp8_weight_gemm(const WeightGemm& g, int lda, int ldc, const void* a_codes) {
   DeviceScope scope(device_);
   FTBERT_CHECK(lda % 8 == 0 && is_aligned(g.a, 16) && is_aligned(g.c, 16) && ldc % 8 == 0,
                "fp8 weight GEMM: activations and outputs need 16-byte aligned rows (lda "
                    << lda << ", ldc " << ldc << ")");
-  const size_t q_bytes = align16(static_cast<size_t>(g.m) * g.k);
-  char* rows = static_cast<char*>(fp8_rows(q_bytes + static_cast<size_t>(g.m) * sizeof(float)));
-  auto* q = reinterpret_cast<__nv_fp8_storage_t*>(rows);
-  auto* row_scales = reinterpret_cast<float*>(rows + q_bytes);
+  // The rows in e4m3: as the op that wrote them left them, else quantized here.
+  E4m3Rows rows = e4m3_rows(const_cast<void*>(a_codes), g.m, g.k);
+  if (rows.codes == nullptr) {
+    rows = e4m3_rows(fp8_rows(gemm_input_codes_bytes(g.m, g.k)), g.m, g.k);
+    if (g.dt == DType::kFloat16) {
+      invoke_quantize_rows_e4m3(static_cast<const __half*>(g.a), lda, g.m, g.k, rows, stream_);
+    } else {
+      invoke_quantize_rows_e4m3(static_cast<const __nv_bfloat16*>(g.a), lda, g.m, g.k, rows,
+                                stream_);
+    }
+  }
+  const unsigned char* q = rows.codes;
+  const float* row_scales = rows.scales;
   const auto* w = static_cast<const unsigned char*>(g.w);
   const auto* w_scales = reinterpret_cast<const float*>(w + align16(static_cast<size_t>(g.n) * g.k));
-
-  constexpr int kRowsPerBlock = 8;
-  const dim3 grid(ceil_div(g.m, kRowsPerBlock)), block(32 * kRowsPerBlock);
-  if (g.dt == DType::kFloat16) {
-    launch(quantize_rows_e4m3<__half>, grid, block, 0, stream_, static_cast<const __half*>(g.a),
-           lda, g.m, g.k, q, row_scales);
-  } else {
-    launch(quantize_rows_e4m3<__nv_bfloat16>, grid, block, 0, stream_,
-           static_cast<const __nv_bfloat16*>(g.a), lda, g.m, g.k, q, row_scales);
-  }
-  FTBERT_LAUNCH_CHECK("quantize_rows_e4m3", stream_);
 
   const bool has_bias = g.bias != nullptr;
   const bool invariant = batch_invariant_;

@@ -577,11 +577,12 @@ bool CudaBackend::run_gemm(const GemmPick& pick, const WeightGemm& g) {
 }
 
 void CudaBackend::weight_gemm(DType dt, int m, int n, int k, const void* a, int lda,
-                              const void* w, void* c, int ldc, const void* bias, Activation act) {
+                              const void* w, void* c, int ldc, const void* bias, Activation act,
+                              const void* a_codes) {
   if (fp8_weight(n, k)) {  // W is e4m3 (fp8_gemm.cu)
     if (m > 0) {
       fp8_weight_gemm({dt, m, n, k, a, w, bias, c, bias != nullptr ? act : Activation::kIdentity},
-                      lda, ldc);
+                      lda, ldc, a_codes);
     }
     return;
   }

@@ -117,7 +117,29 @@ void invoke_ordered_batched_gemm(bool trans_a, bool trans_b, int m, int n, int k
 // "warp" or "block": the variant invoke_masked_softmax runs for this sequence length.
 const char* masked_softmax_variant(int seq);
 
-// Per row: out = LayerNorm(x + bias + residual) · gamma + beta, statistics in fp32 (out may be x).
+// A weight GEMM's input rows in e4m3 (quantization "fp8"; e4m3.cuh says how they are made): the
+// LayerNorms below write them beside their 16-bit output when given; null codes: none.
+struct E4m3Rows {
+  unsigned char* codes = nullptr;  // [M, H]
+  float* scales = nullptr;         // [M]
+};
+// The rows of one buffer (Backend::gemm_input_codes_bytes): codes [rows, k], then the scales
+// from the next 16-byte boundary. Null: none.
+inline E4m3Rows e4m3_rows(void* buffer, int64_t rows, int k) {
+  if (buffer == nullptr) return {};
+  const size_t codes = (static_cast<size_t>(rows) * k + 15) / 16 * 16;
+  return {static_cast<unsigned char*>(buffer),
+          reinterpret_cast<float*>(static_cast<unsigned char*>(buffer) + codes)};
+}
+
+// rows [M, k] (16-bit, lda apart; k a multiple of 16, rows 16-byte aligned) as e4m3 rows, in a
+// pass of its own (e4m3.cu).
+template <typename T>
+void invoke_quantize_rows_e4m3(const T* a, int lda, int rows, int k, E4m3Rows out,
+                               cudaStream_t stream);
+
+// Per row: out = LayerNorm(x + bias + residual) · gamma + beta, statistics in fp32 (out may be x),
+// and out's rows in e4m3 where `codes` are given.
 template <typename T>
 void invoke_dense_residual_layernorm(const T* x,         // [M, H]
                                      const T* residual,  // [M, H]
@@ -129,7 +151,7 @@ void invoke_dense_residual_layernorm(const T* x,         // [M, H]
                                      int32_t* nonfinite,  // set to 1 on a NaN/Inf output; may be null
                                      cudaStream_t stream,
                                      // one kernel form at every row count (else by rows)
-                                     bool batch_invariant = false);
+                                     bool batch_invariant = false, E4m3Rows codes = {});
 
 // The same in place: x = LayerNorm(x + bias + residual) · gamma + beta.
 template <typename T>
@@ -212,7 +234,8 @@ void invoke_embed_layernorm(const int32_t* input_ids,       // [B, S]
                             const SequenceLayout& layout, int hidden, int vocab, int type_vocab,
                             float eps,
                             int position_pad_id,  // < 0: position s; else Backend::embed_layernorm's
-                            cudaStream_t stream);
+                            cudaStream_t stream,
+                            E4m3Rows codes = {});  // out's rows in e4m3 as well, where given
 
 // In place: x = act(x + bias). GELU is the exact erf form (kGeluErf) or the tanh form (kGeluTanh).
 template <typename T>

@@ -19,6 +19,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/gemm/split_k.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/e4m3.cuh"
 #include "cuda/kernels/kernels.h"
 
 namespace ftbert::cuda {
@@ -245,13 +246,15 @@ __device__ __forceinline__ void load_lane_vectors(const T* __restrict__ weights,
 // Given a row's pre-norm values spread over a warp (lane vectors as above, in fp32), writes
 // LN(row) · gamma + beta to out_row with exact two-pass statistics from warp shuffles. A NaN or
 // Inf among the values stored sets *nonfinite when given.
-template <typename T, int VEC, int kChunks>
+// With kCodes, the row's stored values also go to `codes` as e4m3 (e4m3.cuh), at row `row`.
+template <typename T, int VEC, int kChunks, bool kCodes = false>
 __device__ __forceinline__ void warp_layernorm_row(const float (&v)[kChunks][VEC], int lane,
                                                    int chunks, int hidden,
                                                    const Vec<T, VEC> (&gamma_v)[kChunks],
                                                    const Vec<T, VEC> (&beta_v)[kChunks],
                                                    T* __restrict__ out_row, float eps,
-                                                   int32_t* __restrict__ nonfinite) {
+                                                   int32_t* __restrict__ nonfinite,
+                                                   E4m3Rows codes = {}, int row = 0) {
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
@@ -274,6 +277,8 @@ __device__ __forceinline__ void warp_layernorm_row(const float (&v)[kChunks][VEC
   }
   const float rstd = rsqrtf(warp_sum(sq) / hidden + eps);
   FiniteCheck<T> check;
+  Vec<T, VEC> stored[kCodes ? kChunks : 1];
+  float top = 0.0f;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
@@ -288,19 +293,39 @@ __device__ __forceinline__ void warp_layernorm_row(const float (&v)[kChunks][VEC
         y.v[i] = from_float<T>(yi);
       }
       store_vec<VEC>(out_row + c * VEC, y);
+      if constexpr (kCodes) {
+        stored[j] = y;
+        e4m3_fold_top<T, VEC>(y, top);
+      }
     }
   }
   if (nonfinite != nullptr && !check.finite()) *nonfinite = 1;
+  if constexpr (kCodes) {
+    top = warp_max(top);
+    const float multiplier = e4m3_row_multiplier(top);
+    unsigned char* code_row = codes.codes + static_cast<int64_t>(row) * hidden;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c < chunks) e4m3_store<T, VEC>(stored[j], multiplier, code_row + c * VEC);
+    }
+    if (lane == 0) codes.scales[row] = e4m3_row_scale(top);
+  }
 }
 
-template <typename T, int VEC, int kChunks, typename Source>
+// Whether the warp kernels write e4m3 codes in the same pass for T and VEC: 16-bit values in
+// pairs. Other forms (and the block kernels) leave them to invoke_quantize_rows_e4m3 after.
+template <typename T, int VEC>
+constexpr bool kFusedCodes = !std::is_same<T, float>::value && VEC % 2 == 0;
+
+template <typename T, int VEC, int kChunks, typename Source, bool kCodes>
 __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     add_bias_residual_layernorm_warp_kernel(Source source, const T* __restrict__ residual,
                                             const T* __restrict__ bias,
                                             const T* __restrict__ gamma,
                                             const T* __restrict__ beta, T* out, int rows,
                                             int hidden, float eps,
-                                            int32_t* __restrict__ nonfinite) {
+                                            int32_t* __restrict__ nonfinite, E4m3Rows codes) {
   const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int chunks = hidden / VEC;
@@ -320,8 +345,8 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v[j][i] = v[j][i] + to_float(bias_v[j].v[i]) + to_float(r.v[i]);
   }
-  warp_layernorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, beta_v, out + offset, eps,
-                                      nonfinite);
+  warp_layernorm_row<T, VEC, kChunks, kCodes>(v, lane, chunks, hidden, gamma_v, beta_v,
+                                              out + offset, eps, nonfinite, codes, row);
 }
 
 // ---- the pre-LN residual step: residual = round(residual + (x + bias)); out = LN(residual) ------
@@ -531,7 +556,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // tokens' padded rows come from the same arithmetic. BERT-base float16 on an H100, us per
 // embedding in the forward (profiler), block kernel against this one: 4,096 rows 9.8 vs 6.9,
 // 16,384 rows 37.5 vs 21.9.
-template <typename T, int VEC, int kChunks, bool kPosition>
+template <typename T, int VEC, int kChunks, bool kPosition, bool kCodes>
 __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
     embed_layernorm_warp_kernel(const int32_t* __restrict__ input_ids,
                                 const int32_t* __restrict__ token_type_ids,
@@ -539,7 +564,7 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
                                 const T* __restrict__ token_type, const T* __restrict__ gamma,
                                 const T* __restrict__ beta, T* __restrict__ out,
                                 SequenceLayout layout, int hidden, int vocab, int type_vocab,
-                                float eps, int position_pad_id) {
+                                float eps, int position_pad_id, E4m3Rows codes) {
   const int row = blockIdx.x * kWarpRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int chunks = hidden / VEC;
@@ -558,6 +583,15 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       if (lane + 32 * j < chunks) store_vec<VEC>(out_row + (lane + 32 * j) * VEC, zeros);
+    }
+    if constexpr (kCodes) {  // a zero row's codes are zeros, its scale 1 (e4m3.cuh)
+      unsigned char* code_row = codes.codes + static_cast<int64_t>(row) * hidden;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = lane + 32 * j;
+        if (c < chunks) e4m3_store<T, VEC>(zeros, 1.0f, code_row + c * VEC);
+      }
+      if (lane == 0) codes.scales[row] = e4m3_row_scale(0.0f);
     }
     return;
   }
@@ -582,8 +616,8 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock, kWarpMinBlocks)
   for (int j = 0; j < kChunks; ++j) {
     embedding_sum<T, VEC, kPosition>(w, p, t, lane_vector(lane, j, chunks), v[j]);
   }
-  warp_layernorm_row<T, VEC, kChunks>(v, lane, chunks, hidden, gamma_v, beta_v, out_row, eps,
-                                      nullptr);
+  warp_layernorm_row<T, VEC, kChunks, kCodes>(v, lane, chunks, hidden, gamma_v, beta_v, out_row,
+                                              eps, nullptr, codes, row);
 }
 
 // ---- RMSNorm: residual_add_rmsnorm, embed_rmsnorm -----------------------------------------------
@@ -842,22 +876,37 @@ void with_warp_chunks(int per_lane, F&& f) {
 // Runs the residual LayerNorm over `source` with VEC-wide vectors: a warp per row for the GEMM's
 // own output from kWarpMinRows rows (at every row count when batch_invariant) when each row fits
 // kWarpMaxChunks vectors per lane, else a block per row.
+// Where `codes` are given, out's rows also go there in e4m3: written by the warp kernel in the same
+// pass where it runs (kFusedCodes), else by invoke_quantize_rows_e4m3 after.
 template <typename T, int VEC, typename Source>
 void launch_residual_layernorm(const Source& source, const T* residual, const T* bias,
                                const T* gamma, const T* beta, T* out, int rows, int hidden,
                                float eps, int32_t* nonfinite, cudaStream_t stream,
-                               bool batch_invariant = false) {
+                               bool batch_invariant = false, E4m3Rows codes = {}) {
   const int chunks = hidden / VEC;
   if constexpr (!std::is_same<Source, SplitPartials>::value) {
     const int per_lane = ceil_div(chunks, 32);
     if ((rows >= kWarpMinRows || batch_invariant) && per_lane <= kWarpMaxChunks) {
       const int blocks = ceil_div(rows, kWarpRowsPerBlock);
+      bool fused = false;
       with_warp_chunks(per_lane, [&](auto chunks_c) {
         constexpr int kChunks = decltype(chunks_c)::value;
-        launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source>, blocks,
+        if constexpr (kFusedCodes<T, VEC>) {
+          if (codes.codes != nullptr) {
+            launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source, true>, blocks,
+                   32 * kWarpRowsPerBlock, 0, stream, source, residual, bias, gamma, beta, out,
+                   rows, hidden, eps, nonfinite, codes);
+            fused = true;
+            return;
+          }
+        }
+        launch(add_bias_residual_layernorm_warp_kernel<T, VEC, kChunks, Source, false>, blocks,
                32 * kWarpRowsPerBlock, 0, stream, source, residual, bias, gamma, beta, out, rows,
-               hidden, eps, nonfinite);
+               hidden, eps, nonfinite, E4m3Rows{});
       });
+      if (codes.codes != nullptr && !fused) {
+        invoke_quantize_rows_e4m3(out, hidden, rows, hidden, codes, stream);
+      }
       return;
     }
   }
@@ -865,6 +914,7 @@ void launch_residual_layernorm(const Source& source, const T* residual, const T*
   const size_t smem = row_smem_bytes(kernel, hidden);
   launch(kernel, rows, row_threads(chunks), smem, stream, source, residual, bias, gamma, beta,
          out, hidden, eps, nonfinite);
+  if (codes.codes != nullptr) invoke_quantize_rows_e4m3(out, hidden, rows, hidden, codes, stream);
 }
 
 }  // namespace
@@ -875,13 +925,13 @@ template <typename T>
 void invoke_dense_residual_layernorm(const T* x, const T* residual, const T* bias, const T* gamma,
                                      const T* beta, T* out, int rows, int hidden, float eps,
                                      int32_t* nonfinite, cudaStream_t stream,
-                                     bool batch_invariant) {
+                                     bool batch_invariant, E4m3Rows codes) {
   if (rows == 0 || hidden == 0) return;
   const int vec = pick_vec<T>(hidden, {x, residual, bias, gamma, beta, out});
   dispatch_vec<T>(vec, [&](auto vec_c) {
     constexpr int VEC = decltype(vec_c)::value;
     launch_residual_layernorm<T, VEC>(DenseOutput<T>{x}, residual, bias, gamma, beta, out, rows,
-                                      hidden, eps, nonfinite, stream, batch_invariant);
+                                      hidden, eps, nonfinite, stream, batch_invariant, codes);
   });
   FTBERT_LAUNCH_CHECK("add_bias_residual_layernorm_kernel", stream);
 }
@@ -951,7 +1001,8 @@ template <typename T>
 void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_ids, const T* word,
                             const T* position, const T* token_type, const T* gamma, const T* beta,
                             T* out, const SequenceLayout& layout, int hidden, int vocab,
-                            int type_vocab, float eps, int position_pad_id, cudaStream_t stream) {
+                            int type_vocab, float eps, int position_pad_id, cudaStream_t stream,
+                            E4m3Rows codes) {
   const int rows = layout.rows;
   if (rows == 0 || hidden == 0) return;
   FTBERT_CHECK(vocab > 0 && type_vocab > 0,
@@ -965,13 +1016,27 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
     const int per_lane = ceil_div(hidden / VEC, 32);
     if (per_lane <= kWarpMaxChunks) {
       const int blocks = ceil_div(rows, kWarpRowsPerBlock);
+      bool fused = false;
       with_warp_chunks(per_lane, [&](auto chunks_c) {
         constexpr int kChunks = decltype(chunks_c)::value;
-        launch(embed_layernorm_warp_kernel<T, VEC, kChunks, kPosition>, blocks,
+        if constexpr (kFusedCodes<T, VEC>) {
+          if (codes.codes != nullptr) {
+            launch(embed_layernorm_warp_kernel<T, VEC, kChunks, kPosition, true>, blocks,
+                   32 * kWarpRowsPerBlock, 0, stream, input_ids, token_type_ids, word, position,
+                   token_type, gamma, beta, out, layout, hidden, vocab, type_vocab, eps,
+                   position_pad_id, codes);
+            fused = true;
+            return;
+          }
+        }
+        launch(embed_layernorm_warp_kernel<T, VEC, kChunks, kPosition, false>, blocks,
                32 * kWarpRowsPerBlock, 0, stream, input_ids, token_type_ids, word, position,
                token_type, gamma, beta, out, layout, hidden, vocab, type_vocab, eps,
-               position_pad_id);
+               position_pad_id, E4m3Rows{});
       });
+      if (codes.codes != nullptr && !fused) {
+        invoke_quantize_rows_e4m3(out, hidden, rows, hidden, codes, stream);
+      }
       return;
     }
     auto kernel = embed_layernorm_kernel<T, VEC, kPosition>;
@@ -979,6 +1044,7 @@ void invoke_embed_layernorm(const int32_t* input_ids, const int32_t* token_type_
     launch(kernel, rows, row_threads(hidden / VEC), smem, stream, input_ids, token_type_ids, word,
            position, token_type, gamma, beta, out, layout, hidden, vocab, type_vocab, eps,
            position_pad_id);
+    if (codes.codes != nullptr) invoke_quantize_rows_e4m3(out, hidden, rows, hidden, codes, stream);
   };
   dispatch_vec<T>(vec, [&](auto vec_c) {
     if (position != nullptr) {
@@ -1053,7 +1119,7 @@ void invoke_embed_rmsnorm(const int32_t* input_ids, const T* word, const T* gamm
 #define FTBERT_INSTANTIATE_LAYERNORM(T)                                                          \
   template void invoke_dense_residual_layernorm<T>(const T*, const T*, const T*, const T*,        \
                                                    const T*, T*, int, int, float, int32_t*,       \
-                                                   cudaStream_t, bool);                           \
+                                                   cudaStream_t, bool, E4m3Rows);                 \
   template void invoke_add_bias_residual_layernorm<T>(T*, const T*, const T*, const T*, const T*, \
                                                       int, int, float, int32_t*, cudaStream_t,    \
                                                       bool);                                      \
@@ -1065,7 +1131,7 @@ void invoke_embed_rmsnorm(const int32_t* input_ids, const T* word, const T* gamm
   template void invoke_embed_layernorm<T>(const int32_t*, const int32_t*, const T*, const T*,     \
                                           const T*, const T*, const T*, T*,                       \
                                           const SequenceLayout&, int, int, int, float, int,       \
-                                          cudaStream_t);                                          \
+                                          cudaStream_t, E4m3Rows);                                \
   template void invoke_residual_add_rmsnorm<T>(T*, const T*, const T*, const T*, T*, int, int,    \
                                                float, int32_t*, cudaStream_t);                    \
   template void invoke_embed_rmsnorm<T>(const int32_t*, const T*, const T*, T*, T*,               \

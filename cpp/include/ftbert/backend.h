@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ftbert/check.h"
 #include "ftbert/config.h"
 #include "ftbert/device.h"
 #include "ftbert/dtype.h"
@@ -178,12 +179,22 @@ class Backend : public Device {
   // c [m, n] (row stride ldc) = act(a [m, k] (row stride lda) · W + bias), W as upload_weight
   // left it; without a bias, c = a · W (act must then be identity). A backend may apply the bias
   // and activation as the GEMM's epilogue; the base adds them in a second op (ldc must be n).
+  // `a_codes`: a's rows in the quantized form this backend's GEMM reads (gemm_input_codes_bytes),
+  // written by the op that wrote a (a LayerNorm given `out_codes`); the GEMM then reads them
+  // instead of quantizing a itself. Null, or ignored where W is not kept quantized.
   virtual void weight_gemm(DType dt, int m, int n, int k, const void* a, int lda, const void* w,
                            void* c, int ldc, const void* bias = nullptr,
-                           Activation act = Activation::kIdentity) {
+                           Activation act = Activation::kIdentity,
+                           const void* a_codes = nullptr) {
+    (void)a_codes;
     gemm(dt, false, false, m, n, k, a, lda, w, n, c, ldc);
     if (bias != nullptr) add_bias_activation(dt, c, bias, m, n, act);
   }
+  // Bytes of a weight GEMM input's rows [rows, k] in the quantized form weight_gemm reads (fp8:
+  // e4m3 codes, then a float32 scale per row), where the LayerNorms (embed_layernorm,
+  // dense_residual_layernorm) can write them beside their output in the same pass; 0 where the
+  // backend takes none (no quantization, or a GEMM that quantizes its input otherwise).
+  virtual size_t gemm_input_codes_bytes(int64_t /*rows*/, int /*k*/) const { return 0; }
 
   // The weight GEMM's kernel choice, for the op tests and benchmarks (gemm_choice.h): null where
   // the backend has one kernel per shape (the CPU).
@@ -225,9 +236,12 @@ class Backend : public Device {
                                         void* out,             // [m, n]
                                         float eps, void* workspace, size_t workspace_bytes,
                                         int32_t* nonfinite = nullptr,
-                                        void* product = nullptr) {  // [m, n] or null
+                                        void* product = nullptr,     // [m, n] or null
+                                        void* out_codes = nullptr) {  // out's, as weight_gemm's
     (void)workspace;
     (void)workspace_bytes;
+    FTBERT_CHECK(out_codes == nullptr, "dense_residual_layernorm: this backend writes no quantized "
+                                       "rows (gemm_input_codes_bytes is 0)");
     // `product`: where a GEMM and a LayerNorm run as two steps put the GEMM's output (null: `out`
     // itself), so that only the LayerNorm writes `out` (a redirectable address: record()).
     if (product == nullptr || product == out) {
@@ -315,7 +329,8 @@ class Backend : public Device {
                                const void* beta,               // [H]
                                void* out,                      // [rows, H]
                                const SequenceLayout& layout, int hidden, int vocab,
-                               int type_vocab, float eps, int position_pad_id = -1) = 0;
+                               int type_vocab, float eps, int position_pad_id = -1,
+                               void* out_codes = nullptr) = 0;  // out's, as weight_gemm's a_codes
 
   // Adds the Q|K|V bias and splits heads: q/k/v[b, h, s, :] = qkv[row of (b, s), {0,1,2}·H + h·d
   // + :] + bias. Packed, each row lands at its padded position (token_index) and padding is zeros,

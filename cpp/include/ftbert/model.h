@@ -36,6 +36,9 @@ struct Activations {
   void* attention_scratch = nullptr;  // attention_workspace_bytes(...)
   void* dense_workspace = nullptr;    // dense_workspace_bytes bytes for dense_residual_layernorm
   size_t dense_workspace_bytes = 0;   //   (at least the backend's ask for M rows, or 0)
+  // Backend::gemm_input_codes_bytes(M, H) bytes (null where that is 0): a LayerNorm output's rows
+  // as the weight GEMM after it reads them, written by the LayerNorm (blocks.h says which).
+  void* gemm_codes = nullptr;
   int32_t* nonfinite = nullptr;       // set to 1 when the output holds a NaN or Inf; may be null
   // [M, H] where the last layer writes the final hidden states (null: `hidden`). After the last
   // layer it is read only through Backend::first_tokens, never as a GEMM operand, so that a

@@ -183,6 +183,7 @@ class Session {
   DeviceBuffer logits_;               // [B, N] or [rows, N], only with a head
   DeviceBuffer attention_scratch_;    // run_attention's workspace (unfused: q, k, v, scores)
   DeviceBuffer dense_workspace_;      // dense_residual_layernorm's (the backend's ask; may be empty)
+  DeviceBuffer gemm_codes_;           // [rows, H] as the weight GEMMs read them (may be empty)
   // Recordings write the final hidden states here, an address no op reads or writes: each replay
   // redirects it to the forward's own destination (the caller's device tensor, or hidden_).
   DeviceBuffer recorded_output_;

@@ -181,22 +181,28 @@ print(json.dumps(dict(loaded=loaded, early=early, done=enc.gemm_tuning)))
         assert np.array_equal(a[key], b[key]), key
 
 
+def persisted_picks_code(model_dir, out_dir, **load) -> str:
+    """A process that loads the model with `load`, runs forwards of 1, 4 and 12 sequences, waits for
+    the tuner, runs them again and saves those outputs to out_dir as first.npz (it measured),
+    second.npz (it loaded picks) or fixed.npz (FTBERT_GEMM_CHOICE=fixed); prints the counters."""
+    return FORWARDS.replace("import json, sys", "import json, os, sys") + f"""
+enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16", **{load!r})
+loaded = enc.gemm_tuning
+forwards(enc, [1, 4, 12], 1)
+enc.wait_for_tuning()
+outs = forwards(enc, [1, 4, 12], 2)
+name = "/fixed.npz" if os.environ["FTBERT_GEMM_CHOICE"] == "fixed" else (
+    "/second.npz" if loaded["loaded"] else "/first.npz")
+np.savez({str(out_dir)!r} + name, *outs)
+print(json.dumps(dict(loaded=loaded, done=enc.gemm_tuning)))
+"""
+
+
 def test_batch_invariant_picks_persist_and_keep_the_bits(tmp_path, model_dir):
     # Batch-invariant forwards measure their own picks (among kernels with the reference's bits),
     # under keys of their own in the same cache file; a later process loads them and computes the
     # same bits, as does a process that measures nothing ("fixed": the reference everywhere).
-    code = FORWARDS.replace("import json, sys", "import json, os, sys") + f"""
-enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16",
-                                     batch_invariant=True)
-loaded = enc.gemm_tuning
-forwards(enc, [1, 4, 12], 1)
-enc._native.wait_for_tuning()
-outs = forwards(enc, [1, 4, 12], 2)
-name = "/fixed.npz" if os.environ["FTBERT_GEMM_CHOICE"] == "fixed" else (
-    "/second.npz" if loaded["loaded"] else "/first.npz")
-np.savez({str(tmp_path)!r} + name, *outs)
-print(json.dumps(dict(loaded=loaded, done=enc.gemm_tuning)))
-"""
+    code = persisted_picks_code(model_dir, tmp_path, batch_invariant=True)
     first, err = run(code, tmp_path)
     assert first["done"]["measured"] >= 4, first
     text = cache_files(tmp_path)[0].read_text()
@@ -224,18 +230,7 @@ def test_fp8_picks_are_measured_persist_and_keep_the_bits(tmp_path, model_dir, i
     # later process loads the picks and computes the same bits. Under batch invariance every
     # bucket is measured and any pick gives the reference's bits, as "fixed" (no measurement)
     # computes them.
-    code = FORWARDS.replace("import json, sys", "import json, os, sys") + f"""
-enc = ftbert.Encoder.from_pretrained({str(model_dir)!r}, device="cuda", dtype="float16",
-                                     quantization="fp8", batch_invariant={invariant})
-loaded = enc.gemm_tuning
-forwards(enc, [1, 4, 12], 1)
-enc.wait_for_tuning()
-outs = forwards(enc, [1, 4, 12], 2)
-name = "/fixed.npz" if os.environ["FTBERT_GEMM_CHOICE"] == "fixed" else (
-    "/second.npz" if loaded["loaded"] else "/first.npz")
-np.savez({str(tmp_path)!r} + name, *outs)
-print(json.dumps(dict(loaded=loaded, done=enc.gemm_tuning)))
-"""
+    code = persisted_picks_code(model_dir, tmp_path, batch_invariant=invariant, quantization="fp8")
     first, err = run(code, tmp_path)
     assert "failed" not in err, err
     text = cache_files(tmp_path)[0].read_text()

@@ -43,14 +43,7 @@ size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
 __global__ void fill_e4m3_kernel(__nv_fp8_storage_t* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    const float x = kE4m3Max * (static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
-    p[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+    p[i] = __nv_cvt_float_to_fp8(kE4m3Max * hashed_uniform(i, seed), __NV_SATFINITE, __NV_E4M3);
   }
 }
 

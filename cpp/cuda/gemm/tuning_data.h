@@ -16,6 +16,19 @@ namespace ftbert::cuda {
 // 10^4, which a few rows would miss.
 constexpr int kInvariantCheckedRows = 4096;
 
+#ifdef __CUDACC__
+// A value uniform in [-1, 1), a hash of index i and the seed: the tuner's data, in any dtype.
+__device__ __forceinline__ float hashed_uniform(size_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+#endif
+
 // p [n] (float16 or bfloat16) = uniform values in [-scale, scale), a hash of the index and seed:
 // a model's magnitudes (LayerNorm outputs ~1, weights ~0.05), since a GEMM's power draw and so
 // its clock under the power cap depend on the bits it multiplies.

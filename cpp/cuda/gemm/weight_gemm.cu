@@ -212,13 +212,7 @@ template <typename T>
 __global__ void fill_uniform_kernel(T* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    p[i] = static_cast<T>(scale * (static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
+    p[i] = static_cast<T>(scale * hashed_uniform(i, seed));
   }
 }
 

@@ -6,6 +6,7 @@ deployment's options are checked without a Ray instance."""
 
 from __future__ import annotations
 
+import random
 import socket
 
 import numpy as np
@@ -61,7 +62,25 @@ def test_replicas_run_on_the_gpu_ray_gives_them():
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the kernel's ephemeral range and above Ray's worker ports (10002-19999).
+    Ray starts processes that bind ephemeral ports between this choice and its proxy binding the
+    port, and an ephemeral one (port 0's kind) was now and then taken first: "Failed to bind"."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(20001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # none free there: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -82,14 +82,6 @@ cublasLtEpilogue_t fp8_epilogue(bool has_bias, Activation act) {
   }
 }
 
-bool splits_k(const cublasLtMatmulAlgo_t& algo) {
-  int32_t splits = 1;
-  size_t written = 0;
-  return cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                              sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
-         splits > 1;
-}
-
 // The candidates cuBLASLt ranks for a shape in the measurement (as many as the 16-bit GEMMs').
 constexpr int kFp8Candidates = 8;
 constexpr const char* kFp8CandidatePrefix = "cublaslt-fp8:";  // + the heuristic's rank
@@ -389,7 +381,7 @@ GemmPick CudaBackend::measure_fp8_gemm(const GemmShapeKey& key) {
                  "batch_invariant: the FP8 reference refused " << checked_rows << " rows");
   }
   const auto gives_reference_bits = [&](const cublasLtMatmulAlgo_t& algo) {
-    if (splits_k(algo)) return false;
+    if (lt_splits_k(algo)) return false;
     FTBERT_CUDA_CHECK(cudaMemsetAsync(c, 0xff, out_bytes, stream_));
     if (!run_fp8(*checked, algo, 0, w, q, c)) return false;
     int count = 0;

@@ -63,4 +63,14 @@ inline std::vector<cublasLtMatmulHeuristicResult_t> lt_ranked(cublasLtHandle_t l
   return out;
 }
 
+// Whether `algo` splits k (or does not say): its partial sums, reduced after, may then change with
+// the grid, which batch invariance cannot have.
+inline bool lt_splits_k(const cublasLtMatmulAlgo_t& algo) {
+  int32_t splits = 1;
+  size_t written = 0;
+  return cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                              sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+         splits > 1;
+}
+
 }  // namespace ftbert::cuda

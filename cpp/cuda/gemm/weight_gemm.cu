@@ -373,13 +373,7 @@ const GemmPick& CudaBackend::invariant_gemm_pick(const WeightGemm& g) {
   const cublasLtMatmulAlgo_t* chosen = nullptr;
   const cublasLtMatmulAlgo_t* unsplit = nullptr;
   for (const cublasLtMatmulHeuristicResult_t& found : ranked) {
-    int32_t splits = 1;
-    size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&found.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                             sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
-        splits > 1) {
-      continue;
-    }
+    if (lt_splits_k(found.algo)) continue;
     if (unsplit == nullptr) unsplit = &found.algo;
     bool every = true;
     for (const int m : kInvariantCheckRows) {
@@ -406,11 +400,7 @@ bool CudaBackend::may_split_k(const GemmPick& pick) const {
   if (pick.kernel == GemmKernel::kCublas) return true;
   if (pick.kernel != GemmKernel::kCublasLt) return false;  // CUTLASS: one tile per output block
   if (pick.workspace > 0) return true;
-  int32_t splits = 1;
-  size_t written = 0;
-  return cublasLtMatmulAlgoConfigGetAttribute(&pick.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                              sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
-         splits > 1;
+  return lt_splits_k(pick.algo);
 }
 
 void CudaBackend::run_invariant_gemm(const WeightGemm& g) {

@@ -17,8 +17,8 @@ once and writes the frames of one event-loop turn in one write. A front sends {"
 "job": Job's arguments, "tokenized": its rows}; the engine answers {"id", "values", "tokens"} or
 {"id", "error": (kind, fields)} from the job's future's done-callback (no task per job);
 {"op": "cancel", "id"} drops a job whose client went away; {"op": "observed", "observed": [...]}
-records finished requests in the engine's metrics (so /metrics counts every front's requests), sent
-in batches (every 50 ms at most); {"op": "metrics", "id"} returns the metrics' text once the engine
+records finished requests in the engine's metrics (so /metrics counts every front's requests), summed
+by the front (metrics.RequestStats) and sent every 50 ms at most; {"op": "metrics", "id"} returns the metrics' text once the engine
 has asked every other front for the requests it holds ({"op": "flush", "id"} to the front, which
 answers {"op": "observed", ..., "flushed": id}), so the text counts every request answered before.
 
@@ -44,6 +44,7 @@ import numpy as np
 
 from .batcher import (ForwardFailed, InputTooLong, Job, JobResult, JobTokenizer, NoTokens, NonFiniteOutput, PAIR,
                       QueueFull, ShuttingDown, TEXT)
+from .metrics import RequestStats
 from .settings import ServeSettings
 
 log = logging.getLogger("ftbert.serve")
@@ -262,9 +263,8 @@ class _Connection(FrameProtocol):
             if fut is not None:
                 fut.cancel()  # the batcher drops its inputs not yet forwarded
         elif op == "observed":  # finished requests, in the engine's metrics (every front's count)
-            on_request = self._engine.service.metrics.on_request
-            for observed in msg["observed"]:
-                on_request(*observed)
+            if msg["observed"] is not None:
+                self._engine.service.metrics.on_requests(msg["observed"])
             waiter = self._flushes.pop(msg.get("flushed"), None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -402,7 +402,8 @@ class RemoteBatcher:
         self._conn: FrameProtocol | None = None
         self._pending: dict[int, tuple[Job, asyncio.Future]] = {}
         self._replies: dict[int, asyncio.Future] = {}  # metrics texts and pings
-        self._observed: list = []  # finished requests not yet sent to the engine
+        self._observed = RequestStats()  # finished requests not yet sent to the engine, summed
+        self._observed_n = 0
         self._observed_timer: asyncio.TimerHandle | None = None
         self._next_id = 0
         self._connecting: asyncio.Lock | None = None
@@ -513,8 +514,9 @@ class RemoteBatcher:
     def observe(self, *observed) -> None:
         """A finished request, for the engine's metrics: sent with others within OBSERVED_FLUSH_S,
         or when the engine asks (dropped while it is unreachable)."""
-        self._observed.append(observed)
-        if len(self._observed) >= self.OBSERVED_BATCH:
+        self._observed.add(*observed)
+        self._observed_n += 1
+        if self._observed_n >= self.OBSERVED_BATCH:
             self._send_observed()
         elif self._observed_timer is None:
             self._observed_timer = asyncio.get_running_loop().call_later(self.OBSERVED_FLUSH_S, self._send_observed)
@@ -525,10 +527,10 @@ class RemoteBatcher:
         if self._observed_timer is not None:
             self._observed_timer.cancel()
             self._observed_timer = None
-        observed, self._observed = self._observed, []
-        if not observed and flushed is None:
+        if not self._observed and flushed is None:
             return
-        msg = {"op": "observed", "observed": observed}
+        msg = {"op": "observed", "observed": self._observed.take() if self._observed else None}
+        self._observed_n = 0
         if flushed is not None:
             msg["flushed"] = flushed
         with contextlib.suppress(EngineGone):

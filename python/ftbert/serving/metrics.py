@@ -16,12 +16,14 @@ Failures:  ftbert_forward_errors_total{error} (counter: forwards that raised, er
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 # Latency buckets from 1 ms to 30 s (a GPU forward of a small batch is ~1 ms; a long queue, seconds).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -31,16 +33,94 @@ RATE_WINDOW_S = 10.0
 FORWARD_ERRORS = ("out_of_memory", "other")
 
 
+class RequestStats:
+    """The three request metrics as plain sums: what `Metrics` exports, and what each front of
+    `ftbert serve --workers N` adds up between its reports to the engine (`take` there, `merge`
+    in the engine), so that the engine's cost per request is not a Prometheus update.
+
+    counts: {(route, status): n}; latency: {route: [count per LATENCY_BUCKETS bucket and one past
+    the last, sum of seconds]}; inputs: [count per SIZE_BUCKETS bucket and one past, sum]."""
+
+    def __init__(self):
+        self.counts: dict[tuple[str, str], int] = {}
+        self.latency: dict[str, list] = {}
+        self.inputs: list = [0] * (len(SIZE_BUCKETS) + 2)
+
+    def add(self, route: str, status: int, seconds: float, inputs: int | None = None) -> None:
+        key = (route, str(status))
+        self.counts[key] = self.counts.get(key, 0) + 1
+        row = self.latency.get(route)
+        if row is None:
+            row = self.latency[route] = [0] * (len(LATENCY_BUCKETS) + 2)
+        row[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1  # le: a value on a bound is inside it
+        row[-1] += seconds
+        if inputs is not None:
+            self.inputs[bisect.bisect_left(SIZE_BUCKETS, inputs)] += 1
+            self.inputs[-1] += inputs
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def take(self) -> dict:
+        """The sums as JSON values, and a fresh start."""
+        out = {"counts": [[r, s, n] for (r, s), n in self.counts.items()], "latency": self.latency,
+               "inputs": self.inputs}
+        self.__init__()
+        return out
+
+    def merge(self, taken: dict) -> None:
+        """Adds another's `take()`."""
+        for route, status, n in taken["counts"]:
+            key = (route, status)
+            self.counts[key] = self.counts.get(key, 0) + n
+        for route, row in taken["latency"].items():
+            mine = self.latency.setdefault(route, [0] * len(row))
+            for i, v in enumerate(row):
+                mine[i] += v
+        for i, v in enumerate(taken["inputs"]):
+            self.inputs[i] += v
+
+
+class _RequestCollector:
+    """Exports a RequestStats in the exposition prometheus_client's Counter and Histograms give."""
+
+    def __init__(self, stats: RequestStats, lock: threading.Lock):
+        self._stats, self._lock = stats, lock
+
+    def collect(self):
+        with self._lock:
+            counts = dict(self._stats.counts)
+            latency = {r: list(row) for r, row in self._stats.latency.items()}
+            inputs = list(self._stats.inputs)
+        requests = CounterMetricFamily("ftbert_requests", "HTTP requests by route and status",
+                                       labels=["route", "status"])
+        for (route, status), n in counts.items():
+            requests.add_metric([route, status], n)
+        seconds = HistogramMetricFamily("ftbert_request_duration_seconds", "Request latency, received to answered",
+                                        labels=["route"])
+        for route, row in latency.items():
+            seconds.add_metric([route], _cumulative(LATENCY_BUCKETS, row), row[-1])
+        sizes = HistogramMetricFamily("ftbert_request_inputs", "Inputs per request")
+        sizes.add_metric([], _cumulative(SIZE_BUCKETS, inputs), inputs[-1])
+        return [requests, seconds, sizes]
+
+
+def _cumulative(bounds, row) -> list[tuple[str, float]]:
+    out, total = [], 0
+    for bound, n in zip(list(bounds) + [float("inf")], row[:-1]):
+        total += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+    return out
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, queue_depth: Callable[[], float] | None = None):
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("ftbert_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
-        self.request_seconds = Histogram("ftbert_request_duration_seconds", "Request latency, received to answered",
-                                         ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.request_inputs = Histogram("ftbert_request_inputs", "Inputs per request", buckets=SIZE_BUCKETS,
-                                        registry=r)
+        self._requests = RequestStats()
+        self._requests_lock = threading.Lock()
+        r.register(_RequestCollector(self._requests, self._requests_lock))
         self.queue_depth = Gauge("ftbert_queue_depth", "Inputs accepted and not yet in a forward", registry=r)
         if queue_depth is not None:
             self.queue_depth.set_function(queue_depth)
@@ -84,10 +164,13 @@ class Metrics:
 
     # ---- the app's side ----------------------------------------------------------------------
     def on_request(self, route: str, status: int, seconds: float, inputs: int | None = None) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.request_seconds.labels(route).observe(seconds)
-        if inputs is not None:
-            self.request_inputs.observe(inputs)
+        with self._requests_lock:
+            self._requests.add(route, status, seconds, inputs)
+
+    def on_requests(self, taken: dict) -> None:
+        """Requests a front answered, as its RequestStats.take() (the engine of `--workers N`)."""
+        with self._requests_lock:
+            self._requests.merge(taken)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -248,6 +248,43 @@ def test_wrong_embedding_requests_are_422_naming_the_field(embed_server, body, p
     assert_error(_post(embed_server, "/v1/embeddings", body), 422, param, contains)
 
 
+def _embedding_bodies(rng) -> list:
+    """Bodies of /v1/embeddings the schema takes, near misses it refuses, and ones the route refuses."""
+    texts = random_texts(rng, 5)
+    valid = [
+        {"input": texts[0]}, {"input": texts[:3], "model": "tiny"}, {"input": [3, 4, 5]},
+        {"input": [[3, 4], [5, 6, 7]], "encoding_format": "base64"}, {"input": texts[1], "dimensions": 7},
+        {"input": texts[2], "model": None, "user": "u", "encoding_format": "float", "dimensions": None},
+        {"input": texts[3], "unknown_field": [1, {"x": 2}]},  # extra fields are ignored
+    ]
+    refused = [
+        {"input": "a", "dimensions": True}, {"input": "a", "dimensions": 2.0}, {"input": "a", "dimensions": 0},
+        {"input": "a", "encoding_format": None}, {"input": "a", "encoding_format": "Float"},
+        {"input": "a", "model": 5}, {"input": "a", "user": ["x"]}, {"input": [True, 3]}, {"input": ["a", None]},
+        {"model": "tiny"}, {"input": {}}, [{"input": "a"}], "a",
+        {"input": "a", "dimensions": 10_000}, {"input": [[3, 4], [3, 100_000]]}, {"input": ["a"] * 17},
+    ]
+    return valid + refused
+
+
+def test_embeddings_answer_as_fastapi_would_for_every_body(embed_server, rng, monkeypatch):
+    """The route's direct path (no FastAPI validation for bodies the schema takes as they are)
+    gives the status and body that FastAPI's path gives, for valid and refused bodies alike."""
+    import ftbert.serving.app as app_module
+
+    plain = app_module._plain_embedding_body
+    taken = []
+    monkeypatch.setattr(app_module, "_plain_embedding_body", lambda b: taken.append(plain(b)) or taken[-1])
+    bodies = _embedding_bodies(rng)
+    direct = [_post(embed_server, "/v1/embeddings", b) for b in bodies]
+    assert [t is not None for t in taken] == [True] * 7 + [False] * 13 + [True] * 3
+    monkeypatch.setattr(app_module, "_plain_embedding_body", lambda b: None)  # every body through FastAPI
+    for body, d in zip(bodies, direct):
+        f = _post(embed_server, "/v1/embeddings", body)
+        assert (d.status_code, d.headers["content-type"]) == (f.status_code, f.headers["content-type"]), body
+        assert d.json() == f.json(), body
+
+
 def test_too_many_inputs_is_413(embed_server):
     assert_error(_post(embed_server, "/v1/embeddings", {"input": ["a"] * 17}), 413, "input", "(16)")
 

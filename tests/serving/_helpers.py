@@ -115,3 +115,26 @@ class ThreadServer:
         if self.thread.is_alive():
             self.stop()
         self.sock.close()
+
+
+def post_and_leave(url: str, route: str, body: dict, after_s: float) -> None:
+    """Sends a POST of `body` as JSON on a connection of its own and closes it `after_s` later,
+    without reading the answer: a client that goes away."""
+    import json
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    data = json.dumps(body).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(f"POST {route} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        time.sleep(after_s)
+
+
+def metric(text: str, series: str) -> float:
+    """The value of one series of a /metrics text (0 where it is absent)."""
+    for line in text.splitlines():
+        if line.startswith(series + " ") or (line.startswith(series) and series.endswith("}")
+                                              and line[len(series):].startswith(" ")):
+            return float(line.split()[-1])
+    return 0.0

@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.serving._helpers import OVERFLOW_ID, make_embedder, make_overflowing_embedder, need_serve_extra, serve
+from tests.serving._helpers import (OVERFLOW_ID, make_embedder, make_overflowing_embedder, metric, need_serve_extra,
+                                    post_and_leave, serve)
 from tests._vocab import random_texts
 
 need_serve_extra()
@@ -283,6 +284,21 @@ def test_embeddings_answer_as_fastapi_would_for_every_body(embed_server, rng, mo
         f = _post(embed_server, "/v1/embeddings", body)
         assert (d.status_code, d.headers["content-type"]) == (f.status_code, f.headers["content-type"]), body
         assert d.json() == f.json(), body
+
+
+@pytest.mark.parametrize("route, body", [("/v1/embeddings", {"input": "a text that waits"}),
+                                         ("/embed", {"inputs": "a text that waits"})])
+def test_a_client_that_goes_away_has_its_queued_inputs_dropped(embedder, route, body):
+    """The batcher holds a lone input for max_wait_ms; its client leaves before that. The input
+    never reaches a forward, the request counts as 499, and the server answers the next one."""
+    with _server(embedder, max_wait_ms=1500) as s:
+        post_and_leave(s.url, route, body, after_s=0.4)
+        time.sleep(2.0)  # past the wait: a forward would have run by now
+        text = httpx.get(s.url + "/metrics", timeout=30).text
+        assert metric(text, "ftbert_batch_size_count") == 0
+        assert metric(text, f'ftbert_requests_total{{route="{route}",status="499"}}') == 1
+        assert _post(s, route, body).status_code == 200
+        assert metric(httpx.get(s.url + "/metrics", timeout=30).text, "ftbert_batch_size_count") == 1
 
 
 def test_too_many_inputs_is_413(embed_server):

@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.serving._helpers import MAX_POS, OVERFLOW_ID, make_embedder, make_overflowing_embedder, need_serve_extra, serve
+from tests.serving._helpers import (MAX_POS, OVERFLOW_ID, make_embedder, make_overflowing_embedder, metric,
+                                    need_serve_extra, post_and_leave, serve)
 
 need_serve_extra()
 httpx = pytest.importorskip("httpx")
@@ -134,6 +135,22 @@ def test_long_texts_in_windows_tokenized_by_the_fronts_match_one_process(embedde
     finally:
         status, err = server.stop()
     assert status == 0, err[-3000:]
+
+
+def test_a_client_that_goes_away_has_its_inputs_dropped_in_the_engine(embedder):
+    """As in one process (test_app): the front cancels the job, the engine drops its input before
+    the forward that max_wait_ms holds back, and /metrics (the engine's) counts the 499."""
+    server = WorkersServer(embedder, "--max-wait-ms", "1500")
+    try:
+        post_and_leave(server.url, "/v1/embeddings", {"input": "a text that waits"}, after_s=0.4)
+        time.sleep(2.0)
+        text = server.client.get("/metrics").text
+        assert metric(text, "ftbert_batch_size_count") == 0
+        assert metric(text, 'ftbert_requests_total{route="/v1/embeddings",status="499"}') == 1
+        embed(server.client, ["a text that waits"])
+        assert metric(server.client.get("/metrics").text, "ftbert_batch_size_count") == 1
+    finally:
+        server.stop()
 
 
 def test_a_killed_engine_answers_503_at_once_and_is_replaced(embedder):

@@ -26,6 +26,7 @@ ran out of memory (a later batch may fit), 500 for any other error; the server g
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import contextlib
@@ -473,9 +474,18 @@ def _validation_response(errors: list[dict]) -> JSONResponse:
 
 
 class _Guard:
-    """Pure ASGI middleware: refuses bodies over max_bytes (413: by Content-Length before they are
-    read; a body without one, sent in chunks, is read here up to the limit first) and records each
-    request's route, status and latency in the service's metrics."""
+    """Pure ASGI middleware round every request:
+    - refuses bodies over max_bytes (413: by Content-Length before they are read; a body without
+      one, sent in chunks, is read up to the limit first);
+    - reads every POST body before the app does, so that it knows when the client has sent all of
+      it: a request still unanswered WATCH_AFTER_S later watches its connection from then on, and
+      a client that goes away before its answer has the request's work dropped (its inputs not yet
+      forwarded leave the queue, in this process or the engine's) and is recorded with status 499;
+    - answers POST /v1/embeddings itself where the body needs none of FastAPI's validation;
+    - records each request's route, status and latency in the service's metrics."""
+
+    # Watching costs a task: only requests that wait this long (a queue, a long batch) pay it.
+    WATCH_AFTER_S = 0.05
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -489,7 +499,8 @@ class _Guard:
         status = 500
         scope.setdefault("state", {})  # where the route leaves its input count (request.state)
         headers = dict(scope.get("headers") or ())
-        if scope.get("method") == "POST" and b"json" not in headers.get(b"content-type", b""):
+        post = scope.get("method") == "POST"
+        if post and b"json" not in headers.get(b"content-type", b""):
             # Every body here is JSON: read it as such whatever the client declared (curl -d sends
             # application/x-www-form-urlencoded), so a bad body reads "not valid JSON", not "not an object".
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
@@ -506,81 +517,95 @@ class _Guard:
                 await resp(scope, receive, send)
                 self._record(scope, route, 413, t0)
                 return
-        elif scope.get("method") == "POST":
-            receive = await self._read_capped(receive)
-            if receive is None:
+        chunks = None
+        if post:
+            chunks = await self._read_capped(receive)
+            if chunks is None:
                 resp = _error_response(413, f"the request body has more bytes than this server takes "
                                             f"({self.max_bytes})", "invalid_request_error", None)
                 await resp(scope, _disconnected, send)
                 self._record(scope, route, 413, t0)
                 return
+            app_receive = _replay(chunks, receive)
+        else:
+            app_receive = receive
+
+        answering = False
 
         async def send_status(message):
-            nonlocal status
+            nonlocal status, answering
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answering = message["status"], True
             await send(message)
 
+        task = asyncio.current_task()
+        gone, watcher, timer = False, None, None
+
+        async def watch():
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not answering:
+                gone = True
+                task.cancel()
+
+        def start_watching():
+            nonlocal watcher
+            watcher = asyncio.ensure_future(watch())
+
+        if chunks and chunks[-1]["type"] == "http.request":  # all of the body is here
+            timer = asyncio.get_running_loop().call_later(self.WATCH_AFTER_S, start_watching)
         try:
-            if route == "/v1/embeddings" and scope.get("method") == "POST":
-                receive = await self._embeddings_directly(scope, receive, send_status)
-                if receive is None:
-                    return
-            await self.app(scope, receive, send_status)
+            if route == "/v1/embeddings" and chunks and await self._embeddings_directly(scope, chunks, send_status):
+                return
+            await self.app(scope, app_receive, send_status)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            if hasattr(task, "uncancel"):  # ours, handled: the task goes on as not cancelled
+                task.uncancel()
+            status = 499  # nginx's "client closed request"
         finally:
+            if timer is not None:
+                timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
             self._record(scope, route, status, t0)
 
-    async def _embeddings_directly(self, scope, receive, send):
+    async def _embeddings_directly(self, scope, chunks: list, send) -> bool:
         """POST /v1/embeddings without FastAPI's routing, dependencies and validation, which cost
         a front more CPU than the rest of a short request: for a body that EmbeddingRequest takes
-        as it is, the route's own code answers here. Returns None when it has answered, else a
-        receive that replays the body for FastAPI (a body the schema refuses, or no service yet)."""
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-        pending = collections.deque(chunks)
-
-        async def replay():
-            return pending.popleft() if pending else await receive()
-
+        as it is, the route's own code answers here. Returns whether it answered; if not, the body
+        goes to FastAPI (one the schema refuses, or no service yet), which words the error."""
         svc = getattr(getattr(scope.get("app"), "state", None), "service", None)
         plain = (_plain_embedding_body(b"".join(m.get("body", b"") for m in chunks))
                  if svc is not None and chunks[-1]["type"] == "http.request" else None)
         if plain is None:
-            return replay
+            return False
         try:
             resp = Response(await _embeddings(svc, _State(scope["state"]), *plain), media_type="application/json")
         except ApiError as e:
             resp = _error_response(e.status, e.message, e.type, e.param, e.headers)
         except Exception as e:  # noqa: BLE001 - as the app's handler of anything else answers
             resp = _error_response(500, f"internal error: {type(e).__name__}: {e}", "server_error")
-        await resp(scope, replay, send)
-        return None
+        await resp(scope, _disconnected, send)
+        return True
 
-    async def _read_capped(self, receive):
-        """Reads a body of unknown length; None once it passes max_bytes, else a receive that
-        hands the app the body as read."""
+    async def _read_capped(self, receive) -> list | None:
+        """The body's messages as read (ending with the last chunk, or with the client's leaving);
+        None once they pass max_bytes."""
         chunks, size = [], 0
         while True:
             message = await receive()
+            chunks.append(message)
             if message["type"] != "http.request":  # the client went away: let the app see it
-                chunks.append(message)
                 break
             size += len(message.get("body", b""))
             if size > self.max_bytes:
                 return None
-            chunks.append(message)
             if not message.get("more_body", False):
                 break
-        pending = collections.deque(chunks)
-
-        async def replay():
-            return pending.popleft() if pending else await receive()
-
-        return replay
+        return chunks
 
     @staticmethod
     def _record(scope, route: str, status: int, t0: float) -> None:
@@ -591,6 +616,16 @@ class _Guard:
         state = scope.get("state") or {}
         inputs = state.get("inputs")  # set by the route as request.state.inputs
         svc.metrics.on_request(route, status, time.perf_counter() - t0, inputs)
+
+
+def _replay(chunks: list, receive):
+    """A receive that hands out the body's messages already read, then the client's own."""
+    pending = collections.deque(chunks)
+
+    async def replay():
+        return pending.popleft() if pending else await receive()
+
+    return replay
 
 
 async def _disconnected():

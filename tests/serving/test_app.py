@@ -249,41 +249,53 @@ def test_wrong_embedding_requests_are_422_naming_the_field(embed_server, body, p
     assert_error(_post(embed_server, "/v1/embeddings", body), 422, param, contains)
 
 
-def _embedding_bodies(rng) -> list:
-    """Bodies of /v1/embeddings the schema takes, near misses it refuses, and ones the route refuses."""
+def _embedding_bodies(rng, field: str) -> tuple[list, list]:
+    """Bodies of /v1/embeddings (field "input") or /embed ("inputs"): ones the schema takes (some
+    of which the route itself refuses), and near misses the schema refuses."""
     texts = random_texts(rng, 5)
-    valid = [
-        {"input": texts[0]}, {"input": texts[:3], "model": "tiny"}, {"input": [3, 4, 5]},
-        {"input": [[3, 4], [5, 6, 7]], "encoding_format": "base64"}, {"input": texts[1], "dimensions": 7},
-        {"input": texts[2], "model": None, "user": "u", "encoding_format": "float", "dimensions": None},
-        {"input": texts[3], "unknown_field": [1, {"x": 2}]},  # extra fields are ignored
+    taken = [
+        {field: texts[0]}, {field: texts[:3], "model": "tiny"}, {field: texts[1], "dimensions": 7},
+        {field: texts[3], "unknown_field": [1, {"x": 2}]},  # extra fields are ignored
+        {field: "a", "dimensions": 10_000}, {field: ["a"] * 17},  # refused by the route: 422, 413
     ]
     refused = [
-        {"input": "a", "dimensions": True}, {"input": "a", "dimensions": 2.0}, {"input": "a", "dimensions": 0},
-        {"input": "a", "encoding_format": None}, {"input": "a", "encoding_format": "Float"},
-        {"input": "a", "model": 5}, {"input": "a", "user": ["x"]}, {"input": [True, 3]}, {"input": ["a", None]},
-        {"model": "tiny"}, {"input": {}}, [{"input": "a"}], "a",
-        {"input": "a", "dimensions": 10_000}, {"input": [[3, 4], [3, 100_000]]}, {"input": ["a"] * 17},
+        {field: "a", "dimensions": True}, {field: "a", "dimensions": 2.0}, {field: "a", "dimensions": 0},
+        {field: ["a", None]}, {"model": "tiny"}, {field: {}}, [{field: "a"}], "a",
     ]
-    return valid + refused
+    if field == "input":
+        taken += [{"input": [3, 4, 5]}, {"input": [[3, 4], [5, 6, 7]], "encoding_format": "base64"},
+                  {"input": "a", "model": None, "user": "u", "encoding_format": "float", "dimensions": None},
+                  {"input": [[3, 4], [3, 100_000]]}]
+        refused += [{"input": "a", "model": 5}, {"input": "a", "encoding_format": None},
+                    {"input": "a", "encoding_format": "Float"},
+                    {"input": "a", "user": ["x"]}, {"input": [True, 3]}]
+    else:
+        taken += [{"inputs": texts[2], "normalize": False, "truncate": True, "truncation_direction": "Left"},
+                  {"inputs": texts[4], "prompt_name": "nope"}, {"inputs": "a", "model": 5}]  # no such field there
+        refused += [{"inputs": "a", "normalize": 1}, {"inputs": "a", "truncation_direction": "up"},
+                    {"inputs": [3, 4]}]
+    return taken, refused
 
 
-def test_embeddings_answer_as_fastapi_would_for_every_body(embed_server, rng, monkeypatch):
-    """The route's direct path (no FastAPI validation for bodies the schema takes as they are)
-    gives the status and body that FastAPI's path gives, for valid and refused bodies alike."""
+@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs")])
+def test_direct_routes_answer_as_fastapi_would_for_every_body(embed_server, rng, monkeypatch, route, field):
+    """The middleware's own path for a route (no FastAPI routing or dependencies; the schema
+    validates) gives the status and body that FastAPI's path gives, for bodies the schema takes
+    and ones it refuses, and it is the path those it takes went."""
     import ftbert.serving.app as app_module
 
-    plain = app_module._plain_embedding_body
-    taken = []
-    monkeypatch.setattr(app_module, "_plain_embedding_body", lambda b: taken.append(plain(b)) or taken[-1])
-    bodies = _embedding_bodies(rng)
-    direct = [_post(embed_server, "/v1/embeddings", b) for b in bodies]
-    assert [t is not None for t in taken] == [True] * 7 + [False] * 13 + [True] * 3
-    monkeypatch.setattr(app_module, "_plain_embedding_body", lambda b: None)  # every body through FastAPI
-    for body, d in zip(bodies, direct):
-        f = _post(embed_server, "/v1/embeddings", body)
+    direct_body = app_module._direct_body
+    validated = []
+    monkeypatch.setattr(app_module, "_direct_body", lambda *a: validated.append(direct_body(*a)) or validated[-1])
+    taken, refused = _embedding_bodies(rng, field)
+    direct = [_post(embed_server, route, b) for b in taken + refused]
+    assert [v is not None for v in validated] == [True] * len(taken) + [False] * len(refused)
+    monkeypatch.setattr(app_module, "_direct_body", lambda *a: None)  # every body through FastAPI
+    for body, d in zip(taken + refused, direct):
+        f = _post(embed_server, route, body)
         assert (d.status_code, d.headers["content-type"]) == (f.status_code, f.headers["content-type"]), body
         assert d.json() == f.json(), body
+    assert sorted({r.status_code for r in direct}) == [200, 413, 422]
 
 
 @pytest.mark.parametrize("route, body", [("/v1/embeddings", {"input": "a text that waits"}),

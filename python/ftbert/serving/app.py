@@ -32,7 +32,7 @@ import collections
 import contextlib
 import json
 import time
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -218,8 +218,7 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request):
-        return Response(await _embeddings(_service(request), request.state, body.input, body.dimensions,
-                                          body.encoding_format), media_type="application/json")
+        return await _embeddings(_service(request), request.state, body)
 
     @app.post("/v1/rerank")
     async def rerank(body: RerankRequest, request: Request):
@@ -341,11 +340,11 @@ async def rerank_scores(svc: Service, request: Request, query: str, texts: list[
     return (logits if act is None else act(logits)).squeeze(-1).tolist(), res
 
 
-async def _embeddings(svc: Service, state, parsed: tuple, dimensions: int | None, encoding_format: str) -> str:
-    """POST /v1/embeddings' answer, as JSON text, for a body that validated (EmbeddingRequest's
-    fields; `parsed` is _parse_embedding_input's). state: the request's state (`inputs` is left
-    there for the metrics)."""
-    how, inputs, nested = parsed
+async def _embeddings(svc: Service, state, body: EmbeddingRequest) -> Response:
+    """POST /v1/embeddings' answer. state: the request's state (`inputs` is left there for the
+    metrics)."""
+    how, inputs, nested = body.input
+    dimensions, encoding_format = body.dimensions, body.encoding_format
     _check_client_batch(svc, len(inputs), "input")
     if how == IDS:
         _check_vocab(svc, inputs, nested)
@@ -368,34 +367,27 @@ async def _embeddings(svc: Service, state, parsed: tuple, dimensions: int | None
     # Written as text around the rows (jsonrows.py: json's floats cost more than the request).
     data = ",".join(f'{{"object":"embedding","index":{i},"embedding":{row}}}' for i, row in enumerate(rows))
     usage = f'{{"prompt_tokens":{int(res.tokens)},"total_tokens":{int(res.tokens)}}}'
-    return f'{{"object":"list","data":[{data}],"model":{json.dumps(svc.model_name)},"usage":{usage}}}'
+    return Response(f'{{"object":"list","data":[{data}],"model":{json.dumps(svc.model_name)},"usage":{usage}}}',
+                    media_type="application/json")
 
 
-_EMBEDDING_FIELDS = frozenset(EmbeddingRequest.model_fields)
+# Routes the _Guard middleware answers itself for a body their schema takes: path -> (schema, handler),
+# the handler an `async (svc, state, body) -> Response` that the FastAPI route calls too. Validation
+# is the schema's own (pydantic, as FastAPI runs it); only FastAPI's routing, dependency solving and
+# the layers around them are left out, which cost a front more CPU than the rest of a short request.
+DIRECT_ROUTES: dict[str, tuple[type[BaseModel], Callable]] = {}
 
 
-def _plain_embedding_body(body: bytes):
-    """(parsed input, dimensions, encoding_format) where `body` is one that EmbeddingRequest takes
-    as it is, else None: then the request goes through FastAPI, which validates it and words any
-    error. Only bodies whose every field has the type the schema asks pass here, so both ways give
-    the same answer."""
+def _direct_body(schema: type[BaseModel], body: bytes):
+    """The body as `schema` validates it, or None where FastAPI must see it (not JSON, or refused by
+    the schema: FastAPI words the error, so both ways answer alike)."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        return schema.model_validate(json.loads(body))
+    except (ValueError, UnicodeDecodeError):  # pydantic's ValidationError is a ValueError
         return None
-    if type(obj) is not dict or "input" not in obj:
-        return None
-    model, user = obj.get("model"), obj.get("user")
-    dimensions, encoding_format = obj.get("dimensions"), obj.get("encoding_format", "float")
-    if ((model is not None and type(model) is not str) or (user is not None and type(user) is not str)
-            or encoding_format not in ("float", "base64")
-            or (dimensions is not None and (type(dimensions) is not int or dimensions < 1))):
-        return None
-    try:
-        parsed = _parse_embedding_input(obj["input"])
-    except ValueError:
-        return None
-    return parsed, dimensions, encoding_format
+
+
+DIRECT_ROUTES["/v1/embeddings"] = (EmbeddingRequest, _embeddings)
 
 
 class _State:
@@ -481,7 +473,7 @@ class _Guard:
       it: a request still unanswered WATCH_AFTER_S later watches its connection from then on, and
       a client that goes away before its answer has the request's work dropped (its inputs not yet
       forwarded leave the queue, in this process or the engine's) and is recorded with status 499;
-    - answers POST /v1/embeddings itself where the body needs none of FastAPI's validation;
+    - answers the DIRECT_ROUTES itself for a body their schema takes;
     - records each request's route, status and latency in the service's metrics."""
 
     # Watching costs a task: only requests that wait this long (a queue, a long batch) pay it.
@@ -556,7 +548,7 @@ class _Guard:
         if chunks and chunks[-1]["type"] == "http.request":  # all of the body is here
             timer = asyncio.get_running_loop().call_later(self.WATCH_AFTER_S, start_watching)
         try:
-            if route == "/v1/embeddings" and chunks and await self._embeddings_directly(scope, chunks, send_status):
+            if chunks and path in DIRECT_ROUTES and await self._answer_directly(scope, path, chunks, send_status):
                 return
             await self.app(scope, app_receive, send_status)
         except asyncio.CancelledError:
@@ -572,18 +564,18 @@ class _Guard:
                 watcher.cancel()
             self._record(scope, route, status, t0)
 
-    async def _embeddings_directly(self, scope, chunks: list, send) -> bool:
-        """POST /v1/embeddings without FastAPI's routing, dependencies and validation, which cost
-        a front more CPU than the rest of a short request: for a body that EmbeddingRequest takes
-        as it is, the route's own code answers here. Returns whether it answered; if not, the body
-        goes to FastAPI (one the schema refuses, or no service yet), which words the error."""
+    async def _answer_directly(self, scope, path: str, chunks: list, send) -> bool:
+        """A DIRECT_ROUTES route answered here; False where its body must go to FastAPI instead
+        (refused by the schema, cut short by the client, or no service yet)."""
         svc = getattr(getattr(scope.get("app"), "state", None), "service", None)
-        plain = (_plain_embedding_body(b"".join(m.get("body", b"") for m in chunks))
-                 if svc is not None and chunks[-1]["type"] == "http.request" else None)
-        if plain is None:
+        if svc is None or chunks[-1]["type"] != "http.request":
+            return False
+        schema, handler = DIRECT_ROUTES[path]
+        body = _direct_body(schema, b"".join(m.get("body", b"") for m in chunks))
+        if body is None:
             return False
         try:
-            resp = Response(await _embeddings(svc, _State(scope["state"]), *plain), media_type="application/json")
+            resp = await handler(svc, _State(scope["state"]), body)
         except ApiError as e:
             resp = _error_response(e.status, e.message, e.type, e.param, e.headers)
         except Exception as e:  # noqa: BLE001 - as the app's handler of anything else answers

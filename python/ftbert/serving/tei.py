@@ -170,15 +170,14 @@ def register_tei_routes(app: FastAPI) -> None:
                                 param="prompt_name")
         return [prompts[prompt_name] + t for t in texts]
 
-    async def embed(body: EmbedRequest, request: Request):
-        svc = core._service(request)
+    async def embed_answer(svc, state, body: EmbedRequest) -> Response:
         texts, _ = body.inputs
         texts = prompted(svc, texts, body.prompt_name)
         core._check_client_batch(svc, len(texts), "inputs")
         if body.dimensions is not None and body.dimensions > svc.hidden_size:
             raise core.ApiError(422, f"dimensions ({body.dimensions}) is more than the model's {svc.hidden_size}",
                                 param="dimensions")
-        request.state.inputs = len(texts)
+        state.inputs = len(texts)
         res = await core._run(svc, Job(EMBED, TEXT, texts, normalize=body.normalize, **body.job_options()),
                               "inputs")
         values = res.values
@@ -187,6 +186,11 @@ def register_tei_routes(app: FastAPI) -> None:
             if body.normalize:
                 values = values / np.maximum(np.linalg.norm(values, axis=1, keepdims=True), 1e-12)
         return Response("[" + ",".join(float_rows(values)) + "]", media_type="application/json")
+
+    async def embed(body: EmbedRequest, request: Request):
+        return await embed_answer(core._service(request), request.state, body)
+
+    core.DIRECT_ROUTES["/embed"] = (EmbedRequest, embed_answer)  # the middleware's own path (app.py)
 
     async def per_token_job(svc, request: Request, route: str, kind: str, what: str, texts: list[str],
                             prompt_name: str | None, **options):

@@ -61,18 +61,44 @@ def encode(obj) -> bytes:
     return b"".join(_encode_parts(obj))
 
 
+# One encoder and one decoder for every frame (json.dumps / json.loads with options build a new one
+# per call); what a call's arrays need (the blobs written, the frame read) is the thread's own.
+_frame_state = threading.local()
+
+
+def _array_out(o):
+    if isinstance(o, np.ndarray):
+        blobs = _frame_state.blobs_out
+        blobs.append(np.ascontiguousarray(o).tobytes())
+        return {"__array__": [o.dtype.str, list(o.shape), len(blobs) - 1]}
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"cannot send a {type(o).__name__} to the engine")
+
+
+def _array_in(d: dict):
+    spec = d.get("__array__")
+    if spec is None or len(d) != 1:
+        return d
+    dtype, shape, index = spec
+    data, blobs = _frame_state.data_in, _frame_state.blobs_in
+    offset, size = blobs[index]
+    dtype = np.dtype(dtype)
+    return np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize, offset=offset).reshape(shape).copy()
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_array_out, check_circular=False)
+_DECODER = json.JSONDecoder()
+_ARRAY_DECODER = json.JSONDecoder(object_hook=_array_in)
+
+
 def _encode_parts(obj) -> list[bytes]:
     blobs: list[bytes] = []
-
-    def array(o):
-        if isinstance(o, np.ndarray):
-            blobs.append(np.ascontiguousarray(o).tobytes())
-            return {"__array__": [o.dtype.str, list(o.shape), len(blobs) - 1]}
-        if isinstance(o, np.generic):
-            return o.item()
-        raise TypeError(f"cannot send a {type(o).__name__} to the engine")
-
-    text = json.dumps(obj, default=array, separators=(",", ":")).encode()
+    _frame_state.blobs_out = blobs
+    try:
+        text = _ENCODER.encode(obj).encode()
+    finally:
+        _frame_state.blobs_out = None
     parts = [_HEADER.pack(len(text)), text]
     for b in blobs:
         parts += [_HEADER.pack(len(b)), b]
@@ -84,24 +110,18 @@ def decode(data, start: int = 0, end: int | None = None):
     out of it once, straight into their own memory)."""
     end = len(data) if end is None else end
     (n,) = _HEADER.unpack_from(data, start)
-    text, at, blobs = data[start + 4:start + 4 + n], start + 4 + n, []
+    text, at, blobs = bytes(data[start + 4:start + 4 + n]).decode(), start + 4 + n, []
     while at < end:
         (size,) = _HEADER.unpack_from(data, at)
         blobs.append((at + 4, size))
         at += 4 + size
     if not blobs:
-        return json.loads(text)
-
-    def hook(d: dict):
-        spec = d.get("__array__")
-        if spec is None or len(d) != 1:
-            return d
-        dtype, shape, index = spec
-        offset, size = blobs[index]
-        dtype = np.dtype(dtype)
-        return np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize, offset=offset).reshape(shape).copy()
-
-    return json.loads(text, object_hook=hook)
+        return _DECODER.decode(text)
+    _frame_state.data_in, _frame_state.blobs_in = data, blobs
+    try:
+        return _ARRAY_DECODER.decode(text)
+    finally:
+        _frame_state.data_in = _frame_state.blobs_in = None
 
 
 def frame(obj) -> list[bytes]:

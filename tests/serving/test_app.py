@@ -277,7 +277,7 @@ def _embedding_bodies(rng, field: str) -> tuple[list, list]:
     return taken, refused
 
 
-@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs")])
+@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs"), ("/", "inputs")])
 def test_direct_routes_answer_as_fastapi_would_for_every_body(embed_server, rng, monkeypatch, route, field):
     """The middleware's own path for a route (no FastAPI routing or dependencies; the schema
     validates) gives the status and body that FastAPI's path gives, for bodies the schema takes

@@ -372,10 +372,12 @@ async def _embeddings(svc: Service, state, body: EmbeddingRequest) -> Response:
 
 
 # Routes the _Guard middleware answers itself for a body their schema takes: path -> (schema, handler),
-# the handler an `async (svc, state, body) -> Response` that the FastAPI route calls too. Validation
-# is the schema's own (pydantic, as FastAPI runs it); only FastAPI's routing, dependency solving and
-# the layers around them are left out, which cost a front more CPU than the rest of a short request.
-DIRECT_ROUTES: dict[str, tuple[type[BaseModel], Callable]] = {}
+# the handler an `async (svc, state, body) -> Response` that the FastAPI route calls too; the schema
+# a pydantic model, or a function of the service giving one (None: FastAPI answers this service's
+# requests). Validation is the schema's own (pydantic, as FastAPI runs it); only FastAPI's routing,
+# dependency solving and the layers around them are left out, which cost a front more CPU than the
+# rest of a short request.
+DIRECT_ROUTES: dict[str, tuple[type[BaseModel] | Callable, Callable]] = {}
 
 
 def _direct_body(schema: type[BaseModel], body: bytes):
@@ -571,6 +573,10 @@ class _Guard:
         if svc is None or chunks[-1]["type"] != "http.request":
             return False
         schema, handler = DIRECT_ROUTES[path]
+        if not isinstance(schema, type):
+            schema = schema(svc)
+            if schema is None:
+                return False
         body = _direct_body(schema, b"".join(m.get("body", b"") for m in chunks))
         if body is None:
             return False

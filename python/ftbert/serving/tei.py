@@ -191,6 +191,9 @@ def register_tei_routes(app: FastAPI) -> None:
         return await embed_answer(core._service(request), request.state, body)
 
     core.DIRECT_ROUTES["/embed"] = (EmbedRequest, embed_answer)  # the middleware's own path (app.py)
+    # POST / of an embedding model is /embed (root below); a classifier's goes through FastAPI.
+    core.DIRECT_ROUTES["/"] = (lambda svc: None if svc.head == "sequence_classification" else EmbedRequest,
+                               embed_answer)
 
     async def per_token_job(svc, request: Request, route: str, kind: str, what: str, texts: list[str],
                             prompt_name: str | None, **options):

@@ -27,15 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_cpu import cpu_seconds  # noqa: E402  (CPU seconds of processes, from /proc)
+
 _HEADER = struct.Struct(">I")
-TICK = os.sysconf("SC_CLK_TCK")
 WORDS = ("the quick brown fox jumps over a lazy dog while people watch from the river bank and talk about "
          "their work in the city where old buildings stand next to new towers of glass and steel").split()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
 class Client:
@@ -108,7 +105,7 @@ def one_round(args, settings, tokenized_rows) -> dict:
             while True:
                 now = time.perf_counter()
                 if not measuring and now >= t_end_warm:
-                    measuring, answered, cpu0, t0 = True, 0, cpu_seconds(pid), now
+                    measuring, answered, cpu0, t0 = True, 0, cpu_seconds([pid]), now
                 if measuring and now >= t_stop:
                     break
                 for key, _ in sel.select(timeout=1.0):
@@ -117,7 +114,7 @@ def one_round(args, settings, tokenized_rows) -> dict:
                     answered += n
                     if n:
                         c.send_jobs(n)
-            cpu1, t1 = cpu_seconds(pid), time.perf_counter()
+            cpu1, t1 = cpu_seconds([pid]), time.perf_counter()
             sel.close()
             for c in clients:
                 c.sock.close()

@@ -298,6 +298,42 @@ def test_direct_routes_answer_as_fastapi_would_for_every_body(embed_server, rng,
     assert sorted({r.status_code for r in direct}) == [200, 413, 422]
 
 
+def _rerank_bodies(rng, route: str) -> tuple[list, list]:
+    """Bodies of /v1/rerank or TEI's /rerank the schema takes (the route refusing some: 413) and
+    near misses it refuses."""
+    q, *texts = random_texts(rng, 5)
+    taken = [{"query": q, "texts": texts}, {"query": q, "texts": texts[:1], "return_text": True},
+             {"query": q, "texts": texts, "raw_scores": True, "extra": 1}, {"query": q, "texts": ["a"] * 600}]
+    refused = [{"query": q}, {"query": 3, "texts": texts}, {"query": q, "texts": []}, {"query": q, "texts": [1]},
+               {"query": q, "texts": texts, "return_text": "yes"}, [q], "x"]
+    if route == "/v1/rerank":
+        taken.append({"query": q, "texts": texts, "top_n": 2})
+        refused += [{"query": q, "texts": texts, "top_n": 0}, {"query": q, "texts": texts, "top_n": True}]
+    else:
+        taken.append({"query": q, "texts": texts, "truncate": True, "truncation_direction": "LEFT"})
+        refused.append({"query": q, "texts": texts, "truncation_direction": "middle"})
+    return taken, refused
+
+
+@pytest.mark.parametrize("route", ["/v1/rerank", "/rerank"])
+def test_direct_rerank_routes_answer_as_fastapi_would(rerank_server, rng, monkeypatch, route):
+    """As test_direct_routes_answer_as_fastapi_would_for_every_body, for the rerank routes."""
+    import ftbert.serving.app as app_module
+
+    direct_body = app_module._direct_body
+    validated = []
+    monkeypatch.setattr(app_module, "_direct_body", lambda *a: validated.append(direct_body(*a)) or validated[-1])
+    taken, refused = _rerank_bodies(rng, route)
+    direct = [_post(rerank_server, route, b) for b in taken + refused]
+    assert [v is not None for v in validated] == [True] * len(taken) + [False] * len(refused)
+    monkeypatch.setattr(app_module, "_direct_body", lambda *a: None)
+    for body, d in zip(taken + refused, direct):
+        f = _post(rerank_server, route, body)
+        assert (d.status_code, d.headers["content-type"]) == (f.status_code, f.headers["content-type"]), body
+        assert d.json() == f.json(), body
+    assert sorted({r.status_code for r in direct}) == [200, 413, 422]
+
+
 @pytest.mark.parametrize("route, body", [("/v1/embeddings", {"input": "a text that waits"}),
                                          ("/embed", {"inputs": "a text that waits"})])
 def test_a_client_that_goes_away_has_its_queued_inputs_dropped(embedder, route, body):

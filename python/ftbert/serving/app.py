@@ -167,6 +167,24 @@ class ClassifyRequest(_Request):
 
 
 # ---- the app -----------------------------------------------------------------------------------
+# Routes the _Guard middleware answers itself for a body their schema takes: path -> (schema, handler),
+# the handler an `async (svc, state, body) -> Response` that the FastAPI route calls too; the schema
+# a pydantic model, or a function of the service giving one (None: FastAPI answers this service's
+# requests). Validation is the schema's own (pydantic, as FastAPI runs it); only FastAPI's routing,
+# dependency solving and the layers around them are left out, which cost a front more CPU than the
+# rest of a short request.
+DIRECT_ROUTES: dict[str, tuple[type[BaseModel] | Callable, Callable]] = {}
+
+
+def _direct_body(schema: type[BaseModel], body: bytes):
+    """The body as `schema` validates it, or None where FastAPI must see it (not JSON, or refused by
+    the schema: FastAPI words the error, so both ways answer alike)."""
+    try:
+        return schema.model_validate(json.loads(body))
+    except (ValueError, UnicodeDecodeError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
 def create_app(settings: ServeSettings | None = None, service: Service | None = None,
                close_service: bool = False) -> FastAPI:
     """The ASGI app. Without `service`, it loads one from `settings` at startup and closes it at
@@ -222,19 +240,7 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
 
     @app.post("/v1/rerank")
     async def rerank(body: RerankRequest, request: Request):
-        svc = _service(request)
-        scores, res = await rerank_scores(svc, request, body.query, body.texts, body.raw_scores, "/v1/rerank")
-        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # stable: ties keep order
-        if body.top_n is not None:
-            order = order[: body.top_n]
-        results = []
-        for i in order:
-            entry = {"index": i, "score": scores[i]}
-            if body.return_text:
-                entry["text"] = body.texts[i]
-            results.append(entry)
-        return JSONResponse({"object": "list", "model": svc.model_name, "results": results,
-                             "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+        return await _rerank(_service(request), request.state, body)
 
     @app.post("/classify")
     async def classify(body: ClassifyRequest, request: Request):
@@ -323,7 +329,26 @@ def _check_vocab(svc: Service, inputs: list[list[int]], nested: bool) -> None:
                 raise ApiError(422, f"{where} is {t}, not a token id of this model (0 to {vocab - 1})", param="input")
 
 
-async def rerank_scores(svc: Service, request: Request, query: str, texts: list[str], raw_scores: bool,
+async def _rerank(svc: Service, state, body: RerankRequest) -> Response:
+    """POST /v1/rerank's answer (state: the request's, as _embeddings')."""
+    scores, res = await rerank_scores(svc, state, body.query, body.texts, body.raw_scores, "/v1/rerank")
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # stable: ties keep order
+    if body.top_n is not None:
+        order = order[: body.top_n]
+    results = []
+    for i in order:
+        entry = {"index": i, "score": scores[i]}
+        if body.return_text:
+            entry["text"] = body.texts[i]
+        results.append(entry)
+    return JSONResponse({"object": "list", "model": svc.model_name, "results": results,
+                         "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
+
+
+DIRECT_ROUTES["/v1/rerank"] = (RerankRequest, _rerank)
+
+
+async def rerank_scores(svc: Service, state, query: str, texts: list[str], raw_scores: bool,
                         route: str, **job_options) -> tuple[list[float], Any]:
     """The scores of (query, text) pairs through a one-label cross-encoder: the checkpoint's
     activation (CrossEncoder's), or the raw logits; and the job's result (its usage)."""
@@ -333,7 +358,7 @@ async def rerank_scores(svc: Service, request: Request, query: str, texts: list[
         raise ApiError(400, f"{route} needs a cross-encoder (a sequence-classification head with one label); "
                             f"the loaded model has {_head_words(svc)}", param=None)
     _check_client_batch(svc, len(texts), "texts")
-    request.state.inputs = len(texts)
+    state.inputs = len(texts)
     res = await _run(svc, Job(SCORE, PAIR, [(query, t) for t in texts], **job_options), "texts")
     logits = torch.from_numpy(res.values)  # [N, 1]
     act = None if raw_scores else svc.score_activation()
@@ -369,24 +394,6 @@ async def _embeddings(svc: Service, state, body: EmbeddingRequest) -> Response:
     usage = f'{{"prompt_tokens":{int(res.tokens)},"total_tokens":{int(res.tokens)}}}'
     return Response(f'{{"object":"list","data":[{data}],"model":{json.dumps(svc.model_name)},"usage":{usage}}}',
                     media_type="application/json")
-
-
-# Routes the _Guard middleware answers itself for a body their schema takes: path -> (schema, handler),
-# the handler an `async (svc, state, body) -> Response` that the FastAPI route calls too; the schema
-# a pydantic model, or a function of the service giving one (None: FastAPI answers this service's
-# requests). Validation is the schema's own (pydantic, as FastAPI runs it); only FastAPI's routing,
-# dependency solving and the layers around them are left out, which cost a front more CPU than the
-# rest of a short request.
-DIRECT_ROUTES: dict[str, tuple[type[BaseModel] | Callable, Callable]] = {}
-
-
-def _direct_body(schema: type[BaseModel], body: bytes):
-    """The body as `schema` validates it, or None where FastAPI must see it (not JSON, or refused by
-    the schema: FastAPI words the error, so both ways answer alike)."""
-    try:
-        return schema.model_validate(json.loads(body))
-    except (ValueError, UnicodeDecodeError):  # pydantic's ValidationError is a ValueError
-        return None
 
 
 DIRECT_ROUTES["/v1/embeddings"] = (EmbeddingRequest, _embeddings)

@@ -257,9 +257,8 @@ def register_tei_routes(app: FastAPI) -> None:
                 for v, s in zip(res.values, seqs)]
         return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in rows])
 
-    async def rerank(body: TeiRerankRequest, request: Request):
-        svc = core._service(request)
-        scores, _ = await core.rerank_scores(svc, request, body.query, body.texts, body.raw_scores, "/rerank",
+    async def rerank_answer(svc, state, body: TeiRerankRequest) -> JSONResponse:
+        scores, _ = await core.rerank_scores(svc, state, body.query, body.texts, body.raw_scores, "/rerank",
                                              **body.job_options())
         order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
         out = []
@@ -269,6 +268,11 @@ def register_tei_routes(app: FastAPI) -> None:
                 entry["text"] = body.texts[i]
             out.append(entry)
         return JSONResponse(out)
+
+    async def rerank(body: TeiRerankRequest, request: Request):
+        return await rerank_answer(core._service(request), request.state, body)
+
+    core.DIRECT_ROUTES["/rerank"] = (TeiRerankRequest, rerank_answer)
 
     async def predict_rows(body: PredictRequest, request: Request, nested: bool):
         import torch

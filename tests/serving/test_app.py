@@ -277,25 +277,28 @@ def _embedding_bodies(rng, field: str) -> tuple[list, list]:
     return taken, refused
 
 
-@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs"), ("/", "inputs")])
-def test_direct_routes_answer_as_fastapi_would_for_every_body(embed_server, rng, monkeypatch, route, field):
-    """The middleware's own path for a route (no FastAPI routing or dependencies; the schema
-    validates) gives the status and body that FastAPI's path gives, for bodies the schema takes
-    and ones it refuses, and it is the path those it takes went."""
+def _assert_direct_answers_as_fastapi(server, route, taken, refused, monkeypatch):
+    """The middleware's own path for `route` (no FastAPI routing or dependencies; the schema
+    validates) gives the status, content type and body that FastAPI's path gives, for bodies the
+    schema takes and ones it refuses, and it is the path exactly those it takes went."""
     import ftbert.serving.app as app_module
 
     direct_body = app_module._direct_body
     validated = []
     monkeypatch.setattr(app_module, "_direct_body", lambda *a: validated.append(direct_body(*a)) or validated[-1])
-    taken, refused = _embedding_bodies(rng, field)
-    direct = [_post(embed_server, route, b) for b in taken + refused]
+    direct = [_post(server, route, b) for b in taken + refused]
     assert [v is not None for v in validated] == [True] * len(taken) + [False] * len(refused)
     monkeypatch.setattr(app_module, "_direct_body", lambda *a: None)  # every body through FastAPI
     for body, d in zip(taken + refused, direct):
-        f = _post(embed_server, route, body)
+        f = _post(server, route, body)
         assert (d.status_code, d.headers["content-type"]) == (f.status_code, f.headers["content-type"]), body
         assert d.json() == f.json(), body
     assert sorted({r.status_code for r in direct}) == [200, 413, 422]
+
+
+@pytest.mark.parametrize("route, field", [("/v1/embeddings", "input"), ("/embed", "inputs"), ("/", "inputs")])
+def test_direct_embedding_routes_answer_as_fastapi_would(embed_server, rng, monkeypatch, route, field):
+    _assert_direct_answers_as_fastapi(embed_server, route, *_embedding_bodies(rng, field), monkeypatch)
 
 
 def _rerank_bodies(rng, route: str) -> tuple[list, list]:
@@ -317,21 +320,7 @@ def _rerank_bodies(rng, route: str) -> tuple[list, list]:
 
 @pytest.mark.parametrize("route", ["/v1/rerank", "/rerank"])
 def test_direct_rerank_routes_answer_as_fastapi_would(rerank_server, rng, monkeypatch, route):
-    """As test_direct_routes_answer_as_fastapi_would_for_every_body, for the rerank routes."""
-    import ftbert.serving.app as app_module
-
-    direct_body = app_module._direct_body
-    validated = []
-    monkeypatch.setattr(app_module, "_direct_body", lambda *a: validated.append(direct_body(*a)) or validated[-1])
-    taken, refused = _rerank_bodies(rng, route)
-    direct = [_post(rerank_server, route, b) for b in taken + refused]
-    assert [v is not None for v in validated] == [True] * len(taken) + [False] * len(refused)
-    monkeypatch.setattr(app_module, "_direct_body", lambda *a: None)
-    for body, d in zip(taken + refused, direct):
-        f = _post(rerank_server, route, body)
-        assert (d.status_code, d.headers["content-type"]) == (f.status_code, f.headers["content-type"]), body
-        assert d.json() == f.json(), body
-    assert sorted({r.status_code for r in direct}) == [200, 413, 422]
+    _assert_direct_answers_as_fastapi(rerank_server, route, *_rerank_bodies(rng, route), monkeypatch)
 
 
 @pytest.mark.parametrize("route, body", [("/v1/embeddings", {"input": "a text that waits"}),

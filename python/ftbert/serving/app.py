@@ -332,20 +332,19 @@ def _check_vocab(svc: Service, inputs: list[list[int]], nested: bool) -> None:
 async def _rerank(svc: Service, state, body: RerankRequest) -> Response:
     """POST /v1/rerank's answer (state: the request's, as _embeddings')."""
     scores, res = await rerank_scores(svc, state, body.query, body.texts, body.raw_scores, "/v1/rerank")
-    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)  # stable: ties keep order
-    if body.top_n is not None:
-        order = order[: body.top_n]
-    results = []
-    for i in order:
-        entry = {"index": i, "score": scores[i]}
-        if body.return_text:
-            entry["text"] = body.texts[i]
-        results.append(entry)
+    results = ranked(scores, body.texts, body.return_text, body.top_n)
     return JSONResponse({"object": "list", "model": svc.model_name, "results": results,
                          "usage": {"prompt_tokens": res.tokens, "total_tokens": res.tokens}})
 
 
 DIRECT_ROUTES["/v1/rerank"] = (RerankRequest, _rerank)
+
+
+def ranked(scores: list[float], texts: list[str], return_text: bool, top_n: int | None = None) -> list[dict]:
+    """{index, score[, text]} per text, best first (stable: ties keep their order), the top_n first."""
+    order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:top_n]
+    return [{"index": i, "score": scores[i], "text": texts[i]} if return_text else {"index": i, "score": scores[i]}
+            for i in order]
 
 
 async def rerank_scores(svc: Service, state, query: str, texts: list[str], raw_scores: bool,

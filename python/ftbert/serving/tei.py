@@ -260,14 +260,7 @@ def register_tei_routes(app: FastAPI) -> None:
     async def rerank_answer(svc, state, body: TeiRerankRequest) -> JSONResponse:
         scores, _ = await core.rerank_scores(svc, state, body.query, body.texts, body.raw_scores, "/rerank",
                                              **body.job_options())
-        order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
-        out = []
-        for i in order:
-            entry = {"index": i, "score": scores[i]}
-            if body.return_text:
-                entry["text"] = body.texts[i]
-            out.append(entry)
-        return JSONResponse(out)
+        return JSONResponse(core.ranked(scores, body.texts, body.return_text))
 
     async def rerank(body: TeiRerankRequest, request: Request):
         return await rerank_answer(core._service(request), request.state, body)

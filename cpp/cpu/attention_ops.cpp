@@ -144,18 +144,35 @@ void CpuBackend::transpose_heads(DType dt, const void* in,  // [B, heads, S, d]
 void CpuBackend::rotary_embedding(DType dt, void* qkv,    // [rows, 3H]
                                   const float* rotary,     // [P, d]: cos | sin
                                   const SequenceLayout& l, int heads, int head_dim,
-                                  const void* bias) {  // [3H] or null
+                                  const void* bias,  // [3H] or null
+                                  const RotaryDynamic& dynamic) {
   require_cpu_dtype(dt, "rotary_embedding");
   FTBERT_CHECK(head_dim % 2 == 0, "rotary_embedding: head dim " << head_dim << " is odd");
+  FTBERT_CHECK(!dynamic.on() || l.packed(),
+               "rotary_embedding: dynamic rope scaling needs a packed layout");
   const int hidden = heads * head_dim, half = head_dim / 2;
   const cpu::Floats qk_bias(dt, bias, bias != nullptr ? 2 * hidden : 0);  // Q's and K's parts
   const int64_t seq = l.max_seq;
   const int64_t rows = l.packed() ? l.cu_seqlens[l.batch] : static_cast<int64_t>(l.batch) * seq;
   parallel_for(rows, rows * 2 * hidden, [&](int64_t begin, int64_t end) {
-    float* buf = cpu::scratch_rows(1, 3 * hidden);
+    float* buf = cpu::scratch_rows(1, 3 * hidden + head_dim);
+    float* turned = buf + 3 * hidden;  // a scaled sequence's cos | sin at this row's position
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t pos = (l.packed() ? l.token_index[r] : r) % seq;
+      const int64_t token = l.packed() ? l.token_index[r] : r;
+      const int64_t pos = token % seq;
       const float* cos = rotary + pos * head_dim;
+      if (dynamic.on()) {
+        const int extent = l.sequence_extent(static_cast<int>(token));
+        if (extent > dynamic.original) {
+          const float* inv = dynamic.inv_freq + static_cast<int64_t>(extent - dynamic.original - 1) * half;
+          for (int c = 0; c < half; ++c) {
+            const float angle = static_cast<float>(pos) * inv[c];
+            turned[c] = std::cos(angle);
+            turned[half + c] = std::sin(angle);
+          }
+          cos = turned;
+        }
+      }
       const float* sin = cos + half;
       float* row = cpu::load_row(dt, qkv, r, 3 * hidden, buf);
       if (bias != nullptr) {

@@ -77,7 +77,8 @@ class CpuBackend final : public Backend {
                                    const void* gamma, const void* beta, int rows, int hidden,
                                    float eps, int32_t* nonfinite = nullptr) override;
   void rotary_embedding(DType dt, void* qkv, const float* rotary, const SequenceLayout& layout,
-                        int heads, int head_dim, const void* bias = nullptr) override;
+                        int heads, int head_dim, const void* bias = nullptr,
+                        const RotaryDynamic& dynamic = {}) override;
   void gated_activation(DType dt, const void* x, void* out, int rows, int n,
                         Activation act) override;
   void residual_add_layernorm(DType dt, void* residual, const void* x, const void* bias,

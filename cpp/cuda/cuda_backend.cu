@@ -593,12 +593,12 @@ void CudaBackend::add_bias_residual_layernorm(DType dt, void* x, const void* res
 
 void CudaBackend::rotary_embedding(DType dt, void* qkv, const float* rotary,
                                    const SequenceLayout& layout, int heads, int head_dim,
-                                   const void* bias) {
+                                   const void* bias, const RotaryDynamic& dynamic) {
   DeviceScope scope(device_);
   dispatch_dtype(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     invoke_rotary_embedding<T>(static_cast<T*>(qkv), rotary, layout, heads, head_dim, stream_,
-                               static_cast<const T*>(bias));
+                               static_cast<const T*>(bias), dynamic);
   });
 }
 

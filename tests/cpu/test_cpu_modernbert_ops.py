@@ -74,6 +74,69 @@ def test_rotary_adds_the_q_and_k_bias_first_and_leaves_v_alone(cpu, rng, packed)
         cpu.rotary_embedding("float32", qkv, table, heads, bias=bias[:-1])
 
 
+def dynamic_frequencies(positions, original, d, theta, factor):
+    """[positions - original, d/2] float32: the frequencies of each extent n past `original` under
+    dynamic NTK scaling (transformers' rope_type "dynamic")."""
+    n = np.arange(original + 1, positions + 1, dtype=np.float64)[:, None]
+    base = theta * (factor * n / original - (factor - 1)) ** (d / (d - 2))
+    return (1.0 / base ** (np.arange(0, d, 2) / d)[None, :]).astype(np.float32)
+
+
+def extents(mask):
+    """Per sequence of mask [B, S]: 1 + its last attended position."""
+    return np.array([np.nonzero(row)[0].max() + 1 for row in mask])
+
+
+def rotate_dynamic64(qkv, table, dynamic, original, mask, heads):
+    """Q and K of qkv [B, S, 3H] turned as rotary_embedding's dynamic scaling says, float64: each
+    sequence by the frequencies of its extent where that passes `original`, else by the table. The
+    angles are float32 products, as transformers forms them."""
+    out = np.empty(qkv.shape)
+    for b, extent in enumerate(extents(mask)):
+        rows = table
+        if extent > original:
+            angles = np.arange(qkv.shape[1], dtype=np.float32)[:, None] * dynamic[extent - original - 1][None, :]
+            angles = angles.astype(np.float64)
+            rows = np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+        out[b] = rotate64(qkv[b:b + 1], rows, heads)[0]
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", ["right", "left", "holes"])
+@pytest.mark.parametrize("heads,d", [(3, 10), (2, 64), (1, 4)])
+def test_rotary_dynamic_scaling_turns_each_sequence_by_its_own_extent(cpu, rng, dtype, style, heads, d):
+    batch, seq, original = 5, 47, 20
+    qkv = rng.standard_normal((batch, seq, 3 * heads * d)).astype(np.float32)
+    table = rotary_table(seq + 3, d, 1000.0)
+    dynamic = dynamic_frequencies(seq + 3, original, d, 1000.0, 2.0)
+    mask = ragged_mask(rng, batch, seq, left=style == "left")
+    mask[1] = np.arange(seq) < original  # an extent of exactly `original`: the table's angles
+    if style == "holes":
+        mask[:, 1:-1] *= (rng.random((batch, seq - 2)) > 0.3).astype(np.int32)
+    want = rotate_dynamic64(qkv, table, dynamic, original, mask, heads)[mask == 1]
+    got = cpu.rotary_embedding(dtype, qkv, table, heads, mask=mask, dynamic=dynamic, original=original)
+    assert_close(got, want, 2e-6 if dtype == "float32" else 2e-2 * np.abs(want).max())
+    # A sequence that does not pass `original` gets exactly what the table alone gives it.
+    plain = cpu.rotary_embedding(dtype, qkv, table, heads, mask=mask)
+    row = np.cumsum(mask.ravel()).reshape(mask.shape) - 1  # packed row of each attended position
+    short = (extents(mask) <= original)[:, None] & (mask == 1)
+    assert short.any() and not short.all()
+    np.testing.assert_array_equal(got[row[short]], plain[row[short]])
+
+
+def test_rotary_dynamic_scaling_needs_a_packed_layout_and_whole_frequencies(cpu, rng):
+    qkv = rng.standard_normal((2, 9, 3 * 2 * 8)).astype(np.float32)
+    table, dynamic = rotary_table(9, 8, 1000.0), dynamic_frequencies(9, 4, 8, 1000.0, 2.0)
+    with pytest.raises(RuntimeError, match="dynamic rope scaling needs a packed layout"):
+        cpu.rotary_embedding("float32", qkv, table, 2, dynamic=dynamic, original=4)
+    mask = np.ones((2, 9), np.int32)
+    with pytest.raises(ValueError, match=r"dynamic must be \[P - original, d/2\]"):
+        cpu.rotary_embedding("float32", qkv, table, 2, mask=mask, dynamic=dynamic[:-1], original=4)
+    with pytest.raises(ValueError, match=r"dynamic must be \[P - original, d/2\]"):
+        cpu.rotary_embedding("float32", qkv, table, 2, mask=mask, dynamic=dynamic[:, :-1], original=4)
+
+
 def test_rotary_leaves_v_alone(cpu, rng):
     qkv = rng.standard_normal((2, 11, 3 * 2 * 8)).astype(np.float32)
     out = cpu.rotary_embedding("float32", qkv, rotary_table(11, 8, 160000.0), 2)

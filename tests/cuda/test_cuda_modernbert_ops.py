@@ -35,6 +35,7 @@ pytestmark = [
 ]
 
 from tests._util import layernorm64, ragged_mask  # noqa: E402
+from tests.cpu.test_cpu_modernbert_ops import dynamic_frequencies, rotate_dynamic64  # noqa: E402
 from tests.cuda.test_cuda_ops import (  # noqa: E402
     DTYPES, FP32_NOISE, TORCH_DTYPE, check, randn, rounded, spike_rows)
 from tests.cuda.test_relative_bias import (  # noqa: E402
@@ -163,6 +164,30 @@ def test_rotary_embedding_matches_cpu(gpu, cpu, rng, batch, seq, heads, d):
     check(gpu.rotary_embedding("float32", qkv, table, heads, mask=mask),
           cpu.rotary_embedding("float32", qkv, table, heads, mask=mask), "float32",
           atol=atol[keep])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", ["right", "left", "holes"])
+@pytest.mark.parametrize("batch,seq,heads,d", [(5, 77, 3, 64), (4, 130, 2, 6), (3, 41, 1, 4)])
+def test_rotary_embedding_dynamic_scaling_matches_float64(gpu, cpu, rng, dtype, style, batch, seq, heads, d):
+    # Each packed sequence past `original` turns by its own extent's frequencies, computed with
+    # sincosf; the others read the table. Against float64 (float32 angles) and the CPU op.
+    original = seq // 2
+    qkv = randn(rng, (batch, seq, 3 * heads * d), dtype)
+    table = rotary_table(seq + 2, d, theta=1000.0)
+    dynamic = dynamic_frequencies(seq + 2, original, d, 1000.0, 2.0)
+    mask = make_mask(rng, batch, seq, style)
+    mask[0] = 1  # one sequence over the full length, past `original`
+    keep = mask.astype(bool)
+    want = rotate_dynamic64(qkv, table, dynamic, original, mask, heads)[keep]
+    atol = 2 * FP32_NOISE * rotary_bound(qkv, heads)[keep]
+    got = gpu.rotary_embedding(dtype, qkv, table, heads, mask=mask, dynamic=dynamic, original=original)
+    check(got, want, dtype, atol=atol)
+    if dtype == "float32":
+        check(got, cpu.rotary_embedding(dtype, qkv, table, heads, mask=mask, dynamic=dynamic,
+                                        original=original), dtype, atol=atol)
+    with pytest.raises(RuntimeError, match="dynamic rope scaling needs a packed layout"):
+        gpu.rotary_embedding(dtype, qkv, table, heads, dynamic=dynamic, original=original)
 
 
 # ---- gated activation ----------------------------------------------------------------------------

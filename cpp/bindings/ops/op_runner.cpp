@@ -658,10 +658,11 @@ void register_op_runner(py::module_& m) {
            py::arg("scale"), py::arg("packed") = false, py::arg("relative_bias") = py::none(),
            py::arg("window") = 0)
       // rotary_embedding over qkv [B, S, 3H] (packed: its attended rows only, [T, 3H] out) with a
-      // [P, d] table of cos | sin.
+      // [P, d] table of cos | sin; with `dynamic` [P − original, d/2] frequencies (packed only).
       .def("rotary_embedding",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& rotary,
-              int heads, const std::optional<I32Array>& mask, const std::optional<F32Array>& bias) {
+              int heads, const std::optional<I32Array>& mask, const std::optional<F32Array>& bias,
+              const std::optional<F32Array>& dynamic, int original) {
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              require_ndim(rotary, 2, "rotary");
@@ -678,13 +679,24 @@ void register_op_runner(py::module_& m) {
                FTBERT_CHECK_INPUT(bias->ndim() == 1 && bias->shape(0) == H3, "bias must be [3H]");
                db = r.upload(*bias, dt);
              }
+             std::optional<DeviceBuffer> dd;
+             RotaryDynamic dyn;
+             if (dynamic) {
+               FTBERT_CHECK_INPUT(dynamic->ndim() == 2 && dynamic->shape(1) == d / 2 &&
+                                      original >= 1 && original + dynamic->shape(0) >= S,
+                                  "dynamic must be [P - original, d/2] with original >= 1 and P >= S");
+               dd = r.upload(*dynamic, DType::kFloat32);
+               dyn.inv_freq = dd->as<float>();
+               dyn.original = original;
+             }
              r.backend().rotary_embedding(dt, dq.data(), dr.as<float>(), l.layout, heads, d,
-                                          db ? db->data() : nullptr);
+                                          db ? db->data() : nullptr, dyn);
              if (mask) return r.download(dq, dt, {l.layout.rows, H3});
              return r.download(dq, dt, {B, S, H3});
            },
            py::arg("dtype"), py::arg("qkv"), py::arg("rotary"), py::arg("heads"),
-           py::arg("mask") = py::none(), py::arg("bias") = py::none())
+           py::arg("mask") = py::none(), py::arg("bias") = py::none(),
+           py::arg("dynamic") = py::none(), py::arg("original") = 0)
       .def("gated_activation",
            [](OpRunner& r, const std::string& dtype, const F32Array& x, const std::string& act) {
              const DType dt = dtype_from_string(dtype);

@@ -254,12 +254,14 @@ void invoke_gated_activation(const T* x,  // [M, 2n]
 // c < d/2 and column c + d/2 rotate by the angle of (position, c): (x1, x2) -> (x1·cos − x2·sin,
 // x2·cos + x1·sin), cos/sin = rotary[p][c], rotary[p][d/2 + c]. p is the row's position in its
 // padded row (padded: row % S; packed: token_index[row] % S); packed rows past the tokens
-// (token_index -1) are left alone.
+// (token_index -1) are left alone. With `dynamic`, a packed sequence past its original length
+// turns by its own frequencies (backend.h, RotaryDynamic).
 template <typename T>
 void invoke_rotary_embedding(T* qkv,               // [rows, 3H]
                              const float* rotary,  // [P, d] float32: cos | sin, P > every position
                              const SequenceLayout& layout, int heads, int head_dim,
                              cudaStream_t stream,
-                             const T* bias = nullptr);  // [3H] or null: Q's, K's parts added first
+                             const T* bias = nullptr,  // [3H] or null: Q's, K's parts added first
+                             const RotaryDynamic& dynamic = {});
 
 }  // namespace ftbert::cuda

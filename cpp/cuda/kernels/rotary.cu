@@ -4,7 +4,9 @@
 //   (x1·cos(θ[p, c]) − x2·sin(θ[p, c]),  x2·cos(θ[p, c]) + x1·sin(θ[p, c]))
 // with cos and sin read from a float32 table [P, d] = [cos of the d/2 angles | sin of them], in
 // fp32, rounded to T once. p is the position in the padded row, so packing changes no angle.
-// With a bias, its Q and K parts are added to the pair first (in fp32).
+// With a bias, its Q and K parts are added to the pair first (in fp32). With dynamic rope scaling
+// (RotaryDynamic), a packed sequence longer than `original` computes its cos and sin from its own
+// frequencies instead (sincosf, accurate for the large angles of long sequences).
 // A few rows per block (threadIdx.y); a thread takes VEC consecutive pairs of one head (VEC
 // divides d/2, so a vector never crosses a head) and owns both halves of them: no thread reads
 // what another writes.
@@ -34,7 +36,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
     rotary_embedding_kernel(T* __restrict__ qkv, const float* __restrict__ rotary,
                             const T* __restrict__ bias, SequenceLayout layout, int heads,
-                            int head_dim) {
+                            int head_dim, RotaryDynamic dynamic) {
   begin_dependent_kernel();
   const int row = blockIdx.x * blockDim.y + threadIdx.y;
   if (row >= layout.rows) return;
@@ -44,6 +46,14 @@ __global__ void __launch_bounds__(256)
   const int half = head_dim / 2;
   const float* cos_row = rotary + static_cast<int64_t>(pos) * head_dim;
   const float* sin_row = cos_row + half;
+  // A scaled sequence's frequencies [d/2], or null: the table's angles.
+  const float* inv = nullptr;
+  if (dynamic.on()) {
+    const int extent = layout.sequence_extent(token);
+    if (extent > dynamic.original) {
+      inv = dynamic.inv_freq + static_cast<int64_t>(extent - dynamic.original - 1) * half;
+    }
+  }
   T* x = qkv + static_cast<int64_t>(row) * 3 * heads * head_dim;
   // Pairs of a row: 2·heads head parts (Q's heads, then K's) of d/2 pairs each.
   const int chunks = heads * head_dim / VEC;
@@ -56,8 +66,13 @@ __global__ void __launch_bounds__(256)
     const Vec<T, VEC> a = load_vec<VEC>(x1p);
     const Vec<T, VEC> b = load_vec<VEC>(x2p);
     float cs[VEC], sn[VEC], b1[VEC] = {}, b2[VEC] = {};
-    load_floats<VEC>(cos_row + i0, cs);
-    load_floats<VEC>(sin_row + i0, sn);
+    if (inv == nullptr) {
+      load_floats<VEC>(cos_row + i0, cs);
+      load_floats<VEC>(sin_row + i0, sn);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sincosf(static_cast<float>(pos) * inv[i0 + i], &sn[i], &cs[i]);
+    }
     if (bias != nullptr) {
       const T* b1p = bias + part * head_dim + i0;
       const Vec<T, VEC> ba = load_vec<VEC>(b1p);
@@ -86,9 +101,12 @@ __global__ void __launch_bounds__(256)
 
 template <typename T>
 void invoke_rotary_embedding(T* qkv, const float* rotary, const SequenceLayout& layout, int heads,
-                             int head_dim, cudaStream_t stream, const T* bias) {
+                             int head_dim, cudaStream_t stream, const T* bias,
+                             const RotaryDynamic& dynamic) {
   FTBERT_CHECK(head_dim > 0 && head_dim % 2 == 0,
                "rotary_embedding: head dim " << head_dim << " must be even");
+  FTBERT_CHECK(!dynamic.on() || layout.packed() || layout.rows == 0,
+               "rotary_embedding: dynamic rope scaling needs a packed layout");
   FTBERT_CHECK(layout.max_seq > 0 || layout.rows == 0,
                "rotary_embedding: a layout with rows needs max_seq > 0");
   FTBERT_CHECK(!layout.packed() || layout.token_index != nullptr || layout.rows == 0,
@@ -103,17 +121,19 @@ void invoke_rotary_embedding(T* qkv, const float* rotary, const SequenceLayout& 
     constexpr int VEC = decltype(vec_c)::value;
     const dim3 block = row_block(heads * head_dim / VEC);
     launch(rotary_embedding_kernel<T, VEC>, ceil_div(rows, block.y), block, 0, stream, qkv,
-           rotary, bias, layout, heads, head_dim);
+           rotary, bias, layout, heads, head_dim, dynamic);
   });
   FTBERT_LAUNCH_CHECK("rotary_embedding_kernel", stream);
 }
 
 template void invoke_rotary_embedding<float>(float*, const float*, const SequenceLayout&, int, int,
-                                             cudaStream_t, const float*);
+                                             cudaStream_t, const float*, const RotaryDynamic&);
 template void invoke_rotary_embedding<__half>(__half*, const float*, const SequenceLayout&, int,
-                                              int, cudaStream_t, const __half*);
+                                              int, cudaStream_t, const __half*,
+                                              const RotaryDynamic&);
 template void invoke_rotary_embedding<__nv_bfloat16>(__nv_bfloat16*, const float*,
                                                      const SequenceLayout&, int, int,
-                                                     cudaStream_t, const __nv_bfloat16*);
+                                                     cudaStream_t, const __nv_bfloat16*,
+                                                     const RotaryDynamic&);
 
 }  // namespace ftbert::cuda

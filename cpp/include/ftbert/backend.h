@@ -98,6 +98,19 @@ struct AttentionOptions {
   bool has_terms() const { return terms.c2p != nullptr || terms.p2c != nullptr; }
 };
 
+// Dynamic NTK rope scaling (transformers' rope_type "dynamic"; NomicBERT's rotary_scaling_factor):
+// a sequence whose extent n (sequence_extent: 1 + its last token's position) passes `original`
+// turns by the frequencies inv_freq[n − original − 1] [d/2] of a theta grown with n, every
+// position p at angle p · inv_freq[c]; shorter ones keep the table's angles. Each sequence's
+// angles depend on its own extent only, never on its batch, so it needs a packed layout (its
+// cu_seqlens say where a sequence ends). Null inv_freq: the table for every sequence.
+struct RotaryDynamic {
+  const float* inv_freq = nullptr;  // [P − original, d/2] float32, one row per extent past original
+  int original = 0;
+
+  FTBERT_HOST_DEVICE bool on() const { return inv_freq != nullptr; }
+};
+
 // The first out-of-range input value stage_inputs met, in host memory the device writes
 // (Backend::allocate_host_flag): `field` is set last, so a host that reads it non-zero reads the
 // value that goes with it. The host clears field, then claim.
@@ -392,12 +405,14 @@ class Backend : public Device {
   // padded row: s for padded row b·S + s, token_index[r] − b·S for packed row r. Rows past the
   // tokens are left alone. With a bias, its Q and K parts are added first (its V part is not
   // read: attention adds V's), so a QKV bias costs no pass of its own. Computed in float32,
-  // rounded once.
+  // rounded once. With `dynamic` (RotaryDynamic), a packed layout's longer sequences turn by
+  // angles of their own, computed as the op reads them.
   virtual void rotary_embedding(DType dt,
                                 void* qkv,            // [rows, 3H]
                                 const float* rotary,  // [P, d] float32, P > every position
                                 const SequenceLayout& layout, int heads, int head_dim,
-                                const void* bias = nullptr) = 0;  // [3H] or null
+                                const void* bias = nullptr,  // [3H] or null
+                                const RotaryDynamic& dynamic = {}) = 0;
 
   // out = act(x[:, :n]) · x[:, n:] (a gated linear unit: GeGLU with GELU), in float32, rounded
   // once.

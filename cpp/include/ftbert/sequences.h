@@ -37,6 +37,12 @@ struct SequenceLayout {
   bool ids_packed = false;
 
   FTBERT_HOST_DEVICE bool packed() const { return cu_seqlens != nullptr; }
+  // Packed: 1 + the padded position of the last token of the sequence that holds `token`
+  // (b·S + s): its length where the padding is on the right.
+  FTBERT_HOST_DEVICE int sequence_extent(int token) const {
+    const int b = token / max_seq;
+    return token_index[cu_seqlens[b + 1] - 1] - b * max_seq + 1;
+  }
   static SequenceLayout padded(int batch, int seq, const int32_t* mask) {
     SequenceLayout l;
     l.batch = batch;

@@ -375,18 +375,24 @@ def make_rotary_bert(
     seed=0,
     num_labels=2,
     pooler=None,
+    rope=None,
     **save_kwargs,
 ):
     """Saves a random NomicBERT, GTE or Jina-embeddings-v3 model (ROTARY_BERT_FAMILIES) to `path`
     and returns it in eval mode (eager attention). act: hidden_act (the family's default when None);
-    theta: rope_theta (the family's default when None); pooler: whether the bare model has one (the
-    family's default when None). Biases are filled and LayerNorms perturbed."""
+    theta: rope_theta (the family's default when None); rope: rope_parameters beside the theta
+    ({"rope_type": "dynamic", "factor": 2.0}: dynamic NTK past max_pos); pooler: whether the bare
+    model has one (the family's default when None). Biases are filled and LayerNorms perturbed."""
     import transformers
 
     stem = FAMILY_STEMS[family]
     _require_class(stem + "Model")
     torch.manual_seed(seed)
-    extra = {} if theta is None else {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+    extra = {}
+    if theta is not None or rope is not None:
+        default = getattr(transformers, stem + "Config").default_theta
+        extra = {"rope_parameters": {"rope_type": "default", "rope_theta": default if theta is None else theta,
+                                     **(rope or {})}}
     cfg = getattr(transformers, stem + "Config")(
         **_sizes(vocab, hidden, layers, heads, intermediate or 2 * hidden - 5, max_pos,
                  hidden_act=act or ROTARY_BERT_FAMILIES[family], pad_token_id=1,

@@ -23,6 +23,7 @@ sliding windows; its heads with a norm of their own).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -632,7 +633,8 @@ def _modernbert_layer(raw: Mapping[str, Any]) -> dict:
     if not isinstance(local, int) or isinstance(local, bool) or local < 2:
         raise ValueError(f"local_attention must be an integer of at least 2, got {local!r}")
     return {"rotary_theta": thetas["full_attention"], "local_rotary_theta": thetas["sliding_attention"],
-            "local_window": local // 2, "global_every": every, "gated_mlp": True, "rotary_scale": 1.0}
+            "local_window": local // 2, "global_every": every, "gated_mlp": True, "rotary_scale": 1.0,
+            "rotary_dynamic_factor": 0.0, "rotary_original_positions": 0}
 
 
 # ModernBERT (ModernBertModel; answerdotai/ModernBERT-base, Alibaba-NLP/gte-modernbert-base,
@@ -698,18 +700,23 @@ MODERNBERT = Family(
 def _rotary_layer(default_theta: float, gated: bool) -> Callable[[Mapping[str, Any]], dict]:
     """derive_layer of a rotary_bert family: the theta from rope_parameters (transformers 5's
     configs), rope_theta or rotary_emb_base (older ones), default_theta when none says; every layer
-    global. Only
-    the default rope type is run: the scaled ones (dynamic NTK, YaRN, ...) change the angles with
-    the sequence length or the frequency, and are refused by name."""
+    global. The default rope type is run, and the dynamic one (dynamic NTK: rope_parameters, or an
+    older config's rope_scaling, {"rope_type": "dynamic", "factor": f}), whose original length is
+    max_position_embeddings, as transformers reads it. The other scaled ones (YaRN, longrope, ...)
+    are refused by name."""
 
     def derive(raw: Mapping[str, Any]) -> dict:
         rope = raw.get("rope_parameters") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"rope_parameters.rope_type {rope_type!r} is not supported (only 'default')")
         scaling = raw.get("rope_scaling")
-        if scaling is not None:
-            raise ValueError(f"rope_scaling {scaling!r} is not supported (only none)")
+        if rope_type == "default" and isinstance(scaling, Mapping) \
+                and scaling.get("rope_type", scaling.get("type")) == "dynamic":
+            rope, rope_type = {**rope, **scaling}, "dynamic"
+        elif scaling is not None:
+            raise ValueError(f"rope_scaling {scaling!r} is not supported (only none or type 'dynamic')")
+        if rope_type not in ("default", "dynamic"):
+            raise ValueError(f"rope_parameters.rope_type {rope_type!r} is not supported (only 'default' or "
+                             "'dynamic')")
         # rotary_emb_base: the original NomicBERT / Jina code's name for it.
         theta = rope.get("rope_theta", raw.get("rope_theta", raw.get("rotary_emb_base", default_theta)))
         hidden = raw.get("hidden_size", raw.get("n_embd", 768))
@@ -719,10 +726,37 @@ def _rotary_layer(default_theta: float, gated: bool) -> Callable[[Mapping[str, A
                 and head_dim != hidden // heads:
             raise ValueError(f"head_dim {head_dim!r} is not hidden_size / num_attention_heads "
                              f"({hidden // heads}), the only head width the engine runs")
-        return {"rotary_theta": theta, "local_rotary_theta": theta, "local_window": 0, "global_every": 1,
-                "gated_mlp": gated, "rotary_scale": 1.0}
-
+        layer = {"rotary_theta": theta, "local_rotary_theta": theta, "local_window": 0, "global_every": 1,
+                 "gated_mlp": gated, "rotary_scale": 1.0, "rotary_dynamic_factor": 0.0,
+                 "rotary_original_positions": 0}
+        if rope_type == "dynamic":
+            original = raw.get("max_position_embeddings", raw.get("n_positions"))
+            layer.update(_dynamic_rope(rope.get("factor"), original, "rope_parameters.factor"))
+        return layer
     return derive
+
+
+def _dynamic_rope(factor: Any, original: Any, name: str) -> dict:
+    """The "layer" keys of dynamic NTK rope scaling by `factor` past `original` positions."""
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < math.inf:
+        raise ValueError(f"{name} must be a positive number, got {factor!r}")
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise ValueError(f"dynamic rope scaling needs the original positions as a positive integer, got "
+                         f"{original!r}")
+    return {"rotary_dynamic_factor": float(factor), "rotary_original_positions": original}
+
+
+def _nomic_layer(raw: Mapping[str, Any]) -> dict:
+    """The engine's "layer" of a NomicBERT config.json: _rotary_layer's, and the original code's
+    dynamic NTK scaling where rotary_scaling_factor is set (past max_trained_positions, 2048 by
+    default; nomic-embed-text-v1.5's way to 8,192 tokens)."""
+    layer = _rotary_layer(1000.0, gated=True)(raw)
+    factor = raw.get("rotary_scaling_factor")
+    if factor is None:
+        return layer
+    if layer["rotary_dynamic_factor"]:
+        raise ValueError("rotary_scaling_factor and a dynamic rope_parameters both scale the rope: keep one")
+    return {**layer, **_dynamic_rope(factor, raw.get("max_trained_positions", 2048), "rotary_scaling_factor")}
 
 
 # The rotary post-LayerNorm families (architecture rotary_bert): BERT's post-LayerNorm layer with
@@ -761,7 +795,7 @@ NOMIC_BERT = Family(
             hidden_act="silu", pad_token_id=0)).items()
     }),
     accepted_values=_frozen({"rotary_emb_fraction": (1.0,), "rotary_emb_interleaved": (False,),
-                             "rotary_scaling_factor": (None,), "qkv_proj_bias": (False,),
+                             "qkv_proj_bias": (False,),
                              "mlp_fc1_bias": (False,), "mlp_fc2_bias": (False,), "prenorm": (False,),
                              "parallel_block": (False,), "use_rms_norm": (False,), "causal": (False,)}),
     weights=WeightNames(
@@ -794,7 +828,7 @@ NOMIC_BERT = Family(
     projection=None,
     sequence_head=BERT.sequence_head,
     token_head=BERT.token_head,
-    derive_layer=_rotary_layer(1000.0, gated=True),
+    derive_layer=_nomic_layer,
 )
 
 def _gte_layer(raw: Mapping[str, Any]) -> dict:
@@ -938,7 +972,10 @@ def _eurobert_layer(raw: Mapping[str, Any]) -> dict:
                                and heads % kv == 0):
         raise ValueError(f"num_key_value_heads {kv!r} does not divide num_attention_heads {heads!r} into "
                          "groups of query heads")
-    return _rotary_layer(10000.0, gated=True)(raw)
+    layer = _rotary_layer(10000.0, gated=True)(raw)
+    if layer["rotary_dynamic_factor"]:
+        raise ValueError("rope_type 'dynamic' is not supported by EuroBERT's architecture (only 'default')")
+    return layer
 
 
 # EuroBERT (EuroBertModel; EuroBERT/EuroBERT-210m ...): a Llama-style bidirectional encoder with its

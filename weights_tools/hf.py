@@ -122,6 +122,12 @@ def read_hf_config(src: Path) -> tuple[Family, dict]:
             cfg[LAYER] = family.derive_layer(raw)
         except ValueError as e:
             raise ConversionError(f"{path}: {e}") from None
+    layer = cfg.get(LAYER)
+    if layer is not None and layer["rotary_dynamic_factor"] > 0:
+        # transformers' dynamic rope sets no longest sequence; the engine serves factor × the
+        # original positions where the config names fewer.
+        served = int(layer["rotary_dynamic_factor"] * layer["rotary_original_positions"])
+        cfg["max_position_embeddings"] = max(cfg["max_position_embeddings"], served)
     if family.derive_disentangled is not None:
         try:
             cfg[DISENTANGLED] = family.derive_disentangled(raw)

@@ -88,12 +88,15 @@ RELATIVE_BUCKETS_LOOKED_UP = 32
 #   global_every: layer i attends globally when i % global_every == 0 (a positive integer);
 #   gated_mlp: the FFN-in gives two halves, act(first) * second (true), or is BERT's act(x W + b);
 #   rotary_scale: the rope's frequencies are divided by it (1: none; linear and fixed-NTK rope
-#     scaling, a positive number).
+#     scaling, a positive number);
+#   rotary_dynamic_factor, rotary_original_positions: dynamic NTK rope scaling (transformers'
+#     rope_type "dynamic"): a sequence longer than the original positions turns with a theta grown
+#     with its length by the factor (0 and 0: none; else a positive number and a positive integer).
 # The family's architecture unit says the rest: ModernBERT's is pre-LayerNorm without biases or
 # LayerNorm betas and with a final norm; rotary_bert's is BERT's post-LayerNorm layer (the tensor
 # list is the bound module's). Files written before the key existed hold BERT's layer
 # (reader.read_config fills in null); layers written before gated_mlp existed are gated, and those
-# before rotary_scale unscaled.
+# before rotary_scale or rotary_dynamic_factor unscaled.
 LAYER = "layer"
 LAYER_KEYS = _engine_keys(LAYER)
 
@@ -286,6 +289,13 @@ def check_layer(layer: Any, where: str, error: Callable[[str], Exception]) -> No
         raise error(f"{where}: {LAYER}.local_window must be a non-negative integer, got {v!r}")
     if not isinstance(layer["gated_mlp"], bool):
         raise error(f"{where}: {LAYER}.gated_mlp must be true or false, got {layer['gated_mlp']!r}")
+    factor, original = layer["rotary_dynamic_factor"], layer["rotary_original_positions"]
+    if (not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor)
+            or not 0 <= _as_float32(factor) < math.inf):
+        raise error(f"{where}: {LAYER}.rotary_dynamic_factor must be 0 (none) or a positive number, got {factor!r}")
+    if not _is_int(original) or not 0 <= original <= MAX_SIZE or (factor > 0) != (original > 0):
+        raise error(f"{where}: {LAYER}.rotary_original_positions must be a positive integer with a "
+                    f"rotary_dynamic_factor and 0 without, got {original!r} (factor {factor!r})")
 
 
 def check_disentangled(value: Any, where: str, error: Callable[[str], Exception]) -> None:
@@ -327,6 +337,10 @@ def check_positions(cfg: dict, where: str, error: Callable[[str], Exception]) ->
             f"{where}: pad_token_id {pad} leaves no usable position: position ids start at "
             f"pad_token_id + 1 = {pad + 1}, but max_position_embeddings is {P}"
         )
+    layer = cfg.get(LAYER)
+    if isinstance(layer, dict) and layer.get("rotary_original_positions", 0) > P:
+        raise error(f"{where}: {LAYER}.rotary_original_positions {layer['rotary_original_positions']} is more than "
+                    f"the max_position_embeddings {P} the model serves")
 
 
 def _as_float32(x: float) -> float:

@@ -81,11 +81,12 @@ def _fill_embedding_size(config: dict) -> dict:
 
 def _fill_layer(config: dict) -> dict:
     """A config written before ModernBERT's layer existed holds BERT's: "layer" comes back null; a
-    layer written before gated_mlp existed is ModernBERT's, gated, and one before rotary_scale is
-    unscaled."""
+    layer written before gated_mlp existed is ModernBERT's, gated, and one before rotary_scale or
+    rotary_dynamic_factor is unscaled."""
     layer = config.get(LAYER)
-    if isinstance(layer, dict) and not {"gated_mlp", "rotary_scale"} <= set(layer):
-        return {**config, LAYER: {"gated_mlp": True, "rotary_scale": 1.0, **layer}}
+    filled = {"gated_mlp": True, "rotary_scale": 1.0, "rotary_dynamic_factor": 0.0, "rotary_original_positions": 0}
+    if isinstance(layer, dict) and not set(filled) <= set(layer):
+        return {**config, LAYER: {**filled, **layer}}
     if LAYER in config:
         return config
     merged = {**config, LAYER: None}

@@ -62,6 +62,11 @@ const std::vector<ConfigKey> kKeys = {
     // Conversions from before the key: 1 (no rope scaling).
     {"layer", "rotary_scale", T::kNumber, false, true,
      FTBERT_SET(c.rotary_scale = static_cast<float>(v.number))},
+    // Conversions from before the keys: 0 and 0 (no dynamic rope scaling).
+    {"layer", "rotary_dynamic_factor", T::kNumber, false, true,
+     FTBERT_SET(c.rotary_dynamic_factor = static_cast<float>(v.number))},
+    {"layer", "rotary_original_positions", T::kInt, false, true,
+     FTBERT_SET(c.rotary_original_positions = static_cast<int>(v.integer))},
     // DeBERTa's disentangled attention (the deberta architecture). Null, or conversions without
     // the key: none.
     {"", "disentangled", T::kObject, false, true, FTBERT_SET((void)v; c.disentangled.on = true)},

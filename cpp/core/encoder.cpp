@@ -74,7 +74,9 @@ AttentionKind Encoder::attention_for(int batch, int seq) const {
 // batch is large enough for the read back to pay (auto_counts_on_device). See docs/api.md
 // (`padding_free`).
 bool Encoder::padding_free_for(int batch, int seq, int64_t tokens, bool first_token_differs) const {
-  if (batch_invariant_) return true;
+  // Dynamic rope scaling turns each sequence by the angles of its own length, which the packed
+  // layout's offsets give the rotary op.
+  if (batch_invariant_ || config().rotary_dynamic()) return true;
   switch (padding_free_.load()) {
     case PaddingFree::kOff: return false;
     case PaddingFree::kOn: return true;
@@ -264,6 +266,10 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
   FTBERT_CHECK_INPUT(!args.padded || !args.packed_outputs,
                      "forward: padded=True asks for a padded forward, but the inputs or the "
                      "outputs come packed (cu_seqlens, packed_outputs)");
+  FTBERT_CHECK_INPUT(!args.padded || !config().rotary_dynamic(),
+                     "forward: padded=True asks for a padded forward, but this model scales its "
+                     "rotary angles by each sequence's length (dynamic rope scaling), which runs "
+                     "in packed forwards only");
   const bool invariant = batch_invariant_;
   // Host masks are counted here (for the rule and the GEMM sizes), with whether every sequence
   // starts with a token.

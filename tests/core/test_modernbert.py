@@ -43,7 +43,8 @@ def test_the_engine_config_carries_modernbert_s_layer(modernbert):
     enc = ftbert.Encoder.from_pretrained(path)
     assert enc.config["layer"] == {"rotary_theta": 160000.0, "local_rotary_theta": 10000.0,
                                    "local_window": 8, "global_every": 3, "gated_mlp": True,
-                                   "rotary_scale": 1.0}
+                                   "rotary_scale": 1.0, "rotary_dynamic_factor": 0.0,
+                                   "rotary_original_positions": 0}
     assert enc.config["max_position_embeddings"] == hf.config.max_position_embeddings
     assert enc(np.ones((1, 4), np.int64)).pooler_output is None  # no pooler
 

@@ -10,6 +10,7 @@ import torch
 
 import ftbert
 from tests._models import make_model
+from tests.weights_tools.test_rotary_families import DYNAMIC, _hf_alone, _sharpened
 from tests.cuda._hf import cuda_inputs as inputs
 from tests.cuda._hf import masked_error as error
 from tests.cuda._hf import run_hf as hf_outputs
@@ -105,3 +106,29 @@ def test_eurobert_late_pooling_head_on_the_gpu(tmp_path, rng, padding_free):
             want = hf(ids.cpu(), attention_mask=mask.cpu().long()).logits
         got = enc(ids, mask).logits
         assert (torch.as_tensor(got).float().cpu() - want).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_dynamic_rope_on_the_gpu_sequence_by_sequence(tmp_path, rng, dtype):
+    # Sequences past the original 64 positions, each turned by its own length: float32 within 1e-4
+    # of transformers run on each alone (CPU, eager), half precision within twice transformers' own
+    # error there + 1e-3; op by op, recorded, replayed.
+    hf = _sharpened(make_model(tmp_path, "nomic_bert", hidden=128, heads=2, layers=2, intermediate=251,
+                               seed=26, max_pos=64, rope=DYNAMIC), tmp_path)
+    enc = ftbert.Encoder.from_pretrained(tmp_path, device="cuda", dtype=dtype)
+    lengths = [128, 40, 97, 64, 65, 3]
+    ids = [rng.integers(3, 150, n) for n in lengths]
+    want = _hf_alone(hf, ids)
+    theirs = 0.0
+    if dtype != "float32":
+        half = type(hf).from_pretrained(tmp_path, dtype=DTYPES[dtype], attn_implementation="sdpa").cuda().eval()
+        theirs = max(np.abs(np.asarray(g, np.float64) - w).max() for g, w in zip(_hf_alone(half, ids), want))
+    batch = np.zeros((len(ids), max(lengths)), np.int64)
+    mask = np.zeros_like(batch)
+    for b, x in enumerate(ids):
+        batch[b, :len(x)], mask[b, :len(x)] = x, 1
+    for _ in range(3):
+        got = torch.as_tensor(enc(torch.from_numpy(batch).cuda(), torch.from_numpy(mask).cuda()).last_hidden_state)
+        got = got.float().cpu().numpy()
+        ours = max(np.abs(got[b, :n] - want[b]).max() for b, n in enumerate(lengths))
+        assert ours <= (1e-4 if dtype == "float32" else 2 * theirs + 1e-3), f"ftbert {ours:.3e} vs {theirs:.3e}"

@@ -1,15 +1,17 @@
 """What the rotary families' converter refuses, by name: settings of NomicBERT, GTE,
-Jina-embeddings-v3 and EuroBERT checkpoints the engine does not run (scaled ropes, a head width
-other than hidden / heads, grouped K/V heads, biases EuroBERT's unit has not) and EuroBERT's
-pooling heads.
-Their parity is test_head_parity.py's, driven by the family tables."""
+Jina-embeddings-v3 and EuroBERT checkpoints the engine does not run (scaled ropes other than
+dynamic NTK, a head width other than hidden / heads, grouped K/V heads, biases EuroBERT's unit has
+not) and EuroBERT's pooling heads; dynamic NTK rope scaling against transformers, sequence by
+sequence. Their parity otherwise is test_head_parity.py's, driven by the family tables."""
 
 import json
 
+import numpy as np
 import pytest
 
 import ftbert
 from tests._models import make_model
+from tests.weights_tools._converted import read_config, write_config
 
 
 def _edit(path, **changes):
@@ -20,8 +22,8 @@ def _edit(path, **changes):
 
 @pytest.mark.parametrize("family", ["nomic_bert", "gte", "jina_embeddings_v3", "eurobert"])
 @pytest.mark.parametrize("rope, pattern", [
-    ({"rope_type": "dynamic", "rope_theta": 1000.0, "factor": 2.0}, "rope_type 'dynamic' is not supported"),
     ({"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0}, "rope_type 'yarn' is not supported"),
+    ({"rope_type": "longrope", "rope_theta": 1000.0, "factor": 4.0}, "rope_type 'longrope' is not supported"),
 ])
 def test_a_scaled_rope_is_refused_by_name(tmp_path, family, rope, pattern):
     make_model(tmp_path, family, hidden=32, heads=2, seed=3)
@@ -193,7 +195,6 @@ def test_nomic_checkpoint_with_the_original_config_keys_matches_transformers(tmp
 
 
 @pytest.mark.parametrize("changes, pattern", [
-    ({"rotary_scaling_factor": 2.0}, "rotary_scaling_factor 2.0 is not supported"),
     ({"rotary_emb_fraction": 0.5}, "rotary_emb_fraction 0.5 is not supported"),
     ({"prenorm": True}, "prenorm True is not supported"),
     ({"qkv_proj_bias": True}, "qkv_proj_bias True is not supported"),
@@ -237,3 +238,142 @@ def test_eurobert_grouped_kv_heads_match_transformers(tmp_path, kv_heads, paddin
         want = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask).long()).last_hidden_state.numpy()
     got = enc(ids, mask).last_hidden_state
     assert np.abs(got - want)[mask.astype(bool)].max() <= 1e-4
+
+
+# ---- dynamic NTK rope scaling ---------------------------------------------------------------------
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
+ROTARY_BERT = ["nomic_bert", "gte", "jina_embeddings_v3"]
+
+
+def _sharpened(hf, path):
+    """hf with its Q and K weights 8x larger, saved again to `path`: peaked attention, where a
+    sequence's angles move its outputs by ~1e-2 (random init's flat attention hides them)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "q_proj" in name or "k_proj" in name:
+                p.mul_(8.0)
+    hf.save_pretrained(path)
+    return hf
+
+
+def _hf_alone(hf, ids, types=None):
+    """transformers' last_hidden_state of each sequence run alone, [len, H] each. Its dynamic rope
+    keeps the frequencies of the longest sequence seen until one within the original length comes:
+    run longest last, each length once grown to, it gives every sequence its own length's."""
+    import torch
+
+    out = [None] * len(ids)
+    device = next(hf.parameters()).device
+    with torch.no_grad():
+        for i in sorted(range(len(ids)), key=lambda i: len(ids[i])):
+            x = torch.from_numpy(np.asarray(ids[i], np.int64))[None].to(device)
+            t = None if types is None else torch.from_numpy(np.asarray(types[i], np.int64))[None].to(device)
+            out[i] = hf(x, token_type_ids=t).last_hidden_state[0].float().cpu().numpy()
+    return out
+
+
+@pytest.mark.parametrize("family", ROTARY_BERT)
+def test_dynamic_rope_matches_transformers_sequence_by_sequence(tmp_path, family):
+    # Sequences past the original 16 positions turn with a theta grown with their own length; each
+    # gets what transformers gives it alone, in any batch and through every entry.
+    hf = _sharpened(make_model(tmp_path, family, hidden=64, heads=4, layers=2, intermediate=83, seed=21,
+                               max_pos=16, rope=DYNAMIC), tmp_path)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    assert enc.config["max_position_embeddings"] == 32  # factor x the original positions
+    assert enc.config["layer"]["rotary_dynamic_factor"] == 2.0
+    assert enc.config["layer"]["rotary_original_positions"] == 16
+    rng = np.random.default_rng(21)
+    lengths = [32, 9, 23, 16, 17, 1, 30]
+    ids = [rng.integers(3, 150, n) for n in lengths]
+    want = _hf_alone(hf, ids)
+    S = max(lengths)
+    batch = np.zeros((len(ids), S), np.int64)
+    mask = np.zeros((len(ids), S), np.int32)
+    for b, x in enumerate(ids):
+        batch[b, :len(x)], mask[b, :len(x)] = x, 1
+    for mode in ("auto", False, True):
+        enc.padding_free = mode
+        assert enc.padding_free_for(2, 32, 64)  # no padding, packed all the same
+        got = enc(batch, mask).last_hidden_state
+        for b, n in enumerate(lengths):
+            assert np.abs(got[b, :n] - want[b]).max() <= 1e-4, (mode, n)
+    packed = enc.forward_packed(np.concatenate(ids), np.cumsum([0] + lengths)).last_hidden_state
+    assert np.abs(packed - np.concatenate(want)).max() <= 1e-4
+    # Alone or in the batch: the same sequence, the same angles.
+    alone = enc(batch[1:2, :9], mask[1:2, :9]).last_hidden_state[0]
+    np.testing.assert_allclose(alone, got[1, :9], atol=1e-5)
+
+
+def test_nomic_rotary_scaling_factor_of_the_original_code_is_dynamic_rope(tmp_path):
+    # The hub's nomic-embed-text-v1.5 reaches 8,192 tokens with rotary_scaling_factor set: dynamic
+    # NTK past max_trained_positions, up to n_positions.
+    hf = _sharpened(make_model(tmp_path, "nomic_bert", hidden=64, heads=4, layers=2, intermediate=83,
+                               seed=22, max_pos=16, rope=DYNAMIC), tmp_path)
+    _as_original_nomic(tmp_path)
+    _edit(tmp_path, rotary_scaling_factor=2.0, max_trained_positions=16, n_positions=40)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    assert enc.config["max_position_embeddings"] == 40
+    assert (enc.config["layer"]["rotary_dynamic_factor"], enc.config["layer"]["rotary_original_positions"]) == (2.0, 16)
+    rng = np.random.default_rng(22)
+    lengths = [40, 12, 27]
+    ids = [rng.integers(3, 150, n) for n in lengths]
+    want = _hf_alone(hf, ids)
+    got = enc.forward_packed(np.concatenate(ids), np.cumsum([0] + lengths)).last_hidden_state
+    assert np.abs(got - np.concatenate(want)).max() <= 1e-4
+
+
+def test_dynamic_rope_refuses_a_padded_forward(tmp_path):
+    make_model(tmp_path, "nomic_bert", hidden=32, heads=2, seed=23, max_pos=16, rope=DYNAMIC)
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    ids = np.full((2, 20), 5)
+    with pytest.raises(ValueError, match=r"padded=True .*\(dynamic rope scaling\)"):
+        enc(ids, np.ones_like(ids), padded=True)
+
+
+@pytest.mark.parametrize("family, changes, pattern", [
+    ("nomic_bert", {"rope_parameters": {"rope_type": "dynamic", "factor": 0}}, "rope_parameters.factor must be a positive number, got 0"),
+    ("gte", {"rope_parameters": {"rope_type": "dynamic", "factor": "2"}}, "rope_parameters.factor must be a positive number, got '2'"),
+    ("jina_embeddings_v3", {"rope_parameters": {"rope_type": "dynamic"}}, "rope_parameters.factor must be a positive number, got None"),
+    ("nomic_bert", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling .* is not supported \\(only none or type 'dynamic'\\)"),
+    ("nomic_bert", {"rotary_scaling_factor": 2.0, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}},
+     "rotary_scaling_factor and a dynamic rope_parameters both scale the rope"),
+    ("nomic_bert", {"rotary_scaling_factor": -1.0}, "rotary_scaling_factor must be a positive number, got -1.0"),
+    ("nomic_bert", {"rotary_scaling_factor": 2.0, "max_trained_positions": 0}, "original positions as a positive integer, got 0"),
+    ("eurobert", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic' is not supported by EuroBERT"),
+])
+def test_bad_dynamic_rope_settings_are_refused_by_name(tmp_path, family, changes, pattern):
+    make_model(tmp_path, family, hidden=32, heads=2, seed=24)
+    _edit(tmp_path, **changes)
+    with pytest.raises(ftbert.weights_tools.ConversionError, match=pattern):
+        ftbert.Encoder.from_pretrained(tmp_path)
+
+
+def test_an_older_rope_scaling_dynamic_is_read_as_rope_parameters(tmp_path):
+    hf = _sharpened(make_model(tmp_path, "gte", hidden=32, heads=2, seed=25, max_pos=16, rope=DYNAMIC), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    theta = cfg.pop("rope_parameters")["rope_theta"]
+    _edit(tmp_path, rope_scaling={"type": "dynamic", "factor": 2.0}, rope_theta=theta)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    enc = ftbert.Encoder.from_pretrained(tmp_path)
+    ids = [np.random.default_rng(25).integers(3, 150, 29)]
+    assert np.abs(enc.forward_packed(ids[0], [0, 29]).last_hidden_state - _hf_alone(hf, ids)[0]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("layer, pattern", [
+    ({"rotary_dynamic_factor": 2.0, "rotary_original_positions": 0}, "rotary_original_positions must be a positive integer"),
+    ({"rotary_dynamic_factor": 0.0, "rotary_original_positions": 8}, "rotary_original_positions must be a positive integer"),
+    ({"rotary_dynamic_factor": -2.0, "rotary_original_positions": 8}, "rotary_dynamic_factor must be 0 \\(none\\) or a positive"),
+    ({"rotary_dynamic_factor": 2.0, "rotary_original_positions": 33}, "rotary_original_positions 33 is more than"),
+])
+def test_a_converted_dynamic_rope_is_checked_at_load(tmp_path, layer, pattern):
+    make_model(tmp_path / "hf", "nomic_bert", hidden=32, heads=2, seed=26, max_pos=16, rope=DYNAMIC)
+    out = ftbert.weights_tools.convert_checkpoint(tmp_path / "hf", tmp_path / "out", progress=False)
+    cfg = read_config(out)
+    cfg["layer"].update(layer)
+    write_config(out, cfg)
+    with pytest.raises(ftbert.weights_tools.FormatError, match=pattern):
+        ftbert.Encoder.from_pretrained(out)

@@ -26,6 +26,26 @@ std::vector<float> rotary_table(int positions, int head_dim, float theta, float 
   return t;
 }
 
+std::vector<float> rotary_dynamic_frequencies(int positions, int original, int head_dim,
+                                              float theta, float factor) {
+  FTBERT_CHECK(original >= 1 && original <= positions && head_dim > 2 && head_dim % 2 == 0,
+               "rotary_dynamic_frequencies: original " << original << ", positions " << positions
+                                                       << ", head dim " << head_dim);
+  const int half = head_dim / 2;
+  const float power = static_cast<float>(static_cast<double>(head_dim) / (head_dim - 2));
+  const float less = static_cast<float>(static_cast<double>(factor) - 1.0);
+  std::vector<float> t(static_cast<size_t>(positions - original) * half);
+  for (int n = original + 1; n <= positions; ++n) {
+    const float growth = factor * static_cast<float>(n) / static_cast<float>(original) - less;
+    const float base = theta * std::pow(growth, power);
+    float* row = t.data() + static_cast<size_t>(n - original - 1) * half;
+    for (int c = 0; c < half; ++c) {
+      row[c] = 1.0f / std::pow(base, static_cast<float>(2 * c) / static_cast<float>(head_dim));
+    }
+  }
+  return t;
+}
+
 DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values) {
   DeviceBuffer buf(backend, values.size() * sizeof(float));
   backend->copy_to_device(buf.data(), values.data(), values.size() * sizeof(float));

@@ -19,6 +19,12 @@ namespace ftbert::blocks {
 // float32). A scale > 1 stretches the positions (linear and fixed-NTK rope scaling).
 std::vector<float> rotary_table(int positions, int head_dim, float theta, float scale = 1.0f);
 
+// [positions − original, d/2] float32: row n − original − 1 holds the frequencies of a sequence of
+// extent n under dynamic NTK scaling (RotaryDynamic), θ_n^(−2c/d) with θ_n = θ · (factor · n /
+// original − (factor − 1))^(d / (d − 2)), each step in float32 as transformers computes it.
+std::vector<float> rotary_dynamic_frequencies(int positions, int original, int head_dim,
+                                              float theta, float factor);
+
 // A device copy of `values`.
 DeviceBuffer upload_floats(Backend* backend, const std::vector<float>& values);
 DeviceBuffer upload_ints(Backend* backend, const std::vector<int32_t>& values);

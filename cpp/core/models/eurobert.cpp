@@ -82,6 +82,9 @@ std::unique_ptr<Model> create_eurobert(const ModelConfig& config, const HostWeig
                      "config: architecture 'eurobert' needs a \"layer\" with a rotary_theta, a "
                      "gated MLP and no sliding window");
   FTBERT_CHECK_INPUT(!config.has_pooler, "config: EuroBERT has no pooler");
+  FTBERT_CHECK_INPUT(!config.rotary_dynamic(), "config: architecture 'eurobert' runs no dynamic rope "
+                                               "scaling (rotary_dynamic_factor "
+                                                   << config.rotary_dynamic_factor << ")");
   FTBERT_CHECK_INPUT(!config.head.norm && !config.head.token_dense,
                      "config: a EuroBERT head has no norm and no token dense");
   return std::make_unique<EuroBertModel>(config, weights, backend, compute);

@@ -126,8 +126,10 @@ std::unique_ptr<Model> create_modernbert(const ModelConfig& config, const HostWe
                      "config: a ModernBERT model needs its \"layer\" settings (rotary thetas, "
                      "windows)");
   FTBERT_CHECK_INPUT(!config.has_pooler, "config: ModernBERT has no pooler");
-  FTBERT_CHECK_INPUT(config.rotary_scale == 1.0f, "config: ModernBERT runs no rope scaling (rotary_scale "
-                                                      << config.rotary_scale << ")");
+  FTBERT_CHECK_INPUT(config.rotary_scale == 1.0f && !config.rotary_dynamic(),
+                     "config: ModernBERT runs no rope scaling (rotary_scale "
+                         << config.rotary_scale << ", rotary_dynamic_factor "
+                         << config.rotary_dynamic_factor << ")");
   FTBERT_CHECK_INPUT(config.head.kind == HeadKind::kNone || (config.head.has_dense() && config.head.norm),
                      "config: a ModernBERT head has a dense, an activation and a norm of its own");
   return std::make_unique<ModernBertModel>(config, weights, backend, compute);

@@ -59,6 +59,13 @@ class RotaryBertModel final : public Model {
                                                                     config_.head_dim(),
                                                                     config_.rotary_theta,
                                                                     config_.rotary_scale))),
+        dynamic_frequencies_(config_.rotary_dynamic()
+                                 ? blocks::upload_floats(
+                                       backend, blocks::rotary_dynamic_frequencies(
+                                                    config_.max_seq(), config_.rotary_original_positions,
+                                                    config_.head_dim(), config_.rotary_theta,
+                                                    config_.rotary_dynamic_factor))
+                                 : DeviceBuffer()),
         v_bias_(v_biases(backend, config_, weights, compute)),
         gate_bias_(gate_biases(config_, weights)) {
     backend->synchronize();  // the host tables are gone after this
@@ -73,6 +80,11 @@ class RotaryBertModel final : public Model {
     const float eps = c.layer_norm_eps;
     blocks::embeddings(be, dt, c, weights_, act, ids, types, L);
     void* const out = act.output != nullptr ? act.output : act.hidden;
+    RotaryDynamic dynamic;
+    if (c.rotary_dynamic()) {
+      dynamic.inv_freq = dynamic_frequencies_.as<float>();
+      dynamic.original = c.rotary_original_positions;
+    }
     for (int i = 0; i < c.num_layers; ++i) {
       const LayerWeights& l = weights_.layers[i];
       const bool last = i + 1 == c.num_layers;
@@ -81,7 +93,7 @@ class RotaryBertModel final : public Model {
       // attention adds V's.
       be.weight_gemm(dt, M, 3 * H, H, act.hidden, H, l.qkv_weight.data(), act.qkv, 3 * H);
       be.rotary_embedding(dt, act.qkv, rotary_.as<float>(), L, c.num_heads, c.head_dim(),
-                          l.qkv_bias.data());
+                          l.qkv_bias.data(), dynamic);
       run_attention(be, attention, dt, act.qkv, v_bias_[i].data(), act.ctx, act.attention_scratch,
                     L, c.num_heads, c.head_dim(), AttentionOptions{});
       // hidden2 = LN(ctx · Wo + bo + hidden)
@@ -115,12 +127,13 @@ class RotaryBertModel final : public Model {
   }
 
   size_t weight_bytes() const override {
-    return weights_.bytes + rotary_.bytes() + bytes_of(v_bias_);
+    return weights_.bytes + rotary_.bytes() + dynamic_frequencies_.bytes() + bytes_of(v_bias_);
   }
 
  private:
   ModelWeights weights_;
   DeviceBuffer rotary_;               // [P, d] float32
+  DeviceBuffer dynamic_frequencies_;  // [P − original, d/2] float32; empty without dynamic scaling
   std::vector<DeviceBuffer> v_bias_;  // per layer [3H]: 0 | 0 | V's bias (v_biases)
   std::vector<char> gate_bias_;       // per layer, gated MLPs: FFN-in bias not all zeros
 };

@@ -125,6 +125,10 @@ struct ModelConfig {
   float rotary_theta = 0.0f;        // > 0: rotary positions, no position table
   float local_rotary_theta = 0.0f;  // the sliding-window layers' theta
   float rotary_scale = 1.0f;        // inv_freq / rotary_scale (linear, fixed-NTK rope scaling)
+  // Dynamic NTK rope scaling (RotaryDynamic): a sequence of extent n > rotary_original_positions
+  // turns with theta · (factor · n / original − (factor − 1))^(d / (d − 2)). 0: none.
+  float rotary_dynamic_factor = 0.0f;
+  int rotary_original_positions = 0;
   int local_window = 0;             // 0: every layer global
   int global_every = 1;
   bool gated_mlp = false;           // FFN-in gives [input | gate] (2I wide): act(input) · gate
@@ -135,6 +139,8 @@ struct ModelConfig {
   // The FFN-in GEMM's width.
   int ffn_in_width() const { return gated_mlp ? 2 * intermediate_size : intermediate_size; }
   bool global_layer(int layer) const { return local_window == 0 || layer % global_every == 0; }
+  // A sequence's rotary angles depend on its own length: every forward runs packed.
+  bool rotary_dynamic() const { return rotary_dynamic_factor > 0; }
   bool has_projection() const { return embedding_size != hidden_size; }
   // Rotary positions replace the absolute position table; DeBERTa adds it only where asked.
   bool has_position_table() const {
@@ -167,6 +173,14 @@ struct ModelConfig {
                  "config: attention: rotary thetas and local_window must be >= 0 and global_every > 0");
     FTBERT_CHECK(rotary_theta == 0 || head_dim() % 2 == 0,
                  "config: rotary positions need an even head dim, got " << head_dim());
+    FTBERT_CHECK(rotary_dynamic_factor >= 0, "config: layer.rotary_dynamic_factor must be >= 0, got "
+                                                 << rotary_dynamic_factor);
+    FTBERT_CHECK(!rotary_dynamic() || (rotary_theta > 0 && head_dim() > 2 &&
+                                       rotary_original_positions >= 1 &&
+                                       rotary_original_positions <= max_seq()),
+                 "config: dynamic rope scaling needs rotary positions, a head dim above 2 and "
+                 "layer.rotary_original_positions in [1, "
+                     << max_seq() << "], got " << rotary_original_positions);
     FTBERT_CHECK(relative_attention_buckets == 0 || relative_attention_buckets >= kRelativeBuckets,
                  "config: relative_attention_num_buckets " << relative_attention_buckets
                      << " is neither 0 (no relative bias) nor at least " << kRelativeBuckets

@@ -56,7 +56,9 @@ class Encoder {
   const Backend& backend() const { return *backend_; }
 
   // Padding-free execution (sequences.h): kOn packs every batch, kOff never, kAuto by
-  // padding_free_for's rule; a call with ForwardArgs::padded runs padded whatever it says.
+  // padding_free_for's rule; a call with ForwardArgs::padded runs padded whatever it says. A
+  // model with dynamic rope scaling (ModelConfig::rotary_dynamic) packs every forward whatever the
+  // mode (padding_free_for says so), and refuses ForwardArgs::padded.
   enum class PaddingFree : int { kAuto = 0, kOff = 1, kOn = 2 };
   void set_padding_free(PaddingFree mode) { padding_free_ = mode; }
   PaddingFree padding_free() const { return padding_free_; }

@@ -188,8 +188,11 @@ def make_hf(model: Model, attn_implementation: str):
         keys.update(local_attention=2 * layer["local_window"],
                     global_attn_every_n_layers=layer["global_every"],
                     global_rope_theta=layer["rotary_theta"], local_rope_theta=layer["local_rotary_theta"])
-    elif layer is not None:  # the rotary families: one default rope
+    elif layer is not None:  # the rotary families: one rope, default or dynamic
         keys["rope_parameters"] = {"rope_type": "default", "rope_theta": layer["rotary_theta"]}
+        if layer.get("rotary_dynamic_factor"):
+            keys["rope_parameters"].update(rope_type="dynamic", factor=layer["rotary_dynamic_factor"])
+            keys["max_position_embeddings"] = layer["rotary_original_positions"]
     d = c.get("disentangled")
     if d is not None:  # DeBERTa: the config.json keys it was read from
         keys.update(relative_attention=True, share_att_key=True, position_buckets=d["position_buckets"],

@@ -14,8 +14,9 @@
                          pre-LayerNorm residual step, sliding windows in both attention kernels),
                          float32, float16 and bfloat16, padded and packed (and forward_packed), a
                          mask with holes, op by op and replayed (1: float16 flash only)
-  sanitize.py rotary [1] - small NomicBERT, GTE, Jina-embeddings-v3 and EuroBERT forwards (rotary
-                         post-LayerNorm layers, SwiGLU, the RMSNorm ops), as mpnet's
+  sanitize.py rotary [1] - small NomicBERT (also with dynamic rope scaling), GTE,
+                         Jina-embeddings-v3 and EuroBERT forwards (rotary post-LayerNorm layers,
+                         SwiGLU, the RMSNorm ops), as mpnet's
   sanitize.py deberta [1] - a small DeBERTa-v3's forward (the disentangled terms: their batched
                          GEMMs, disentangled_scores in the unfused path and the flash kernel's
                          kTerms tiles; 201 tokens past the 32 log buckets and the clamped ends),
@@ -177,7 +178,11 @@ def rotary(quick: int = 0) -> None:
 
     small = dict(vocab_size=97, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=301, max_position_embeddings=512)
+    # The dynamic one scales its sequences past 128 positions (the batch's longest is 201).
+    dynamic = dict(pad_token_id=0, max_position_embeddings=128,
+                   rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0, "factor": 2.0})
     for name, stem, extra in (("nomic_bert", "NomicBert", dict(pad_token_id=0)),
+                              ("nomic_bert dynamic rope", "NomicBert", dynamic),
                               ("gte", "Gte", dict(pad_token_id=1)),
                               ("jina_embeddings_v3", "JinaEmbeddingsV3", dict(pad_token_id=1)),
                               ("eurobert", "EuroBert", dict(pad_token_id=1, bos_token_id=0, eos_token_id=2,
@@ -186,7 +191,7 @@ def rotary(quick: int = 0) -> None:
             print(name, "skipped: transformers", transformers.__version__, "has no", stem + "Config")
             continue
         torch.manual_seed(0)
-        config = getattr(transformers, stem + "Config")(**small, **extra)
+        config = getattr(transformers, stem + "Config")(**{**small, **extra})
         model = getattr(transformers, stem + "Model")(config)
         _family_forwards(name, model, pad=extra["pad_token_id"], quick=quick)
 

@@ -2,7 +2,13 @@
 transformers' own classes: right and left padding and holes inside a sequence, padded and packed,
 both attention kernels, CUDA graphs on; float32 within 1e-4 (against transformers on the CPU,
 eager), float16 and bfloat16 within twice transformers' own error in that dtype (sdpa on the GPU)
-+ 1e-3 (GPU only; skipped without one)."""
++ 1e-3; float32 within 1e-4 of the CPU engine too, from a saved checkpoint where the installed
+transformers lacks the family's class; dynamic rope scaling sequence by sequence (GPU only; skipped
+without one)."""
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +16,7 @@ import torch
 
 import ftbert
 from tests._models import make_model
+from tests._util import padded_ids
 from tests.weights_tools.test_rotary_families import DYNAMIC, _hf_alone, _sharpened
 from tests.cuda._hf import cuda_inputs as inputs
 from tests.cuda._hf import masked_error as error
@@ -35,6 +42,44 @@ def model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     hf = make_model(path, request.param, vocab=157, max_pos=1024, **FAMILIES[request.param])
     return path, hf, {}
+
+
+def checkpoint(family, path):
+    """A small `family` checkpoint at `path` (FAMILIES' sizes): made here where transformers has the
+    family's class, else copied from $FTBERT_TEST_CHECKPOINTS/<family> (written where it has it, by
+    benchmarks/save_test_models.py), else the test skips."""
+    import shutil
+    import transformers
+
+    from tests._models import FAMILY_STEMS
+
+    if getattr(transformers, FAMILY_STEMS[family] + "Model", None) is not None:
+        make_model(path, family, vocab=157, max_pos=1024, **FAMILIES[family])
+        return path
+    saved = os.environ.get("FTBERT_TEST_CHECKPOINTS")
+    if not saved or not (Path(saved) / family).is_dir():
+        pytest.skip(f"transformers {transformers.__version__} has no {FAMILY_STEMS[family]}Model and "
+                    f"$FTBERT_TEST_CHECKPOINTS holds no {family}")
+    shutil.copytree(Path(saved) / family, path, dirs_exist_ok=True)
+    return path
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+def test_float32_matches_the_cpu_engine(tmp_path, rng, family, padding_free):
+    # The CPU engine is held to transformers in CI: this runs where the GPU machine's transformers
+    # lacks the family's class too (GTE), from a saved checkpoint.
+    path = checkpoint(family, tmp_path)
+    cpu = ftbert.Encoder.from_pretrained(path, device="cpu", dtype="float32")
+    gpu = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float32", padding_free=padding_free)
+    pad = cpu.config["pad_token_id"]
+    for style in ("right", "left", "holes"):  # op by op, recorded, replayed
+        ids, mask = padded_ids(rng, SimpleNamespace(vocab_size=cpu.config["vocab_size"], pad_token_id=pad),
+                               3, 97, style)
+        want = cpu(ids, mask).last_hidden_state
+        got = torch.as_tensor(gpu(torch.from_numpy(ids).cuda(), torch.from_numpy(mask).cuda()).last_hidden_state)
+        err = np.abs(got.cpu().numpy() - want)[mask.astype(bool)].max()
+        assert err <= 1e-4, f"{style}: hidden {err:.2e}"
 
 
 def peer(model, dtype):

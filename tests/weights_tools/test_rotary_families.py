@@ -377,3 +377,17 @@ def test_a_converted_dynamic_rope_is_checked_at_load(tmp_path, layer, pattern):
     write_config(out, cfg)
     with pytest.raises(ftbert.weights_tools.FormatError, match=pattern):
         ftbert.Encoder.from_pretrained(out)
+
+
+def test_a_layer_written_before_dynamic_rope_loads_unscaled(tmp_path):
+    # Converted directories from before the two keys: no dynamic scaling, the same outputs.
+    make_model(tmp_path / "hf", "nomic_bert", hidden=32, heads=2, seed=27, max_pos=64)
+    out = ftbert.weights_tools.convert_checkpoint(tmp_path / "hf", tmp_path / "out", progress=False)
+    ids = np.random.default_rng(27).integers(3, 150, (2, 40))
+    want = ftbert.Encoder.from_pretrained(out)(ids).last_hidden_state
+    cfg = read_config(out)
+    del cfg["layer"]["rotary_dynamic_factor"], cfg["layer"]["rotary_original_positions"]
+    write_config(out, cfg)
+    enc = ftbert.Encoder.from_pretrained(out)
+    assert (enc.config["layer"]["rotary_dynamic_factor"], enc.config["layer"]["rotary_original_positions"]) == (0.0, 0)
+    np.testing.assert_array_equal(enc(ids).last_hidden_state, want)

@@ -303,7 +303,7 @@ def test_dynamic_rope_matches_transformers_sequence_by_sequence(tmp_path, family
     assert np.abs(packed - np.concatenate(want)).max() <= 1e-4
     # Alone or in the batch: the same sequence, the same angles.
     alone = enc(batch[1:2, :9], mask[1:2, :9]).last_hidden_state[0]
-    np.testing.assert_allclose(alone, got[1, :9], atol=1e-5)
+    np.testing.assert_array_equal(alone, got[1, :9])  # the CPU kernels are batch invariant
 
 
 def test_nomic_rotary_scaling_factor_of_the_original_code_is_dynamic_rope(tmp_path):

@@ -95,3 +95,49 @@ def test_noop_server_answers_unit_vectors_of_the_width_asked(monkeypatch):
 def test_bench_serve_refuses_an_unknown_engine(capsys):
     assert bench_serve.main(["--engines", "ftbert,vllm"]) == 2
     assert "unknown engine" in capsys.readouterr().err
+
+
+def test_wrk_script_sends_each_text_in_the_python_clients_body():
+    texts = ["plain words", 'a "quoted" one', "closes ]] and ]=] early"]
+    script = bench_serve.wrk_script(texts)
+    for t in texts:
+        body = json.dumps({"input": t, "model": "bench", "encoding_format": "float"})
+        # The body sits in a Lua long string whose closing bracket it does not contain.
+        assert any(f"[{'=' * n}[{body}]{'=' * n}]" in script and f"]{'=' * n}]" not in body for n in range(3))
+    assert '"/v1/embeddings"' in script and "function done(" in script
+
+
+def test_wrk_figures_count_answers_without_status_errors():
+    out = "Running 1s test\n  2 threads\nFTBERT_WRK 1000 2000000 1500 9000 1750.5 3 10\n"
+    res = bench_serve._wrk_figures(out)
+    assert res["requests"] == 990 and res["errors"] == 13
+    assert res["req_per_s"] == pytest.approx(495.0)
+    assert (res["p50_ms"], res["p99_ms"], res["mean_ms"]) == (1.5, 9.0, pytest.approx(1.7505))
+    with pytest.raises(RuntimeError, match="wrk printed no figures"):
+        bench_serve._wrk_figures("Running 1s test\nsegfault\n")
+
+
+def test_bench_serve_refuses_wrk_it_cannot_find(capsys, tmp_path):
+    argv = ["--client", "wrk", "--wrk", str(tmp_path / "no-wrk-here"), "--engines", "noop"]
+    assert bench_serve.main(argv) == 2
+    assert "no wrk binary" in capsys.readouterr().err
+
+
+def test_bench_serve_with_wrk_measures_the_noop_server(embedder, tmp_path):
+    import os
+    import shutil
+
+    wrk = os.environ.get("FTBERT_WRK", "wrk")
+    if shutil.which(wrk) is None:
+        pytest.skip(f"needs the wrk load generator ({wrk!r} not found; $FTBERT_WRK names it)")
+    argv = ["--model", str(embedder), "--engines", "noop", "--client", "wrk", "--wrk", wrk,
+            "--concurrency", "1,4", "--lengths", "short", "--duration", "1", "--warmup", "0",
+            "--client-procs", "2", "--texts", "8", "--noop-workers", "1", "--out", str(tmp_path),
+            "--name", "run"]
+    assert bench_serve.main(argv) == 0
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["options"]["client"] == "wrk"
+    assert [r["concurrency"] for r in doc["results"]] == [1, 4]
+    for r in doc["results"]:
+        assert r["errors"] == 0 and r["requests"] > 0 and r["req_per_s"] > 0
+        assert 0 < r["p50_ms"] <= r["p99_ms"]

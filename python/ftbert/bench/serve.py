@@ -14,7 +14,9 @@ different text; the token counts are the model tokenizer's, with its special tok
 (length, concurrency) the clients -- `--client-procs` processes of asyncio + httpx, `concurrency`
 connections in all, each sending its next request when the last is answered -- warm up, then run
 for `--duration` seconds; requests/s is the requests answered within that time, latencies are
-theirs as the client sees them (sent to answered). Before timing, both servers' embeddings of the same texts are
+theirs as the client sees them (sent to answered). `--client wrk` runs the C load generator wrk
+instead (`--client-procs` threads, whole seconds; a Lua script cycles through the same request
+bodies), for rates past what Python clients on the same cores can send. Before timing, both servers' embeddings of the same texts are
 compared (cosine), so the two do the same work. The engine "noop" (`ftbert.bench.serve_noop`, in
 `--noop-workers` processes) answers a constant vector with no model: the ceiling of the client and
 the HTTP stack, measured in the same run.
@@ -33,6 +35,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -172,6 +175,89 @@ def measure(url: str, texts: list[str], concurrency: int, procs: int, warmup_s: 
     }
 
 
+# ---- wrk as the load generator -------------------------------------------------------------------
+# Each thread starts at another text and sends the next one with every request; done() prints one
+# line of the run's figures (microseconds), which _wrk_figures reads.
+_WRK_SCRIPT = r"""
+local bodies = {
+%(bodies)s
+}
+local headers = {["Content-Type"] = "application/json"}
+local threads_made = 0
+
+function setup(thread)
+  thread:set("first", threads_made * 7919)
+  threads_made = threads_made + 1
+end
+
+function init(args)
+  next_body = first or 0
+end
+
+function request()
+  next_body = next_body + 1
+  return wrk.format("POST", "/v1/embeddings", headers, bodies[next_body %% #bodies + 1])
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("FTBERT_WRK %%d %%d %%d %%d %%.1f %%d %%d\n", summary.requests,
+    summary.duration, latency:percentile(50), latency:percentile(99), latency.mean,
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+def wrk_script(texts: list[str]) -> str:
+    """wrk's Lua script sending one text per request, in the Python client's request body."""
+    bodies = []
+    for t in texts:
+        body = json.dumps({"input": t, "model": "bench", "encoding_format": "float"})
+        level = 0
+        while f"]{'=' * level}]" in body:  # a long bracket the body does not close
+            level += 1
+        bodies.append(f"  [{'=' * level}[{body}]{'=' * level}],")
+    return _WRK_SCRIPT % {"bodies": "\n".join(bodies)}
+
+
+def _wrk_figures(output: str) -> dict:
+    """The row of a wrk run from its done() line."""
+    line = next((ln for ln in output.splitlines() if ln.startswith("FTBERT_WRK ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no figures:\n{output[-2000:]}")
+    answered, duration_us, p50_us, p99_us, mean_us, socket_errors, status_errors = line.split()[1:]
+    ok = int(answered) - int(status_errors)
+    res = {"requests": ok, "errors": int(socket_errors) + int(status_errors),
+           "req_per_s": ok / (int(duration_us) / 1e6)}
+    if ok > 0:
+        res.update(p50_ms=int(p50_us) / 1e3, p99_ms=int(p99_us) / 1e3, mean_ms=float(mean_us) / 1e3)
+    return res
+
+
+def measure_wrk(wrk: str, url: str, texts: list[str], concurrency: int, threads: int, warmup_s: float,
+                duration_s: float) -> dict:
+    """`measure` with wrk: a warm-up run, then the timed one (wrk takes whole seconds)."""
+    import tempfile
+
+    threads = max(1, min(threads, concurrency))
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(wrk_script(texts))
+    try:
+        def run(seconds: float) -> str:
+            cmd = [wrk, "-t", str(threads), "-c", str(concurrency), "-d", f"{max(1, round(seconds))}s",
+                   "--timeout", "300s", "-s", f.name, url + "/v1/embeddings"]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1, round(seconds)) + 330)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+            return done.stdout + done.stderr  # a script error shows in stderr
+
+        if warmup_s > 0:
+            run(warmup_s)
+        return _wrk_figures(run(duration_s))
+    finally:
+        os.unlink(f.name)
+
+
 def _pct(sorted_values: list[float], q: float) -> float:
     k = (len(sorted_values) - 1) * q / 100
     lo, hi = math.floor(k), math.ceil(k)
@@ -208,6 +294,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring (default %(default)s)")
     p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
                    help="client processes sharing the connections (default %(default)s)")
+    p.add_argument("--client", choices=["python", "wrk"], default="python",
+                   help="the load generator: python (processes of asyncio + httpx) or wrk (the C tool, "
+                        "--client-procs threads; durations in whole seconds) (default %(default)s)")
+    p.add_argument("--wrk", default=os.environ.get("FTBERT_WRK", "wrk"),
+                   help="the wrk binary for --client wrk (default $FTBERT_WRK, else wrk on PATH)")
     p.add_argument("--texts", type=int, default=512, help="distinct texts per length (default %(default)s)")
     p.add_argument("--serve-args", default="", help="extra arguments for `ftbert serve` (quoted)")
     p.add_argument("--noop-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
@@ -237,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(engines) - {"ftbert", "sentence-transformers", "noop"}
     if unknown:
         print(f"ftbert bench-serve: unknown engine(s) {sorted(unknown)}", file=sys.stderr)
+        return 2
+    if args.client == "wrk" and shutil.which(args.wrk) is None:
+        print(f"ftbert bench-serve: --client wrk: no wrk binary at {args.wrk!r} (install wrk, or name it "
+              "with --wrk or $FTBERT_WRK)", file=sys.stderr)
         return 2
     concurrency = [int(c) for c in args.concurrency.split(",")]
     lengths = {}
@@ -282,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
                 checks[engine] = float(cos.min())
             for name, pool in pools.items():
                 for c in concurrency:
-                    res = measure(srv.url, pool, c, args.client_procs, args.warmup, args.duration)
+                    if args.client == "wrk":
+                        res = measure_wrk(args.wrk, srv.url, pool, c, args.client_procs, args.warmup,
+                                          args.duration)
+                    else:
+                        res = measure(srv.url, pool, c, args.client_procs, args.warmup, args.duration)
                     row = {"engine": engine, "length": name, "tokens": token_counts[name], "concurrency": c, **res}
                     rows.append(row)
                     console.print(f"  {engine:<22} {name:<6} c={c:<3} {res['req_per_s']:9.1f} req/s  "

@@ -56,10 +56,20 @@ namespace ftbert::cuda {
 template <typename T>
 void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device,
                        cudaStream_t stream, bool batch_invariant) {
-  // These kernels leave the relative position bias and the sliding window out; flash.cu runs
-  // calls that have one.
+  // These kernels leave the relative position bias out; flash.cu runs calls that have one.
   FTBERT_CHECK(p.relative_bias == nullptr, "flash attention (Hopper): no relative position bias");
-  FTBERT_CHECK(p.window == 0, "flash attention (Hopper): no sliding window");
+  // A sliding window (ModernBERT's local layers): the one-warpgroup kernel, which visits only the
+  // key tiles within the block's rows' windows and masks the scores outside a row's window (the
+  // persistent kernels take none). It is also the batch-invariant one.
+  if (p.window > 0) {
+    if (head_dim == 128) {
+      launch_sm90<T, 128, 1, 64, 2, true>(p, batch, device, stream);
+    } else {
+      FTBERT_CHECK(head_dim == 64, "flash attention (Hopper): head dim " << head_dim);
+      launch_sm90<T, 64, 1, 128, 3, true>(p, batch, device, stream);
+    }
+    return;
+  }
   const int64_t sms = multiprocessor_count(device);
   const auto items = [&](int rows) {
     return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;

@@ -27,7 +27,7 @@ namespace {
 
 using namespace flash_detail;
 
-template <int D_, int kWarpgroups, int Bc, bool kWindow = false>
+template <int D_, int kWarpgroups, int Bc, bool kPositions = false>
 struct Sm90Tile {
   static constexpr int D = D_;
   static_assert(D % 64 == 0, "whole 64-column panels");
@@ -38,19 +38,22 @@ struct Sm90Tile {
   static constexpr int kQBytes = D / 64 * kQPanel;
   static constexpr int kKVBytes = D / 64 * kKVPanel;
   static constexpr int kStages = 2;  // the schedule alternates two buffers (buf ^ 1)
-  // [align pad] sQ | sK [2] | sV [2] | key bias [2][Bc] fp32 | key positions [2][Bc] (kWindow)
-  // | key range scratch
-  static constexpr int kKeyPosInts = kWindow ? kStages * Bc : 0;
+  // [align pad] sQ | sK [2] | sV [2] | key bias [2][Bc] fp32 | key positions [2][Bc]
+  // (kPositions) | key range scratch
+  static constexpr int kKeyPosInts = kPositions ? kStages * Bc : 0;
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
                                        kStages * Bc * sizeof(float) +
                                        (kKeyPosInts + kThreads / 32 * 2) * sizeof(int);
 };
 
-template <typename T, int D_, int kWarpgroups, int Bc, int kMinBlocks, bool kWindow>
+// kRelBias: add p.relative_bias (MPNet); kWindow: attend within p.window positions (ModernBERT's
+// local layers); both as flash.cu's kernel does, from the positions of the rows and keys.
+template <typename T, int D_, int kWarpgroups, int Bc, int kMinBlocks, bool kRelBias, bool kWindow>
 __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     flash_attention_sm90_kernel(FlashParams p) {
   begin_dependent_kernel();
-  using Tile = Sm90Tile<D_, kWarpgroups, Bc, kWindow>;
+  constexpr bool kPositions = kRelBias || kWindow;
+  using Tile = Sm90Tile<D_, kWarpgroups, Bc, kPositions>;
   constexpr int D = Tile::D, Br = Tile::Br, kThreads = Tile::kThreads, kStages = Tile::kStages;
   constexpr float kNegInf = -__builtin_huge_valf();
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -64,7 +67,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   unsigned char* sK = sQ + Tile::kQBytes;
   unsigned char* sV = sK + kStages * Tile::kKVBytes;
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVBytes);  // [kStages][Bc]
-  int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);  // [kStages][Bc] (kWindow)
+  int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);  // [kStages][Bc] (kPositions)
   int* sRange = sKeyPos + Tile::kKeyPosInts;
 
   const int warp = threadIdx.x / 32;
@@ -78,15 +81,27 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   // kWindow: only the key tiles within the window of some row of the block (flash.cu's
   // file comment); a score outside its row's window is masked in the registers.
   int t_begin, t_end;
-  int q_pos[2] = {0, 0};  // this thread's rows g and g + 8 (kWindow)
   if constexpr (kWindow) {
     seq.template key_tiles<kThreads, Bc, true>(sRange, t_begin, t_end, q0, min(q0 + Br, seq.len) - 1,
                                                p.window);
+  } else {
+    seq.template key_tiles<kThreads, Bc>(sRange, t_begin, t_end);
+  }
+  // kPositions: the padded positions of this thread's rows g and g + 8 (rows past the sequence
+  // take its last row's, to stay inside the bias table).
+  int q_pos[2] = {0, 0};
+  if constexpr (kPositions) {
     const int g = q0 + wg * 64 + (warp % 4) * 16 + lane / 4;
     q_pos[0] = seq.position(min(g, seq.len - 1));
     q_pos[1] = seq.position(min(g + 8, seq.len - 1));
-  } else {
-    seq.template key_tiles<kThreads, Bc>(sRange, t_begin, t_end);
+  }
+  // kRelBias: this head's bias table at distance 0, shifted by each row's position.
+  const float* rel_row[2] = {nullptr, nullptr};
+  if constexpr (kRelBias) {
+    const float* table = p.relative_bias + (static_cast<int64_t>(blockIdx.y) * (2 * p.relative_span - 1) +
+                                            (p.relative_span - 1));
+    rel_row[0] = table - q_pos[0];
+    rel_row[1] = table - q_pos[1];
   }
 
   // ---- loads: D / 8 chunks of 16 bytes per row, into the swizzled panels.
@@ -97,9 +112,10 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     const bool masked = seq.template write_key_bias<Bc, kThreads>(kept, sKeyBias + buf * Bc);
     masked_bits = (masked_bits & ~(1 << buf)) | ((masked ? 1 : 0) << buf);
   };
-  // kWindow: the positions of tile `tile`'s keys into buffer `buf`, published with its key bias.
+  // kPositions: the positions of tile `tile`'s keys into buffer `buf`, published with its key
+  // bias.
   auto write_key_pos = [&](int tile, int buf) {
-    if constexpr (kWindow) seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
+    if constexpr (kPositions) seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
   };
 
   float o[D / 8][4];
@@ -108,8 +124,13 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   const int quad_col = 2 * (lane % 4);
-  // The tile's masks on its scores: masked keys, and (kWindow) keys outside a row's window.
+  // What the tile's scores get after the products: the relative bias (kRelBias, in raw score
+  // units as flash.cu's kernel starts from it), the masked keys' -inf, and (kWindow) -inf outside
+  // a row's window.
   auto mask_scores = [&](float (&s)[Bc / 8][4], bool tile_masked, int buf) {
+    if constexpr (kRelBias) {
+      add_relative_bias(s, rel_row, sKeyPos + buf * Bc, quad_col, p.inv_scale);
+    }
     if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
     if constexpr (kWindow) window_mask_scores(s, q_pos, sKeyPos + buf * Bc, quad_col, p.window);
   };
@@ -241,11 +262,12 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
       q0 + warp_row0, lane);
 }
 
-template <typename T, int D, int kWarpgroups, int Bc, int kMinBlocks, bool kWindow = false>
+template <typename T, int D, int kWarpgroups, int Bc, int kMinBlocks, bool kRelBias = false,
+          bool kWindow = false>
 void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = Sm90Tile<D, kWarpgroups, Bc, kWindow>;
+  using Tile = Sm90Tile<D, kWarpgroups, Bc, kRelBias || kWindow>;
   constexpr size_t smem = Tile::kSmemBytes;
-  auto kernel = flash_attention_sm90_kernel<T, D, kWarpgroups, Bc, kMinBlocks, kWindow>;
+  auto kernel = flash_attention_sm90_kernel<T, D, kWarpgroups, Bc, kMinBlocks, kRelBias, kWindow>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   launch(kernel, flash_grid(p, batch, Tile::Br), Tile::kThreads, smem, stream, p);

@@ -44,8 +44,8 @@
 // from the head's table (small enough for the read-only cache) in fp32 as the value the score's
 // Q·K products accumulate onto, in raw score units (b / scale; relative_bias_scores), so it is in
 // place before the mask and the online softmax. Positions are those of the padded row: packed
-// batches read them from token_index. The Hopper kernels have no bias: a call with one runs here
-// on every GPU.
+// batches read them from token_index. On Hopper, flash_sm90.cu's one-warpgroup kernel adds it
+// (after the products, add_relative_bias).
 //
 // DeBERTa's disentangled terms (FlashParams::c2p / p2c, from run_attention's two batched GEMMs)
 // are a third template bool (kTerms) on the same positions: a score tile starts from
@@ -65,7 +65,8 @@
 // and each thread's first and last query position, voted over the warp); tiles wholly inside
 // every row's window are untouched. Rows whose window holds no unmasked key give zeros, as fully
 // masked rows do. The key positions are staged per tile beside the key bias, as for the relative
-// bias. The Hopper kernels have no window either: a call with one runs here.
+// bias. On Hopper, flash_sm90.cu's one-warpgroup kernel runs a window or a relative bias the same
+// way (without the per-warp skip: its products are a warpgroup's; the bias added after them).
 //
 // Packed batches (cu_seqlens, FlashAttention's varlen): sequence b is rows cu[b]..cu[b+1]-1, every
 // one a token; blocks past a sequence's end return at once, so the grid sized for the longest
@@ -572,11 +573,10 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   int device = 0;
   FTBERT_CUDA_CHECK(cudaGetDevice(&device));
 #ifdef FTBERT_FLASH_SM90
-  // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu). They add no
-  // relative position bias, so a call with one stays on this file's kernel.
-  // Nor do they take a sliding window: a call with one stays here too.
-  // Nor DeBERTa's disentangled terms.
-  if (p.relative_bias == nullptr && p.window == 0 && p.c2p == nullptr && p.p2c == nullptr &&
+  // Head dims 64 and 128 on Hopper: the warpgroup-MMA kernels (flash_sm90.cu), with a relative
+  // position bias or a sliding window. A call with both stays on this file's kernel, and so do
+  // DeBERTa's disentangled terms.
+  if ((p.relative_bias == nullptr || p.window == 0) && p.c2p == nullptr && p.p2c == nullptr &&
       flash_sm90_takes(head_dim) &&
       is_sm90(device) && !portable_forced()) {
     launch_flash_sm90<T>(p, batch, head_dim, device, stream, batch_invariant);

@@ -36,7 +36,7 @@ struct FlashParams {
   int rows = 0;                         // rows of qkv and out (B·S padded; packed, >= T)
   int heads;
   float scale_log2;  // scale * log2(e)
-  // A relative position bias (AttentionOptions), null when none; only flash.cu's kernel adds one.
+  // A relative position bias (AttentionOptions), null when none.
   const float* relative_bias = nullptr;  // [heads, 2·span − 1]
   int relative_span = 0;                 // >= seq
   float inv_scale = 0.0f;                // 1 / scale: the bias enters in raw score units
@@ -172,6 +172,21 @@ __device__ __forceinline__ void relative_bias_scores(float (&s)[kBlocks][4],
     s[j][1] = __ldg(rel_row[0] + kp.y) * inv_scale;
     s[j][2] = __ldg(rel_row[1] + kp.x) * inv_scale;
     s[j][3] = __ldg(rel_row[1] + kp.y) * inv_scale;
+  }
+}
+
+// relative_bias_scores' bias added to a tile's finished products instead (the Hopper kernels,
+// whose products start from zeros in the tensor cores).
+template <int kBlocks>
+__device__ __forceinline__ void add_relative_bias(float (&s)[kBlocks][4], const float* const (&rel_row)[2],
+                                                  const int* key_pos, int quad_col, float inv_scale) {
+#pragma unroll
+  for (int j = 0; j < kBlocks; ++j) {
+    const int2 kp = *reinterpret_cast<const int2*>(key_pos + 8 * j + quad_col);
+    s[j][0] += __ldg(rel_row[0] + kp.x) * inv_scale;
+    s[j][1] += __ldg(rel_row[0] + kp.y) * inv_scale;
+    s[j][2] += __ldg(rel_row[1] + kp.x) * inv_scale;
+    s[j][3] += __ldg(rel_row[1] + kp.y) * inv_scale;
   }
 }
 

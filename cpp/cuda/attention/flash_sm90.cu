@@ -56,10 +56,30 @@ namespace ftbert::cuda {
 template <typename T>
 void launch_flash_sm90(const FlashParams& p, int batch, int head_dim, int device,
                        cudaStream_t stream, bool batch_invariant) {
-  // These kernels leave the relative position bias and the sliding window out; flash.cu runs
-  // calls that have one.
-  FTBERT_CHECK(p.relative_bias == nullptr, "flash attention (Hopper): no relative position bias");
-  FTBERT_CHECK(p.window == 0, "flash attention (Hopper): no sliding window");
+  // A relative position bias (MPNet) or a sliding window (ModernBERT's local layers), not both
+  // (flash.cu keeps such calls): the one-warpgroup kernel, which adds the bias and masks the
+  // scores outside a row's window from the rows' and keys' positions, and visits only the key
+  // tiles within the block's rows' windows (the persistent kernels take neither). It is also the
+  // batch-invariant one.
+  FTBERT_CHECK(p.relative_bias == nullptr || p.window == 0,
+               "flash attention (Hopper): a relative position bias and a window together");
+  FTBERT_CHECK(head_dim == 64 || head_dim == 128, "flash attention (Hopper): head dim " << head_dim);
+  if (p.relative_bias != nullptr) {
+    if (head_dim == 128) {
+      launch_sm90<T, 128, 1, 64, 2, true, false>(p, batch, device, stream);
+    } else {
+      launch_sm90<T, 64, 1, 128, 3, true, false>(p, batch, device, stream);
+    }
+    return;
+  }
+  if (p.window > 0) {
+    if (head_dim == 128) {
+      launch_sm90<T, 128, 1, 64, 2, false, true>(p, batch, device, stream);
+    } else {
+      launch_sm90<T, 64, 1, 128, 3, false, true>(p, batch, device, stream);
+    }
+    return;
+  }
   const int64_t sms = multiprocessor_count(device);
   const auto items = [&](int rows) {
     return static_cast<int64_t>((p.seq + rows - 1) / rows) * p.heads * batch;

@@ -27,7 +27,7 @@ namespace {
 
 using namespace flash_detail;
 
-template <int D_, int kWarpgroups, int Bc>
+template <int D_, int kWarpgroups, int Bc, bool kPositions = false>
 struct Sm90Tile {
   static constexpr int D = D_;
   static_assert(D % 64 == 0, "whole 64-column panels");
@@ -38,16 +38,22 @@ struct Sm90Tile {
   static constexpr int kQBytes = D / 64 * kQPanel;
   static constexpr int kKVBytes = D / 64 * kKVPanel;
   static constexpr int kStages = 2;  // the schedule alternates two buffers (buf ^ 1)
-  // [align pad] sQ | sK [2] | sV [2] | key bias [2][Bc] fp32 | key range scratch
+  // [align pad] sQ | sK [2] | sV [2] | key bias [2][Bc] fp32 | key positions [2][Bc]
+  // (kPositions) | key range scratch
+  static constexpr int kKeyPosInts = kPositions ? kStages * Bc : 0;
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes +
-                                       kStages * Bc * sizeof(float) + kThreads / 32 * 2 * sizeof(int);
+                                       kStages * Bc * sizeof(float) +
+                                       (kKeyPosInts + kThreads / 32 * 2) * sizeof(int);
 };
 
-template <typename T, int D_, int kWarpgroups, int Bc, int kMinBlocks>
+// kRelBias: add p.relative_bias (MPNet); kWindow: attend within p.window positions (ModernBERT's
+// local layers); both as flash.cu's kernel does, from the positions of the rows and keys.
+template <typename T, int D_, int kWarpgroups, int Bc, int kMinBlocks, bool kRelBias, bool kWindow>
 __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     flash_attention_sm90_kernel(FlashParams p) {
   begin_dependent_kernel();
-  using Tile = Sm90Tile<D_, kWarpgroups, Bc>;
+  constexpr bool kPositions = kRelBias || kWindow;
+  using Tile = Sm90Tile<D_, kWarpgroups, Bc, kPositions>;
   constexpr int D = Tile::D, Br = Tile::Br, kThreads = Tile::kThreads, kStages = Tile::kStages;
   constexpr float kNegInf = -__builtin_huge_valf();
   static_assert(sizeof(T) == 2, "16-bit inputs");
@@ -61,7 +67,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   unsigned char* sK = sQ + Tile::kQBytes;
   unsigned char* sV = sK + kStages * Tile::kKVBytes;
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVBytes);  // [kStages][Bc]
-  int* sRange = reinterpret_cast<int*>(sKeyBias + kStages * Bc);
+  int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);  // [kStages][Bc] (kPositions)
+  int* sRange = sKeyPos + Tile::kKeyPosInts;
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -71,8 +78,31 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   if (q0 >= seq.len) return;  // past this sequence's end (packed batches); uniform per block
   const float scale_log2 = p.scale_log2;
 
+  // kWindow: only the key tiles within the window of some row of the block (flash.cu's
+  // file comment); a score outside its row's window is masked in the registers.
   int t_begin, t_end;
-  seq.template key_tiles<kThreads, Bc>(sRange, t_begin, t_end);
+  if constexpr (kWindow) {
+    seq.template key_tiles<kThreads, Bc, true>(sRange, t_begin, t_end, q0, min(q0 + Br, seq.len) - 1,
+                                               p.window);
+  } else {
+    seq.template key_tiles<kThreads, Bc>(sRange, t_begin, t_end);
+  }
+  // kPositions: the padded positions of this thread's rows g and g + 8 (rows past the sequence
+  // take its last row's, to stay inside the bias table).
+  int q_pos[2] = {0, 0};
+  if constexpr (kPositions) {
+    const int g = q0 + wg * 64 + (warp % 4) * 16 + lane / 4;
+    q_pos[0] = seq.position(min(g, seq.len - 1));
+    q_pos[1] = seq.position(min(g + 8, seq.len - 1));
+  }
+  // kRelBias: this head's bias table at distance 0, shifted by each row's position.
+  const float* rel_row[2] = {nullptr, nullptr};
+  if constexpr (kRelBias) {
+    const float* table = p.relative_bias + (static_cast<int64_t>(blockIdx.y) * (2 * p.relative_span - 1) +
+                                            (p.relative_span - 1));
+    rel_row[0] = table - q_pos[0];
+    rel_row[1] = table - q_pos[1];
+  }
 
   // ---- loads: D / 8 chunks of 16 bytes per row, into the swizzled panels.
   auto q_at = [&](int row, int chunk) { return sQ + panel_offset<Br>(row, chunk); };
@@ -82,6 +112,11 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
     const bool masked = seq.template write_key_bias<Bc, kThreads>(kept, sKeyBias + buf * Bc);
     masked_bits = (masked_bits & ~(1 << buf)) | ((masked ? 1 : 0) << buf);
   };
+  // kPositions: the positions of tile `tile`'s keys into buffer `buf`, published with its key
+  // bias.
+  auto write_key_pos = [&](int tile, int buf) {
+    if constexpr (kPositions) seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
+  };
 
   float o[D / 8][4];
   float row_max[2] = {kNegInf, kNegInf};
@@ -89,6 +124,16 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   const int quad_col = 2 * (lane % 4);
+  // What the tile's scores get after the products: the relative bias (kRelBias, in raw score
+  // units as flash.cu's kernel starts from it), the masked keys' -inf, and (kWindow) -inf outside
+  // a row's window.
+  auto mask_scores = [&](float (&s)[Bc / 8][4], bool tile_masked, int buf) {
+    if constexpr (kRelBias) {
+      add_relative_bias(s, rel_row, sKeyPos + buf * Bc, quad_col, p.inv_scale);
+    }
+    if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
+    if constexpr (kWindow) window_mask_scores(s, q_pos, sKeyPos + buf * Bc, quad_col, p.window);
+  };
   const unsigned char* q_tile = sQ + wg * 64 * 128;  // this warpgroup's 64 rows (first panel)
 
   // Descriptors built once: a descriptor's low bits are the start address in 16-byte units, so
@@ -146,6 +191,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
   if (t_begin < t_end) {
     copy_k(t_begin, 0);
     write_key_bias(kept(t_begin), 0);
+    write_key_pos(t_begin, 0);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -161,11 +207,14 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
       const uint32_t next_kept = copy_next(t_begin, 0);
       wgmma_wait<0>();
       pin(s);
-      if (tile_masked) add_key_bias(s, sKeyBias, quad_col);
+      mask_scores(s, tile_masked, 0);
       softmax_scores(s, row_max, row_sum, scale_log2, alpha);
 #pragma unroll
       for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
-      if (t_begin + 1 < t_end) write_key_bias(next_kept, 1);  // published by the next barrier
+      if (t_begin + 1 < t_end) {  // published by the next barrier
+        write_key_bias(next_kept, 1);
+        write_key_pos(t_begin + 1, 1);
+      }
     }
     int buf = 1;  // the buffers of tile t (K, V, key bias)
     for (int t = t_begin + 1; t < t_end; ++t) {
@@ -179,7 +228,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
       const uint32_t next_kept = copy_next(t, buf);
       wgmma_wait<1>();  // the scores; P·V may still run
       pin(s);
-      if (tile_masked) add_key_bias(s, sKeyBias + buf * Bc, quad_col);
+      mask_scores(s, tile_masked, buf);
       softmax_scores(s, row_max, row_sum, scale_log2, alpha);
       wgmma_wait<0>();  // P·V of tile t - 1: o and a are free
       pin(o);
@@ -187,7 +236,10 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
       rescale_rows(o, alpha);
 #pragma unroll
       for (int kk = 0; kk < Bc / 16; ++kk) weights_fragment<T>(s, kk, a[kk]);
-      if (t + 1 < t_end) write_key_bias(next_kept, buf ^ 1);  // published by the next barrier
+      if (t + 1 < t_end) {  // published by the next barrier
+        write_key_bias(next_kept, buf ^ 1);
+        write_key_pos(t + 1, buf ^ 1);
+      }
       buf ^= 1;
     }
     // P·V of the last tile, once the last iteration's copy of its V has landed everywhere.
@@ -210,11 +262,12 @@ __global__ void __launch_bounds__(kWarpgroups * 128, kMinBlocks)
       q0 + warp_row0, lane);
 }
 
-template <typename T, int D, int kWarpgroups, int Bc, int kMinBlocks>
+template <typename T, int D, int kWarpgroups, int Bc, int kMinBlocks, bool kRelBias = false,
+          bool kWindow = false>
 void launch_sm90(const FlashParams& p, int batch, int device, cudaStream_t stream) {
-  using Tile = Sm90Tile<D, kWarpgroups, Bc>;
+  using Tile = Sm90Tile<D, kWarpgroups, Bc, kRelBias || kWindow>;
   constexpr size_t smem = Tile::kSmemBytes;
-  auto kernel = flash_attention_sm90_kernel<T, D, kWarpgroups, Bc, kMinBlocks>;
+  auto kernel = flash_attention_sm90_kernel<T, D, kWarpgroups, Bc, kMinBlocks, kRelBias, kWindow>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   launch(kernel, flash_grid(p, batch, Tile::Br), Tile::kThreads, smem, stream, p);

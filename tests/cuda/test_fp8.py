@@ -143,7 +143,8 @@ def test_layernorm_writes_its_rows_as_the_next_gemm_reads_them(rng, dtype, rows)
 def test_only_the_gemm_inputs_no_layernorm_writes_are_quantized_apart(tmp_path, rng):
     # BERT's QKV and FFN-in GEMMs read the e4m3 rows their LayerNorm wrote (the embeddings', the
     # attention output's and the last layer's); the attention output and the FFN activation are
-    # quantized by a pass of their own: two such passes a layer.
+    # quantized by a pass of their own (either of its kernels: quantize_rows_e4m3*): two such passes
+    # a layer.
     layers = 3
     make_model(tmp_path, "bert", "cls", hidden=128, heads=2, layers=layers, vocab=VOCAB, num_labels=3,
                seed=6, intermediate=256)

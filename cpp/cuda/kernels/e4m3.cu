@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 // again (never out of bounds) and drops it.
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
-    quantize_held_rows_e4m3_kernel(const T* __restrict__ a, int lda, int rows, int k,
+    quantize_rows_e4m3_held_kernel(const T* __restrict__ a, int lda, int rows, int k,
                                    E4m3Rows out) {
   begin_dependent_kernel();
   constexpr int kVec = 8;
@@ -76,7 +76,7 @@ bool launch_held_rows(const T* a, int lda, int rows, int k, E4m3Rows out, cudaSt
   const int blocks = ceil_div(rows, kRowsPerBlock);
   auto run = [&](auto chunks_c) {
     constexpr int kChunks = decltype(chunks_c)::value;
-    launch(quantize_held_rows_e4m3_kernel<T, kChunks>, blocks, 32 * kRowsPerBlock, 0, stream, a, lda,
+    launch(quantize_rows_e4m3_held_kernel<T, kChunks>, blocks, 32 * kRowsPerBlock, 0, stream, a, lda,
            rows, k, out);
     return true;
   };

@@ -238,8 +238,12 @@ __device__ __forceinline__ void disentangled_term_scores(
     const int2 k_start = *reinterpret_cast<const int2*>(first + Br + key);
     const T* k_window0 = stage + (Br + key) * kCols;
     const T* k_window1 = k_window0 + kCols;
-    const T* k_row0 = k_terms + static_cast<int64_t>(min(k0 + key, len - 1)) * width;
-    const T* k_row1 = k_terms + static_cast<int64_t>(min(k0 + key + 1, len - 1)) * width;
+    const T* k_row0 = nullptr;
+    const T* k_row1 = nullptr;
+    if (k_terms != nullptr) {
+      k_row0 = k_terms + static_cast<int64_t>(min(k0 + key, len - 1)) * width;
+      k_row1 = k_terms + static_cast<int64_t>(min(k0 + key + 1, len - 1)) * width;
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int c0 = __ldg(p.term_column + (q_pos[r] - kp.x)) - p.term_first;

@@ -241,6 +241,10 @@ class CudaBackend : public Backend {
     void operator()(LtShape* shape) const noexcept;  // where LtShape is complete
   };
   LtShape& lt_shape(DType dt, int m, int n, int k, Activation act);
+  LtShape& lt_shape_with(DType dt, int m, int n, int k, cublasLtEpilogue_t epilogue);
+  // g with a bias and no activation as one cuBLASLt GEMM, the bias added to the fp32 accumulators
+  // (CUBLASLT_EPILOGUE_BIAS); false, enqueuing nothing, where cuBLASLt has no such kernel.
+  bool run_bias_gemm(const WeightGemm& g);
   // cuBLASLt's ranked algorithms for `shape` that fit in `workspace` bytes.
   std::vector<cublasLtMatmulHeuristicResult_t> lt_heuristic(LtShape& shape, size_t workspace);
   GemmShapeKey gemm_key(const WeightGemm& g) const;

@@ -99,6 +99,20 @@ def test_weight_gemm_matches_cpu(gpu, cpu, rng, dtype, m, n, k):
     got = gpu.weight_gemm(dtype, a, w, bias=bias, act="gelu")
     magnitude = np.abs(cpu.weight_gemm("float32", a, w)) + np.abs(bias)
     check(got, want, dtype, atol=1.2 * FP32_NOISE * bound + 1e-6, ulps=3, magnitude=magnitude)
+    # A bias alone (DeBERTa's QKV): in cuBLASLt's epilogue in 16 bits, a pass after in float32.
+    want = cpu.weight_gemm("float32", a, w, bias=bias, act="identity")
+    got = gpu.weight_gemm(dtype, a, w, bias=bias, act="identity")
+    check(got, want, dtype, atol=FP32_NOISE * bound + 1e-6, ulps=2, magnitude=magnitude)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_bias_alone_is_added_in_the_gemm(gpu, rng, dtype):
+    # One kernel: no bias pass after the product (DeBERTa-v3-base's QKV shape at 128 rows).
+    a = randn(rng, (128, 768), dtype)
+    w = randn(rng, (768, 2304), dtype, scale=768**-0.5)
+    bias = randn(rng, (2304,), dtype)
+    names = _kernel_names(lambda: gpu.weight_gemm(dtype, a, w, bias=bias, act="identity"))
+    assert names and not any("bias_activation" in n for n in names), names
 
 
 # Hopper runs FFN-in (bias + erf-GELU) as one CUTLASS kernel that applies the bias and GELU to

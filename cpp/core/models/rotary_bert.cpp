@@ -104,11 +104,8 @@ class RotaryBertModel final : public Model {
       // f [M, I] = act(hidden2 · W1 + b1), or act(gate) · up with [gate | up] = hidden2 · W1 + b1
       const void* f = act.inter;
       if (c.gated_mlp) {
-        be.weight_gemm(dt, M, 2 * I, H, act.hidden2, H, l.ffn_in_weight.data(), act.inter, 2 * I);
-        if (gate_bias_[i]) {
-          be.add_bias_activation(dt, act.inter, l.ffn_in_bias.data(), M, 2 * I,
-                                 Activation::kIdentity);
-        }
+        be.weight_gemm(dt, M, 2 * I, H, act.hidden2, H, l.ffn_in_weight.data(), act.inter, 2 * I,
+                       gate_bias_[i] ? l.ffn_in_bias.data() : nullptr, Activation::kIdentity);
         be.gated_activation(dt, act.inter, act.gated, M, I, c.activation);
         f = act.gated;
       } else {

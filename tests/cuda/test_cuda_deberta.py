@@ -1,9 +1,9 @@
 """DeBERTa-v2/v3 on the GPU against transformers' DebertaV2 classes (eager attention, its only one):
 v3's settings with 32 log buckets over 128 relative positions, so that sequences of 97 to 300
 tokens reach the log buckets and the clamped ends; head dims 32, 64 and 128 (the flash kernel's
-configurations with the kTerms template), a batch of many blocks; v3's real 256 buckets, whose term
-tables are wider than the windows the flash kernel stages per key tile (each term type alone too);
-right and left padding and holes inside a sequence (terms outside the windows), padded and packed
+configurations with the kTerms template), a batch big enough for its "wide" tiles and, at head dim
+64, its 128-key tiles; v3's real 256 buckets (term tables a few hundred columns wide), each term
+type alone too; right and left padding and holes inside a sequence, padded and packed
 (padding_free and forward_packed), CUDA graphs on (a batch op by op, then recorded and replayed);
 float32 (the unfused path) within 1e-4 of transformers in float32 on the CPU, float16 and bfloat16
 (flash and unfused) within twice transformers' own error in that dtype + 1e-3; both heads; and the
@@ -128,17 +128,20 @@ def test_half_precision_within_twice_transformers(model, rng, dtype, attention, 
     check_half(model, enc, rng, dtype, batch, seq, style)
 
 
-def many_blocks_batch(heads, seq):
-    """A batch whose grid holds at least two blocks of 128 query rows per multiprocessor."""
+def wide_batch(heads, seq):
+    """The least batch whose grid the flash kernel runs on its wide tiles: at least two blocks of
+    128 query rows per multiprocessor (flash.cu's launch_flash_for_head_dim)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return math.ceil(2 * sms / (math.ceil(seq / 128) * heads))
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("dtype", HALF)
-def test_a_grid_of_many_blocks_adds_the_terms(model, rng, dtype, padding_free):
+def test_the_wide_and_128_key_flash_tiles_add_the_terms(model, rng, dtype, padding_free):
+    # A grid of two blocks per multiprocessor: wide tiles (Br = 128) at head dims 32 and 64, and at
+    # 64 over more than 256 keys the 128-key tiles (head dim 128 has narrow tiles only).
     heads = model.hf.config.num_attention_heads
-    batch = many_blocks_batch(heads, 300)
+    batch = wide_batch(heads, 300)
     enc = ftbert.Encoder.from_pretrained(model.path, device="cuda", dtype=dtype, attention="flash",
                                          padding_free=padding_free)
     assert enc.attention_for(batch, 300) == "flash"
@@ -148,7 +151,7 @@ def test_a_grid_of_many_blocks_adds_the_terms(model, rng, dtype, padding_free):
 @pytest.fixture(scope="module", params=["p2c|c2p", "c2p", "p2c"], ids=lambda t: t.replace("|", "+"))
 def real_buckets(request, tmp_path_factory):
     """v3's 256 buckets over 512 positions: at 300 tokens the term tables are a few hundred columns
-    wide, so each key tile stages windows from inside them (exact up to 128, log buckets beyond)."""
+    wide (exact up to 128, log buckets beyond), each term type alone and both."""
     return made(tmp_path_factory, "deberta-b256-" + request.param.replace("|", "-"), seed=7,
                 buckets=256, max_relative=512, pos_att_type=request.param, **HEAD_DIMS[64])
 
@@ -156,8 +159,7 @@ def real_buckets(request, tmp_path_factory):
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("batch,seq,style", SHAPES)
-def test_flash_stages_windows_of_wide_term_tables(real_buckets, rng, dtype, padding_free, batch, seq,
-                                                  style):
+def test_flash_adds_terms_from_wide_tables(real_buckets, rng, dtype, padding_free, batch, seq, style):
     enc = ftbert.Encoder.from_pretrained(real_buckets.path, device="cuda", dtype=dtype,
                                          attention="flash", padding_free=padding_free)
     assert enc.attention_for(batch, seq) == "flash"

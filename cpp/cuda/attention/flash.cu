@@ -49,14 +49,9 @@
 //
 // DeBERTa's disentangled terms (FlashParams::c2p / p2c, from run_attention's two batched GEMMs)
 // are a third template bool (kTerms) on the same positions: a score tile starts from
-// c2p[query row][col] + p2c[key row][col], col = column[q_pos − k_pos] − first, so no
-// [B, heads, S, S] tensor is ever written. The tables themselves are [heads, rows, width]
-// (width ≤ 2·span, a multiple of 8; the columns the batch's distances reach). Read score by score
-// from L2 those gathers are most of the kernel's time, so each key tile stages, with its K and V
-// copies, the columns it needs (TermWindows): for each query row of the block, the c2p columns the
-// tile's keys reach from it, and for each key, the p2c columns the block's queries reach. With a
-// sequence's positions consecutive (masks without holes) a row's columns lie inside its window; a
-// column outside it (holes, or buckets growing faster than the distance) is read from the table.
+// c2p[query row][col] + p2c[key row][col], col = column[q_pos − k_pos] − first, read from the
+// tables in L2 as the relative bias is, so no [B, heads, S, S] tensor is ever written. The tables
+// themselves are [heads, rows, width] (width ≤ 2·span; the columns the batch's distances reach).
 //
 // A sliding window (ModernBERT's local layers; AttentionOptions::window = W, 0 < W < S) is another
 // template bool (kWindow), with the same positions: key j attends query i only where
@@ -83,7 +78,7 @@
 // least two blocks per SM, else "narrow" (Br = 64, half the work per block for small grids);
 // Bc = 64, or 128 for d = 64 wide over more than 256 keys (fewer row-max shuffles, rescales and
 // barriers per key; Q is then re-read from shared memory, since holding it would spill); d = 128
-// narrow only; DeBERTa's terms 64 x 64 at every shape (their windows take the room). Above 48 KiB of shared memory needs the opt-in (cudaFuncSetAttribute).
+// narrow only. Above 48 KiB of shared memory needs the opt-in (cudaFuncSetAttribute).
 // Measurements, register and shared-memory budgets, and what was tried: docs/performance.md,
 // "Kernel choices".
 #include "cuda/attention/flash.h"
@@ -147,116 +142,42 @@ struct FlashTile {
   static constexpr int kQElems = Br * kStride;
   static constexpr int kKVElems = Bc * kStride;
   // sQ [Br][kStride] | sK [kStages][Bc][kStride] | sV [kStages][Bc][kStride] |
-  // key bias [kStages][Bc] fp32 | with a relative bias, a window or the terms: key positions
-  // [kStages][Bc] int32 | with the terms: TermWindows' [kStages][Br + Bc] windows and their first
-  // columns
-  static constexpr size_t smem_bytes(size_t elem, bool key_positions, bool terms = false) {
+  // key bias [kStages][Bc] fp32 | with a relative bias or a window: key positions [kStages][Bc]
+  // int32
+  static constexpr size_t smem_bytes(size_t elem, bool key_positions) {
     return (kQElems + 2 * kStages * kKVElems) * elem + kStages * Bc * sizeof(float) +
-           (key_positions ? kStages * Bc * sizeof(int32_t) : 0) +
-           (terms ? kStages * (Br + Bc) * ((Bc + 8) * elem + sizeof(int32_t)) : 0);
+           (key_positions ? kStages * Bc * sizeof(int32_t) : 0);
   }
 };
 
-// DeBERTa's terms staged per key tile (see the file comment). Rows 0..Br-1 of a stage are the
-// block's query rows' c2p windows, rows Br..Br+Bc-1 the tile's keys' p2c windows; each window is
-// kCols columns of its table row from first[row], a multiple of 8 (16-byte copies).
-template <typename T, int Br, int Bc>
-struct TermWindows {
-  static constexpr int kRows = Br + Bc;
-  // With consecutive positions a row meets Bc distances, so at most Bc consecutive columns
-  // (DeBERTa's buckets grow no faster than the distance); 8 more for the 16-byte alignment.
-  static constexpr int kCols = Bc + 8;
-  T* windows;  // [kStages][kRows][kCols]
-  int* first;  // [kStages][kRows]
-
-  // The window's first column for a row whose lowest column is `lowest`: at most `lowest`,
-  // 16-byte aligned, and ending inside the row where the row is wide enough.
-  __device__ __forceinline__ static int window_start(int lowest, int width) {
-    return max(0, min(lowest & ~7, width - kCols));
-  }
-
-  // Stage buffer `buf`'s windows for the key tile k0 of sequence `seq` (its query block q0..;
-  // q_first_pos is q0's position); c2p/p2c: this head's tables at the sequence's row 0 (null:
-  // none). Copies join the caller's cp.async group; `first` is visible after the next barrier.
-  template <int kThreads, typename Rows>
-  __device__ __forceinline__ void load(const Rows& seq, const FlashParams& p, const T* c2p,
-                                       const T* p2c, int q0, int q_first_pos, int k0,
-                                       int buf) const {
-    static_assert(Br == Bc, "one window width serves both tables");
-    const int key_last_pos = seq.position(min(k0 + Bc - 1, seq.len - 1));
-    for (int row = threadIdx.x; row < kRows; row += kThreads) {
-      const bool query = row < Br;
-      const T* table = query ? c2p : p2c;
-      if (table == nullptr) continue;
-      const int s = min(query ? q0 + row : k0 + row - Br, seq.len - 1);
-      const int pos = seq.position(s);
-      // The row's smallest distance: to the tile's last key, or from the block's first query.
-      const int lowest = query ? pos - key_last_pos : q_first_pos - pos;
-      const int start = window_start(__ldg(p.term_column + lowest) - p.term_first, p.term_width);
-      first[buf * kRows + row] = start;
-      const T* src = table + static_cast<int64_t>(s) * p.term_width + start;
-      T* dst = windows + (static_cast<int64_t>(buf) * kRows + row) * kCols;
-#pragma unroll
-      for (int c = 0; c < kCols; c += 8) {
-        const bool inside = start + c < p.term_width;  // narrow tables: zeros, never read
-        cp_async_16(dst + c, inside ? src + c : src, inside);
-      }
-    }
-  }
-};
-
-// A term at column `col` of a staged row (window `w` from column `start`), or of the table row
-// `row` where the window does not hold it.
-template <typename T, int kCols>
-__device__ __forceinline__ float staged_term(const T* w, int start, const T* row, int col) {
-  const unsigned offset = static_cast<unsigned>(col - start);
-  return static_cast<float>(offset < static_cast<unsigned>(kCols) ? w[offset] : row[col]);
-}
-
-// DeBERTa's terms of a 16-row score tile, in raw score units: this thread's query rows r (block
-// rows lr[r], their c2p table rows q_terms[r], positions q_pos[r]) against the tile's keys
-// k0 + 8j + quad_col (+1): their positions from key_pos, their p2c rows from k_terms (this head's
-// table at the sequence's row 0; keys past the sequence read its last row, their scores are
-// masked anyway). Each term comes from the stage's windows (`terms`, buffer `buf`) where they
-// hold it.
-template <typename T, int Br, int Bc, int kBlocks>
-__device__ __forceinline__ void disentangled_term_scores(
-    float (&s)[kBlocks][4], const TermWindows<T, Br, Bc>& terms, int buf, const int (&lr)[2],
-    const T* const (&q_terms)[2], const T* k_terms, const int (&q_pos)[2], const int* key_pos,
-    int k0, int len, int quad_col, const FlashParams& p) {
-  using W = TermWindows<T, Br, Bc>;
-  constexpr int kCols = W::kCols;
+// DeBERTa's terms of a 16-row score tile, in raw score units: this thread's query rows r (their
+// c2p rows q_terms[r], positions q_pos[r]) against the tile's keys k0 + 8j + quad_col (+1): their
+// positions from key_pos, their p2c rows from k_terms (this head's table at the sequence's row 0;
+// keys past the sequence read its last row, their scores are masked anyway).
+template <typename T, int kBlocks>
+__device__ __forceinline__ void disentangled_term_scores(float (&s)[kBlocks][4],
+                                                         const T* const (&q_terms)[2],
+                                                         const T* k_terms, const int (&q_pos)[2],
+                                                         const int* key_pos, int k0, int len,
+                                                         int quad_col, const FlashParams& p) {
   const int width = p.term_width;
-  const T* stage = terms.windows + static_cast<int64_t>(buf) * W::kRows * kCols;
-  const int* first = terms.first + buf * W::kRows;
-  const T* q_window[2] = {stage + lr[0] * kCols, stage + lr[1] * kCols};
-  const int q_start[2] = {q_terms[0] != nullptr ? first[lr[0]] : 0,
-                          q_terms[1] != nullptr ? first[lr[1]] : 0};
 #pragma unroll
   for (int j = 0; j < kBlocks; ++j) {
-    const int key = 8 * j + quad_col;
-    const int2 kp = *reinterpret_cast<const int2*>(key_pos + key);
-    const int2 k_start = *reinterpret_cast<const int2*>(first + Br + key);
-    const T* k_window0 = stage + (Br + key) * kCols;
-    const T* k_window1 = k_window0 + kCols;
-    const T* k_row0 = nullptr;
-    const T* k_row1 = nullptr;
-    if (k_terms != nullptr) {
-      k_row0 = k_terms + static_cast<int64_t>(min(k0 + key, len - 1)) * width;
-      k_row1 = k_terms + static_cast<int64_t>(min(k0 + key + 1, len - 1)) * width;
-    }
+    const int2 kp = *reinterpret_cast<const int2*>(key_pos + 8 * j + quad_col);
+    const int key0 = min(k0 + 8 * j + quad_col, len - 1);
+    const int key1 = min(k0 + 8 * j + quad_col + 1, len - 1);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int c0 = __ldg(p.term_column + (q_pos[r] - kp.x)) - p.term_first;
       const int c1 = __ldg(p.term_column + (q_pos[r] - kp.y)) - p.term_first;
       float a0 = 0.0f, a1 = 0.0f;
       if (q_terms[r] != nullptr) {
-        a0 += staged_term<T, kCols>(q_window[r], q_start[r], q_terms[r], c0);
-        a1 += staged_term<T, kCols>(q_window[r], q_start[r], q_terms[r], c1);
+        a0 += static_cast<float>(q_terms[r][c0]);
+        a1 += static_cast<float>(q_terms[r][c1]);
       }
       if (k_terms != nullptr) {
-        a0 += staged_term<T, kCols>(k_window0, k_start.x, k_row0, c0);
-        a1 += staged_term<T, kCols>(k_window1, k_start.y, k_row1, c1);
+        a0 += static_cast<float>(k_terms[static_cast<int64_t>(key0) * width + c0]);
+        a1 += static_cast<float>(k_terms[static_cast<int64_t>(key1) * width + c1]);
       }
       s[j][2 * r] = a0;
       s[j][2 * r + 1] = a1;
@@ -287,13 +208,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
   // [kStages][Bc]: the keys' padded positions (kPositions only)
   int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);
-  // kTerms: the stages' windows of the term tables, then their first columns
-  using Terms = TermWindows<T, Br, Bc>;
-  Terms terms{};
-  if constexpr (kTerms) {
-    terms.windows = reinterpret_cast<T*>(sKeyPos + kStages * Bc);
-    terms.first = reinterpret_cast<int*>(terms.windows + kStages * Terms::kRows * Terms::kCols);
-  }
   __shared__ int sRange[kWarps][2];
 
   const int tid = threadIdx.x;
@@ -312,18 +226,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     seq.template key_tiles<kThreads, Bc>(&sRange[0][0], t_begin, t_end);
   }
 
-  // kTerms: this head's c2p and p2c tables at the sequence's row 0 (null: the model has none),
-  // and the block's first query position.
-  const T* c2p_head = nullptr;
-  const T* p2c_head = nullptr;
-  int q_first_pos = 0;
-  if constexpr (kTerms) {
-    const int64_t head = static_cast<int64_t>(blockIdx.y) * p.term_rows + seq.row0;
-    if (p.c2p != nullptr) c2p_head = static_cast<const T*>(p.c2p) + head * p.term_width;
-    if (p.p2c != nullptr) p2c_head = static_cast<const T*>(p.p2c) + head * p.term_width;
-    q_first_pos = seq.position(q0);
-  }
-
   // ---- loads ---------------------------------------------------------------------------------
   auto q_at = [&](int row, int chunk) { return sQ + row * kStride + chunk * 8; };
   // Loads key tile `tile` into buffer `buf`; returns whether this thread wrote a masked key.
@@ -336,9 +238,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     // Visible to every warp at the same barrier as the key bias.
     if constexpr (kPositions) {
       seq.template key_positions<Bc, kThreads>(tile * Bc, sKeyPos + buf * Bc);
-    }
-    if constexpr (kTerms) {
-      terms.template load<kThreads>(seq, p, c2p_head, p2c_head, q0, q_first_pos, tile * Bc, buf);
     }
     return masked;
   };
@@ -420,19 +319,23 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
   }
 
-  // kTerms: this thread's query rows in the block, and their c2p rows.
-  int term_rows[kTerms ? kM : 1][2] = {};
+  // kTerms: this head's c2p rows of this thread's query rows, and its p2c table at the
+  // sequence's row 0.
   const T* q_terms[kTerms ? kM : 1][2] = {};
+  const T* k_terms = nullptr;
   if constexpr (kTerms) {
+    const int64_t head = static_cast<int64_t>(blockIdx.y) * p.term_rows + seq.row0;
+    if (p.c2p != nullptr) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        term_rows[m][r] = warp_row0 + 16 * m + lane / 4 + 8 * r;
-        const int q = min(q0 + term_rows[m][r], seq.len - 1);
-        if (c2p_head != nullptr) q_terms[m][r] = c2p_head + static_cast<int64_t>(q) * p.term_width;
+        for (int r = 0; r < 2; ++r) {
+          const int q = min(q0 + warp_row0 + 16 * m + lane / 4 + 8 * r, seq.len - 1);
+          q_terms[m][r] = static_cast<const T*>(p.c2p) + (head + q) * p.term_width;
+        }
       }
     }
+    if (p.p2c != nullptr) k_terms = static_cast<const T*>(p.p2c) + head * p.term_width;
   }
 
   // Scores of one key tile: s[m][j] is key block j (keys 8j..8j+7) of m-tile m, C layout.
@@ -447,8 +350,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     if constexpr (kTerms) {
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        disentangled_term_scores(s[m], terms, buf, term_rows[m], q_terms[m], p2c_head, q_pos[m],
-                                 sKeyPos + buf * Bc, k0, seq.len, quad_col, p);
+        disentangled_term_scores<T>(s[m], q_terms[m], k_terms, q_pos[m], sKeyPos + buf * Bc, k0,
+                                    seq.len, quad_col, p);
       }
     } else if constexpr (kRelBias) {
       // This head's table at distance 0, then shifted by each of this thread's query positions.
@@ -611,7 +514,7 @@ struct FlashConfig {
 template <typename T, typename C, bool kRelBias, bool kWindow, bool kTerms = false>
 void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
-  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias || kWindow || kTerms, kTerms);
+  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias || kWindow || kTerms);
   auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
                                        C::kStages, C::kQRegs, kRelBias, kWindow, kTerms>;
   static std::atomic<uint64_t> raised_on{0};
@@ -625,10 +528,8 @@ void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream
 template <typename T, typename C, typename CWindow = C>
 void launch_flash(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   const bool bias = p.relative_bias != nullptr;
-  if (p.c2p != nullptr || p.p2c != nullptr) {
-    // DeBERTa (no bias table, no window): 64 x 64 tiles, whose term windows fit beside them.
-    using CTerms = FlashConfig<C::D, 64, 64, 4, C::D == 128 ? 1 : 2, 2, true>;
-    launch_flash_kernel<T, CTerms, false, false, true>(p, batch, device, stream);
+  if (p.c2p != nullptr || p.p2c != nullptr) {  // DeBERTa: no bias table, no window
+    launch_flash_kernel<T, C, false, false, true>(p, batch, device, stream);
   } else if (p.window > 0) {
     if (bias) {
       launch_flash_kernel<T, CWindow, true, true>(p, batch, device, stream);

@@ -46,7 +46,10 @@ struct AttentionTile {
   const int32_t* query_pos = nullptr;  // [n_queries]
   const int32_t* key_pos = nullptr;    // [n_keys]
   // bfloat16 rows (their bits) in place of q, k, v and out, where q16 is set: read widened
-  // (exactly) as the tile gathers them, each output row rounded once. The sums stay float32.
+  // (exactly) as the tile gathers them, each output row rounded once, the sums float32. With
+  // AVX512-BF16 and head dims a multiple of 16 (no bias table, window or terms) the two products
+  // run on bfloat16 pairs instead: the biased, scaled query and the probabilities are rounded to
+  // bfloat16 first (kernels_impl.h, attention_bf16_dots).
   const uint16_t* q16 = nullptr;
   const uint16_t* k16 = nullptr;
   const uint16_t* v16 = nullptr;

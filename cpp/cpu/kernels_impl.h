@@ -565,7 +565,208 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
   }
 }
 
+#if defined(__AVX512BF16__)
+// ---- attention's two products on vdpbf16ps (bfloat16 rows) -------------------------------------
+// For bfloat16 rows without a relative bias, a window or DeBERTa's terms, head dims a multiple of
+// 16. Both products take their operands as bfloat16 pairs, twice the multiply-adds of a float32
+// FMA per instruction:
+//   - Q + its bias, scaled, is rounded to bfloat16 once per call; K and V are the rows as they
+//     are: a key bias adds q · b_k to every score of a query row, which the softmax cancels, and
+//     the value bias adds b_v to a row of weights summing to 1, so it is added to the output.
+//   - K is transposed per key block into pairs of the head dim by key ([d/2][kKeyBlock] 32-bit:
+//     the pair (k[2c], k[2c + 1]) of key j at c·kKeyBlock + j), so a vector holds 16 keys; V into
+//     pairs of keys by column ([nk/2][d]: (v[2p][c], v[2p + 1][c])), so a vector holds 16 columns.
+//   - The probabilities are rounded to bfloat16 for P · V, as torch's bfloat16 attention has
+//     them; the scores, the online softmax and the sums stay float32.
+inline __m512 as_m512(vf x) {
+  __m512 m;
+  __builtin_memcpy(&m, &x, sizeof m);
+  return m;
+}
+inline vf as_vf(__m512 m) {
+  vf x;
+  __builtin_memcpy(&x, &m, sizeof x);
+  return x;
+}
+
+// s[i, :nkp] = q[i] · kᵀ for i < nq4 (4 queries x 2 vectors of keys per step); q [nq4][d/2] and
+// kp [d/2][kKeyBlock] as bfloat16 pairs.
+inline void scores_tile_bf16(const uint32_t* __restrict q, const uint32_t* __restrict kp,
+                             float* __restrict s, int nq4, int nkp, int half_d) {
+  for (int i0 = 0; i0 < nq4; i0 += 4) {
+    const uint32_t* qi = q + i0 * half_d;
+    for (int j0 = 0; j0 < nkp; j0 += 2 * W) {
+      __m512 a[4][2];
+      for (int r = 0; r < 4; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+      for (int c = 0; c < half_d; ++c) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kp + c * kKeyBlock + j0);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kp + c * kKeyBlock + j0 + W);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const __m512bh qr = (__m512bh)_mm512_set1_epi32(static_cast<int>(qi[r * half_d + c]));
+          a[r][0] = _mm512_dpbf16_ps(a[r][0], qr, k0);
+          a[r][1] = _mm512_dpbf16_ps(a[r][1], qr, k1);
+        }
+      }
+      for (int r = 0; r < 4; ++r) {
+        _mm512_storeu_ps(s + (i0 + r) * kKeyBlock + j0, a[r][0]);
+        _mm512_storeu_ps(s + (i0 + r) * kKeyBlock + j0 + W, a[r][1]);
+      }
+    }
+  }
+}
+
+// acc[i, :d] += p[i, :2·pairs] · v for i < nq4 (4 queries x 2 vectors of columns per step); p's
+// rows bfloat16 (kKeyBlock·2 apart in elements), vp [pairs][d] as bfloat16 pairs of keys.
+inline void values_tile_bf16(const uint16_t* __restrict p, const uint32_t* __restrict vp,
+                             float* __restrict acc, int nq4, int pairs, int d, int dp) {
+  for (int i0 = 0; i0 < nq4; i0 += 4) {
+    for (int c0 = 0; c0 < d; c0 += 2 * W) {
+      const bool two = c0 + W < d;  // d is a multiple of 16: one or two vectors here
+      float* ai = acc + i0 * dp + c0;
+      __m512 a[4][2];
+      for (int r = 0; r < 4; ++r) {
+        a[r][0] = _mm512_loadu_ps(ai + r * dp);
+        a[r][1] = two ? _mm512_loadu_ps(ai + r * dp + W) : _mm512_setzero_ps();
+      }
+      for (int j = 0; j < pairs; ++j) {
+        const __m512bh v0 = (__m512bh)_mm512_loadu_si512(vp + j * d + c0);
+        const __m512bh v1 = two ? (__m512bh)_mm512_loadu_si512(vp + j * d + c0 + W) : v0;
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          uint32_t w;
+          __builtin_memcpy(&w, p + (i0 + r) * 2 * kKeyBlock + 2 * j, sizeof w);
+          const __m512bh pr = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+          a[r][0] = _mm512_dpbf16_ps(a[r][0], pr, v0);
+          if (two) a[r][1] = _mm512_dpbf16_ps(a[r][1], pr, v1);
+        }
+      }
+      for (int r = 0; r < 4; ++r) {
+        _mm512_storeu_ps(ai + r * dp, a[r][0]);
+        if (two) _mm512_storeu_ps(ai + r * dp + W, a[r][1]);
+      }
+    }
+  }
+}
+
+bool attention_bf16_dots_takes(const AttentionTile& t) {
+  return t.q16 != nullptr && t.relative_bias == nullptr && t.window == 0 && t.c2p == nullptr &&
+         t.p2c == nullptr && t.head_dim % W == 0 && t.head_dim <= kPadD * 8;
+}
+
+// The tile as attention_rows<uint16_t> runs it, its two products on vdpbf16ps (see above).
+void attention_bf16_dots(const AttentionTile& t, float* scratch) {
+  const int d = t.head_dim, half_d = d / 2, dp = round_up(d, kPadD), nq = t.n_queries,
+            nq4 = round_up(nq, 4);
+  const int64_t ld = t.ld;
+  // The float32 layout's regions (attention_scratch_floats), each holding no more here.
+  auto* kp = reinterpret_cast<uint32_t*>(scratch);                       // [d/2, kKeyBlock]
+  auto* vp = reinterpret_cast<uint32_t*>(scratch + d * kKeyBlock);       // [kKeyBlock/2, d]
+  auto* q = reinterpret_cast<uint32_t*>(scratch + d * kKeyBlock + kKeyBlock * dp);  // [kChunk, d/2]
+  float* s = scratch + d * kKeyBlock + kKeyBlock * dp + kChunk * d;      // [kQB, kKeyBlock]
+  float* acc = s + kQB * kKeyBlock;                                      // [kChunk, dp]
+  float* mrow = acc + kChunk * dp;
+  float* lrow = mrow + kChunk;
+
+  {
+    float row[kPadD * 8];  // head dims up to 256
+    for (int i = 0; i < nq4; ++i) {
+      uint16_t* qi = reinterpret_cast<uint16_t*>(q + i * half_d);
+      if (i < nq) {
+        biased_row(t.q16 + static_cast<int64_t>(t.query_rows[i]) * ld, t.q_bias, t.scale, row, d);
+        for (int c = 0; c < d; c += W) store_h(qi + c, narrow(load(row + c)));
+      } else {
+        for (int c = 0; c < d; ++c) qi[c] = 0;
+      }
+      for (int c = 0; c < dp; ++c) acc[i * dp + c] = 0.0f;
+      mrow[i] = -kInf;
+      lrow[i] = 0.0f;
+    }
+  }
+  // Two keys' rows of 16 columns, interleaved: [a0, b0, a1, b1, ...].
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                              17, 1, 16, 0);
+  for (int kb = 0; kb < t.n_keys; kb += kKeyBlock) {
+    const int nk = imin(kKeyBlock, t.n_keys - kb), nkp = round_up(nk, 2 * W), pairs = (nk + 1) / 2;
+    for (int j = 0; j < nkp; ++j) {
+      if (j < nk) {
+        const uint16_t* kr = t.k16 + static_cast<int64_t>(t.key_rows[kb + j]) * ld;
+        for (int c = 0; c < half_d; ++c) __builtin_memcpy(kp + c * kKeyBlock + j, kr + 2 * c, 4);
+      } else {
+        for (int c = 0; c < half_d; ++c) kp[c * kKeyBlock + j] = 0;
+      }
+    }
+    for (int j = 0; j < pairs; ++j) {
+      const uint16_t* va = t.v16 + static_cast<int64_t>(t.key_rows[kb + 2 * j]) * ld;
+      const bool has_b = 2 * j + 1 < nk;  // past the block's end: a zero row
+      const uint16_t* vb =
+          has_b ? t.v16 + static_cast<int64_t>(t.key_rows[kb + 2 * j + 1]) * ld : nullptr;
+      for (int c = 0; c < d; c += W) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + c));
+        const __m256i b = has_b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + c))
+                                : _mm256_setzero_si256();
+        const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        _mm512_storeu_si512(vp + j * d + c, _mm512_permutexvar_epi16(interleave, ab));
+      }
+    }
+    for (int q0 = 0; q0 < nq4; q0 += kQB) {
+      const int rows = imin(kQB, nq4 - q0);
+      scores_tile_bf16(q + q0 * half_d, kp, s, rows, nkp, half_d);
+      // The online softmax as attention_rows', then each row's probabilities rounded to bfloat16
+      // in place (its first half: a row's 16 values are read before their 16 halves are written).
+      for (int i = 0; i < rows; ++i) {
+        float* si = s + i * kKeyBlock;
+        vf mx = splat(-kInf);
+        for (int j = 0; j < nkp; j += W) {
+          const int r = imin(W, nk - j);
+          mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
+        }
+        float& m = mrow[q0 + i];
+        const float m_new = m > hmax(mx) ? m : hmax(mx);
+        uint16_t* pi = reinterpret_cast<uint16_t*>(si);
+        const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
+        vf sum = {};
+        for (int j = 0; j < nkp; j += W) {
+          const int r = imin(W, nk - j);
+          vf p = vexp(load(si + j) - m_new);
+          if (r < W) {
+            for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
+          }
+          sum += p;
+          store_h(pi + j, narrow(p));
+        }
+        lrow[q0 + i] = lrow[q0 + i] * alpha + hsum(sum);
+        m = m_new;
+        if (alpha != 1.0f) {
+          float* ai = acc + (q0 + i) * dp;
+          for (int c = 0; c < dp; c += W) store(ai + c, load(ai + c) * alpha);
+        }
+      }
+      values_tile_bf16(reinterpret_cast<const uint16_t*>(s), vp, acc + q0 * dp, rows, pairs, d, dp);
+    }
+  }
+  for (int i = 0; i < nq; ++i) {
+    uint16_t* o = t.out16 + static_cast<int64_t>(t.query_rows[i]) * t.ldo;
+    // No keys at all: zeros (and no value bias), as the unfused path's all-masked softmax gives.
+    const bool any = lrow[i] > 0.0f;
+    const float inv = any ? 1.0f / lrow[i] : 0.0f;
+    float* ai = acc + i * dp;
+    for (int c = 0; c < d; c += W) {
+      store(ai + c, any ? load(ai + c) * inv + load(t.v_bias + c) : splat(0.0f));
+    }
+    store_out_row(ai, o, d);
+  }
+}
+#endif
+
 void attention(const AttentionTile& t, float* scratch) {
+#if defined(__AVX512BF16__)
+  if (attention_bf16_dots_takes(t)) {
+    attention_bf16_dots(t, scratch);
+    return;
+  }
+#endif
   if (t.q16 != nullptr) {
     attention_rows<uint16_t>(t, t.q16, t.k16, t.v16, t.out16, scratch);
   } else {

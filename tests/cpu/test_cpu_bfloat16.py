@@ -2,7 +2,9 @@
 the same bfloat16-rounded inputs, on random inputs and odd sizes. The ops compute in float32 and
 round their result once, so each may differ from the reference by half a bfloat16 ulp (2^-9
 relative, 2^-8 with margin) plus float32's own rounding; the weight GEMMs' products are exact
-(bfloat16 x bfloat16 fits a float32) and accumulate in float32."""
+(bfloat16 x bfloat16 fits a float32) and accumulate in float32. The fused attention at head dims
+a multiple of 16 runs its two products on bfloat16 pairs (its query and its probabilities rounded
+to bfloat16 first): dots_bound says by how much more it may differ."""
 
 import math
 
@@ -164,18 +166,59 @@ def test_add_qkv_bias_transpose_and_transpose_heads(cpu, rng, batch, seq, heads,
     assert np.array_equal(cpu.transpose_heads(BF, q), full[0].transpose(0, 2, 1, 3).reshape(batch, seq, H))
 
 
+def dots_bound(qkv, bias, mask, heads, scale):
+    """[B, S, H]: how far the attention on bfloat16 pairs may be from the float64 one beyond the
+    final rounding. Its query (biased, scaled) is rounded to bfloat16, so a score moves by at most
+    ds = 2^-9 · scale · Σ_c |q_c| |k_c| (the key bias, which the softmax cancels, is left out), and
+    each weight by a factor of at most e^(2 max ds); then each weight is rounded by 2^-9 of it. The
+    output moves by at most (2^-9 + e^(2 max ds) - 1) · Σ_j p_j |v_j|; twice that, with margin."""
+    B, S, H3 = qkv.shape
+    d = H3 // 3 // heads
+    x = qkv.astype(np.float64).reshape(B, S, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    q = x[0] + bias.astype(np.float64).reshape(3, heads, d)[0][None, :, None, :]
+    ds = 2.0**-9 * scale * np.einsum("bhqd,bhkd->bhqk", np.abs(q), np.abs(x[1]))
+    ds = np.where(mask[:, None, None, :] == 1, ds, 0.0).max(-1)  # [B, heads, S]
+    # Σ_j p_j |v_j|: the attention of |v| with no value bias (the kernel adds it afterwards).
+    abs_v = qkv.astype(np.float64).reshape(B, S, 3, heads * d).copy()
+    abs_v[:, :, 2] = np.abs(abs_v[:, :, 2])
+    no_v_bias = bias.astype(np.float64).reshape(3, heads * d).copy()
+    no_v_bias[2] = 0.0
+    weighted = attention64(abs_v.reshape(B, S, H3), no_v_bias.reshape(-1), mask, heads, scale)
+    factor = 2.0**-9 + np.expm1(2.0 * ds)  # [B, heads, S]
+    return 2.0 * np.repeat(factor.transpose(0, 2, 1), d, axis=-1) * weighted
+
+
 @pytest.mark.parametrize("batch,seq,heads,d", [(1, 1, 1, 1), (2, 7, 3, 5), (3, 97, 2, 48),
-                                               (2, 300, 2, 64)])
+                                               (2, 300, 2, 64), (2, 33, 3, 16)])
 @pytest.mark.parametrize("packed", [False, True])
 def test_flash_attention_matches_float64_reference(cpu, rng, batch, seq, heads, d, packed):
     qkv = bf16(rng.standard_normal((batch, seq, 3 * heads * d)))
     bias = bf16(rng.standard_normal(3 * heads * d))
     mask = ragged_mask(rng, batch, seq, left=not packed)
-    ref = attention64(qkv, bias, mask, heads, 1.0 / math.sqrt(d))
-    got = cpu.flash_attention(BF, qkv, bias, mask, heads, 1.0 / math.sqrt(d), packed=packed)
+    scale = 1.0 / math.sqrt(d)
+    ref = attention64(qkv, bias, mask, heads, scale)
+    got = cpu.flash_attention(BF, qkv, bias, mask, heads, scale, packed=packed)
+    # Head dims a multiple of 16: the products on bfloat16 pairs; others in float32, rounded once.
+    bound = dots_bound(qkv, bias, mask, heads, scale) if d % 16 == 0 else np.zeros_like(ref)
     if packed:
-        ref = ref[mask == 1]
-    assert_rounded_once(got, ref, 2e-5)
+        ref, bound = ref[mask == 1], bound[mask == 1]
+    assert_rounded_once(got, ref, 2e-5 + bound)
+
+
+def test_the_bfloat16_products_stay_within_their_bound_and_no_further(cpu, rng):
+    # The bound is not slack: the products on bfloat16 pairs do move the result past what float32
+    # products rounded once would give, by a good part of it.
+    batch, seq, heads, d = 2, 130, 2, 32
+    qkv = bf16(rng.standard_normal((batch, seq, 3 * heads * d)))
+    bias = bf16(rng.standard_normal(3 * heads * d))
+    mask = np.ones((batch, seq), np.int32)
+    scale = 1.0 / math.sqrt(d)
+    ref = attention64(qkv, bias, mask, heads, scale)
+    got = cpu.flash_attention(BF, qkv, bias, mask, heads, scale, packed=False).astype(np.float64)
+    beyond = np.abs(got - ref) - HALF_ULP * np.abs(ref)
+    bound = dots_bound(qkv, bias, mask, heads, scale)
+    assert (beyond <= 2e-5 + bound).all()
+    assert beyond.max() > 2e-5  # the rounded-once bound alone would not hold
 
 
 @pytest.mark.parametrize("act", ["tanh", "identity"])

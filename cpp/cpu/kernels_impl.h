@@ -726,17 +726,18 @@ void attention_bf16_dots(const AttentionTile& t, float* scratch) {
         const float m_new = m > hmax(mx) ? m : hmax(mx);
         uint16_t* pi = reinterpret_cast<uint16_t*>(si);
         const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
-        vf sum = {};
+        __m512 sum = _mm512_setzero_ps();
         for (int j = 0; j < nkp; j += W) {
           const int r = imin(W, nk - j);
-          vf p = vexp(load(si + j) - m_new);
-          if (r < W) {
-            for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
-          }
-          sum += p;
-          store_h(pi + j, narrow(p));
+          // Keys past the block's end weigh 0.
+          const __mmask16 keys = r >= W ? __mmask16(0xFFFF) : __mmask16((1u << (r > 0 ? r : 0)) - 1);
+          const __m512 p = _mm512_maskz_mov_ps(keys, as_m512(vexp(load(si + j) - m_new)));
+          sum = _mm512_add_ps(sum, p);
+          // Rounded to nearest even (a probability is never NaN, and one below 2^-126, which
+          // this flushes to 0, weighs nothing next to the row's largest, 1).
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pi + j), (__m256i)_mm512_cvtneps_pbh(p));
         }
-        lrow[q0 + i] = lrow[q0 + i] * alpha + hsum(sum);
+        lrow[q0 + i] = lrow[q0 + i] * alpha + _mm512_reduce_add_ps(sum);
         m = m_new;
         if (alpha != 1.0f) {
           float* ai = acc + (q0 + i) * dp;

@@ -417,6 +417,16 @@ inline void store_out_row(const float* x, float* o, int d) {
 }
 inline void store_out_row(const float* x, uint16_t* o, int d) { narrow_bf16(x, o, d); }
 
+// The largest of a score row's first nk values (nkp stored, a multiple of W; -inf if nk <= 0).
+inline float row_max(const float* si, int nk, int nkp) {
+  vf mx = splat(-kInf);
+  for (int j = 0; j < nkp; j += W) {
+    const int r = imin(W, nk - j);
+    mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
+  }
+  return hmax(mx);
+}
+
 // The tile over rows of T (float, or bfloat16 bits): q, k, v and out are the tile's pointers of
 // that type.
 template <typename T>
@@ -521,13 +531,9 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
       // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
       for (int i = 0; i < rows; ++i) {
         float* si = s + i * kKeyBlock;
-        vf mx = splat(-kInf);
-        for (int j = 0; j < nkp; j += W) {
-          const int r = imin(W, nk - j);
-          mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
-        }
+        const float top = row_max(si, nk, nkp);
         float& m = mrow[q0 + i];
-        const float m_new = m > hmax(mx) ? m : hmax(mx);
+        const float m_new = m > top ? m : top;
         if (m_new == -kInf) {  // no key of the window yet: nothing to add (exp would give NaN)
           for (int j = 0; j < nkp; j += W) store(si + j, splat(0.0f));
           continue;
@@ -717,13 +723,9 @@ void attention_bf16_dots(const AttentionTile& t, float* scratch) {
       // in place (its first half: a row's 16 values are read before their 16 halves are written).
       for (int i = 0; i < rows; ++i) {
         float* si = s + i * kKeyBlock;
-        vf mx = splat(-kInf);
-        for (int j = 0; j < nkp; j += W) {
-          const int r = imin(W, nk - j);
-          mx = vmax(mx, r >= W ? load(si + j) : load_part(si + j, r > 0 ? r : 0, -kInf));
-        }
+        const float top = row_max(si, nk, nkp);
         float& m = mrow[q0 + i];
-        const float m_new = m > hmax(mx) ? m : hmax(mx);
+        const float m_new = m > top ? m : top;
         uint16_t* pi = reinterpret_cast<uint16_t*>(si);
         const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
         __m512 sum = _mm512_setzero_ps();

@@ -205,7 +205,7 @@ def test_flash_attention_matches_float64_reference(cpu, rng, batch, seq, heads, 
     assert_rounded_once(got, ref, 2e-5 + bound)
 
 
-def test_the_bfloat16_products_stay_within_their_bound_and_no_further(cpu, rng):
+def test_the_bfloat16_products_need_their_bound_and_stay_within_it(cpu, rng):
     # The bound is not slack: the products on bfloat16 pairs do move the result past what float32
     # products rounded once would give, by a good part of it.
     batch, seq, heads, d = 2, 130, 2, 32

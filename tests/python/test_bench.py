@@ -21,7 +21,7 @@ import ftbert.bench.varlen as bench_varlen
 from ftbert import _C
 from ftbert.bench import main
 from ftbert.bench.args import BUILTIN_MODELS, SHIPPED_PRESETS, BenchError, parse_case, parse_options
-from ftbert.bench.breakdown import aggregate, classify, label_in_order, short_name
+from ftbert.bench.breakdown import aggregate, breakdown_quantization, classify, label_in_order, short_name
 from ftbert.bench.models import RANDOM_MODELS, hf_attention, load_model, make_hf
 from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
@@ -295,6 +295,15 @@ def test_cuda_without_gpu_is_one_line_and_exit_2(tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("ftbert bench: error: device 'cuda:0' is not available") and "\n" not in err
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("extra,want", [([], "none"), (["--quantization", "fp8"], "fp8"),
+                                        (["--engines", "ftbert", "ftbert-fp8"], "fp8")])
+def test_breakdown_profiles_the_quantization_asked_for(extra, want):
+    # --breakdown with --quantization fp8 profiles the FP8 engine, not the float16 one.
+    opts = parse_options(["--device", "cuda", "--dtype", "float16", "--breakdown", *extra],
+                         cuda_available=True)
+    assert breakdown_quantization(opts) == want
 
 
 def test_breakdown_on_cpu_says_it_needs_a_gpu(tiny, tmp_path, capsys):

@@ -125,15 +125,24 @@ def profile_kernels(fn, forwards: int) -> list[tuple[str, float]]:
     return [(e.name, float(e.time_range.elapsed_us())) for e in events]
 
 
+def breakdown_quantization(opts: Options) -> str:
+    """The quantization the breakdown profiles: fp8 where --quantization fp8 (or the ftbert-fp8
+    engine) asked for it, else none (int8 runs on the CPU, which the breakdown does not profile)."""
+    return "fp8" if "ftbert-fp8" in opts.engines else "none"
+
+
 def run_breakdown(opts: Options, model: Model) -> dict:
-    """Profiles ftbert at the first device/dtype/batch/seq/attention of the options."""
+    """Profiles ftbert at the first device/dtype/batch/seq/attention of the options, quantized as
+    breakdown_quantization says."""
     device = next(d for d in opts.devices if d.startswith("cuda"))
+    quantization = breakdown_quantization(opts)
     dtype, batch, seq, attention = opts.dtypes[0], opts.batches[0], opts.seqs[0], opts.attentions[0]
     inputs = make_inputs(model.config, batch, seq, opts.min_len, opts.seed)
     with on_device_stream(device), torch.inference_mode():
         if opts.allow_tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
-        enc = make_ftbert(model, device, dtype, attention, opts.allow_tf32, opts.cuda_graphs)
+        enc = make_ftbert(model, device, dtype, attention, opts.allow_tf32, opts.cuda_graphs,
+                          quantization=quantization)
         ids, mask, types = (inputs[k].to(device=device, dtype=torch.int32)
                             for k in ("input_ids", "attention_mask", "token_type_ids"))
 
@@ -151,8 +160,9 @@ def run_breakdown(opts: Options, model: Model) -> dict:
     result = aggregate(kernels, forwards)
     gap = timing["median_ms"] - result["kernel_ms_per_forward"]
     result.update({
-        "config": {"device": device, "dtype": dtype, "batch": batch, "seq": seq,
-                   "attention": attention, "kernel": kernel_name, "varlen_min": opts.min_len,
+        "config": {"device": device, "dtype": dtype, "quantization": quantization, "batch": batch,
+                   "seq": seq, "attention": attention, "kernel": kernel_name,
+                   "varlen_min": opts.min_len,
                    "tokens": int(inputs["attention_mask"].sum())},
         "forward_ms": timing,
         "forwards_profiled": forwards,
@@ -169,7 +179,9 @@ def print_breakdown(console, result: dict) -> None:
     c = result["config"]
     fwd = result["forward_ms"]["median_ms"]
     t = Table(
-        title=(f"ftbert per-op breakdown: {c['device']} {c['dtype']} batch {c['batch']} seq {c['seq']} "
+        title=(f"ftbert per-op breakdown: {c['device']} {c['dtype']}"
+               f"{'' if c.get('quantization', 'none') == 'none' else ' ' + c['quantization']} "
+               f"batch {c['batch']} seq {c['seq']} "
                f"attention {c['attention']} ({c['kernel']}); forward median {fwd:.3f} ms"),
         title_justify="left", header_style="bold",
     )

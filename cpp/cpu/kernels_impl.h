@@ -589,11 +589,6 @@ inline __m512 as_m512(vf x) {
   __builtin_memcpy(&m, &x, sizeof m);
   return m;
 }
-inline vf as_vf(__m512 m) {
-  vf x;
-  __builtin_memcpy(&x, &m, sizeof x);
-  return x;
-}
 
 // s[i, :nkp] = q[i] · kᵀ for i < nq4 (4 queries x 2 vectors of keys per step); q [nq4][d/2] and
 // kp [d/2][kKeyBlock] as bfloat16 pairs.

@@ -141,3 +141,35 @@ def test_bench_serve_with_wrk_measures_the_noop_server(embedder, tmp_path):
     for r in doc["results"]:
         assert r["errors"] == 0 and r["requests"] > 0 and r["req_per_s"] > 0
         assert 0 < r["p50_ms"] <= r["p99_ms"]
+
+
+def test_bench_serve_reads_ftbert_against_encode_on_the_same_texts(embedder, tmp_path, capsys):
+    argv = ["--model", str(embedder), "--engines", "ftbert", "--concurrency", "2", "--lengths", "short,40",
+            "--duration", "0.5", "--warmup", "0.2", "--client-procs", "1", "--texts", "8", "--encode",
+            "--out", str(tmp_path), "--name", "run"]
+    assert bench_serve.main(argv) == 0
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert set(doc["encode"]) == {"short", "40"}
+    for name, e in doc["encode"].items():
+        assert e["texts"] == 8 and e["calls"] >= 1 and e["seconds"] >= 0.5
+        assert e["sentences_per_s"] == pytest.approx(e["calls"] * 8 / e["seconds"])
+    for r in doc["results"]:
+        assert r["vs_encode"] == pytest.approx(r["req_per_s"] / doc["encode"][r["length"]]["sentences_per_s"])
+    out = capsys.readouterr().out
+    assert "Encoder.encode short" in out and "÷ encode" in out
+
+
+def test_measure_encode_times_whole_calls_of_encode(embedder, monkeypatch):
+    calls = []
+    real = ftbert.Encoder.encode
+
+    def counted(self, texts, *a, **k):
+        calls.append(list(texts))
+        return real(self, texts, *a, **k)
+
+    monkeypatch.setattr(ftbert.Encoder, "encode", counted)
+    texts = ["one two three", "four five"]
+    res = bench_serve.measure_encode(str(embedder), "cpu", "float32", texts, 0.0, 0.05)
+    # One warm-up call, then the counted ones, each over every text.
+    assert len(calls) == res["calls"] + 1 and all(c == texts for c in calls)
+    assert res["sentences_per_s"] == pytest.approx(res["calls"] * 2 / res["seconds"])

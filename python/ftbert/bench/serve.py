@@ -258,6 +258,28 @@ def measure_wrk(wrk: str, url: str, texts: list[str], concurrency: int, threads:
         os.unlink(f.name)
 
 
+def measure_encode(model: str, device: str, dtype: str, texts: list[str], warmup_s: float, duration_s: float) -> dict:
+    """Sentences/s of `Encoder.encode(texts)` in this process, called over and over: warmed up (at
+    least once) for `warmup_s`, then counted over whole calls for at least `duration_s`."""
+    import ftbert
+
+    enc = ftbert.Encoder.from_pretrained(model, device=device, dtype=dtype)
+    t_end = time.perf_counter() + warmup_s
+    while True:
+        enc.encode(texts)
+        if time.perf_counter() >= t_end:
+            break
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        enc.encode(texts)
+        calls += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= duration_s:
+            break
+    return {"sentences_per_s": calls * len(texts) / elapsed, "calls": calls, "texts": len(texts),
+            "seconds": elapsed}
+
+
 def _pct(sorted_values: list[float], q: float) -> float:
     k = (len(sorted_values) - 1) * q / 100
     lo, hi = math.floor(k), math.ceil(k)
@@ -304,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--noop-workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                    help="worker processes of the no-op server (engine 'noop': the ceiling of the client "
                         "and HTTP stack; default %(default)s)")
+    p.add_argument("--encode", action="store_true",
+                   help="also time Encoder.encode on the same texts in this process (ftbert's first device): "
+                        "the sentences/s each ftbert row is a share of")
     p.add_argument("--out", default="benchmarks/results", help="output directory (default %(default)s)")
     p.add_argument("--name", help="file stem (default serve-<model>-<device>-<time>)")
     return p
@@ -388,20 +413,32 @@ def main(argv: list[str] | None = None) -> int:
                                   f"p50 {res.get('p50_ms', float('nan')):8.2f} ms  "
                                   f"p99 {res.get('p99_ms', float('nan')):8.2f} ms  errors {res['errors']}")
 
+    encode = {}
+    if args.encode:
+        device = (args.devices or args.device).split(",")[0].strip()
+        for name, pool in pools.items():
+            encode[name] = measure_encode(model, device, args.dtype, pool, args.warmup, args.duration)
+            console.print(f"  Encoder.encode {name:<6} ({device} {args.dtype}, in process) "
+                          f"{encode[name]['sentences_per_s']:11,.1f} sentences/s")
+
     peer = {(r["length"], r["concurrency"]): r["req_per_s"] for r in rows if r["engine"] == "sentence-transformers"}
     for r in rows:
         base = peer.get((r["length"], r["concurrency"]))
         r["vs_peer"] = r["req_per_s"] / base if base else None
+        if r["engine"] == "ftbert" and r["length"] in encode:
+            r["vs_encode"] = r["req_per_s"] / encode[r["length"]]["sentences_per_s"]
 
     label = infos.get("ftbert", {}).get("model") or Path(model).name
     t = Table(title=f"{label}  {args.devices or args.device}  {args.dtype}: one text per request",
               title_justify="left", header_style="bold")
-    for col in ("length", "tokens", "concurrency", "engine", "req/s", "p50 ms", "p99 ms", "errors", "× peer"):
+    cols = ["length", "tokens", "concurrency", "engine", "req/s", "p50 ms", "p99 ms", "errors", "× peer"]
+    for col in cols + (["÷ encode"] if encode else []):
         t.add_column(col, justify="left" if col in ("length", "engine") else "right")
     for r in sorted(rows, key=lambda r: (list(lengths).index(r["length"]), r["concurrency"], engines.index(r["engine"]))):
         t.add_row(r["length"], f"{r['tokens']:.0f}", str(r["concurrency"]), r["engine"], f"{r['req_per_s']:,.1f}",
                   f"{r.get('p50_ms', float('nan')):.2f}", f"{r.get('p99_ms', float('nan')):.2f}", str(r["errors"]),
-                  "-" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}×")
+                  "-" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}×",
+                  *([f"{r['vs_encode']:.0%}" if "vs_encode" in r else "-"] if encode else []))
     console.print(t)
     if checks:
         console.print("embedding cosine against ftbert's (min over the check texts): " +
@@ -411,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         "ftbert_bench_serve_version": 1,
         "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "options": vars(args), "model": model, "servers": infos, "ready_s": ready, "check_cosine_min": checks,
+        "encode": encode,
         "environment": {"ftbert": ftbert.__version__, "python": platform.python_version(),
                         "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
         "results": rows,

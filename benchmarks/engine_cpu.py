@@ -11,7 +11,8 @@ one text of `--words` words per job, tokenized here once as a front would (JobTo
 frame prebuilt and sent again under a new id as each reply comes back, the frames of a read's
 replies sent in one write (as a front's event loop writes a turn's frames). Over the measured
 window: jobs answered per second and the engine's CPU seconds (user + system, all its threads)
-per job. With --device cpu the model's forward is part of that CPU; on a GPU it is the engine's
+per job, and each job's round trip as the client sees it (frame sent to reply read: p50, p99 and
+the longest). With --device cpu the model's forward is part of that CPU; on a GPU it is the engine's
 own Python (frames, the batcher, pooling's launches, replies). Medians over --rounds, each round
 on a fresh engine.
 """
@@ -44,12 +45,18 @@ class Client:
         self._job_frame = job_frame
         self._buf = bytearray()
         self.next_id = 0
+        self.sent: dict[int, float] = {}  # job id -> when its frame left
+        self.latencies: list[float] = []  # round trips of the jobs answered while `measuring`
+        self.measuring = False
 
     def send_jobs(self, n: int) -> None:
         frames = []
         for _ in range(n):
             self.next_id += 1
             frames.append(self._job_frame(self.next_id))
+        now = time.perf_counter()
+        for key in range(self.next_id - n + 1, self.next_id + 1):
+            self.sent[key] = now
         self.sock.sendall(b"".join(frames))
 
     def read_replies(self) -> int:
@@ -57,6 +64,9 @@ class Client:
         data = self.sock.recv(1 << 20)
         if not data:
             raise RuntimeError("the engine closed the connection")
+        from ftbert.serving.engine import decode
+
+        now = time.perf_counter()
         buf = self._buf
         buf += data
         at, replies = 0, 0
@@ -71,6 +81,9 @@ class Client:
                 replies += 1
                 if b'"error"' in body[:200]:
                     raise RuntimeError(f"a job failed: {body[:300]!r}")
+                t_sent = self.sent.pop(decode(body)["id"])
+                if self.measuring:
+                    self.latencies.append(now - t_sent)
             at += 4 + size
         del buf[:at]
         return replies
@@ -106,6 +119,8 @@ def one_round(args, settings, tokenized_rows) -> dict:
                 now = time.perf_counter()
                 if not measuring and now >= t_end_warm:
                     measuring, answered, cpu0, t0 = True, 0, cpu_seconds([pid]), now
+                    for c in clients:
+                        c.measuring = True
                 if measuring and now >= t_stop:
                     break
                 for key, _ in sel.select(timeout=1.0):
@@ -120,8 +135,11 @@ def one_round(args, settings, tokenized_rows) -> dict:
                 c.sock.close()
         finally:
             engine.stop(timeout=30)
+    lat = sorted(x for c in clients for x in c.latencies)
+    pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan")  # noqa: E731
     return {"jobs_per_s": answered / (t1 - t0), "engine_us_per_job": (cpu1 - cpu0) / max(answered, 1) * 1e6,
-            "engine_cores": (cpu1 - cpu0) / (t1 - t0)}
+            "engine_cores": (cpu1 - cpu0) / (t1 - t0), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+            "max_ms": lat[-1] * 1e3 if lat else float("nan")}
 
 
 def main(argv=None) -> int:
@@ -159,9 +177,11 @@ def main(argv=None) -> int:
         res = one_round(args, settings, rows)
         results.append(res)
         print(f"round {r + 1}: {res['jobs_per_s']:,.0f} jobs/s; engine {res['engine_us_per_job']:.0f} us/job "
-              f"({res['engine_cores'] * 100:.0f}% of a core)", flush=True)
+              f"({res['engine_cores'] * 100:.0f}% of a core); round trip p50 {res['p50_ms']:.2f} ms, "
+              f"p99 {res['p99_ms']:.2f}, max {res['max_ms']:.1f}", flush=True)
     med = {k: statistics.median(x[k] for x in results) for k in results[0]}
-    print(f"median: {med['jobs_per_s']:,.0f} jobs/s; engine {med['engine_us_per_job']:.0f} us/job "
+    print(f"median: {med['jobs_per_s']:,.0f} jobs/s; engine {med['engine_us_per_job']:.0f} us/job; "
+          f"round trip p50 {med['p50_ms']:.2f} ms, p99 {med['p99_ms']:.2f}, max {med['max_ms']:.1f} "
           f"({tokens} tokens a job, {args.in_flight} in flight over {args.connections} connections, "
           f"{args.device} {args.dtype})")
     if args.json:

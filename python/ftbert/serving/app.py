@@ -46,6 +46,7 @@ from .batcher import (EMBED, IDS, PAIR, SCORE, TEXT, ForwardFailed, InputTooLong
                       QueueFull, ShuttingDown)
 from .jsonrows import float_rows
 from .service import Service
+from .service import freeze_heap as _freeze_heap
 from .settings import ServeSettings
 from .tei import register_tei_routes
 
@@ -186,11 +187,13 @@ def _direct_body(schema: type[BaseModel], body: bytes):
 
 
 def create_app(settings: ServeSettings | None = None, service: Service | None = None,
-               close_service: bool = False) -> FastAPI:
+               close_service: bool = False, freeze_heap: bool = False) -> FastAPI:
     """The ASGI app. Without `service`, it loads one from `settings` at startup and closes it at
     shutdown, after uvicorn has finished the requests in flight: every accepted request is
     answered. With `service` (started already) it serves that one, and closes it at shutdown only
-    when `close_service` is true."""
+    when `close_service` is true. `freeze_heap`: the process is the server's own (ftbert serve,
+    a front, a Ray replica): once the service is attached, service.freeze_heap() keeps the
+    collector's full passes off everything loaded before."""
     if service is None and settings is None:
         settings = ServeSettings()
 
@@ -200,6 +203,8 @@ def create_app(settings: ServeSettings | None = None, service: Service | None = 
         svc = service if service is not None else await run_in_threadpool(Service.load, settings)
         app.state.service = svc
         await svc.attach()
+        if freeze_heap:
+            _freeze_heap()
         try:
             yield
         finally:

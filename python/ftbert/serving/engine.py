@@ -239,7 +239,7 @@ def run_engine(settings: ServeSettings, socket_path: str, control) -> None:
     message) on `control` (a multiprocessing Connection to the main process), serves the socket
     until the main process says "stop" there (or is gone), then finishes every accepted job and
     prints what it did."""
-    from .service import Service
+    from .service import Service, freeze_heap
 
     # Ctrl-C, and SIGTERM where a supervisor signals the whole group (systemd, timeout), reach the
     # engine too: the main process decides when it stops, after the fronts have answered.
@@ -250,6 +250,7 @@ def run_engine(settings: ServeSettings, socket_path: str, control) -> None:
     except Exception as e:  # noqa: BLE001 - any failure to load is reported in one line
         control.send_bytes(encode(["error", f"{e}"]))
         return
+    freeze_heap()
     try:
         asyncio.run(_serve(service, socket_path, control))
     finally:
@@ -722,7 +723,7 @@ def create_front_app():
     from .app import create_app
 
     description, socket_path, workers = json.loads(os.environ[FRONT_ENV])
-    return create_app(service=RemoteService(description, socket_path, workers))
+    return create_app(service=RemoteService(description, socket_path, workers), freeze_heap=True)
 
 
 # ---- the main process -------------------------------------------------------------------------

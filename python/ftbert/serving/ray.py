@@ -74,7 +74,7 @@ def deployment(
         from ftbert.serving.app import create_app
         from ftbert.serving.settings import ServeSettings
 
-        return create_app(ServeSettings(**fields))
+        return create_app(ServeSettings(**fields), freeze_heap=True)
 
     return serve.deployment(**options)(serve.ingress(build_replica_app)())
 

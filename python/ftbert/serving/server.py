@@ -119,7 +119,7 @@ def serve(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, lo
     except (ValueError, RuntimeError, FileNotFoundError, TypeError) as e:
         print(f"ftbert serve: error: {e}", file=sys.stderr)
         return 1
-    app = create_app(service=service, close_service=True)
+    app = create_app(service=service, close_service=True, freeze_heap=True)
     started = []
 
     def report(svc) -> None:

@@ -4,6 +4,7 @@ the batcher that feeds them, and the metrics. The app only talks to a Service.""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -183,6 +184,16 @@ class Service:
         self.batcher.close()
         log.info("ftbert serve: stopped after %d request(s) accepted, %d answered",
                  self.batcher.accepted, self.batcher.finished)
+
+
+def freeze_heap() -> None:
+    """Moves every object alive now (torch, transformers, the model's Python side: hundreds of
+    thousands) out of the garbage collector's reach, for a process that serves from here on.
+    Otherwise each full collection walks them all while the event loop waits: pauses of about 0.1 s
+    every second or so under load, which are a server's p99 (benchmarks/results/serve-gc-pauses-2core.txt).
+    Collected once first, so no garbage is frozen; what is frozen is still freed when unreferenced."""
+    gc.collect()
+    gc.freeze()
 
 
 def _version() -> str:

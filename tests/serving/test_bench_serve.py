@@ -92,6 +92,80 @@ def test_noop_server_answers_unit_vectors_of_the_width_asked(monkeypatch):
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-12)
 
 
+@pytest.fixture
+def raw_noop():
+    """The raw no-op server in 2 processes on a free port; yields its URL."""
+    import subprocess
+    import sys
+    import time
+
+    port = bench_serve._free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ftbert.bench.serve_noop", "--raw", "--workers", "2", "--dim", "5",
+                             "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "the raw no-op server exited"
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the raw no-op server did not start"
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_raw_noop_server_answers_as_the_fastapi_one(raw_noop):
+    with httpx.Client(base_url=raw_noop) as c:
+        for given, n in (("one text", 1), (["a b", "c", "d e f"], 3)):
+            r = c.post("/v1/embeddings", json={"input": given})
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            rows = np.array([d["embedding"] for d in doc["data"]])
+            assert rows.shape == (n, 5) and [d["index"] for d in doc["data"]] == list(range(n))
+            np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-12)
+            assert doc["usage"]["prompt_tokens"] == (2 if n == 1 else 6)
+        assert c.get("/info").json()["engine"] == "no-op (raw)"
+        assert c.get("/nowhere").status_code == 404
+        assert c.post("/v1/embeddings", content=b"not json").status_code == 400
+        assert c.post("/v1/embeddings", json={"inputs": "x"}).status_code == 400
+
+
+def test_raw_noop_server_answers_pipelined_requests_in_order(raw_noop):
+    import socket
+
+    port = int(raw_noop.rsplit(":", 1)[1])
+    body = b'{"input": ["x"]}'
+    post = (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        # Two requests in one write, the second split across writes as well.
+        s.sendall(post + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + post[:20])
+        s.sendall(post[20:])
+        data = b""
+        while data.count(b"HTTP/1.1 200 OK") < 3:
+            chunk = s.recv(65536)
+            assert chunk, "the server closed the connection"
+            data += chunk
+    first, second, third = data.split(b"HTTP/1.1 200 OK")[1:]
+    assert b'"embedding"' in first and b'{"status":"ok"}' in second and b'"embedding"' in third
+
+
+def test_bench_serve_runs_the_raw_noop_server(embedder, tmp_path):
+    argv = ["--model", str(embedder), "--engines", "noop-raw", "--concurrency", "2", "--lengths", "short",
+            "--duration", "0.5", "--warmup", "0.2", "--client-procs", "1", "--texts", "8", "--noop-workers", "2",
+            "--out", str(tmp_path), "--name", "run"]
+    assert bench_serve.main(argv) == 0
+    doc = json.loads((tmp_path / "run.json").read_text())
+    (row,) = doc["results"]
+    assert row["engine"] == "noop-raw" and row["errors"] == 0 and row["requests"] > 0
+    assert doc["servers"]["noop-raw"]["engine"] == "no-op (raw)"
+
+
 def test_bench_serve_refuses_an_unknown_engine(capsys):
     assert bench_serve.main(["--engines", "ftbert,vllm"]) == 2
     assert "unknown engine" in capsys.readouterr().err

@@ -311,7 +311,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default %(default)s)")
     p.add_argument("--lengths", default="short,long", help="short (~16 tokens), long (~256), or N tokens")
     p.add_argument("--engines", default="ftbert,sentence-transformers",
-                   help="comma-separated: ftbert, sentence-transformers, noop (default %(default)s)")
+                   help="comma-separated: ftbert, sentence-transformers, noop, noop-raw (default %(default)s)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per row (default %(default)s)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring (default %(default)s)")
     p.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ftbert bench-serve: {missing_serve_extra()}", file=sys.stderr)
         return 2
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = set(engines) - {"ftbert", "sentence-transformers", "noop"}
+    unknown = set(engines) - {"ftbert", "sentence-transformers", "noop", "noop-raw"}
     if unknown:
         print(f"ftbert bench-serve: unknown engine(s) {sorted(unknown)}", file=sys.stderr)
         return 2
@@ -383,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "--dtype", args.dtype],
         "noop": [sys.executable, "-m", "ftbert.bench.serve_noop", "--workers", str(args.noop_workers),
                  "--dim", str(_hidden_size(model))],
+        "noop-raw": [sys.executable, "-m", "ftbert.bench.serve_noop", "--raw", "--workers", str(args.noop_workers),
+                     "--dim", str(_hidden_size(model))],
     }
     rows, infos, check_texts, reference = [], {}, pools[next(iter(pools))][:8], None
     checks, ready = {}, {}
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             ready[engine] = srv.ready_s
             console.print(f"  {engine}: ready (/health 200) {srv.ready_s:.2f} s after its process started")
             emb = _embeddings(srv.url, check_texts)
-            if engine == "noop":  # a constant vector: nothing to check
+            if engine.startswith("noop"):  # a constant vector: nothing to check
                 pass
             elif reference is None:
                 reference = emb

@@ -58,6 +58,10 @@ def test_bench_serve_writes_rows_json_and_plot(embedder, tmp_path, capsys):
     assert doc["servers"]["ftbert"]["family"] == "bert"
     assert doc["ready_s"]["ftbert"] > 0  # process start to /health 200
     assert (tmp_path / "run.png").stat().st_size > 0
+    for r in rows:  # the batcher's figures over each row, from the server's /metrics
+        b = r["batches"]
+        assert b["per_s"] > 0 and 1 <= b["mean_size"] <= 3  # at most 3 clients' inputs in a forward
+        assert b["mean_forward_ms"] > 0 and 0 < b["forward_busy"] <= 1 and b["mean_wait_ms"] >= 0
     out = capsys.readouterr().out
     assert "req/s" in out and "ftbert: ready (/health 200)" in out
 
@@ -164,6 +168,17 @@ def test_bench_serve_runs_the_raw_noop_server(embedder, tmp_path):
     (row,) = doc["results"]
     assert row["engine"] == "noop-raw" and row["errors"] == 0 and row["requests"] > 0
     assert doc["servers"]["noop-raw"]["engine"] == "no-op (raw)"
+
+
+def test_batch_figures_are_the_batchers_counters_over_the_row():
+    before = dict.fromkeys(bench_serve._COUNTERS, 0.0)
+    after = {"ftbert_batch_size_count": 50.0, "ftbert_batch_size_sum": 400.0,
+             "ftbert_forward_duration_seconds_sum": 1.0, "ftbert_queue_wait_seconds_sum": 0.1}
+    b = bench_serve._batch_figures(before, after, 2.0)
+    assert b == pytest.approx({"per_s": 25.0, "mean_size": 8.0, "mean_forward_ms": 20.0, "forward_busy": 0.5,
+                               "mean_wait_ms": 2.0})
+    assert bench_serve._batch_figures(before, before, 2.0) is None  # no forward in the row
+    assert bench_serve._batch_figures(None, after, 2.0) is None
 
 
 def test_bench_serve_refuses_an_unknown_engine(capsys):

@@ -280,6 +280,43 @@ def measure_encode(model: str, device: str, dtype: str, texts: list[str], warmup
             "seconds": elapsed}
 
 
+_COUNTERS = ("ftbert_batch_size_count", "ftbert_batch_size_sum", "ftbert_forward_duration_seconds_sum",
+             "ftbert_queue_wait_seconds_sum")
+
+
+def _engine_counters(url: str) -> dict[str, float] | None:
+    """The batcher's running totals from ftbert's /metrics (None where it does not answer)."""
+    import httpx
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in _COUNTERS:
+            out[name] = float(value)
+    return out if len(out) == len(_COUNTERS) else None
+
+
+def _batch_figures(before: dict | None, after: dict | None, seconds: float) -> dict | None:
+    """What the batcher did over a row (its warm-up included): forwards per second, inputs per
+    forward, a forward's mean time with its pooling, the share of the time spent in forwards (one
+    forward thread per device: near 100% is a busy GPU side), and a batch's oldest input's mean
+    wait before its forward."""
+    if before is None or after is None:
+        return None
+    d = {k: after[k] - before[k] for k in _COUNTERS}
+    n = d["ftbert_batch_size_count"]
+    if n <= 0:
+        return None
+    return {"per_s": n / seconds, "mean_size": d["ftbert_batch_size_sum"] / n,
+            "mean_forward_ms": d["ftbert_forward_duration_seconds_sum"] / n * 1e3,
+            "forward_busy": d["ftbert_forward_duration_seconds_sum"] / seconds,
+            "mean_wait_ms": d["ftbert_queue_wait_seconds_sum"] / n * 1e3}
+
+
 def _pct(sorted_values: list[float], q: float) -> float:
     k = (len(sorted_values) - 1) * q / 100
     lo, hi = math.floor(k), math.ceil(k)
@@ -404,16 +441,25 @@ def main(argv: list[str] | None = None) -> int:
                 checks[engine] = float(cos.min())
             for name, pool in pools.items():
                 for c in concurrency:
+                    before = _engine_counters(srv.url) if engine == "ftbert" else None
+                    t_row = time.monotonic()
                     if args.client == "wrk":
                         res = measure_wrk(args.wrk, srv.url, pool, c, args.client_procs, args.warmup,
                                           args.duration)
                     else:
                         res = measure(srv.url, pool, c, args.client_procs, args.warmup, args.duration)
                     row = {"engine": engine, "length": name, "tokens": token_counts[name], "concurrency": c, **res}
+                    if before is not None:
+                        row["batches"] = _batch_figures(before, _engine_counters(srv.url), time.monotonic() - t_row)
                     rows.append(row)
                     console.print(f"  {engine:<22} {name:<6} c={c:<3} {res['req_per_s']:9.1f} req/s  "
                                   f"p50 {res.get('p50_ms', float('nan')):8.2f} ms  "
                                   f"p99 {res.get('p99_ms', float('nan')):8.2f} ms  errors {res['errors']}")
+                    if row.get("batches"):
+                        b = row["batches"]
+                        console.print(f"  {'':<22} {'':<6} {'':<5} batches: {b['per_s']:,.0f}/s of {b['mean_size']:.1f} "
+                                      f"inputs, forward {b['mean_forward_ms']:.2f} ms (busy {b['forward_busy']:.0%}), "
+                                      f"oldest input's wait {b['mean_wait_ms']:.2f} ms")
 
     encode = {}
     if args.encode:

@@ -5,6 +5,7 @@ at load, which must fall back to it."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,3 +115,58 @@ def test_encode_gives_what_the_transformers_tokenizer_gives(tmp_path, rng, monke
     enc_hf = ftbert.Encoder.from_pretrained(copy)
     np.testing.assert_array_equal(enc_hf.encode(batch), direct)
     assert not isinstance(enc_hf._text_tokenizer(), TextTokenizer)
+
+
+# ---- AsciiShortcut: ASCII texts past a BertNormalizer without running it ------------------------
+def _ascii_texts(rng, n=3000):
+    # Words, capitals, punctuation and every ASCII control character, \t \n \r \v \f among them;
+    # some texts carry the specials' spelling, which the shortcut must leave to the tokenizer.
+    pool = [chr(c) for c in range(128)]
+    words = ["the", "Quick", "BROWN", "fox's", "jumps,", "over?!", "a", "lazy-dog", "[CLS]", "[mask]", "x"]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.integers(0, 25)):
+            r = rng.random()
+            parts.append(words[rng.integers(len(words))] if r < 0.6 else pool[rng.integers(len(pool))])
+        out.append(("" if rng.random() < 0.5 else " ").join(parts))
+    return out + ["", " ", "\t\n\r", "\x0b\x0c", "[MASK]", "Héllo"]
+
+
+@pytest.mark.parametrize("source", ["minilm", "wordpiece", "wordpiece-cased"])
+def test_ascii_shortcut_gives_the_normalizers_ids(tmp_path, rng, source):
+    from tokenizers import Tokenizer, normalizers
+
+    from ftbert.tokenization import AsciiShortcut
+
+    if source == "minilm":
+        tok = Tokenizer.from_file(str(Path(minilm_path()) / "tokenizer.json"))
+    else:
+        write_wordpiece_tokenizer(tmp_path, 200)
+        tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        if source == "wordpiece-cased":
+            tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    short = AsciiShortcut.of(tok)
+    assert short is not None
+    taken = 0
+    for text in _ascii_texts(rng):
+        normalized = short.normalized(text)
+        if normalized is None:  # not ASCII, or a special's first character in it
+            assert not text.isascii() or "[" in text
+            continue
+        taken += 1
+        assert short.bare.encode(normalized).ids == tok.encode(text).ids, repr(text)
+    assert taken > 500  # most texts take the shortcut
+
+
+def test_ascii_shortcut_needs_a_cleaning_bert_normalizer(tmp_path):
+    from tokenizers import Tokenizer, normalizers
+
+    from ftbert.tokenization import AsciiShortcut
+
+    write_bpe_tokenizer(tmp_path / "bpe", 150)
+    assert AsciiShortcut.of(Tokenizer.from_file(str(tmp_path / "bpe" / "tokenizer.json"))) is None
+    write_wordpiece_tokenizer(tmp_path / "wp", 200)
+    tok = Tokenizer.from_file(str(tmp_path / "wp" / "tokenizer.json"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=False)
+    assert AsciiShortcut.of(tok) is None

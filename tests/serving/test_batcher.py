@@ -344,10 +344,16 @@ def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, ki
     slow = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock)
     quick = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock,
                          fast=fast.backend)
+    # WordPiece's ASCII texts skip its normalizer (tokenization.AsciiShortcut): capitals, controls,
+    # a special's spelling and accents on the way in, for both paths.
+    assert (quick._ascii is not None) == (kind == "wordpiece")
+    odd = ["Tabs\tand\nNEW lines\r", "bell\x07 and \x0bvt", "a [MASK] here", "Héllo Wörld", "UPPER Case"]
     long_text = " ".join(random_texts(rng, 12))
     jobs = []
     for _ in range(12):
         texts = random_texts(rng, int(rng.integers(1, 4))) + ([long_text] if rng.random() < 0.5 else [])
+        if kind == "wordpiece":
+            texts.append(odd[int(rng.integers(len(odd)))])
         jobs.append(Job(EMBED, TEXT, texts, truncation_side=side, long_texts="truncate"))
         jobs.append(Job(EMBED, TEXT, texts, long_texts="chunk"))
         jobs.append(Job(EMBED, TEXT, [long_text], truncate=False, long_texts="truncate"))

@@ -232,6 +232,13 @@ class JobTokenizer:
         self._fast = fast
         self._fast_encode = None if fast is None else getattr(fast, "encode_batch_fast", fast.encode_batch)
         self._fast_truncation: tuple | None = ()  # what is set on it: (max_length, side), None for none
+        # ASCII texts of a BERT-style tokenizer skip its normalizer (tokenization.AsciiShortcut).
+        from ..tokenization import AsciiShortcut
+
+        self._ascii = None if fast is None else AsciiShortcut.of(fast)
+        if self._ascii is not None:
+            bare = self._ascii.bare
+            self._ascii_encode = getattr(bare, "encode_batch_fast", bare.encode_batch)
 
     def tokenize(self, job: Job) -> list:
         """One job's rows [(slot, ids, types, weight)], checked against the limits; raises the
@@ -329,11 +336,16 @@ class JobTokenizer:
         caller holds the lock: the truncation is the tokenizer's state."""
         setting = None if max_length is None else (max_length, side)
         if setting != self._fast_truncation:
-            if setting is None:
-                self._fast.no_truncation()
-            else:
-                self._fast.enable_truncation(max_length=max_length, direction=side)
+            for tok in (self._fast,) if self._ascii is None else (self._fast, self._ascii.bare):
+                if setting is None:
+                    tok.no_truncation()
+                else:
+                    tok.enable_truncation(max_length=max_length, direction=side)
             self._fast_truncation = setting
+        if self._ascii is not None:
+            normalized = [self._ascii.normalized(t) if isinstance(t, str) else None for t in texts]
+            if None not in normalized:
+                return [e.ids for e in self._ascii_encode(normalized, add_special_tokens=special_tokens)]
         return [e.ids for e in self._fast_encode(texts, add_special_tokens=special_tokens)]
 
     def check_lengths(self, how: str, seqs: list, truncate: bool) -> BatcherError | None:

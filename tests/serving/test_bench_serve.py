@@ -262,3 +262,16 @@ def test_measure_encode_times_whole_calls_of_encode(embedder, monkeypatch):
     # One warm-up call, then the counted ones, each over every text.
     assert len(calls) == res["calls"] + 1 and all(c == texts for c in calls)
     assert res["sentences_per_s"] == pytest.approx(res["calls"] * 2 / res["seconds"])
+
+
+def test_a_row_without_answers_says_so(embedder, tmp_path, capsys, monkeypatch):
+    # A server so slow that no request comes back within the row (the peer at 256 clients).
+    monkeypatch.setattr(bench_serve, "measure", lambda *a, **k: {"requests": 0, "errors": 0, "req_per_s": 0.0})
+    argv = ["--model", str(embedder), "--engines", "ftbert", "--concurrency", "2", "--lengths", "short",
+            "--duration", "0.5", "--warmup", "0.2", "--client-procs", "1", "--texts", "8",
+            "--out", str(tmp_path), "--name", "run"]
+    assert bench_serve.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "no request answered within the row's 0.5 s" in out and "none in 0.5 s" in out
+    (row,) = json.loads((tmp_path / "run.json").read_text())["results"]
+    assert row["requests"] == 0 and "p50_ms" not in row

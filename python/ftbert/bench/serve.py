@@ -452,9 +452,13 @@ def main(argv: list[str] | None = None) -> int:
                     if before is not None:
                         row["batches"] = _batch_figures(before, _engine_counters(srv.url), time.monotonic() - t_row)
                     rows.append(row)
-                    console.print(f"  {engine:<22} {name:<6} c={c:<3} {res['req_per_s']:9.1f} req/s  "
-                                  f"p50 {res.get('p50_ms', float('nan')):8.2f} ms  "
-                                  f"p99 {res.get('p99_ms', float('nan')):8.2f} ms  errors {res['errors']}")
+                    if res["requests"] == 0:
+                        console.print(f"  {engine:<22} {name:<6} c={c:<3} no request answered within the row's "
+                                      f"{args.duration:g} s  errors {res['errors']}")
+                    else:
+                        console.print(f"  {engine:<22} {name:<6} c={c:<3} {res['req_per_s']:9.1f} req/s  "
+                                      f"p50 {res.get('p50_ms', float('nan')):8.2f} ms  "
+                                      f"p99 {res.get('p99_ms', float('nan')):8.2f} ms  errors {res['errors']}")
                     if row.get("batches"):
                         b = row["batches"]
                         console.print(f"  {'':<22} {'':<6} {'':<5} batches: {b['per_s']:,.0f}/s of {b['mean_size']:.1f} "
@@ -483,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     for col in cols + (["÷ encode"] if encode else []):
         t.add_column(col, justify="left" if col in ("length", "engine") else "right")
     for r in sorted(rows, key=lambda r: (list(lengths).index(r["length"]), r["concurrency"], engines.index(r["engine"]))):
-        t.add_row(r["length"], f"{r['tokens']:.0f}", str(r["concurrency"]), r["engine"], f"{r['req_per_s']:,.1f}",
+        t.add_row(r["length"], f"{r['tokens']:.0f}", str(r["concurrency"]), r["engine"], f"{r['req_per_s']:,.1f}" if r["requests"] else f"none in {args.duration:g} s",
                   f"{r.get('p50_ms', float('nan')):.2f}", f"{r.get('p99_ms', float('nan')):.2f}", str(r["errors"]),
                   "-" if r["vs_peer"] is None else f"{r['vs_peer']:.2f}×",
                   *([f"{r['vs_encode']:.0%}" if "vs_encode" in r else "-"] if encode else []))

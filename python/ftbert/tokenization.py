@@ -123,6 +123,19 @@ def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTo
     return TextTokenizer(tok, max_length)
 
 
+def same_pipeline(tokenizer, transformers_tokenizer) -> bool:
+    """Whether a tokenizers.Tokenizer read from the file normalizes, pre-tokenizes and adds special
+    tokens as transformers' tokenizer of the same folder does. Where transformers builds a class's
+    pipeline itself rather than reading the file's (XLMRobertaTokenizer in transformers 5 drops the
+    file's normalizer and splits on whitespace first), the two give different ids for some texts
+    (tabs, line breaks): a caller that has both uses the file's only when this holds."""
+    backend = getattr(transformers_tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    ours, theirs = json.loads(tokenizer.to_str()), json.loads(backend.to_str())
+    return all(ours.get(k) == theirs.get(k) for k in ("normalizer", "pre_tokenizer", "post_processor"))
+
+
 def _bert_normalizer_agrees(config: dict, normalizer) -> bool:
     if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
         return False

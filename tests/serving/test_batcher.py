@@ -332,7 +332,7 @@ def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, ki
     # the same rows as through transformers, cut at the limit from either side, in windows, and
     # the same error for a text too long to run uncut, whatever truncation the call before set.
     from ftbert.serving.batcher import JobTokenizer
-    from ftbert.tokenization import load_text_tokenizer, load_transformers_tokenizer
+    from ftbert.tokenization import load_text_tokenizer, load_transformers_tokenizer, same_pipeline
     from tests._tokenizers import write_bpe_tokenizer, write_unigram_tokenizer, write_wordpiece_tokenizer
 
     {"wordpiece": lambda: write_wordpiece_tokenizer(tmp_path, 200), "bpe": lambda: write_bpe_tokenizer(tmp_path, 150),
@@ -340,6 +340,11 @@ def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, ki
     limits = {TEXT: 24, PAIR: 24, IDS: 24}
     fast = load_text_tokenizer(tmp_path, limits[TEXT])
     assert fast is not None, "the tokenizer.json should give transformers' ids"
+    # transformers 5 builds XLMRobertaTokenizer's pipeline itself (no normalizer, a whitespace split
+    # first), unlike this file's: the servers then keep to transformers' tokenizer (same_pipeline).
+    assert same_pipeline(fast.backend, load_transformers_tokenizer(tmp_path)) == (kind != "unigram")
+    if kind == "unigram":
+        return
     settings = ServeSettings(model=str(tmp_path), long_texts="chunk", chunk_overlap=3)
     slow = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock)
     quick = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock,
@@ -352,8 +357,7 @@ def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, ki
     jobs = []
     for _ in range(12):
         texts = random_texts(rng, int(rng.integers(1, 4))) + ([long_text] if rng.random() < 0.5 else [])
-        if kind == "wordpiece":
-            texts.append(odd[int(rng.integers(len(odd)))])
+        texts.append(odd[int(rng.integers(len(odd)))])
         jobs.append(Job(EMBED, TEXT, texts, truncation_side=side, long_texts="truncate"))
         jobs.append(Job(EMBED, TEXT, texts, long_texts="chunk"))
         jobs.append(Job(EMBED, TEXT, [long_text], truncate=False, long_texts="truncate"))
@@ -371,3 +375,24 @@ def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, ki
         assert all(np.array_equal(g[1], w[1]) and g[1].dtype == np.int32 for g, w in zip(got, want))
         assert all(t is None or not t.any() for _, _, t, _ in want)  # single texts: type 0 throughout
     assert refused == 12  # every uncut long text, between calls that cut
+
+
+def test_a_checkpoint_whose_tokenizer_transformers_rebuilds_keeps_transformers_ids(tmp_path):
+    # XLMRobertaTokenizer in transformers 5 builds its own pipeline (a whitespace split, no
+    # normalizer) over this tokenizer.json's: the batcher keeps to transformers' tokenizer, so a
+    # text with tabs and line breaks gets transformers' ids.
+    from ftbert.tokenization import load_transformers_tokenizer
+    from tests._models import make_roberta
+    from tests._tokenizers import write_unigram_tokenizer
+
+    make_roberta(tmp_path, family="xlm-roberta", hidden=32, heads=2, layers=1, vocab=150)
+    write_unigram_tokenizer(tmp_path, 150)
+    b, _ = _batcher(tmp_path)
+    b.start()
+    try:
+        assert b.tokenizer._fast is None
+        text = "Tabs\tand\nNEW lines\r"
+        (row,) = b.tokenizer.tokenize(Job(EMBED, TEXT, [text]))
+        assert row[1].tolist() == load_transformers_tokenizer(tmp_path)(text)["input_ids"]
+    finally:
+        b.close()

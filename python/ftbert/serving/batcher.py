@@ -55,7 +55,7 @@ from ..cross_encoder import _truncation_length
 from ..encoder import MULTIVECTOR, OUTPUT_HEADS, SPARSE, keep_top_k
 from ..text import (chunk_windows, default_pooling, forward_packed_batch, pack_sequences, pool_packed,
                     special_tokens, tokenizer_lock)
-from ..tokenization import load_text_tokenizer
+from ..tokenization import load_text_tokenizer, same_pipeline
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -402,6 +402,8 @@ class Batcher:
             PAIR: min(pair_limit, cap) if cap else pair_limit,
         }
         fast = load_text_tokenizer(enc.path, self.limits[TEXT])
+        if fast is not None and not same_pipeline(fast.backend, tok):
+            fast = None
         self.tokenizer = JobTokenizer(tok, self.settings, self.limits, lambda: tokenizer_lock(enc),
                                       fast=None if fast is None else fast.backend)
         for kind in OUTPUT_HEADS:

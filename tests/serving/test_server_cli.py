@@ -107,3 +107,30 @@ def test_task_flag_reaches_the_settings_and_the_encoder(tmp_path):
     make_model(tmp_path, "bert", hidden=32, heads=2)
     with pytest.raises(ConversionError, match="task 'retrieval.query' given, but model_type 'bert' has no"):
         Service.load(ServeSettings(model=str(tmp_path), task="retrieval.query"))
+
+
+def test_default_workers_are_half_the_cores_on_gpus_and_one_on_the_cpu():
+    from ftbert.serving.server import FRONTS_PER_GPU, default_workers
+
+    assert default_workers("cpu", cores=64) == 1
+    assert default_workers("cuda", cores=16) == 8
+    assert default_workers("cuda", cores=7) == 3
+    assert default_workers("cuda:0", cores=1) == 1
+    assert default_workers("cuda", cores=64) == FRONTS_PER_GPU
+    assert default_workers("cuda:0, cuda:1", cores=64) == 2 * FRONTS_PER_GPU
+    assert default_workers("cuda:0,cuda:1", cores=20) == 10
+    assert 1 <= default_workers("cuda") <= FRONTS_PER_GPU  # this machine's own cores
+
+
+@pytest.mark.parametrize("argv,workers", [([], 1), (["--device", "cuda"], 5), (["--device", "cuda", "--workers", "3"], 3),
+                                          (["--device", "cuda", "--ray"], 1)])
+def test_serve_without_workers_takes_the_default(monkeypatch, argv, workers):
+    from ftbert.serving import ray, server
+
+    seen = []
+    monkeypatch.setattr(server, "default_workers", lambda devices: 1 if devices == "cpu" else 5)
+    monkeypatch.setattr(server, "serve_workers", lambda settings, n, *rest: seen.append(n) or 0)
+    monkeypatch.setattr(server, "serve", lambda settings, *rest: seen.append(1) or 0)
+    monkeypatch.setattr(ray, "run_ray", lambda settings, args: seen.append(args.workers) or 0)
+    assert server.main(argv) == 0
+    assert seen == [workers]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import os
 import socket
 import sys
 
@@ -26,6 +27,22 @@ DTYPES = ("float32", "float16", "bfloat16")
 FRONT_HEALTHCHECK_S = 60
 
 
+# Fronts that paid on a 16-core H100 host (MiniLM float16, the load generator on the same cores):
+# 8 gave what 10 and 12 gave, 6 and 4 less (docs/serving.md).
+FRONTS_PER_GPU = 8
+
+
+def default_workers(devices: str, cores: int | None = None) -> int:
+    """--workers when not given, for `devices` (the --device value) on `cores` cores (default: the
+    cores this process may run on)."""
+    gpus = sum(1 for d in devices.split(",") if d.strip().startswith("cuda"))
+    if not gpus:
+        return 1
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores // 2, FRONTS_PER_GPU * gpus))
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = ServeSettings()
     p = argparse.ArgumentParser(prog="ftbert serve", description=(
@@ -34,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="HF or converted checkpoint dir (default: bundled all-MiniLM-L6-v2)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=int,
                    help="front processes (HTTP, validation, JSON) on the port, before one engine process "
-                        "that batches and runs the forwards (engine.py); 1: all in this process (default)")
+                        "that batches and runs the forwards (engine.py); 1: all in this process. Default: "
+                        f"on GPUs half the cores this process may use, at most {FRONTS_PER_GPU} a GPU; "
+                        "on the CPU 1 (its forwards need the cores)")
     p.add_argument("--device", "--devices", dest="devices", default="cpu",
                    help="cpu, cuda, cuda:N, or a comma-separated list (one encoder and forward thread each)")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
@@ -212,6 +231,8 @@ def main(argv: list[str]) -> int:
         settings = settings_from_args(args)
     except ValueError as e:
         parser.error(str(e))
+    if args.workers is None:
+        args.workers = 1 if args.ray else default_workers(args.devices)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.ray and args.workers != 1:

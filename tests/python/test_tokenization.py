@@ -159,6 +159,73 @@ def test_ascii_shortcut_gives_the_normalizers_ids(tmp_path, rng, source):
     assert taken > 500  # most texts take the shortcut
 
 
+def _wordpiece_texts(rng, n=800):
+    # _ascii_texts' mix plus made-up words (pieces, or the unknown token) and over-long ones.
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    made_up = ["".join(letters[i] for i in rng.integers(0, len(letters), rng.integers(1, 16))) for _ in range(200)]
+    made_up += ["ab" * 51, "x" * 100, "unbelievably", "doesn't"]
+    out = []
+    for text in _ascii_texts(rng, n):
+        words = [made_up[rng.integers(len(made_up))] for _ in range(rng.integers(0, 6))]
+        out.append(" ".join([text, *words]) if rng.random() < 0.7 else text)
+    return out
+
+
+@pytest.mark.parametrize("source", ["minilm", "wordpiece", "wordpiece-cased"])
+def test_ascii_word_pieces_give_the_tokenizers_ids(tmp_path, rng, source):
+    from tokenizers import Tokenizer, normalizers
+
+    from ftbert.tokenization import AsciiShortcut
+
+    if source == "minilm":
+        tok = Tokenizer.from_file(str(Path(minilm_path()) / "tokenizer.json"))
+    else:
+        write_wordpiece_tokenizer(tmp_path, 200)
+        tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        if source == "wordpiece-cased":
+            tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok.no_padding()
+    pieces = AsciiShortcut.of(tok).word_pieces
+    assert pieces is not None
+    short = AsciiShortcut.of(tok)
+    unknown, split = tok.token_to_id("[UNK]"), 0
+    for text in _wordpiece_texts(rng):
+        normalized = short.normalized(text)
+        if normalized is None:
+            continue
+        tok.no_truncation()
+        want = tok.encode(text).ids
+        assert pieces.ids(normalized) == want, repr(text)
+        assert pieces.ids(normalized, special_tokens=False) == tok.encode(text, add_special_tokens=False).ids
+        split += unknown in want or any(tok.id_to_token(i).startswith("##") for i in want)
+        for max_length in (1, 2, 3, 9, 40):
+            for side in ("right", "left"):
+                tok.enable_truncation(max_length=max_length, direction=side)
+                assert pieces.ids(normalized, max_length, side) == tok.encode(text).ids, (repr(text), max_length, side)
+    assert split > 100  # the unknown token and continuation pieces were exercised
+
+
+def test_ascii_word_pieces_need_wordpiece_behind_bert_pre_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, pre_tokenizers, processors
+
+    from ftbert.tokenization import AsciiShortcut
+
+    write_wordpiece_tokenizer(tmp_path, 200)
+    path = str(tmp_path / "tokenizer.json")
+    tok = Tokenizer.from_file(path)
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert AsciiShortcut.of(tok) is not None and AsciiShortcut.of(tok).word_pieces is None
+    tok = Tokenizer.from_file(path)
+    tok.post_processor = processors.ByteLevel()
+    assert AsciiShortcut.of(tok).word_pieces is None
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP] $A", special_tokens=[
+        ("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    assert AsciiShortcut.of(tok).word_pieces is None
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
+                                                   ("[CLS]", tok.token_to_id("[CLS]")))
+    assert AsciiShortcut.of(tok).word_pieces is not None
+
+
 def test_ascii_shortcut_needs_a_cleaning_bert_normalizer(tmp_path):
     from tokenizers import Tokenizer, normalizers
 

@@ -345,6 +345,9 @@ class JobTokenizer:
         if self._ascii is not None:
             normalized = [self._ascii.normalized(t) if isinstance(t, str) else None for t in texts]
             if None not in normalized:
+                pieces = self._ascii.word_pieces
+                if pieces is not None:
+                    return [pieces.ids(t, max_length, side, special_tokens) for t in normalized]
                 return [e.ids for e in self._ascii_encode(normalized, add_special_tokens=special_tokens)]
         return [e.ids for e in self._fast_encode(texts, add_special_tokens=special_tokens)]
 

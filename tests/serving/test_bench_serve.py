@@ -186,6 +186,32 @@ def test_bench_serve_refuses_an_unknown_engine(capsys):
     assert "unknown engine" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name,want", [("short", 16), ("long", 256), ("ragged", (16, 256)), ("24", 24),
+                                       ("16-64", (16, 64)), ("8-8", (8, 8))])
+def test_lengths_are_named_counted_or_ranges(name, want):
+    assert bench_serve.parse_length(name) == want
+
+
+@pytest.mark.parametrize("bad", ["medium", "0", "9-3", "-5", "4-", "1.5", "a-b"])
+def test_bench_serve_refuses_a_length_it_cannot_read(capsys, bad):
+    assert bench_serve.main(["--engines", "ftbert", "--lengths", f"short,{bad}"]) == 2
+    err = capsys.readouterr().err
+    assert repr(bad) in err and "16-256" in err
+
+
+def test_ragged_texts_spread_over_their_range(embedder):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(embedder), local_files_only=True)
+    texts = bench_serve._texts(tok, (8, 40), 60, seed=1)
+    counts = [len(tok(t)["input_ids"]) for t in texts]
+    assert len(set(texts)) == 60
+    # Each at least its drawn target (the tiny vocabulary's pieces may pass it by a few).
+    assert min(counts) >= 8 and max(counts) <= 40 + 8
+    assert max(counts) - min(counts) >= 16  # not one length for all
+    assert bench_serve._texts(tok, (8, 40), 60, seed=1) == texts  # the seed decides them
+
+
 def test_wrk_script_sends_each_text_in_the_python_clients_body():
     texts = ["plain words", 'a "quoted" one', "closes ]] and ]=] early"]
     script = bench_serve.wrk_script(texts)

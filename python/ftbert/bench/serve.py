@@ -9,8 +9,9 @@ sentence-transformers server (`ftbert.bench.serve_peer`) doing the same work.
 
 Both servers run in subprocesses on the loopback address, each started, checked and measured
 alone (one at a time, so they never compete for the device or the cores). A request embeds one
-text: "short" ~16 tokens or "long" ~256 tokens (texts of words from a fixed list, each request a
-different text; the token counts are the model tokenizer's, with its special tokens). For each
+text: "short" ~16 tokens, "long" ~256 tokens or "ragged" 16-256 (each text's length drawn from the
+range, as `A-B` does for any range; texts of words from a fixed list, each request a different
+text; the token counts are the model tokenizer's, with its special tokens). For each
 (length, concurrency) the clients -- `--client-procs` processes of asyncio + httpx, `concurrency`
 connections in all, each sending its next request when the last is answered -- warm up, then run
 for `--duration` seconds; requests/s is the requests answered within that time, latencies are
@@ -48,23 +49,45 @@ WORDS = (
     "after the war the market opened again with fresh bread fish fruit and flowers every morning before "
     "sunrise children walk to school through narrow streets full of music light and the smell of coffee"
 ).split()
-LENGTHS = {"short": 16, "long": 256}
+LENGTHS = {"short": 16, "long": 256, "ragged": (16, 256)}
 
 
-def _texts(tok, target: int, n: int, seed: int) -> list[str]:
-    """n different texts of about `target` tokens each (with the tokenizer's special tokens)."""
+def _texts(tok, target: int | tuple[int, int], n: int, seed: int) -> list[str]:
+    """n different texts of about `target` tokens each (with the tokenizer's special tokens); for a
+    (low, high) target, each text's own target drawn uniformly from that range (ragged traffic)."""
     import random
 
     r = random.Random(seed)
     out = []
     for _ in range(n):
+        want = r.randint(*target) if isinstance(target, tuple) else target
         words = []
         while True:
             words.append(r.choice(WORDS))
-            if len(tok(" ".join(words))["input_ids"]) >= target:
+            if len(tok(" ".join(words))["input_ids"]) >= want:
                 break
         out.append(" ".join(words))
     return out
+
+
+def parse_length(name: str) -> int | tuple[int, int]:
+    """A --lengths entry: a named length, N tokens, or A-B (each text's length drawn from A..B)."""
+    if name in LENGTHS:
+        return LENGTHS[name]
+    low, dash, high = name.partition("-")
+    try:
+        value = (int(low), int(high)) if dash else int(name)
+    except ValueError:
+        value = None
+    ok = (isinstance(value, int) and value >= 1) or (isinstance(value, tuple) and 1 <= value[0] <= value[1])
+    if not ok:
+        raise ValueError(f"--lengths: {name!r} is not a length; use {', '.join(LENGTHS)}, a number of tokens "
+                         "(e.g. 64) or a range A-B (e.g. 16-256)")
+    return value
+
+
+def _describe(target: int | tuple[int, int]) -> str:
+    return f"{target[0]}-{target[1]} tokens" if isinstance(target, tuple) else f"~{target} tokens"
 
 
 def _free_port() -> int:
@@ -346,7 +369,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", help="ftbert's devices, comma-separated (e.g. cuda:0,cuda:1)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated (default %(default)s)")
-    p.add_argument("--lengths", default="short,long", help="short (~16 tokens), long (~256), or N tokens")
+    p.add_argument("--lengths", default="short,long",
+                   help="short (~16 tokens), long (~256), ragged (16-256, each text its own), N tokens, or A-B")
     p.add_argument("--engines", default="ftbert,sentence-transformers",
                    help="comma-separated: ftbert, sentence-transformers, noop, noop-raw (default %(default)s)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per row (default %(default)s)")
@@ -397,9 +421,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     concurrency = [int(c) for c in args.concurrency.split(",")]
     lengths = {}
-    for name in args.lengths.split(","):
-        name = name.strip()
-        lengths[name] = LENGTHS[name] if name in LENGTHS else int(name)
+    try:
+        for name in args.lengths.split(","):
+            lengths[name.strip()] = parse_length(name.strip())
+    except ValueError as e:
+        print(f"ftbert bench-serve: {e}", file=sys.stderr)
+        return 2
     model = args.model or str(ftbert.default_model_path())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -524,7 +551,7 @@ def _plot(path: Path, rows: list[dict], lengths: dict, engines: list[str], title
             pts = sorted((r["concurrency"], r["req_per_s"]) for r in rows if r["engine"] == e and r["length"] == name)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=e)
-        ax.set_title(f"{name} (~{lengths[name]} tokens)", fontsize=9)
+        ax.set_title(f"{name} ({_describe(lengths[name])})", fontsize=9)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel("requests/s")
         ax.set_xscale("log", base=2)

@@ -124,7 +124,7 @@ def test_default_workers_are_half_the_cores_on_gpus_and_one_on_the_cpu():
 
 @pytest.mark.parametrize("argv,workers", [([], 1), (["--device", "cuda"], 5), (["--device", "cuda", "--workers", "3"], 3),
                                           (["--device", "cuda", "--ray"], 1)])
-def test_serve_without_workers_takes_the_default(monkeypatch, argv, workers):
+def test_serve_without_workers_takes_the_default(monkeypatch, capsys, argv, workers):
     from ftbert.serving import ray, server
 
     seen = []
@@ -134,3 +134,5 @@ def test_serve_without_workers_takes_the_default(monkeypatch, argv, workers):
     monkeypatch.setattr(ray, "run_ray", lambda settings, args: seen.append(args.workers) or 0)
     assert server.main(argv) == 0
     assert seen == [workers]
+    said = "ftbert serve: 5 front processes before one engine (the default for cuda; --workers sets it)"
+    assert (said in capsys.readouterr().err) == (argv == ["--device", "cuda"])

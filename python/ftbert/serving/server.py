@@ -233,6 +233,9 @@ def main(argv: list[str]) -> int:
         parser.error(str(e))
     if args.workers is None:
         args.workers = 1 if args.ray else default_workers(args.devices)
+        if args.workers > 1:
+            print(f"ftbert serve: {args.workers} front processes before one engine (the default for "
+                  f"{args.devices}; --workers sets it)", file=sys.stderr, flush=True)
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.ray and args.workers != 1:

@@ -248,6 +248,7 @@ void register_encoder(py::module_& m) {
       .def_property_readonly("recorded_shapes",
                              py::cpp_function(&Encoder::recorded_shapes,
                                               py::call_guard<py::gil_scoped_release>()))
+      .def_property_readonly("graph_counts", &Encoder::graph_counts)
       // The measured GEMM choice (Backend::wait_for_tuning, tuning_counters); the wait without
       // the GIL, which the tuner's thread never needs.
       .def("wait_for_tuning", [](Encoder& e) { e.backend().wait_for_tuning(); },

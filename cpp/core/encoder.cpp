@@ -188,6 +188,12 @@ size_t Encoder::recorded_shapes() const {
   return n;
 }
 
+std::tuple<uint64_t, uint64_t, uint64_t> Encoder::graph_counts() const {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  return {graph_counts_.replayed.load(relaxed), graph_counts_.recorded.load(relaxed),
+          graph_counts_.op_by_op.load(relaxed)};
+}
+
 size_t Encoder::workspace_bytes() const {
   size_t n = 0;
   for (Slot* s : slots()) {
@@ -329,6 +335,7 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     be->set_allow_tf32(allow_tf32_);
     be->set_quantization(backend_->quantization());  // reads the weights backend_ uploaded
     slot.session = std::make_unique<Session>(*model_, be, std::move(own));
+    slot.session->count_graphs_into(&graph_counts_);
   }
   // The setting as this forward read it (args.packed above): the session's recordings hold the
   // kernels of the other one.

@@ -76,13 +76,18 @@ Activations Session::activations() const {
   return a;
 }
 
+void Session::count(std::atomic<uint64_t> GraphCounts::* what) {
+  if (graph_counts_ != nullptr) (graph_counts_->*what).fetch_add(1, std::memory_order_relaxed);
+}
+
 const RecordedOps* Session::recording_for(const ShapeKey& key,
                                           const std::function<void()>& enqueue,
                                           const void* redirectable) {
-  if (!backend_records_) return nullptr;
+  if (!backend_records_ || !backend_->records()) return nullptr;
   ++forwards_;
   if (auto it = recordings_.find(key); it != recordings_.end()) {
     it->second.last_use = forwards_;
+    count(&GraphCounts::replayed);
     return it->second.ops.get();
   }
   // A shape seen once may never come back (e.g. sorted text batches): record from the second
@@ -90,6 +95,7 @@ const RecordedOps* Session::recording_for(const ShapeKey& key,
   // heuristics) outside any recording.
   if (seen_once_.insert(key).second) {
     if (seen_once_.size() > 64 * kMaxRecordings) seen_once_ = {key};
+    count(&GraphCounts::op_by_op);
     return nullptr;
   }
   std::unique_ptr<RecordedOps> ops;
@@ -103,6 +109,7 @@ const RecordedOps* Session::recording_for(const ShapeKey& key,
   }
   if (!ops) {
     backend_records_ = false;
+    count(&GraphCounts::op_by_op);
     return nullptr;
   }
   if (recordings_.size() >= kMaxRecordings) {
@@ -114,6 +121,7 @@ const RecordedOps* Session::recording_for(const ShapeKey& key,
   Recording& r = recordings_[key];
   r.ops = std::move(ops);
   r.last_use = forwards_;
+  count(&GraphCounts::recorded);
   return r.ops.get();
 }
 

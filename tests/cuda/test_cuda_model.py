@@ -153,6 +153,21 @@ def test_no_memory_growth_over_1000_forwards_then_mixed_shapes(hf_dir, rng):
         assert err < 5e-2
 
 
+def test_graph_counts_say_what_each_forward_did(hf_dir, rng):
+    path, model = hf_dir
+    enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16", warmup=False)
+    assert enc.graph_counts == {"replayed": 0, "recorded": 0, "op_by_op": 0}
+    ids, mask, types = inputs(rng, model.config.vocab_size, 3, 40)
+    for _ in range(4):  # seen, recorded, replayed twice
+        enc(ids, mask, types)
+    assert enc.graph_counts == {"replayed": 2, "recorded": 1, "op_by_op": 1}
+    enc(*inputs(rng, model.config.vocab_size, 2, 17))  # a new shape: op by op
+    assert enc.graph_counts == {"replayed": 2, "recorded": 1, "op_by_op": 2}
+    enc.cuda_graphs = False  # forwards without graphs are not counted
+    enc(ids, mask, types)
+    assert enc.graph_counts == {"replayed": 2, "recorded": 1, "op_by_op": 2}
+
+
 def test_numpy_and_cpu_tensors_follow_the_documented_rule(hf_dir, rng):
     path, model = hf_dir
     enc = ftbert.Encoder.from_pretrained(path, device="cuda", dtype="float16")

@@ -55,7 +55,19 @@ def test_concurrent_clients_get_their_own_embeddings(tmp_path, rng, graphs):
             t.start()
         for t in threads:
             t.join(300)
+        metrics = httpx.get(s.url + "/metrics").text
     assert not errors, errors[:5]
+    counts, forwards = {}, None
+    for line in metrics.splitlines():
+        if line.startswith("ftbert_cuda_graph_forwards_total{"):
+            counts[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("ftbert_batch_size_count "):
+            forwards = float(line.rsplit(" ", 1)[1])
+    assert set(counts) == {"replayed", "recorded", "op_by_op"} and forwards >= 1
+    if graphs:  # every batch's forward counted once, beside the warm-up's
+        assert sum(counts.values()) >= forwards
+    else:
+        assert sum(counts.values()) == 0
 
 
 def test_rerank_on_the_gpu_equals_predict(tmp_path, rng):

@@ -179,6 +179,23 @@ def test_batch_figures_are_the_batchers_counters_over_the_row():
                                "mean_wait_ms": 2.0})
     assert bench_serve._batch_figures(before, before, 2.0) is None  # no forward in the row
     assert bench_serve._batch_figures(None, after, 2.0) is None
+    assert "graphs" not in b  # a CPU server exports no graph counts
+
+
+def test_batch_figures_count_a_gpu_servers_graph_forwards():
+    from ftbert.serving.metrics import Metrics
+
+    counts = {"replayed": 5, "recorded": 2, "op_by_op": 3}
+    m = Metrics()
+    m.count_graphs(lambda: dict(counts))
+    m.on_batch(4, 40, 0.001, 0.002)
+    before = bench_serve._read_counters(m.render().decode())
+    counts.update(replayed=45, recorded=3)
+    m.on_batch(6, 60, 0.001, 0.002)
+    after = bench_serve._read_counters(m.render().decode())
+    b = bench_serve._batch_figures(before, after, 1.0)
+    assert b["graphs"] == {"replayed": 40, "recorded": 1, "op_by_op": 0}
+    assert b["mean_size"] == 6
 
 
 def test_bench_serve_refuses_an_unknown_engine(capsys):

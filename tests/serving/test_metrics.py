@@ -85,3 +85,15 @@ def test_fronts_sums_merged_in_the_engine_equal_one_servers_count():
 def test_no_requests_export_no_request_series_but_the_inputs_histogram():
     assert {name for name, _ in _samples(Metrics().render())} == {
         "ftbert_request_inputs_bucket", "ftbert_request_inputs_count", "ftbert_request_inputs_sum"}
+
+
+def test_graph_counts_are_exported_as_a_counter_by_how():
+    counts = {"replayed": 7, "recorded": 2, "op_by_op": 1}
+    m = Metrics()
+    assert "ftbert_cuda_graph_forwards" not in m.render().decode()  # only where an encoder is on a GPU
+    m.count_graphs(lambda: counts)
+    samples = {s.labels["how"]: s.value for f in text_string_to_metric_families(m.render().decode())
+               for s in f.samples if s.name == "ftbert_cuda_graph_forwards_total"}
+    assert samples == {"replayed": 7, "recorded": 2, "op_by_op": 1}
+    counts["replayed"] = 9  # read at each render
+    assert "ftbert_cuda_graph_forwards_total{how=\"replayed\"} 9.0" in m.render().decode()

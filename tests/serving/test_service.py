@@ -46,3 +46,15 @@ def test_an_app_freezes_its_heap_at_startup_only_when_it_owns_the_process(tmp_pa
     app = create_app(ServeSettings(model=str(path), model_name="tiny"), freeze_heap=freeze)
     with ThreadServer(app):
         assert (gc.get_freeze_count() > 0) == freeze
+
+
+def test_a_cpu_service_exports_no_graph_counts(tmp_path):
+    from ftbert.serving.service import Service
+
+    path = make_embedder(tmp_path / "embedder")
+    service = Service.load(ServeSettings(model=str(path), model_name="tiny"))
+    try:
+        assert service.encoders[0].graph_counts == {"replayed": 0, "recorded": 0, "op_by_op": 0}
+        assert "ftbert_cuda_graph_forwards" not in service.metrics.render().decode()
+    finally:
+        service.close()

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ftbert/attention.h"
@@ -104,6 +105,8 @@ class Encoder {
   void set_graphs(bool on);
   bool graphs() const { return graphs_; }
   size_t recorded_shapes() const;  // recordings held now, over all sessions
+  // Forwards since the encoder was made, over all its sessions: {replayed, recorded, op by op}.
+  std::tuple<uint64_t, uint64_t, uint64_t> graph_counts() const;
 
   // TF32 for float32 GEMMs (see Backend::set_allow_tf32); drops the recordings, which hold the
   // GEMMs as recorded.
@@ -153,6 +156,7 @@ class Encoder {
   BadInputValue* bad_input_device_ = nullptr;
 
   mutable std::mutex pool_mutex_;
+  Session::GraphCounts graph_counts_;  // every session's forwards (Session::count_graphs_into)
   std::condition_variable slot_freed_;
   std::vector<std::unique_ptr<Slot>> slots_;
 };

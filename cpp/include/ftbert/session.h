@@ -4,6 +4,7 @@
 // runs in a session at a time; the Encoder (encoder.h) hands sessions to callers.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -98,6 +99,14 @@ class Session {
   // Bytes of activation workspace held (grows to the largest batch x seq seen, then stays).
   size_t workspace_bytes() const;
   size_t recorded_shapes() const { return recordings_.size(); }
+  // Forwards that could replay a recording (graphs on, a backend that records), by what they did:
+  // replayed a held recording, recorded a new one (a shape's second forward), or ran op by op.
+  // Owned by whoever reads them (the Encoder, over all its sessions); read without a lock.
+  struct GraphCounts {
+    std::atomic<uint64_t> replayed{0}, recorded{0}, op_by_op{0};
+  };
+  // Adds this session's forwards to `counts` (which must outlive the session); null: none.
+  void count_graphs_into(GraphCounts* counts) { graph_counts_ = counts; }
   // Waits for queued work, then frees the recordings (and forgets the shapes seen once).
   void drop_recordings();
 
@@ -126,6 +135,7 @@ class Session {
   // Backend::record may redirect, or null.
   const RecordedOps* recording_for(const ShapeKey& key, const std::function<void()>& enqueue,
                                    const void* redirectable);
+  void count(std::atomic<uint64_t> GraphCounts::* what);
   // Grows the workspace to `batch` sequences of up to `seq` positions whose per-token buffers hold
   // `rows` rows (B * S, or fewer for inputs that come packed).
   void ensure_workspace(int batch, int seq, int64_t rows, size_t attention_bytes);
@@ -153,6 +163,7 @@ class Session {
   std::map<ShapeKey, Recording> recordings_;
   std::set<ShapeKey> seen_once_;  // shapes run once, op by op
   uint64_t forwards_ = 0;         // the clock of Recording::last_use
+  GraphCounts* graph_counts_ = nullptr;
   uint64_t picks_generation_ = 0;  // Backend::begin_forward's when the recordings were made
 
   // Set by the last LayerNorm when the output holds a NaN or Inf; host memory the device writes.

@@ -305,6 +305,7 @@ def measure_encode(model: str, device: str, dtype: str, texts: list[str], warmup
 
 _COUNTERS = ("ftbert_batch_size_count", "ftbert_batch_size_sum", "ftbert_forward_duration_seconds_sum",
              "ftbert_queue_wait_seconds_sum")
+_GRAPHS = "ftbert_cuda_graph_forwards_total{how="
 
 
 def _engine_counters(url: str) -> dict[str, float] | None:
@@ -315,29 +316,40 @@ def _engine_counters(url: str) -> dict[str, float] | None:
         text = httpx.get(url + "/metrics", timeout=30).text
     except httpx.HTTPError:
         return None
+    return _read_counters(text)
+
+
+def _read_counters(text: str) -> dict[str, float] | None:
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in _COUNTERS:
             out[name] = float(value)
-    return out if len(out) == len(_COUNTERS) else None
+        elif name.startswith(_GRAPHS):  # a GPU server's ftbert_cuda_graph_forwards_total{how="..."}
+            out["graphs:" + name[len(_GRAPHS):].split('"')[1]] = float(value)
+    return out if all(k in out for k in _COUNTERS) else None
 
 
 def _batch_figures(before: dict | None, after: dict | None, seconds: float) -> dict | None:
     """What the batcher did over a row (its warm-up included): forwards per second, inputs per
     forward, a forward's mean time with its pooling, the share of the time spent in forwards (one
-    forward thread per device: near 100% is a busy GPU side), and a batch's oldest input's mean
-    wait before its forward."""
+    forward thread per device: near 100% is a busy GPU side), a batch's oldest input's mean
+    wait before its forward, and on a GPU how many forwards replayed, recorded or ran without a
+    CUDA graph."""
     if before is None or after is None:
         return None
-    d = {k: after[k] - before[k] for k in _COUNTERS}
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
     n = d["ftbert_batch_size_count"]
     if n <= 0:
         return None
-    return {"per_s": n / seconds, "mean_size": d["ftbert_batch_size_sum"] / n,
-            "mean_forward_ms": d["ftbert_forward_duration_seconds_sum"] / n * 1e3,
-            "forward_busy": d["ftbert_forward_duration_seconds_sum"] / seconds,
-            "mean_wait_ms": d["ftbert_queue_wait_seconds_sum"] / n * 1e3}
+    out = {"per_s": n / seconds, "mean_size": d["ftbert_batch_size_sum"] / n,
+           "mean_forward_ms": d["ftbert_forward_duration_seconds_sum"] / n * 1e3,
+           "forward_busy": d["ftbert_forward_duration_seconds_sum"] / seconds,
+           "mean_wait_ms": d["ftbert_queue_wait_seconds_sum"] / n * 1e3}
+    graphs = {k.partition(":")[2]: int(v) for k, v in d.items() if k.startswith("graphs:")}
+    if graphs:
+        out["graphs"] = graphs
+    return out
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
@@ -491,6 +503,10 @@ def main(argv: list[str] | None = None) -> int:
                         console.print(f"  {'':<22} {'':<6} {'':<5} batches: {b['per_s']:,.0f}/s of {b['mean_size']:.1f} "
                                       f"inputs, forward {b['mean_forward_ms']:.2f} ms (busy {b['forward_busy']:.0%}), "
                                       f"oldest input's wait {b['mean_wait_ms']:.2f} ms")
+                        if b.get("graphs"):
+                            g = b["graphs"]
+                            console.print(f"  {'':<22} {'':<6} {'':<5} CUDA graphs: {g.get('replayed', 0):,} replayed, "
+                                          f"{g.get('recorded', 0):,} recorded, {g.get('op_by_op', 0):,} op by op")
 
     encode = {}
     if args.encode:

@@ -12,6 +12,9 @@ Forwards:  ftbert_batch_size (histogram: sequences per forward), ftbert_batch_to
            ftbert_tokens_per_second (gauge: tokens forwarded over the last 10 s, per second).
 Failures:  ftbert_forward_errors_total{error} (counter: forwards that raised, error "out_of_memory"
            (their requests answered 503) or "other" (500)).
+Graphs:    ftbert_cuda_graph_forwards_total{how} (counter, GPU encoders only: forwards with CUDA graphs
+           on that "replayed" a held recording, "recorded" a new one, or ran "op_by_op";
+           Encoder.graph_counts summed over the devices).
 """
 
 from __future__ import annotations
@@ -105,6 +108,19 @@ class _RequestCollector:
         return [requests, seconds, sizes]
 
 
+class _GraphCollector:
+    def __init__(self, counts: Callable[[], dict[str, int]]):
+        self._counts = counts
+
+    def collect(self):
+        family = CounterMetricFamily("ftbert_cuda_graph_forwards", "Forwards with CUDA graphs on, by what they "
+                                     "did: replayed a held recording, recorded a new one, or ran op by op",
+                                     labels=["how"])
+        for how, n in self._counts().items():
+            family.add_metric([how], n)
+        return [family]
+
+
 def _cumulative(bounds, row) -> list[tuple[str, float]]:
     out, total = [], 0
     for bound, n in zip(list(bounds) + [float("inf")], row[:-1]):
@@ -142,6 +158,10 @@ class Metrics:
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._recent_lock = threading.Lock()
         self.tokens_per_second.set_function(self._rate)
+
+    def count_graphs(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Exports `counts()` (Encoder.graph_counts' form) as ftbert_cuda_graph_forwards_total."""
+        self.registry.register(_GraphCollector(counts))
 
     # ---- hooks the batcher calls from its threads --------------------------------------------
     def on_batch(self, sequences: int, tokens: int, wait_s: float, forward_s: float) -> None:

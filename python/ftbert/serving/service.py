@@ -26,6 +26,9 @@ class Service:
         self.metrics = metrics or Metrics()
         self.batcher = Batcher(encoders, settings, self.metrics)
         self.metrics.queue_depth.set_function(lambda: self.batcher.queue_depth)
+        gpus = [e for e in encoders if str(e.device).startswith("cuda")]
+        if gpus:
+            self.metrics.count_graphs(lambda: _summed(e.graph_counts for e in gpus))
         enc = encoders[0]
         self.config = enc.config
         self.path = enc.path
@@ -200,3 +203,11 @@ def _version() -> str:
     import ftbert
 
     return ftbert.__version__
+
+
+def _summed(counts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total

@@ -133,19 +133,24 @@ def _ascii_texts(rng, n=3000):
     return out + ["", " ", "\t\n\r", "\x0b\x0c", "[MASK]", "Héllo"]
 
 
-@pytest.mark.parametrize("source", ["minilm", "wordpiece", "wordpiece-cased"])
-def test_ascii_shortcut_gives_the_normalizers_ids(tmp_path, rng, source):
+def _bert_tokenizer(tmp_path, source: str):
+    """A BertNormalizer + WordPiece tokenizers.Tokenizer: MiniLM's, or the test suite's (cased or not)."""
     from tokenizers import Tokenizer, normalizers
 
+    if source == "minilm":
+        return Tokenizer.from_file(str(Path(minilm_path()) / "tokenizer.json"))
+    write_wordpiece_tokenizer(tmp_path, 200)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    if source == "wordpiece-cased":
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    return tok
+
+
+@pytest.mark.parametrize("source", ["minilm", "wordpiece", "wordpiece-cased"])
+def test_ascii_shortcut_gives_the_normalizers_ids(tmp_path, rng, source):
     from ftbert.tokenization import AsciiShortcut
 
-    if source == "minilm":
-        tok = Tokenizer.from_file(str(Path(minilm_path()) / "tokenizer.json"))
-    else:
-        write_wordpiece_tokenizer(tmp_path, 200)
-        tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-        if source == "wordpiece-cased":
-            tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok = _bert_tokenizer(tmp_path, source)
     short = AsciiShortcut.of(tok)
     assert short is not None
     taken = 0
@@ -173,21 +178,13 @@ def _wordpiece_texts(rng, n=800):
 
 @pytest.mark.parametrize("source", ["minilm", "wordpiece", "wordpiece-cased"])
 def test_ascii_word_pieces_give_the_tokenizers_ids(tmp_path, rng, source):
-    from tokenizers import Tokenizer, normalizers
-
     from ftbert.tokenization import AsciiShortcut
 
-    if source == "minilm":
-        tok = Tokenizer.from_file(str(Path(minilm_path()) / "tokenizer.json"))
-    else:
-        write_wordpiece_tokenizer(tmp_path, 200)
-        tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
-        if source == "wordpiece-cased":
-            tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok = _bert_tokenizer(tmp_path, source)
     tok.no_padding()
-    pieces = AsciiShortcut.of(tok).word_pieces
-    assert pieces is not None
     short = AsciiShortcut.of(tok)
+    pieces = short.word_pieces
+    assert pieces is not None
     unknown, split = tok.token_to_id("[UNK]"), 0
     for text in _wordpiece_texts(rng):
         normalized = short.normalized(text)

@@ -136,3 +136,29 @@ def test_serve_without_workers_takes_the_default(monkeypatch, capsys, argv, work
     assert seen == [workers]
     said = "ftbert serve: 5 front processes before one engine (the default for cuda; --workers sets it)"
     assert (said in capsys.readouterr().err) == (argv == ["--device", "cuda"])
+
+
+def test_usable_cores_count_a_cgroup_cpu_quota(tmp_path):
+    import os
+
+    from ftbert.serving.server import cgroup_cpu_quota, usable_cores
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: two cores to run on
+    assert cgroup_cpu_quota(v2) == 2
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(v2) is None
+    (v2 / "cpu.max").write_text("garbage")
+    assert cgroup_cpu_quota(v2) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(v1) == 4
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_quota(v1) is None
+    assert cgroup_cpu_quota(tmp_path / "none") is None
+    (v2 / "cpu.max").write_text("100000 100000\n")
+    assert usable_cores(v2) == 1
+    assert usable_cores(tmp_path / "none") == len(os.sched_getaffinity(0))

@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import math
 import os
 import socket
 import sys
+from pathlib import Path
 
 from .settings import ServeSettings
 
@@ -33,14 +35,38 @@ FRONTS_PER_GPU = 8
 
 
 def default_workers(devices: str, cores: int | None = None) -> int:
-    """--workers when not given, for `devices` (the --device value) on `cores` cores (default: the
-    cores this process may run on)."""
+    """--workers when not given, for `devices` (the --device value) on `cores` cores (default:
+    usable_cores())."""
     gpus = sum(1 for d in devices.split(",") if d.strip().startswith("cuda"))
     if not gpus:
         return 1
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
     return max(1, min(cores // 2, FRONTS_PER_GPU * gpus))
+
+
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on (its CPU affinity), at most its cgroup's CPU quota rounded
+    up: a container limited to 2 CPUs still sees every core of the host in its affinity."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup)
+    return max(1, min(cores, quota)) if quota is not None else cores
+
+
+def cgroup_cpu_quota(cgroup: Path) -> int | None:
+    """CPUs the cgroup's quota allows, rounded up (cgroup v2's cpu.max, else v1's cpu.cfs_quota_us
+    over cpu.cfs_period_us); None without a quota or where none can be read."""
+    try:
+        if (cgroup / "cpu.max").exists():
+            quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        if quota == "max" or int(quota) <= 0:
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int,
                    help="front processes (HTTP, validation, JSON) on the port, before one engine process "
                         "that batches and runs the forwards (engine.py); 1: all in this process. Default: "
-                        f"on GPUs half the cores this process may use, at most {FRONTS_PER_GPU} a GPU; "
+                        f"on GPUs half the cores this process may use (its CPU quota counted), at most "
+                        f"{FRONTS_PER_GPU} a GPU; "
                         "on the CPU 1 (its forwards need the cores)")
     p.add_argument("--device", "--devices", dest="devices", default="cpu",
                    help="cpu, cuda, cuda:N, or a comma-separated list (one encoder and forward thread each)")

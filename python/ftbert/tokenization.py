@@ -223,6 +223,10 @@ class AsciiWordPieces:
     WordPiece model behind BertPreTokenizer whose post-processor adds tokens around a single
     text (BertProcessing, RobertaProcessing, or a TemplateProcessing of that shape) or nothing."""
 
+    # The most characters one call takes (about 2 ms of Python): past it, the Rust tokenizer, which
+    # spreads a batch over the cores and lets other threads run (this holds the GIL throughout).
+    MOST_CHARS = 1 << 16
+
     def __init__(self, vocab: dict, unk: int, prefix: str, max_chars: int, lowercase: bool,
                  before: list[int], after: list[int]):
         self._vocab, self._unk, self._prefix, self._max_chars = vocab, (unk,), prefix, max_chars
@@ -243,6 +247,10 @@ class AsciiWordPieces:
             return None
         return cls(vocab, vocab[model["unk_token"]], model.get("continuing_subword_prefix", "##"),
                    model.get("max_input_chars_per_word", 100), lowercase, *around)
+
+    def takes(self, texts: list[str]) -> bool:
+        """Whether one call should tokenize `texts` here (see MOST_CHARS)."""
+        return sum(map(len, texts)) <= self.MOST_CHARS
 
     def ids(self, text: str, max_length: int | None = None, side: str = "right",
             special_tokens: bool = True) -> list[int]:

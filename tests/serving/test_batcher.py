@@ -325,6 +325,27 @@ def test_jobs_tokenized_elsewhere_skip_the_tokenizer_and_answer_as_the_others(em
     assert b.accepted == b.finished == len(texts) + 1 and b.queue_depth == 0
 
 
+def test_a_large_call_leaves_the_python_word_pieces_for_the_rust_tokenizer(tmp_path, rng, monkeypatch):
+    from ftbert.serving.batcher import JobTokenizer
+    from ftbert.tokenization import AsciiWordPieces, load_text_tokenizer, load_transformers_tokenizer
+    from tests._tokenizers import write_wordpiece_tokenizer
+
+    write_wordpiece_tokenizer(tmp_path, 200)
+    limits = {TEXT: 24, PAIR: 24, IDS: 24}
+    quick = JobTokenizer(load_transformers_tokenizer(tmp_path), ServeSettings(model=str(tmp_path)), limits,
+                         threading.Lock, fast=load_text_tokenizer(tmp_path, limits[TEXT]).backend)
+    pieces, calls = quick._ascii.word_pieces, []
+    real = pieces.ids
+    monkeypatch.setattr(pieces, "ids", lambda *a, **k: calls.append(a) or real(*a, **k))
+    job = Job(EMBED, TEXT, random_texts(rng, 3))
+    python_rows = quick.tokenize(job)
+    assert len(calls) == 3
+    monkeypatch.setattr(AsciiWordPieces, "MOST_CHARS", sum(map(len, job.inputs)) - 1)
+    rust_rows = quick.tokenize(job)
+    assert len(calls) == 3  # not called again: the texts went to the Rust tokenizer
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(python_rows, rust_rows))
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
 def test_the_fast_tokenizer_gives_transformers_rows_and_errors(tmp_path, rng, kind, side):

@@ -346,7 +346,7 @@ class JobTokenizer:
             normalized = [self._ascii.normalized(t) if isinstance(t, str) else None for t in texts]
             if None not in normalized:
                 pieces = self._ascii.word_pieces
-                if pieces is not None:
+                if pieces is not None and pieces.takes(normalized):
                     return [pieces.ids(t, max_length, side, special_tokens) for t in normalized]
                 return [e.ids for e in self._ascii_encode(normalized, add_special_tokens=special_tokens)]
         return [e.ids for e in self._fast_encode(texts, add_special_tokens=special_tokens)]

@@ -123,6 +123,16 @@ def load_text_tokenizer(directory: str | Path | None, max_length: int) -> TextTo
     return TextTokenizer(tok, max_length)
 
 
+def server_tokenizer(directory: str | Path | None, max_length: int, transformers_tokenizer):
+    """The `tokenizers.Tokenizer` the servers tokenize single texts with: the checkpoint's
+    tokenizer.json (load_text_tokenizer) where its pipeline is `transformers_tokenizer`'s too
+    (same_pipeline); None where they must keep to transformers'."""
+    fast = load_text_tokenizer(directory, max_length)
+    if fast is None or not same_pipeline(fast.backend, transformers_tokenizer):
+        return None
+    return fast.backend
+
+
 def same_pipeline(tokenizer, transformers_tokenizer) -> bool:
     """Whether a tokenizers.Tokenizer read from the file normalizes, pre-tokenizes and adds special
     tokens as transformers' tokenizer of the same folder does. Where transformers builds a class's

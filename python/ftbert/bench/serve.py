@@ -459,9 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "--dtype", args.dtype],
         "noop": [sys.executable, "-m", "ftbert.bench.serve_noop", "--workers", str(args.noop_workers),
                  "--dim", str(_hidden_size(model))],
-        "noop-raw": [sys.executable, "-m", "ftbert.bench.serve_noop", "--raw", "--workers", str(args.noop_workers),
-                     "--dim", str(_hidden_size(model))],
     }
+    commands["noop-raw"] = commands["noop"] + ["--raw"]
     rows, infos, check_texts, reference = [], {}, pools[next(iter(pools))][:8], None
     checks, ready = {}, {}
     for engine in engines:

@@ -55,7 +55,7 @@ from ..cross_encoder import _truncation_length
 from ..encoder import MULTIVECTOR, OUTPUT_HEADS, SPARSE, keep_top_k
 from ..text import (chunk_windows, default_pooling, forward_packed_batch, pack_sequences, pool_packed,
                     special_tokens, tokenizer_lock)
-from ..tokenization import load_text_tokenizer, same_pipeline
+from ..tokenization import server_tokenizer
 
 if TYPE_CHECKING:
     from ..encoder import Encoder
@@ -226,7 +226,7 @@ class JobTokenizer:
         self._tok, self.settings, self.limits, self._lock = tokenizer, settings, limits, lock
         self._specials: tuple[list[int], list[int]] | None = None  # around a window (long_texts "chunk")
         # `fast`: the checkpoint's tokenizer.json as a `tokenizers.Tokenizer` where it gives
-        # transformers' ids (tokenization.load_text_tokenizer), of this JobTokenizer's own (its
+        # transformers' ids (tokenization.server_tokenizer), of this JobTokenizer's own (its
         # truncation is set per call). Single texts go through it without transformers' wrapper
         # and without offsets: a short text 22 against 32 us, a 250-word one 330 against 410.
         self._fast = fast
@@ -404,11 +404,8 @@ class Batcher:
             IDS: min(model_limit, cap) if cap else model_limit,
             PAIR: min(pair_limit, cap) if cap else pair_limit,
         }
-        fast = load_text_tokenizer(enc.path, self.limits[TEXT])
-        if fast is not None and not same_pipeline(fast.backend, tok):
-            fast = None
         self.tokenizer = JobTokenizer(tok, self.settings, self.limits, lambda: tokenizer_lock(enc),
-                                      fast=None if fast is None else fast.backend)
+                                      fast=server_tokenizer(enc.path, self.limits[TEXT], tok))
         for kind in OUTPUT_HEADS:
             reason = enc.unavailable_reason(kind)
             if reason is None:

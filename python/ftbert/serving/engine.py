@@ -650,15 +650,12 @@ class RemoteService:
         """The checkpoint's tokenizer, as the engine's encoder loads it (transformers')."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                from ..tokenization import load_text_tokenizer, load_transformers_tokenizer, same_pipeline
+                from ..tokenization import load_transformers_tokenizer, server_tokenizer
 
                 self._tokenizer = load_transformers_tokenizer(self.path)
-                fast = load_text_tokenizer(self.path, self._limits[TEXT])
-                if fast is not None and not same_pipeline(fast.backend, self._tokenizer):
-                    fast = None
+                fast = server_tokenizer(self.path, self._limits[TEXT], self._tokenizer)
                 self._job_tokenizer = JobTokenizer(self._tokenizer, self.settings, self._limits,
-                                                   lambda: self._tokenizer_lock,
-                                                   fast=None if fast is None else fast.backend)
+                                                   lambda: self._tokenizer_lock, fast=fast)
 
     def _tokenize(self, job: Job) -> list:
         self._load_tokenizer()

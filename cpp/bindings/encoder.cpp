@@ -8,6 +8,7 @@
 #include "ftbert/check.h"
 #include "ftbert/encoder.h"
 #include "ftbert/model.h"
+#include "ftbert/sequences.h"
 
 namespace ftbert::bindings {
 
@@ -181,6 +182,14 @@ void register_encoder(py::module_& m) {
         "\"architecture\" takes.");
   m.def("relative_position_bucket", &relative_position_bucket, py::arg("distance"),
         "MPNet's bucket of the key-minus-query distance (ftbert/config.h).");
+  m.def(
+      "recorded_packed_shape",
+      [](int batch, int seq, int64_t tokens, int max_seq) {
+        const PackedShape s = recorded_packed_shape(batch, seq, tokens, max_seq);
+        return py::make_tuple(s.batch, s.seq, s.rows);
+      },
+      py::arg("batch"), py::arg("seq"), py::arg("tokens"), py::arg("max_seq"),
+      "(batch, seq, rows) a recording of packed inputs is made for (ftbert/sequences.h).");
 
   py::class_<Encoder>(m, "Encoder")
       .def(py::init([](const py::dict& config, const py::dict& weights, const std::string& device,

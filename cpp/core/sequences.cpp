@@ -67,4 +67,19 @@ int64_t packed_rows_bucket(int64_t tokens, int batch, int seq) {
   return std::min(padded, std::max<int64_t>(1, (tokens + step - 1) / step) * step);
 }
 
+PackedShape recorded_packed_shape(int batch, int seq, int64_t tokens, int max_seq) {
+  const auto power_of_two = [](int64_t n) {
+    int64_t p = 1;
+    while (p < n) p *= 2;
+    return p;
+  };
+  PackedShape s;
+  s.batch = static_cast<int>(power_of_two(batch));
+  s.seq = static_cast<int>(std::max<int64_t>(seq, std::min<int64_t>(power_of_two(seq), max_seq)));
+  const int64_t t = std::max<int64_t>(tokens, 1);
+  const int64_t step = std::max<int64_t>(64, power_of_two(t + 1) / 32);  // 1/16 of T's octave
+  s.rows = std::min(static_cast<int64_t>(s.batch) * s.seq, (t + step - 1) / step * step);
+  return s;
+}
+
 }  // namespace ftbert

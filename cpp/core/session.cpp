@@ -226,8 +226,26 @@ int64_t Session::pack(const ForwardArgs& a, bool unfused) {
   return tally_[0];
 }
 
-ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bool graphs) {
+ForwardResult Session::forward(const ForwardArgs& in, AttentionKind attention, bool graphs) {
   const ModelConfig& c = model_.config();
+  // Inputs that come packed run, where forwards may be recorded (graphs on or off, for the same
+  // GEMM sizes and so the same bits either way), at their recorded shape: empty sequences after
+  // the caller's, up to more positions, over T's bucket of rows. The fused attention skips what
+  // is empty; the unfused one would compute B x S x S scores, so it keeps the exact shape. The
+  // caller's outputs are `in`'s.
+  ForwardArgs widened;
+  int64_t widened_rows = -1;
+  if (in.cu_seqlens != nullptr && attention != AttentionKind::kUnfused && backend_->records()) {
+    const PackedShape shape = recorded_packed_shape(in.batch, in.seq, in.tokens, c.max_seq());
+    widened = in;
+    widened.batch = shape.batch;
+    widened.seq = shape.seq;
+    widened_cu_seqlens_.assign(in.cu_seqlens, in.cu_seqlens + in.batch + 1);
+    widened_cu_seqlens_.resize(shape.batch + 1, in.cu_seqlens[in.batch]);
+    widened.cu_seqlens = widened_cu_seqlens_.data();
+    widened_rows = shape.rows;
+  }
+  const ForwardArgs& a = widened_rows >= 0 ? widened : in;
   const int B = a.batch, S = a.seq;
   if (a.stream) backend_->set_stream(*a.stream);
   // The backend's measured picks hold still until every forward enqueuing now is done; the
@@ -251,8 +269,9 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   }
 
   // Inputs that come packed need rows for their T only (its bucket, as the layout below takes).
-  const int64_t rows = a.cu_seqlens != nullptr ? packed_rows_bucket(std::max<int64_t>(a.tokens, 1), B, S)
-                                               : static_cast<int64_t>(B) * S;
+  const int64_t rows = widened_rows >= 0      ? widened_rows
+                       : a.cu_seqlens != nullptr ? packed_rows_bucket(std::max<int64_t>(a.tokens, 1), B, S)
+                                                 : static_cast<int64_t>(B) * S;
   ensure_workspace(B, S, rows, model_.attention_scratch_bytes(attention, B, S, rows));
   Model::Outputs outputs;
   outputs.pooled = c.has_pooler && a.pooler_output != nullptr;
@@ -281,9 +300,10 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
     // then have the same sizes (so the same algorithms and the same results) either way. T
     // unknown on the host (packed_over_all_rows): every position is a row.
     layout.bounded = backend_->records() || tokens < 0;
-    layout.rows = static_cast<int>(tokens < 0          ? static_cast<int64_t>(B) * S
-                                   : layout.bounded ? packed_rows_bucket(tokens, B, S)
-                                                    : tokens);
+    layout.rows = static_cast<int>(tokens < 0           ? static_cast<int64_t>(B) * S
+                                   : widened_rows >= 0 ? widened_rows
+                                   : layout.bounded    ? packed_rows_bucket(tokens, B, S)
+                                                       : tokens);
   }
 
   // The final hidden states go straight to their destination where nothing after the last layer
@@ -318,7 +338,7 @@ ForwardResult Session::forward(const ForwardArgs& a, AttentionKind attention, bo
   } else {
     run(now);
   }
-  copy_outputs(a, layout, tokens, outputs, destination == a.last_hidden_state);
+  copy_outputs(in, layout, tokens, outputs, destination == a.last_hidden_state);
   if (exact) {
     backend_->synchronize();
     result.nonfinite = take_nonfinite();

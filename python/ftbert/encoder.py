@@ -447,7 +447,7 @@ class Encoder:
         The second forward of a (batch, seq) shape records the model's kernels as a CUDA graph; it
         and every later forward of that shape launch the graph instead of 8-12 kernels per layer,
         which cuts small batches' latency (BERT-base, batch 1 x 128 on an H100: 0.79 ms against
-        1.38 ms). Outputs are the same, bit for bit. Up to 32 shapes
+        1.38 ms). Outputs are the same, bit for bit. Up to 128 shapes
         are kept (least recently used first out); `recorded_shapes` says how many are held.
         Setting False frees them. On the CPU it changes nothing.
         """

@@ -819,6 +819,27 @@ def test_forward_packed_limits_each_sequence_not_the_total(zoo, rng, family):
         m.encoder(True).forward_packed(ids, cu)
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 8, 9, 33, 100])
+@pytest.mark.parametrize("seq", [1, 7, 16, 17, 130, 256, 257, 500])
+def test_recorded_packed_shape_rounds_up_within_the_model(rng, batch, seq):
+    # The shape a GPU recording of packed inputs is made for (the engine's sessions): B and S to
+    # powers of two (S never past the model's limit), T up to a bucket at most 1/16 above it.
+    from ftbert import _C
+
+    for tokens in sorted({batch, batch * seq, int(rng.integers(batch, batch * seq + 1))}):
+        b, s, rows = _C.recorded_packed_shape(batch, seq, tokens, 512)
+        assert b >= batch and b & (b - 1) == 0 and b < 2 * batch
+        assert seq <= s <= 512 and (s & (s - 1) == 0 or s == 512) and s < 2 * seq
+        assert tokens <= rows <= b * s
+        assert rows - tokens < max(64, tokens / 16)
+        assert rows % 64 == 0 or rows == b * s
+    # Shapes that differ only inside their buckets share a recording.
+    assert _C.recorded_packed_shape(5, 33, 150, 512) == _C.recorded_packed_shape(8, 64, 190, 512)
+    assert _C.recorded_packed_shape(12, 200, 2200, 512) == _C.recorded_packed_shape(16, 256, 2300, 512)
+    # A sequence already at the model's limit stays there.
+    assert _C.recorded_packed_shape(3, 300, 700, 300)[1] == 300
+
+
 @pytest.fixture(scope="module")
 def small(zoo):
     return zoo("bert", "cls")

@@ -652,6 +652,45 @@ def test_forward_packed_with_cuda_tensors(bert, rng, dtype, attention):
     np.testing.assert_array_equal(as_numpy(host.pooler_output), as_numpy(outs[2].pooler_output))
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("inputs", ["numpy", "cuda"])
+def test_ragged_packed_batches_in_one_bucket_replay_one_recording(bert, rng, dtype, inputs):
+    # forward_packed batches of 5-8 sequences of up to 33-64 tokens, 193-256 in all, run at one
+    # recorded shape (8 x 64 over 256 rows): one recording, replayed from the third batch on, the
+    # same bits as the same shape op by op, and the padded forward's values.
+    path, hf = bert
+    graphs = encoder(path, dtype, False, True, "flash")
+    plain = encoder(path, dtype, False, False, "flash")
+    padded = encoder(path, dtype, False, False, "unfused")
+    H = hf.config.hidden_size
+    for i in range(8):
+        while True:
+            lengths = rng.integers(1, int(rng.integers(33, 65)) + 1, int(rng.integers(5, 9)))
+            if 193 <= lengths.sum() <= 256 and lengths.max() >= 33:
+                break
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        T, B = int(cu[-1]), len(lengths)
+        ids = rng.integers(1, hf.config.vocab_size, T)
+        if inputs == "cuda":
+            ids = torch.from_numpy(ids).cuda()
+        out = graphs.forward_packed(ids, cu)
+        assert tuple(out.last_hidden_state.shape) == (T, H) and tuple(out.pooler_output.shape) == (B, H)
+        same_outputs(out, plain.forward_packed(ids, cu))
+        S = int(lengths.max())
+        pids, mask = np.zeros((B, S), np.int64), np.zeros((B, S), np.int32)
+        host_ids = ids.cpu().numpy() if inputs == "cuda" else ids
+        for b in range(B):
+            pids[b, :lengths[b]] = host_ids[cu[b]:cu[b + 1]]
+            mask[b, :lengths[b]] = 1
+        want = padded(pids, mask)
+        assert_close(as_numpy(out.last_hidden_state), as_numpy(want.last_hidden_state)[mask.astype(bool)],
+                     MODEL_TOL[dtype], "hidden", relative=True)
+        assert_close(as_numpy(out.pooler_output), as_numpy(want.pooler_output), MODEL_TOL[dtype], "pooled",
+                     relative=True)
+    assert graphs.recorded_shapes == 1
+    assert graphs.graph_counts == {"replayed": 6, "recorded": 1, "op_by_op": 1}
+
+
 def fresh_op_by_op(ref, *args):
     """`ref`'s forward run op by op over the same rows a recording has (a shape seen for the first
     time): turning CUDA graphs off and on forgets every shape seen."""

@@ -85,4 +85,15 @@ void unpack_rows_host_in_place(void* data, const int32_t* token_index, int64_t t
 // ~5% of a typical ragged batch's rows).
 int64_t packed_rows_bucket(int64_t tokens, int batch, int seq);
 
+// The shape a recording of inputs that come packed is made for (Session::forward): the batch and
+// the longest sequence each rounded up to a power of two (the sequence at most `max_seq`, the
+// extra sequences empty) and T rounded up to one of sixteen buckets an octave (at least 64 rows).
+// Ragged traffic, whose exact (B, S, T) rarely repeat, then meets a few recordings, each replayed
+// often, for at most 1/16 more GEMM rows than T.
+struct PackedShape {
+  int batch, seq;
+  int64_t rows;
+};
+PackedShape recorded_packed_shape(int batch, int seq, int64_t tokens, int max_seq);
+
 }  // namespace ftbert

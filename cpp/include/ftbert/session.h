@@ -110,13 +110,14 @@ class Session {
   // Waits for queued work, then frees the recordings (and forgets the shapes seen once).
   void drop_recordings();
 
-  static constexpr size_t kMaxRecordings = 32;
+  static constexpr size_t kMaxRecordings = 128;
 
  private:
   // What a recording is specific to, besides the buffers.
   struct ShapeKey {
     int batch, seq;
-    int rows;  // B·S padded; the token-count bucket packed
+    int rows;  // B·S padded; the token-count bucket packed (inputs that come packed: B, S and
+               // T as recorded_packed_shape rounds them)
     bool packed;
     bool ids_packed;  // the inputs came packed (SequenceLayout::ids_packed)
     AttentionKind attention;
@@ -184,6 +185,7 @@ class Session {
   DeviceBuffer first_tokens_;         // [B, H], the first tokens gathered for a pooler or head
   std::vector<int32_t> host_cu_seqlens_, host_token_index_;  // host inputs' packing
   std::vector<int32_t> host_mask_;  // packed inputs' padded mask, for the unfused attention
+  std::vector<int32_t> widened_cu_seqlens_;  // packed inputs' offsets at their recorded shape
   DeviceBuffer hidden_, hidden2_;     // [rows, H]
   DeviceBuffer embedded_;             // [rows, E], only with a projection
   DeviceBuffer qkv_;                  // [rows, 3H]

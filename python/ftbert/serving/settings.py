@@ -20,8 +20,9 @@ class ServeSettings:
     # Embedding pooling ("mean", "cls", "pooler"); None: what the checkpoint declares, else mean.
     pooling: str | None = None
     # Encoder.cuda_graphs. The batcher's batches vary in shape (sequences, longest, tokens), and a
-    # shape is recorded at its second forward, up to 32 kept: whether replaying beats the recording
-    # churn depends on the traffic, hence the switch.
+    # shape (forward_packed's: the batch and longest sequence rounded up to powers of two, the tokens
+    # to sixteen buckets an octave) is recorded at its second forward, up to 128 kept: whether
+    # replaying beats the recording churn depends on the traffic, hence the switch.
     cuda_graphs: bool = True
     # Encoder.batch_invariant ("auto", True, False): an input's result never depends on what else
     # was in its batch; "auto" where the fast kernels keep it.

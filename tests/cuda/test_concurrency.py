@@ -209,7 +209,7 @@ def test_eight_threads_on_own_streams(small_dir, rng, dtype, attention, graphs, 
     streams = [torch.cuda.Stream() for _ in range(8)]
     run_and_check(enc, calls, ref, dtype, 8, lambda t: streams[t])
     assert (enc.recorded_shapes > 0) == graphs
-    assert enc.recorded_shapes <= 32 * concurrency
+    assert enc.recorded_shapes <= 128 * concurrency  # Session::kMaxRecordings a session
 
 
 @pytest.mark.parametrize("concurrency", [1, 4], ids=lambda c: f"concurrency={c}")

@@ -111,13 +111,13 @@ def test_attention_switch_and_tf32_are_honoured(model_dir, rng):
             same(half(*x), half_plain(*x))
 
 
-def test_at_most_32_shapes_are_kept_and_evicted_ones_still_run(model_dir, rng):
+def test_at_most_128_shapes_are_kept_and_evicted_ones_still_run(model_dir, rng):
     graphs, plain = pair(model_dir, "float16")
-    graphs(*inputs(rng, 1, 64))  # the workspace for every shape below: none drops the recordings
+    graphs(*inputs(rng, 1, 160))  # the workspace for every shape below: none drops the recordings
     first = inputs(rng, 1, 8)
     for _ in range(2):
         graphs(*first)
-    limit = 32
+    limit = 128  # Session::kMaxRecordings
     for seq in range(9, 9 + limit):
         x = inputs(rng, 1, seq)
         graphs(*x), graphs(*x)

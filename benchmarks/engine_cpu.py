@@ -11,7 +11,7 @@ one text of `--words` words per job, tokenized here once as a front would (JobTo
 frame prebuilt and sent again under a new id as each reply comes back, the frames of a read's
 replies sent in one write (as a front's event loop writes a turn's frames). Over the measured
 window: jobs answered per second and the engine's CPU seconds (user + system, all its threads)
-per job, and each job's round trip as the client sees it (frame sent to reply read: p50, p99 and
+per job, of which its event loop's (the main thread, which serves every front alone), and each job's round trip as the client sees it (frame sent to reply read: p50, p99 and
 the longest). With --device cpu the model's forward is part of that CPU; on a GPU it is the engine's
 own Python (frames, the batcher, pooling's launches, replies). Medians over --rounds, each round
 on a fresh engine.
@@ -29,11 +29,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_cpu import cpu_seconds  # noqa: E402  (CPU seconds of processes, from /proc)
+from serve_cpu import TICK, cpu_seconds  # noqa: E402  (CPU seconds of processes, from /proc)
 
 _HEADER = struct.Struct(">I")
 WORDS = ("the quick brown fox jumps over a lazy dog while people watch from the river bank and talk about "
          "their work in the city where old buildings stand next to new towers of glass and steel").split()
+
+
+def loop_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the process's main thread: the engine's event loop (frames in and out, the
+    jobs' futures), which serves every front alone; on a GPU the forward thread mostly waits."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 class Client:
@@ -118,7 +125,8 @@ def one_round(args, settings, tokenized_rows) -> dict:
             while True:
                 now = time.perf_counter()
                 if not measuring and now >= t_end_warm:
-                    measuring, answered, cpu0, t0 = True, 0, cpu_seconds([pid]), now
+                    measuring, answered, t0 = True, 0, now
+                    cpu0, loop0 = cpu_seconds([pid]), loop_cpu_seconds(pid)
                     for c in clients:
                         c.measuring = True
                 if measuring and now >= t_stop:
@@ -129,7 +137,7 @@ def one_round(args, settings, tokenized_rows) -> dict:
                     answered += n
                     if n:
                         c.send_jobs(n)
-            cpu1, t1 = cpu_seconds([pid]), time.perf_counter()
+            cpu1, loop1, t1 = cpu_seconds([pid]), loop_cpu_seconds(pid), time.perf_counter()
             sel.close()
             for c in clients:
                 c.sock.close()
@@ -138,7 +146,8 @@ def one_round(args, settings, tokenized_rows) -> dict:
     lat = sorted(x for c in clients for x in c.latencies)
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan")  # noqa: E731
     return {"jobs_per_s": answered / (t1 - t0), "engine_us_per_job": (cpu1 - cpu0) / max(answered, 1) * 1e6,
-            "engine_cores": (cpu1 - cpu0) / (t1 - t0), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+            "engine_cores": (cpu1 - cpu0) / (t1 - t0),
+            "loop_us_per_job": (loop1 - loop0) / max(answered, 1) * 1e6, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
             "max_ms": lat[-1] * 1e3 if lat else float("nan")}
 
 
@@ -177,10 +186,11 @@ def main(argv=None) -> int:
         res = one_round(args, settings, rows)
         results.append(res)
         print(f"round {r + 1}: {res['jobs_per_s']:,.0f} jobs/s; engine {res['engine_us_per_job']:.0f} us/job "
-              f"({res['engine_cores'] * 100:.0f}% of a core); round trip p50 {res['p50_ms']:.2f} ms, "
+              f"({res['engine_cores'] * 100:.0f}% of a core; its event loop {res['loop_us_per_job']:.0f}); round trip p50 {res['p50_ms']:.2f} ms, "
               f"p99 {res['p99_ms']:.2f}, max {res['max_ms']:.1f}", flush=True)
     med = {k: statistics.median(x[k] for x in results) for k in results[0]}
-    print(f"median: {med['jobs_per_s']:,.0f} jobs/s; engine {med['engine_us_per_job']:.0f} us/job; "
+    print(f"median: {med['jobs_per_s']:,.0f} jobs/s; engine {med['engine_us_per_job']:.0f} us/job "
+          f"(event loop {med['loop_us_per_job']:.0f}); "
           f"round trip p50 {med['p50_ms']:.2f} ms, p99 {med['p99_ms']:.2f}, max {med['max_ms']:.1f} "
           f"({tokens} tokens a job, {args.in_flight} in flight over {args.connections} connections, "
           f"{args.device} {args.dtype})")

@@ -29,6 +29,7 @@ def test_one_round_measures_the_engine_alone(tmp_path):
     r = json.loads(out.read_text())
     (row,) = r["rounds"]
     assert row["jobs_per_s"] > 0 and row["engine_us_per_job"] > 0 and row["engine_cores"] > 0
+    assert 0 <= row["loop_us_per_job"] <= row["engine_us_per_job"]  # the main thread's share
     # Each answered job's round trip, as the client saw it.
     assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"] < 60_000
     assert r["median"] == row and r["tokens"] >= 5

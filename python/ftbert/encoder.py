@@ -45,6 +45,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 # every core, so a second forward would only compete for them.
 DEFAULT_CONCURRENCY = {"cpu": 1, "cuda": 1}
 MAX_CONCURRENCY = 64
+# warm_up_batches records single-sequence batches up to this many tokens; longer ones spend far
+# longer in their kernels than in launching them.
+RECORDED_SINGLE_LENGTH = 512
 NONFINITE = ("warn", "raise", "ignore")
 ATTENTIONS = ("auto", "unfused", "flash")
 QUANTIZATIONS = (None, "int8", "fp8")
@@ -602,6 +605,85 @@ class Encoder:
             except Exception:  # encode raises it at its first use, where it matters
                 return
             self.encode(["warm up"])  # the tokenizer's threads and encode's own first steps
+
+    def warm_up_batches(self, max_tokens: int = DEFAULT_MAX_BATCH_TOKENS, max_sequences: int = 256,
+                        max_length: int | None = None) -> int:
+        """Readies this GPU encoder, after `warm_up`, for the packed batches a server's batcher
+        forms: at most `max_sequences` sequences of at most `max_length` tokens (default: the
+        model's limit) whose count x longest is within `max_tokens`. What `ftbert serve` runs
+        before it answers ready, so that its first requests pay nothing a shape's first forwards
+        pay:
+        - the workspace is grown once to what the largest such batch takes at its recorded shape
+          (`forward_packed`), since growing it later drops every CUDA graph recorded before;
+        - the GEMM tuner finishes the shapes met so far (`wait_for_tuning`): its new picks would
+          drop them too;
+        - with `cuda_graphs` on, the shape of every single-sequence batch up to
+          RECORDED_SINGLE_LENGTH tokens that runs the fused attention (a power-of-two length and a
+          bucket of rows: 14 shapes up to 512) is recorded, and each is replayed once to check
+          that it is held.
+        Batches of several sequences are recorded at their second meeting under traffic, as any
+        shape is. Returns how many single-sequence shapes replayed at the check (all of them but
+        where a recording cannot be made); 0 on the CPU (where nothing is recorded and nothing
+        else is readied) or with `cuda_graphs` off."""
+        for name, value in (("max_tokens", max_tokens), ("max_sequences", max_sequences)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        limit = usable_seq_length(self.config)
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+                raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+            limit = min(limit, max_length)
+        if not self.device.startswith("cuda"):
+            return 0
+        from .text import forward_packed_batch, pack_sequences
+
+        torch = _torch()
+        gpu = torch.device(self.device)
+        model_limit = usable_seq_length(self.config)
+        pad = np.int32(self.config.get("pad_token_id") or 0)
+
+        def run(lengths) -> None:
+            batch = pack_sequences([np.full(n, pad, np.int32) for n in lengths], [None] * len(lengths))
+            res, _ = forward_packed_batch(self, batch, gpu)
+            torch.cuda.current_stream(gpu).synchronize()
+            del res
+
+        # The batcher takes a first input whatever its length, then more while count x longest fits.
+        largest: dict[tuple, int] = {}
+        for longest in range(1, limit + 1):
+            count = max(1, min(max_sequences, max_tokens // longest))
+            largest[_C.recorded_packed_shape(count, longest, count * longest, model_limit)] = longest
+        front = [s for s in largest if not any(o != s and all(a >= b for a, b in zip(o, s)) for o in largest)]
+        for shape in front:
+            longest = largest[shape]
+            run([longest] * max(1, min(max_sequences, max_tokens // longest)))
+        self.wait_for_tuning()
+        if not self.cuda_graphs:
+            return 0
+
+        singles: dict[tuple, int] = {}
+        for length in range(1, min(limit, RECORDED_SINGLE_LENGTH) + 1):
+            # The unfused attention runs each length at its own shape: too many to record them all.
+            if self.attention_for(1, length) != "unfused":
+                singles[_C.recorded_packed_shape(1, length, length, model_limit)] = length
+        # Each shape's first forward runs op by op and meets its GEMM sizes: the tuner's picks for
+        # them, which would drop what was recorded before, come before any recording.
+        for length in singles.values():
+            run([length])
+        self.wait_for_tuning()
+        held = 0
+        for _ in range(3):  # picks that changed all the same dropped recordings: record again
+            for length in singles.values():
+                run([length])  # recorded here, or (dropped: seen afresh) at the next
+                run([length])
+            before = self.graph_counts["replayed"]
+            for length in singles.values():
+                run([length])
+            held = self.graph_counts["replayed"] - before
+            if held == len(singles):
+                break
+            self.wait_for_tuning()
+        return held
 
     @property
     def gemm_tuning(self) -> dict:

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ftbert
+from ftbert.text import forward_packed_batch, pack_sequences
 from tests._models import make_bert, make_model, widen_head
 from tests._packing import SEQUENCE_MASK_STYLES, compacted, first_positions, pack_reference, sequence_mask
 from tests._util import assert_close
@@ -867,3 +868,50 @@ def test_forward_packed_device_errors(bert, rng):
         cpu_enc.forward_packed(ids, [0, 4, 10])
     # The encoder still runs.
     assert tuple(enc.forward_packed(ids, [0, 4, 10]).last_hidden_state.shape) == (10, hf.config.hidden_size)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "no-graphs"])
+def test_warm_up_batches_holds_single_inputs_and_the_largest_workspace(bert, rng, dtype, graphs):
+    # After warm_up_batches, a single input of any length up to 512 replays a recording of it (the
+    # fused attention's lengths; the unfused one's run op by op the first time), and ragged batches
+    # within its budget never grow the workspace, which would drop every recording.
+    path, hf = bert
+    budget, most = 2048, 32
+    enc = encoder(path, dtype, False, graphs, "auto")
+    plain = encoder(path, dtype, False, False, "auto")
+    fused = {n for n in range(1, 513) if enc.attention_for(1, n) != "unfused"}
+    shapes = {ftbert._C.recorded_packed_shape(1, n, n, 512) for n in fused}
+    if len(fused) == 512:  # head dim 48 has no fused attention
+        assert len(shapes) == 14
+    assert enc.warm_up_batches(budget, most) == (len(shapes) if graphs else 0)
+    workspace, counts = enc.workspace_bytes, enc.graph_counts
+    gpu = torch.device("cuda")
+
+    def run(lengths):
+        batch = pack_sequences([rng.integers(1, hf.config.vocab_size, n).astype(np.int32) for n in lengths],
+                               [None] * len(lengths))
+        got, _ = forward_packed_batch(enc, batch, gpu)
+        same_outputs(got, forward_packed_batch(plain, batch, gpu)[0])
+        assert enc.workspace_bytes == workspace, lengths
+
+    singles = [1, 512] + [int(n) for n in rng.choice(np.arange(2, 512), 10, replace=False)]
+    for n in singles:
+        run([n])
+    if graphs:  # an unfused length seen once before (at warm-up) records now: nothing else does
+        replayed = sum(n in fused for n in singles)
+        now = enc.graph_counts
+        assert now["replayed"] - counts["replayed"] == replayed, now
+        assert sum(now.values()) - sum(counts.values()) == len(singles), now
+        assert now["recorded"] - counts["recorded"] <= len(singles) - replayed, now
+    for count, longest in [(most, budget // most), (budget // 512, 512), (most, 1), (3, 300)]:
+        run([longest] * count)
+    for _ in range(8):
+        count = int(rng.integers(1, most + 1))
+        longest = int(rng.integers(1, min(512, budget // count) + 1))
+        run([longest] + [int(n) for n in rng.integers(1, longest + 1, count - 1)])
+    if graphs:  # the single inputs' recordings are all still held
+        before = enc.graph_counts["replayed"]
+        for n in sorted(fused)[:: max(1, len(fused) // 20)]:
+            run([n])
+        assert enc.graph_counts["replayed"] - before == len(sorted(fused)[:: max(1, len(fused) // 20)])

@@ -382,6 +382,19 @@ def test_warm_up_rejects_a_bad_token_count(enc, bad):
         enc.warm_up(max_tokens=bad)
 
 
+def test_warm_up_batches_readies_nothing_on_the_cpu(enc):
+    before = enc.workspace_bytes
+    assert enc.warm_up_batches(512, 8, 64) == 0  # nothing recorded, no forward run
+    assert enc.workspace_bytes == before and enc.graph_counts == {"replayed": 0, "recorded": 0, "op_by_op": 0}
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "max_sequences", "max_length"])
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "64"])
+def test_warm_up_batches_rejects_a_bad_budget_by_name(enc, name, bad):
+    with pytest.raises(ValueError, match=f"{name} must be a positive int.*, got {bad!r}"):
+        enc.warm_up_batches(**{name: bad})
+
+
 def test_the_default_warm_up_follows_the_device_and_ftbert_warmup(model_path, monkeypatch):
     monkeypatch.delenv("FTBERT_WARMUP", raising=False)
     assert ftbert.Encoder.from_pretrained(model_path)._text_tok is None  # the CPU: not warmed

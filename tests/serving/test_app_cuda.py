@@ -9,8 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from tests.serving._helpers import ThreadServer, make_cross_encoder, make_embedder, need_serve_extra
-from tests._vocab import random_texts
+from tests._models import make_bert
+from tests.serving._helpers import MAX_POS, ThreadServer, make_cross_encoder, make_embedder, need_serve_extra
+from tests._vocab import random_texts, write_vocab
 
 need_serve_extra()
 
@@ -68,6 +69,29 @@ def test_concurrent_clients_get_their_own_embeddings(tmp_path, rng, graphs):
         assert sum(counts.values()) >= forwards
     else:
         assert sum(counts.values()) == 0
+
+
+def graph_counts(metrics: str) -> dict[str, float]:
+    return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+            if line.startswith("ftbert_cuda_graph_forwards_total{")}
+
+
+def test_lone_requests_after_ready_replay_recordings_made_at_start(tmp_path, rng):
+    # Ready means warm: a request alone in its batch, of any length, pays no recording of its
+    # shape (head dim 32: the fused attention, whose single-input shapes are recorded at start).
+    path = tmp_path / "embedder"
+    make_bert(path, hidden=64, heads=2, layers=1, vocab=211, max_pos=MAX_POS, seed=5)
+    write_vocab(path, 211)
+    settings = ServeSettings(model=str(path), model_name="tiny", devices="cuda", dtype="float16")
+    texts = random_texts(rng, 24)
+    with ThreadServer(create_app(settings)) as s, httpx.Client(base_url=s.url, timeout=120) as c:
+        before = graph_counts(c.get("/metrics").text)
+        for text in texts:  # one at a time: each its own batch
+            r = c.post("/v1/embeddings", json={"input": text})
+            assert r.status_code == 200, r.text
+        after = graph_counts(c.get("/metrics").text)
+    assert after["replayed"] - before["replayed"] == len(texts), (before, after)
+    assert (after["recorded"], after["op_by_op"]) == (before["recorded"], before["op_by_op"]), (before, after)
 
 
 def test_rerank_on_the_gpu_equals_predict(tmp_path, rng):

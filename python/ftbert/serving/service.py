@@ -54,8 +54,22 @@ class Service:
                     for d in settings.devices]
         service = cls(settings, encoders)
         service.batcher.start()
+        service.warm_up_batches()
         log.info("ftbert serve: %s on %s (%s), ready", model, ", ".join(settings.devices), settings.dtype)
         return service
+
+    def warm_up_batches(self) -> None:
+        """Readies each GPU encoder for the batches the batcher will form (Encoder.warm_up_batches:
+        the workspace at its largest, the GEMM tuner's picks, single-request CUDA graphs), so that
+        the server answers ready only once its first requests pay none of that."""
+        s = self.settings
+        for enc in self.encoders:
+            if not str(enc.device).startswith("cuda"):
+                continue
+            t0 = time.perf_counter()
+            held = enc.warm_up_batches(s.max_batch_tokens, s.max_batch_size, max(self.batcher.limits.values()))
+            log.info("ftbert serve: %s readied for batches in %.1f s (%d single-request CUDA graphs)",
+                     enc.device, time.perf_counter() - t0, held)
 
     # ---- what the routes ask ------------------------------------------------------------------
     @property

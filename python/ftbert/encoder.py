@@ -613,8 +613,9 @@ class Encoder:
         model's limit) whose count x longest is within `max_tokens`. What `ftbert serve` runs
         before it answers ready, so that its first requests pay nothing a shape's first forwards
         pay:
-        - the workspace is grown once to what the largest such batch takes at its recorded shape
-          (`forward_packed`), since growing it later drops every CUDA graph recorded before;
+        - the workspace is grown once to what the largest such batch takes (at its recorded shape,
+          `forward_packed`, under the fused attention), since growing it later drops every CUDA
+          graph recorded before;
         - the GEMM tuner finishes the shapes met so far (`wait_for_tuning`): its new picks would
           drop them too;
         - with `cuda_graphs` on, the shape of every single-sequence batch up to
@@ -649,13 +650,20 @@ class Encoder:
             del res
 
         # The batcher takes a first input whatever its length, then more while count x longest fits.
+        # The fused attention's batches run at their recorded shape: the largest ones (none larger
+        # in every dimension) are run. The unfused one's run at their own: those with the most
+        # sequences, positions and attention scores.
         largest: dict[tuple, int] = {}
+        exact: dict[str, tuple[int, int]] = {}
         for longest in range(1, limit + 1):
             count = max(1, min(max_sequences, max_tokens // longest))
             largest[_C.recorded_packed_shape(count, longest, count * longest, model_limit)] = longest
+            for key, size in (("sequences", count), ("positions", count * longest),
+                              ("scores", count * longest * longest)):
+                if size > exact.get(key, (0, 0))[0]:
+                    exact[key] = (size, longest)
         front = [s for s in largest if not any(o != s and all(a >= b for a, b in zip(o, s)) for o in largest)]
-        for shape in front:
-            longest = largest[shape]
+        for longest in sorted({largest[s] for s in front} | {longest for _, longest in exact.values()}):
             run([longest] * max(1, min(max_sequences, max_tokens // longest)))
         self.wait_for_tuning()
         if not self.cuda_graphs:

@@ -268,7 +268,7 @@ def test_uvicorn_gives_a_busy_front_a_minute_before_killing_it(monkeypatch):
     assert seen["timeout_graceful_shutdown"] is None
 
 
-def test_a_ping_the_engine_never_answers_is_false_and_leaves_nothing_waiting(tmp_path):
+def test_a_ping_the_engine_never_answers_is_none_and_leaves_nothing_waiting(tmp_path):
     # An engine that accepts the connection but never replies (hung): /health's ping gives up.
 
     from ftbert.serving.engine import RemoteBatcher
@@ -288,7 +288,40 @@ def test_a_ping_the_engine_never_answers_is_false_and_leaves_nothing_waiting(tmp
             return answered, left
 
     answered, left = asyncio.run(main())
-    assert answered is False and left == {}
+    assert answered is None and left == {}
+
+
+def test_health_waits_until_every_front_has_connected_to_the_engine(tmp_path):
+    # The engine's answer to a ping counts the fronts connected: a front is healthy only once all
+    # of them are, and is no more once one of them goes.
+    from ftbert.serving.engine import RemoteBatcher, RemoteService, _Connection, _Engine
+
+    def service(batcher, workers):
+        svc = RemoteService.__new__(RemoteService)  # only what healthy() reads
+        svc.batcher, svc._workers = batcher, workers
+        return svc
+
+    async def main():
+        engine = _Engine(_FakeService())
+        loop = asyncio.get_running_loop()
+        server = await loop.create_unix_server(lambda: _Connection(engine), path=str(tmp_path / "s"))
+        seen = []
+        async with server:
+            fronts = [RemoteBatcher(str(tmp_path / "s"), tokenize=None) for _ in range(3)]
+            for k, front in enumerate(fronts):
+                await front.connect()
+                seen.append([await f.ping() for f in fronts[:k + 1]])
+                seen.append([await service(f, 3).healthy() for f in fronts[:k + 1]])
+            await fronts[1].close()
+            await asyncio.sleep(0.2)
+            seen.append([await fronts[0].ping(), await fronts[1].ping()])
+            seen.append([await service(fronts[0], 3).healthy(), await service(fronts[0], 2).healthy()])
+            for front in (fronts[0], fronts[2]):
+                await front.close()
+        return seen
+
+    assert asyncio.run(main()) == [[1], [False], [2, 2], [False, False], [3, 3, 3], [True, True, True],
+                                   [2, None], [False, True]]
 
 
 def test_the_fronts_listening_socket_has_tcp_nodelay():

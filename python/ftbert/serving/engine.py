@@ -291,8 +291,8 @@ class _Connection(FrameProtocol):
                 waiter.set_result(None)
         elif op == "metrics":
             self._engine.answer_metrics(self, msg["id"])
-        elif op == "ping":
-            self.send({"id": msg["id"]})
+        elif op == "ping":  # with the fronts connected now: /health waits for every one
+            self.send({"id": msg["id"], "fronts": len(self._engine.connections)})
 
     def _submit(self, msg: dict) -> None:
         key = msg["id"]
@@ -464,7 +464,7 @@ class RemoteBatcher:
         waiter = self._replies.pop(key, None)
         if waiter is not None:
             if not waiter.done():
-                waiter.set_result(msg.get("text"))
+                waiter.set_result(msg)
             return
         job, fut = self._pending.pop(key, (None, None))
         if fut is None or fut.done():
@@ -573,18 +573,18 @@ class RemoteBatcher:
     async def metrics_text(self) -> str:
         await self.connect()
         self._send_observed()  # ours first, on the same connection: counted before the text is made
-        return await self._ask("metrics")
+        return (await self._ask("metrics"))["text"]
 
-    async def ping(self, timeout_s: float = 5.0) -> bool:
-        """Whether the engine answers now. A flag alone would lag: a front may answer a request
-        before it reads that its connection ended (a killed engine)."""
+    async def ping(self, timeout_s: float = 5.0) -> int | None:
+        """How many fronts the engine has connected, this one included, if it answers now; None
+        if not. A flag alone would lag: a front may answer a request before it reads that its
+        connection ended (a killed engine)."""
         if self._detached:
-            return False
+            return None
         try:
-            await asyncio.wait_for(self._ask("ping"), timeout_s)
+            return (await asyncio.wait_for(self._ask("ping"), timeout_s))["fronts"]
         except (EngineGone, asyncio.TimeoutError):
-            return False
-        return True
+            return None
 
     async def close(self) -> None:
         self._send_observed()  # the last requests this front answered still count
@@ -702,7 +702,11 @@ class RemoteService:
         return await self.batcher.metrics_text()
 
     async def healthy(self) -> bool:
-        return await self.batcher.ping()
+        """The engine answers, and every front has loaded its tokenizer and connected to it. The
+        fronts start side by side and some take seconds longer than others; a client that
+        connected while only a few accepted would keep its connections on those few."""
+        fronts = await self.batcher.ping()
+        return fronts is not None and fronts >= self._workers
 
     async def attach(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self._load_tokenizer)

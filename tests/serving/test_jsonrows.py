@@ -42,3 +42,16 @@ def test_non_finite_values_are_refused(bad):
 def test_other_shapes_are_refused():
     with pytest.raises(ValueError, match=r"\[n, d\]"):
         float_rows(np.zeros(4, np.float32))
+
+
+def test_each_number_reads_back_and_is_no_longer_than_nine_digits(rng):
+    # std::to_chars: the shortest text (digits, or the exact integer where that is fewer characters)
+    # that reads back as the same float32.
+    v = (rng.standard_normal((4, 257)) * 10.0 ** rng.integers(-40, 38, (4, 257))).astype(np.float32)
+    for row, text in zip(v, float_rows(v)):
+        numbers = text[1:-1].split(",")
+        assert len(numbers) == len(row)
+        for x, s in zip(row, numbers):
+            assert np.float32(float(s)) == x
+            assert len(s) <= len("%.9g" % x), (s, "%.9g" % x)
+    assert float_rows(np.array([[0.1, 1.0, -0.0, 0.0, 1e-45, -2.5]], np.float32)) == ["[0.1,1,-0.0,0,1e-45,-2.5]"]

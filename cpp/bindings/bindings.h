@@ -18,7 +18,7 @@ DType dtype_from_string(const std::string& name);
 void register_error_translation();
 
 void register_encoder(py::module_& m);     // in _C
-void register_json_rows(py::module_& m);   // in _C
+void register_serving(py::module_& m);     // in _C
 void register_op_runner(py::module_& m);   // in _ops
 void register_pick_store(py::module_& m);  // in _ops
 

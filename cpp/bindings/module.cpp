@@ -28,5 +28,5 @@ PYBIND11_MODULE(_C, m) {
         "Why the CPU backend cannot compute in `dtype` on this machine ('' when it can).");
 
   bindings::register_encoder(m);
-  bindings::register_json_rows(m);
+  bindings::register_serving(m);
 }

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._native import _C
+
 # transformers' fast tokenizer classes (and their slow names, which load the fast one) that build
 # nothing beyond tokenizer.json at encode time, for the families ftbert runs.
 KNOWN_CLASSES = frozenset({
@@ -218,31 +220,25 @@ class AsciiShortcut:
         return text.lower() if self._lowercase else text
 
 
-# Words whose pieces AsciiWordPieces keeps; past it the cache starts again.
-_WORD_CACHE = 1 << 16
-
-
 class AsciiWordPieces:
-    """A BERT tokenizer's ids for texts AsciiShortcut has normalized, in Python: the text split as
-    BertPreTokenizer splits ASCII (runs of letters and digits; each other character alone; spaces
-    dropped), each word's WordPiece pieces (greedy longest match, the continuation prefix after
-    the first, the unknown token for a word with no match or longer than the model's limit),
-    cached by word, then the post-processor's special tokens and the truncation. A 250-word text
-    takes a fraction of the Rust tokenizer's time for one text at a time (the call's fixed cost
-    and the Encoding it builds), which is how the server's fronts tokenize. Built only for a
-    WordPiece model behind BertPreTokenizer whose post-processor adds tokens around a single
-    text (BertProcessing, RobertaProcessing, or a TemplateProcessing of that shape) or nothing."""
+    """A BERT tokenizer's ids for texts AsciiShortcut has normalized, in one C++ call a text
+    (`_C.WordPieces`, cpp/serving/word_pieces.h): the text split as BertPreTokenizer splits ASCII
+    (runs of letters and digits; each other character alone; spaces dropped), each word's
+    WordPiece pieces (greedy longest match, the continuation prefix after the first, the unknown
+    token for a word with no match or longer than the model's limit), cached by word, then the
+    post-processor's special tokens and the truncation. A 250-word text takes a fraction of the
+    Rust tokenizer's time for one text at a time (the call's fixed cost and the Encoding it
+    builds), which is how the server's fronts tokenize. Built only for a WordPiece model behind
+    BertPreTokenizer whose post-processor adds tokens around a single text (BertProcessing,
+    RobertaProcessing, or a TemplateProcessing of that shape) or nothing."""
 
-    # The most characters one call takes (about 2 ms of Python): past it, the Rust tokenizer, which
-    # spreads a batch over the cores and lets other threads run (this holds the GIL throughout).
+    # The most characters one call takes: past it, the Rust tokenizer, which spreads a batch over
+    # the cores and lets other threads run (this call holds the GIL throughout).
     MOST_CHARS = 1 << 16
 
     def __init__(self, vocab: dict, unk: int, prefix: str, max_chars: int, lowercase: bool,
                  before: list[int], after: list[int]):
-        self._vocab, self._unk, self._prefix, self._max_chars = vocab, (unk,), prefix, max_chars
-        self._before, self._after = before, after
-        self._split = re.compile(r"[a-z0-9]+|[^a-z0-9 ]" if lowercase else r"[A-Za-z0-9]+|[^A-Za-z0-9 ]")
-        self._cache: dict[str, tuple[int, ...]] = {}
+        self._native = _C.WordPieces(vocab, unk, prefix, max_chars, lowercase, before, after)
 
     @classmethod
     def of(cls, spec: dict, lowercase: bool) -> "AsciiWordPieces | None":
@@ -266,41 +262,7 @@ class AsciiWordPieces:
             special_tokens: bool = True) -> list[int]:
         """`text`'s ids (AsciiShortcut.normalized's text), at most max_length of them (specials
         included), cut from `side` ("right" or "left") as the tokenizer's truncation cuts."""
-        before, after = (self._before, self._after) if special_tokens else ([], [])
-        # The tokenizer cuts nothing where the specials alone pass max_length.
-        room = None if max_length is None else max_length - len(before) - len(after)
-        enough = room if side == "right" and room is not None and room >= 0 else None
-        cache, out = self._cache, []
-        for word in self._split.findall(text):
-            pieces = cache.get(word)
-            if pieces is None:
-                pieces = self._pieces(word)
-                if len(cache) >= _WORD_CACHE:
-                    cache.clear()
-                cache[word] = pieces
-            out += pieces
-            if enough is not None and len(out) > enough:  # the rest would be cut
-                break
-        if room is not None and 0 <= room < len(out):
-            out = out[:room] if side == "right" else out[len(out) - room:]
-        return before + out + after
-
-    def _pieces(self, word: str) -> tuple[int, ...]:
-        if len(word) > self._max_chars:
-            return self._unk
-        vocab, pieces, start, n = self._vocab, [], 0, len(word)
-        while start < n:
-            end = n
-            while end > start:
-                piece = vocab.get(word[start:end] if start == 0 else self._prefix + word[start:end])
-                if piece is not None:
-                    break
-                end -= 1
-            else:  # no piece starts here: the whole word is unknown
-                return self._unk
-            pieces.append(piece)
-            start = end
-        return tuple(pieces)
+        return self._native.ids(text, -1 if max_length is None else max_length, side == "left", special_tokens)
 
 
 def _single_specials(post) -> tuple[list[int], list[int]] | None:

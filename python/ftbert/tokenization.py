@@ -195,7 +195,7 @@ class AsciiShortcut:
         self._lowercase = lowercase
         self._refused = frozenset(t.content[:1] for t in tokenizer.get_added_tokens_decoder().values()
                                   if t.content)
-        # The whole tokenizer in Python where it is a WordPiece behind BertPreTokenizer, else None.
+        # The whole tokenizer here (AsciiWordPieces) where it is a WordPiece behind BertPreTokenizer, else None.
         self.word_pieces = AsciiWordPieces.of(spec, lowercase) if spec is not None else None
 
     @classmethod

@@ -325,7 +325,7 @@ def test_jobs_tokenized_elsewhere_skip_the_tokenizer_and_answer_as_the_others(em
     assert b.accepted == b.finished == len(texts) + 1 and b.queue_depth == 0
 
 
-def test_a_large_call_leaves_the_python_word_pieces_for_the_rust_tokenizer(tmp_path, rng, monkeypatch):
+def test_a_large_call_leaves_the_word_pieces_for_the_rust_tokenizer(tmp_path, rng, monkeypatch):
     from ftbert.serving.batcher import JobTokenizer
     from ftbert.tokenization import AsciiWordPieces, load_text_tokenizer, load_transformers_tokenizer
     from tests._tokenizers import write_wordpiece_tokenizer

@@ -234,3 +234,24 @@ def test_ascii_shortcut_needs_a_cleaning_bert_normalizer(tmp_path):
     tok = Tokenizer.from_file(str(tmp_path / "wp" / "tokenizer.json"))
     tok.normalizer = normalizers.BertNormalizer(clean_text=False)
     assert AsciiShortcut.of(tok) is None
+
+
+def test_word_pieces_stay_right_past_the_word_cache(rng):
+    # More distinct words than the cache keeps (65,536): it starts again and the ids stay right.
+    # Letters as first pieces and as "##" continuations, so each word's ids are known.
+    from ftbert.tokenization import AsciiWordPieces
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "?": 3}
+    vocab.update({c: 4 + i for i, c in enumerate(letters)})
+    vocab.update({"##" + c: 30 + i for i, c in enumerate(letters)})
+    pieces = AsciiWordPieces(vocab, 0, "##", 5, True, [1], [2])
+    codes = rng.choice(26 ** 4, 70_000, replace=False)
+    words = ["".join(letters[(int(n) // 26 ** k) % 26] for k in range(4)) for n in codes]
+    for start in range(0, len(words), 7_000):
+        chunk = words[start:start + 7_000]
+        want = [1]
+        for w in chunk:
+            want += [vocab[w[0]]] + [vocab["##" + c] for c in w[1:]] + [3]
+        assert pieces.ids(" ".join(w + "?" for w in chunk)) == want + [2]
+    assert pieces.ids("abcdef e\u00e9") == [1, 0, vocab["e"], 0, 2]  # too long; no piece for é

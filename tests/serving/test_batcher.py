@@ -338,12 +338,29 @@ def test_a_large_call_leaves_the_word_pieces_for_the_rust_tokenizer(tmp_path, rn
     real = pieces.ids
     monkeypatch.setattr(pieces, "ids", lambda *a, **k: calls.append(a) or real(*a, **k))
     job = Job(EMBED, TEXT, random_texts(rng, 3))
-    python_rows = quick.tokenize(job)
+    pieces_rows = quick.tokenize(job)
     assert len(calls) == 3
     monkeypatch.setattr(AsciiWordPieces, "MOST_CHARS", sum(map(len, job.inputs)) - 1)
     rust_rows = quick.tokenize(job)
     assert len(calls) == 3  # not called again: the texts went to the Rust tokenizer
-    assert all(np.array_equal(a[1], b[1]) for a, b in zip(python_rows, rust_rows))
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(pieces_rows, rust_rows))
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_the_tokenizer_warm_up_takes_any_input_limit(tmp_path, truncate):
+    # A server's start tokenizes one text; with a limit shorter than that text and truncation off
+    # it is refused as a request would be, and the start goes on.
+    from ftbert.serving.batcher import JobTokenizer
+    from ftbert.tokenization import load_text_tokenizer, load_transformers_tokenizer
+    from tests._tokenizers import write_wordpiece_tokenizer
+
+    write_wordpiece_tokenizer(tmp_path, 200)
+    limits = {TEXT: 3, PAIR: 3, IDS: 3}
+    settings = ServeSettings(model=str(tmp_path), truncate=truncate)
+    tok = JobTokenizer(load_transformers_tokenizer(tmp_path), settings, limits, threading.Lock,
+                       fast=load_text_tokenizer(tmp_path, limits[TEXT]).backend)
+    tok.warm_up()
+    assert tok._fast_truncation == ((3, "right") if truncate else None)  # the first call's setting made
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -652,10 +652,13 @@ class RemoteService:
             if self._tokenizer is None:
                 from ..tokenization import load_transformers_tokenizer, server_tokenizer
 
-                self._tokenizer = load_transformers_tokenizer(self.path)
-                fast = server_tokenizer(self.path, self._limits[TEXT], self._tokenizer)
-                self._job_tokenizer = JobTokenizer(self._tokenizer, self.settings, self._limits,
-                                                   lambda: self._tokenizer_lock, fast=fast)
+                tokenizer = load_transformers_tokenizer(self.path)
+                fast = server_tokenizer(self.path, self._limits[TEXT], tokenizer)
+                job_tokenizer = JobTokenizer(tokenizer, self.settings, self._limits,
+                                             lambda: self._tokenizer_lock, fast=fast)
+                job_tokenizer.warm_up()
+                # Both set once it is warm (_tokenize_now reads the second without the lock).
+                self._tokenizer, self._job_tokenizer = tokenizer, job_tokenizer
 
     def _tokenize(self, job: Job) -> list:
         self._load_tokenizer()

@@ -539,8 +539,7 @@ class Encoder:
         One padded forward per multiple of 128 tokens (full sequences of 128, or of the model's
         limit where that is shorter) reaches every row bucket of the choice; each forward runs at
         once with the fixed rule while the tuner measures its shapes on a thread of its own."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        _check_positive_int("max_tokens", max_tokens)
         if not self.device.startswith("cuda") or self.dtype == "float32":
             return self.gemm_tuning  # one kernel per shape: nothing to measure
         seq = min(128, usable_seq_length(self.config))
@@ -568,8 +567,7 @@ class Encoder:
         docs/performance.md ("First calls"). The checkpoint's tokenizer.json is loaded and one
         text encoded; a tokenizer that fails to load is left for `encode` to report. A GPU's GEMM
         shapes met here are measured in the background as any forward's are (see `tune`)."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        _check_positive_int("max_tokens", max_tokens)
         torch = _torch()
         limit = usable_seq_length(self.config)
         device = torch.device(self.device)
@@ -626,13 +624,11 @@ class Encoder:
         shape is. Returns how many single-sequence shapes replayed at the check (all of them but
         where a recording cannot be made); 0 on the CPU (where nothing is recorded and nothing
         else is readied) or with `cuda_graphs` off."""
-        for name, value in (("max_tokens", max_tokens), ("max_sequences", max_sequences)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        limit = usable_seq_length(self.config)
+        _check_positive_int("max_tokens", max_tokens)
+        _check_positive_int("max_sequences", max_sequences)
+        model_limit = limit = usable_seq_length(self.config)
         if max_length is not None:
-            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-                raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+            _check_positive_int("max_length", max_length, " or None")
             limit = min(limit, max_length)
         if not self.device.startswith("cuda"):
             return 0
@@ -640,7 +636,6 @@ class Encoder:
 
         torch = _torch()
         gpu = torch.device(self.device)
-        model_limit = usable_seq_length(self.config)
         pad = np.int32(self.config.get("pad_token_id") or 0)
 
         def run(lengths) -> None:
@@ -1338,6 +1333,11 @@ def _default_warmup(kind: str) -> bool:
     if value not in ("", "0", "1"):
         raise ValueError(f"FTBERT_WARMUP must be '0' or '1' (or unset), got {value!r}")
     return value == "1" if value else kind == "cuda"
+
+
+def _check_positive_int(name: str, value, or_else: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int{or_else}, got {value!r}")
 
 
 def _check_bool(name: str, value) -> None:

@@ -117,6 +117,18 @@ DisentangledTerms fused_terms(Backend& be, DType dt, const void* qkv, const Sequ
   return t;
 }
 
+// No tables: what the fused kernel needs to compute the terms itself.
+DisentangledTerms inline_terms(const DisentangledAttention& da) {
+  DisentangledTerms t;
+  t.column = da.column;
+  t.positions = da.positions;
+  t.position_rows = da.position_rows;
+  t.max_distance = da.max_distance;
+  t.inline_c2p = da.c2p;
+  t.inline_p2c = da.p2c;
+  return t;
+}
+
 // The unfused path's: per (b, h), from the padded q and k [B, heads, S, d]; one batched product
 // over the batch per head (the relative keys and queries are the head's for every b).
 DisentangledTerms unfused_terms(Backend& be, DType dt, const void* q, const void* k, int batch,
@@ -164,7 +176,8 @@ void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* q
     FTBERT_CHECK(layout.max_seq <= da->max_distance,
                  "attention: sequences of " << layout.max_seq << " positions are longer than the "
                  "relative positions' table (" << da->max_distance << ")");
-    FTBERT_CHECK(da->scratch != nullptr, "attention: disentangled attention without its scratch");
+    FTBERT_CHECK(da->scratch != nullptr || (kind == AttentionKind::kFlash && da->inline_terms),
+                 "attention: disentangled attention without its scratch");
   }
   if (kind == AttentionKind::kFlash) {
     if (da == nullptr) {
@@ -172,7 +185,8 @@ void run_attention(Backend& backend, AttentionKind kind, DType dt, const void* q
       return;
     }
     AttentionOptions with_terms = options;
-    with_terms.terms = fused_terms(backend, dt, qkv, layout, heads, head_dim, *da);
+    with_terms.terms = da->inline_terms ? inline_terms(*da)
+                                        : fused_terms(backend, dt, qkv, layout, heads, head_dim, *da);
     backend.flash_attention(dt, qkv, qkv_bias, out, layout, heads, head_dim, scale, with_terms);
     return;
   }

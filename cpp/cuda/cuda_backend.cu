@@ -672,6 +672,10 @@ std::string CudaBackend::attention_unsupported_reason(AttentionKind kind, DType 
   return "unknown attention kind " + std::to_string(static_cast<int>(kind));
 }
 
+bool CudaBackend::flash_computes_terms(DType dt, int head_dim) const {
+  return cuda::flash_computes_terms(dt, head_dim);
+}
+
 void CudaBackend::flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                                   const SequenceLayout& layout, int heads, int head_dim,
                                   float scale, const AttentionOptions& options) {

@@ -178,6 +178,7 @@ class CudaBackend : public Backend {
   bool supports_attention(AttentionKind kind, DType dt, int head_dim) const override;
   std::string attention_unsupported_reason(AttentionKind kind, DType dt,
                                            int head_dim) const override;
+  bool flash_computes_terms(DType dt, int head_dim) const override;
   void flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                        const SequenceLayout& layout, int heads, int head_dim,
                        float scale, const AttentionOptions& options) override;

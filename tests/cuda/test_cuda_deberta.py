@@ -1,9 +1,10 @@
 """DeBERTa-v2/v3 on the GPU against transformers' DebertaV2 classes (eager attention, its only one):
 v3's settings with 32 log buckets over 128 relative positions, so that sequences of 97 to 300
-tokens reach the log buckets and the clamped ends; head dims 32, 64 and 128 (the flash kernel's
-configurations with the kTerms template), a batch big enough for its "wide" tiles and, at head dim
-64, its 128-key tiles; v3's real 256 buckets (term tables a few hundred columns wide), each term
-type alone too; right and left padding and holes inside a sequence, padded and packed
+tokens reach the log buckets and the clamped ends; head dims 32, 64 and 128 (at 64 the flash
+kernel computes the terms itself, at 32 and 128 it reads them from term tables), a batch big
+enough for the table kernel's "wide" tiles and, at head dim 64 with FTBERT_DEBERTA_TERM_TABLES=1,
+its 128-key tiles; v3's real 256 buckets (term tables a few hundred columns wide), each term type
+alone too, with the terms computed in the kernel and from tables; right and left padding and holes inside a sequence, padded and packed
 (padding_free and forward_packed), CUDA graphs on (a batch op by op, then recorded and replayed);
 float32 (the unfused path) within 1e-4 of transformers in float32 on the CPU, float16 and bfloat16
 (flash and unfused) within twice transformers' own error in that dtype + 1e-3; both heads; and the
@@ -135,13 +136,23 @@ def wide_batch(heads, seq):
     return math.ceil(2 * sms / (math.ceil(seq / 128) * heads))
 
 
+def term_tables(monkeypatch, on):
+    """Whether encoders loaded from now on add DeBERTa's terms from tables at head dim 64 too
+    (otherwise the flash kernel computes them there; other head dims always read tables)."""
+    monkeypatch.setenv("FTBERT_DEBERTA_TERM_TABLES", "1" if on else "0")
+
+
+@pytest.mark.parametrize("tables", [False, True], ids=["inline", "tables"])
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("dtype", HALF)
-def test_the_wide_and_128_key_flash_tiles_add_the_terms(model, rng, dtype, padding_free):
-    # A grid of two blocks per multiprocessor: wide tiles (Br = 128) at head dims 32 and 64, and at
-    # 64 over more than 256 keys the 128-key tiles (head dim 128 has narrow tiles only).
+def test_the_wide_and_128_key_flash_tiles_add_the_terms(model, rng, monkeypatch, dtype, padding_free,
+                                                        tables):
+    # A grid of two blocks per multiprocessor: the table kernel's wide tiles (Br = 128) at head
+    # dims 32 and 64, and at 64 over more than 256 keys its 128-key tiles (head dim 128 has narrow
+    # tiles only); the inline kernel at head dim 64 on a grid that deep.
     heads = model.hf.config.num_attention_heads
     batch = wide_batch(heads, 300)
+    term_tables(monkeypatch, tables)
     enc = ftbert.Encoder.from_pretrained(model.path, device="cuda", dtype=dtype, attention="flash",
                                          padding_free=padding_free)
     assert enc.attention_for(batch, 300) == "flash"
@@ -156,14 +167,40 @@ def real_buckets(request, tmp_path_factory):
                 buckets=256, max_relative=512, pos_att_type=request.param, **HEAD_DIMS[64])
 
 
+@pytest.mark.parametrize("tables", [False, True], ids=["inline", "tables"])
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("batch,seq,style", SHAPES)
-def test_flash_adds_terms_from_wide_tables(real_buckets, rng, dtype, padding_free, batch, seq, style):
+def test_flash_adds_the_real_buckets_terms(real_buckets, rng, monkeypatch, dtype, padding_free, batch,
+                                           seq, style, tables):
+    term_tables(monkeypatch, tables)
     enc = ftbert.Encoder.from_pretrained(real_buckets.path, device="cuda", dtype=dtype,
                                          attention="flash", padding_free=padding_free)
     assert enc.attention_for(batch, seq) == "flash"
     check_half(real_buckets, enc, rng, dtype, batch, seq, style)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_terms_computed_in_the_kernel_need_no_term_tables(real_buckets, rng, monkeypatch, dtype):
+    # The same batch through both ways: the same outputs within the rounding of the terms (the
+    # tables round each term to the dtype, the kernel its products the same way, summed in another
+    # order), and a workspace without the two [heads, rows, width] tables (width >= 256 here: 128
+    # exact distances either side).
+    ids, mask = inputs(rng, real_buckets.hf, 3, 300, "right")
+    outs, workspace = {}, {}
+    for tables in (False, True):
+        term_tables(monkeypatch, tables)
+        enc = ftbert.Encoder.from_pretrained(real_buckets.path, device="cuda", dtype=dtype,
+                                             attention="flash")
+        outs[tables] = enc(ids, mask).last_hidden_state.float()
+        workspace[tables] = enc.workspace_bytes
+    heads = real_buckets.hf.config.num_attention_heads
+    tokens = int(mask.sum())
+    assert workspace[True] - workspace[False] >= 2 * heads * tokens * 256 * 2
+    ref = run_hf(real_buckets.hf, ids, mask)[0]
+    theirs = hidden_error(run_hf(real_buckets.peer(dtype), ids, mask)[0], ref, mask)
+    between = hidden_error(outs[False], outs[True].cpu(), mask)
+    assert between <= 2 * theirs + 1e-3, f"inline vs tables {between:.3e} (transformers {theirs:.3e})"
 
 
 @pytest.mark.parametrize("attention", ["unfused", "flash"])

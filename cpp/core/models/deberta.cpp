@@ -89,6 +89,17 @@ DeviceBuffer relative_embeddings(Backend* backend, const ModelConfig& c, const H
   return buf;
 }
 
+// Whether each distance's row is the previous distance's or the next one, as the fused kernel's
+// inline terms assume (a tile's distances then reach no more rows than there are distances): true
+// of DeBERTa's log buckets, which grow slower than the distance.
+bool unit_steps(const std::vector<int32_t>& columns) {
+  for (size_t i = 1; i < columns.size(); ++i) {
+    const int32_t step = columns[i] - columns[i - 1];
+    if (step < 0 || step > 1) return false;
+  }
+  return true;
+}
+
 class DebertaModel final : public Model {
  public:
   DebertaModel(const ModelConfig& config, const HostWeights& weights, Backend* backend,
@@ -98,7 +109,9 @@ class DebertaModel final : public Model {
         zero_bias_(blocks::zeros(backend, 3 * static_cast<size_t>(config_.hidden_size) *
                                               dtype_size(compute))),
         host_columns_(columns(config_.disentangled, config_.max_seq())),
-        columns_(blocks::upload_ints(backend, host_columns_)) {
+        columns_(blocks::upload_ints(backend, host_columns_)),
+        inline_terms_(backend->flash_computes_terms(compute, config_.head_dim()) &&
+                      unit_steps(host_columns_)) {
     const ModelConfig& c = config_;
     const int rows = position_rows(c), H = c.hidden_size;
     const DeviceBuffer rel = relative_embeddings(backend, c, weights, compute);
@@ -114,9 +127,10 @@ class DebertaModel final : public Model {
 
   size_t attention_scratch_bytes(AttentionKind kind, int batch, int seq,
                                  int64_t rows) const override {
-    return Model::attention_scratch_bytes(kind, batch, seq, rows) +
-           disentangled_scratch_bytes(kind, dtype_, rows, batch, seq, config_.num_heads,
-                                      attention(nullptr, nullptr));
+    const size_t own = Model::attention_scratch_bytes(kind, batch, seq, rows);
+    if (kind == AttentionKind::kFlash && inline_terms_) return own;
+    return own + disentangled_scratch_bytes(kind, dtype_, rows, batch, seq, config_.num_heads,
+                                            attention(nullptr, nullptr));
   }
 
   void forward(Backend& be, const Activations& act, const int32_t* ids, const int32_t* types,
@@ -158,6 +172,7 @@ class DebertaModel final : public Model {
     da.max_distance = config_.max_seq();
     da.c2p = config_.disentangled.c2p;
     da.p2c = config_.disentangled.p2c;
+    da.inline_terms = inline_terms_;
     da.scratch = scratch;
     return da;
   }
@@ -173,6 +188,7 @@ class DebertaModel final : public Model {
   std::vector<int32_t> host_columns_;   // [2·P − 1] (columns)
   DeviceBuffer columns_;                // the same, in backend memory
   std::vector<DeviceBuffer> positions_;  // per layer [position_rows, 3H]
+  bool inline_terms_;  // the fused attention computes the terms: no tables in its scratch
 };
 
 }  // namespace

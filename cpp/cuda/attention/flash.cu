@@ -52,6 +52,16 @@
 // c2p[query row][col] + p2c[key row][col], col = column[q_pos − k_pos] − first, read from the
 // tables in L2 as the relative bias is, so no [B, heads, S, S] tensor is ever written. The tables
 // themselves are [heads, rows, width] (width ≤ 2·span; the columns the batch's distances reach).
+// At head dim 64 the kernel computes the terms instead (kInlineTerms; FlashParams::term_positions,
+// no tables): a block of 64 query rows and a tile of 64 keys span 127 distances, whose bucketed
+// relative rows are at most 127 consecutive rows (a row per distance or fewer). Per key tile, the
+// tile's keys times those rows' relative queries (p2c, 16 keys a warp) and each warp's 16 query
+// rows times the relative keys of its own 79 distances (c2p) are two more mma products, rounded
+// to the dtype as the tables are and staged in shared memory, where each score reads the column
+// of its distance. The relative rows sit in a ring: key tiles come in order, so their windows
+// only move down, and each tile copies just the rows below the last window. This trades the
+// tables' two products and the scores' reads of them from memory for more mma work per key tile
+// (p2c twice the QKᵀ tile's, c2p 1.25 times) and two more barriers.
 //
 // A sliding window (ModernBERT's local layers; AttentionOptions::window = W, 0 < W < S) is another
 // template bool (kWindow), with the same positions: key j attends query i only where
@@ -150,6 +160,25 @@ struct FlashTile {
   }
 };
 
+// The inline terms' shared memory (kInlineTerms; see the file comment), after FlashTile's:
+//   relative queries and keys, each a ring of kRing rows [kRing][kStride] | p2c [Bc][kP2CStride] |
+//   c2p per warp [kWarps][16][kC2PStride] | the row of each distance [kRows] int32.
+template <int D, int Br, int Bc, int kWarps>
+struct InlineTermsTile {
+  // The block's Br + Bc - 1 distances reach at most that many relative rows (the bucketed row of
+  // a distance grows by 0 or 1 per step); a warp's 16 + Bc - 1.
+  static constexpr int kRows = Br + Bc;
+  static constexpr int kRing = kRows;  // a power of two (the kernel checks)
+  static constexpr int kWarpCols = (16 + Bc - 1 + 15) / 16 * 16;
+  static constexpr int kStride = D + 8;
+  static constexpr int kP2CStride = kRows + 8;
+  static constexpr int kC2PStride = kWarpCols + 8;
+  static constexpr size_t smem_bytes(size_t elem) {
+    return (2 * kRing * kStride + Bc * kP2CStride + kWarps * 16 * kC2PStride) * elem +
+           kRows * sizeof(int32_t);
+  }
+};
+
 // DeBERTa's terms of a 16-row score tile, in raw score units: this thread's query rows r (their
 // c2p rows q_terms[r], positions q_pos[r]) against the tile's keys k0 + 8j + quad_col (+1): their
 // positions from key_pos, their p2c rows from k_terms (this head's table at the sequence's row 0;
@@ -186,15 +215,21 @@ __device__ __forceinline__ void disentangled_term_scores(float (&s)[kBlocks][4],
 }
 
 // kRelBias: add p.relative_bias; kWindow: attend within p.window positions; kTerms: DeBERTa's
-// disentangled terms (see the file comment).
+// disentangled terms from their tables; kInlineTerms: the same terms computed here (see the file
+// comment).
 template <typename T, int D, int Br, int Bc, int kWarps, int kMinBlocks, int kStages, bool kQRegs,
-          bool kRelBias, bool kWindow, bool kTerms>
+          bool kRelBias, bool kWindow, bool kTerms, bool kInlineTerms>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kernel(FlashParams p) {
   begin_dependent_kernel();
   using Tile = FlashTile<D, Br, Bc, kWarps, kStages>;
+  using Terms = InlineTermsTile<D, Br, Bc, kWarps>;
   constexpr int kM = Tile::kMTiles;
-  // All three read the padded positions of the query rows and of each key tile.
-  constexpr bool kPositions = kRelBias || kWindow || kTerms;
+  static_assert(!kInlineTerms || (kQRegs && !kRelBias && !kWindow && !kTerms),
+                "the inline terms take Q from registers, alone");
+  static_assert(!kInlineTerms || (Br == 16 * kWarps && (Terms::kRing & (Terms::kRing - 1)) == 0),
+                "the inline terms: one 16-row tile a warp, a ring indexed by a mask");
+  // All four read the padded positions of the query rows and of each key tile.
+  constexpr bool kPositions = kRelBias || kWindow || kTerms || kInlineTerms;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kStride = Tile::kStride;
   constexpr int kChunks = Tile::kChunks;
@@ -208,6 +243,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   float* sKeyBias = reinterpret_cast<float*>(sV + kStages * Tile::kKVElems);
   // [kStages][Bc]: the keys' padded positions (kPositions only)
   int* sKeyPos = reinterpret_cast<int*>(sKeyBias + kStages * Bc);
+  // kInlineTerms (InlineTermsTile): relative query and key rows, products, distances' rows.
+  T* sRelQ = reinterpret_cast<T*>(sKeyPos + kStages * Bc);
+  T* sRelK = sRelQ + Terms::kRing * Terms::kStride;
+  T* sP2C = sRelK + Terms::kRing * Terms::kStride;
+  T* sC2P = sP2C + Bc * Terms::kP2CStride;
+  int* sCol = reinterpret_cast<int*>(sC2P + kWarps * 16 * Terms::kC2PStride);
   __shared__ int sRange[kWarps][2];
 
   const int tid = threadIdx.x;
@@ -434,6 +475,137 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
   };
 
+  // kInlineTerms: the positions of the block's and this warp's first query rows, and the ring's
+  // lowest relative row (none loaded yet). Key tiles come in order, so the relative rows a tile
+  // needs only move down: each tile loads the rows below the ring's, into the slots of rows above
+  // its window, which no later tile needs.
+  int q_first_pos = 0, warp_first_pos = 0;
+  int ring_low = 0x7fffffff;
+  if constexpr (kInlineTerms) {
+    q_first_pos = seq.position(q0);
+    warp_first_pos = seq.position(min(q0 + warp_row0, seq.len - 1));
+  }
+  const int k_row = (lane % 8) + (lane / 16) * 8;  // k_lane's row and column parts
+  const int k_col = ((lane / 8) % 2) * 8;
+
+  // kInlineTerms: copies the relative rows key tile `buf` needs that the ring lacks, and the row
+  // of each of its distances, relative to the window's first; returns that first row. Commits a
+  // group.
+  auto load_term_rows = [&](int buf) -> int {
+    if constexpr (kInlineTerms) {
+      const int d_min = q_first_pos - sKeyPos[buf * Bc + Bc - 1];
+      const int low = __ldg(p.term_column + d_min);
+      const int rows = min(ring_low, low + Terms::kRows) - low;
+      const T* rel = static_cast<const T*>(p.term_positions) + blockIdx.y * D;
+      const int64_t rel_stride = 3 * static_cast<int64_t>(seq.H);
+      for (int i = tid; i < rows * kChunks; i += kThreads) {
+        const int row = low + i / kChunks, chunk = i % kChunks;
+        const T* src = rel + min(row, p.term_position_rows - 1) * rel_stride + chunk * 8;
+        const int slot = (row & (Terms::kRing - 1)) * Terms::kStride + chunk * 8;
+        const bool valid = row < p.term_position_rows;
+        cp_async_16(sRelQ + slot, src, valid);
+        cp_async_16(sRelK + slot, src + seq.H, valid);
+      }
+      cp_async_commit();
+      if (tid < Terms::kRows) {
+        sCol[tid] = __ldg(p.term_column + min(d_min + tid, p.term_max_distance - 1)) - low;
+      }
+      ring_low = low;
+      return low;
+    } else {
+      (void)buf;
+      return 0;
+    }
+  };
+
+  // kInlineTerms: adds the terms to the scores of the key tile in buffer `buf`, whose relative
+  // rows start at `low`. p2c: the tile's keys (16 a warp) against the window's relative queries,
+  // for the whole block; c2p: this warp's query rows against the relative keys of its own
+  // distances. Both through shared memory, where each score reads its distance's column.
+  auto add_inline_terms = [&](Scores& s, int buf, int low) {
+    if constexpr (kInlineTerms) {
+      cp_async_wait<1>();  // this thread's relative rows (the tile after may still be in flight)
+      __syncthreads();     // everyone's, and sCol
+      const int g = lane / 4;
+      if (p.term_p2c) {
+        const T* tk = sK + buf * Tile::kKVElems + (16 * warp + lane % 16) * kStride + (lane / 16) * 8;
+        uint32_t kf[D / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(kf[kk], tk + kk * 16);
+#pragma unroll
+        for (int part = 0; part < Terms::kRows / 64; ++part) {
+          float acc[8][4] = {};
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn) {
+              const int row = (low + 64 * part + 16 * jn + k_row) & (Terms::kRing - 1);
+              uint32_t b[4];
+              ldmatrix_x4(b, sRelQ + row * Terms::kStride + k_col + kk * 16);
+              Mma<T>::mma(acc[2 * jn], kf[kk], b[0], b[1]);
+              Mma<T>::mma(acc[2 * jn + 1], kf[kk], b[2], b[3]);
+            }
+          }
+          T* out = sP2C + (16 * warp + g) * Terms::kP2CStride + 64 * part + quad_col;
+#pragma unroll
+          for (int n = 0; n < 8; ++n) {
+            *reinterpret_cast<uint32_t*>(out + 8 * n) = Mma<T>::pack(acc[n][0], acc[n][1]);
+            *reinterpret_cast<uint32_t*>(out + 8 * Terms::kP2CStride + 8 * n) =
+                Mma<T>::pack(acc[n][2], acc[n][3]);
+          }
+        }
+      }
+      // This warp's first distance's row, relative to the window's.
+      const int warp_low = sCol[warp_first_pos - q_first_pos];
+      T* c2p = sC2P + warp * 16 * Terms::kC2PStride;
+      if (p.term_c2p) {
+        float acc[Terms::kWarpCols / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+          for (int jn = 0; jn < Terms::kWarpCols / 16; ++jn) {
+            const int row = (low + warp_low + 16 * jn + k_row) & (Terms::kRing - 1);
+            uint32_t b[4];
+            ldmatrix_x4(b, sRelK + row * Terms::kStride + k_col + kk * 16);
+            Mma<T>::mma(acc[2 * jn], qf[0][kk], b[0], b[1]);
+            Mma<T>::mma(acc[2 * jn + 1], qf[0][kk], b[2], b[3]);
+          }
+        }
+        T* out = c2p + g * Terms::kC2PStride + quad_col;
+#pragma unroll
+        for (int n = 0; n < Terms::kWarpCols / 8; ++n) {
+          *reinterpret_cast<uint32_t*>(out + 8 * n) = Mma<T>::pack(acc[n][0], acc[n][1]);
+          *reinterpret_cast<uint32_t*>(out + 8 * Terms::kC2PStride + 8 * n) =
+              Mma<T>::pack(acc[n][2], acc[n][3]);
+        }
+      }
+      __syncthreads();  // every warp's p2c rows (and this warp's c2p ones) are in place
+      // Score (row, key) at distance δ reads column sCol[δ − δ_min] of both.
+      const int* key_pos = sKeyPos + buf * Bc;
+      const int d_min = q_first_pos - key_pos[Bc - 1];
+#pragma unroll
+      for (int j = 0; j < Bc / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + quad_col + e;
+          const int kp = key_pos[key];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int col = sCol[q_pos[0][r] - kp - d_min];
+            float add = 0.0f;
+            if (p.term_c2p) {
+              add += static_cast<float>(c2p[(g + 8 * r) * Terms::kC2PStride + col - warp_low]);
+            }
+            if (p.term_p2c) add += static_cast<float>(sP2C[key * Terms::kP2CStride + col]);
+            s[0][j][2 * r + e] += add;
+          }
+        }
+      }
+    } else {
+      (void)s, (void)buf, (void)low;
+    }
+  };
+
   int buf = 0;             // buffer of tile t
   int fill = kStages - 1;  // buffer of tile t + kStages - 1 (the one tile t - 1 used)
   for (int t = t_begin; t < t_end; ++t) {
@@ -442,6 +614,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     // with tile t - 1, whose buffer is refilled next. It also tells every thread whether this
     // tile has any masked key.
     const bool tile_masked = __syncthreads_or((masked_bits >> buf) & 1) != 0;
+    // kInlineTerms: the relative rows go first, so that their group lands before the refill's.
+    [[maybe_unused]] int term_low = 0;
+    if constexpr (kInlineTerms) term_low = load_term_rows(buf);
     refill(t + kStages - 1, fill);
     if constexpr (kWindow) {
       // Where this tile's keys lie for this warp's rows, decided for the whole warp: wholly
@@ -463,6 +638,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     } else {
       Scores s;
       scores(s, buf, t * Bc);
+      if constexpr (kInlineTerms) add_inline_terms(s, buf, term_low);
       accumulate(s, buf, tile_masked, false);
     }
     buf = next_buf(buf);
@@ -511,12 +687,17 @@ struct FlashConfig {
   static constexpr bool kQRegs = kQRegs_;
 };
 
-template <typename T, typename C, bool kRelBias, bool kWindow, bool kTerms = false>
+template <typename T, typename C, bool kRelBias, bool kWindow, bool kTerms = false,
+          bool kInlineTerms = false>
 void launch_flash_kernel(const FlashParams& p, int batch, int device, cudaStream_t stream) {
   using Tile = FlashTile<C::D, C::Br, C::Bc, C::kWarps, C::kStages>;
-  constexpr size_t smem = Tile::smem_bytes(sizeof(T), kRelBias || kWindow || kTerms);
+  using Terms = InlineTermsTile<C::D, C::Br, C::Bc, C::kWarps>;
+  constexpr size_t smem =
+      Tile::smem_bytes(sizeof(T), kRelBias || kWindow || kTerms || kInlineTerms) +
+      (kInlineTerms ? Terms::smem_bytes(sizeof(T)) : 0);
   auto kernel = flash_attention_kernel<T, C::D, C::Br, C::Bc, C::kWarps, C::kMinBlocks,
-                                       C::kStages, C::kQRegs, kRelBias, kWindow, kTerms>;
+                                       C::kStages, C::kQRegs, kRelBias, kWindow, kTerms,
+                                       kInlineTerms>;
   static std::atomic<uint64_t> raised_on{0};
   allow_shared_memory(kernel, smem, device, raised_on);
   launch(kernel, flash_grid(p, batch, C::Br), Tile::kThreads, smem, stream, p);
@@ -577,12 +758,20 @@ void launch_flash_for_head_dim(const FlashParams& p, int batch, int head_dim,
   // position bias or a sliding window. A call with both stays on this file's kernel, and so do
   // DeBERTa's disentangled terms.
   if ((p.relative_bias == nullptr || p.window == 0) && p.c2p == nullptr && p.p2c == nullptr &&
-      flash_sm90_takes(head_dim) &&
+      p.term_positions == nullptr && flash_sm90_takes(head_dim) &&
       is_sm90(device) && !portable_forced()) {
     launch_flash_sm90<T>(p, batch, head_dim, device, stream, batch_invariant);
     return;
   }
 #endif
+  // DeBERTa's terms computed here: narrow tiles (a warp's 16 rows keep the c2p products' window
+  // small), two blocks an SM (110 KiB of shared memory each), at every grid.
+  if (p.term_positions != nullptr) {
+    FTBERT_CHECK(head_dim == 64, "flash attention: inline disentangled terms need head dim 64");
+    launch_flash_kernel<T, FlashConfig<64, 64, 64, 4, 2, 2, true>, false, false, false, true>(
+        p, batch, device, stream);
+    return;
+  }
   // Wide tiles pay off once the grid is a few waves deep; below that, narrow tiles' shorter
   // blocks finish sooner (measured on an H100: batch 1 x 128 tokens runs best narrow, batch 32
   // wide).
@@ -635,6 +824,12 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim) {
   return "";
 }
 
+bool flash_computes_terms(DType dt, int head_dim) {
+  const char* tables = std::getenv("FTBERT_DEBERTA_TERM_TABLES");
+  return flash_attention_unsupported_reason(dt, head_dim).empty() && head_dim == 64 &&
+         (tables == nullptr || tables[0] == '\0' || std::strcmp(tables, "0") == 0);
+}
+
 void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,
                             const SequenceLayout& layout, int heads, int head_dim, float scale,
                             const AttentionOptions& options, cudaStream_t stream,
@@ -670,10 +865,20 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
                  "flash attention: a packed layout with a relative bias needs token_index");
   }
   if (options.has_terms()) {
-    FTBERT_CHECK(!options.has_relative_bias() && options.window == 0 &&
-                     options.terms.rows >= layout.rows && options.terms.column != nullptr,
-                 "flash attention: disentangled terms go without a bias or a window, with a "
-                 "table row for each of the layout's " << layout.rows << " rows");
+    const DisentangledTerms& t = options.terms;
+    FTBERT_CHECK(!options.has_relative_bias() && options.window == 0 && t.column != nullptr,
+                 "flash attention: disentangled terms go without a bias or a window");
+    if (t.positions != nullptr) {
+      FTBERT_CHECK(flash_computes_terms(dt, head_dim) && t.position_rows > 0 &&
+                       seq <= t.max_distance && (t.inline_c2p || t.inline_p2c),
+                   "flash attention: inline disentangled terms need float16 or bfloat16, head "
+                   "dim 64 (got " << head_dim << "), relative rows, and distances up to the "
+                   "sequence's " << seq << " (table: " << t.max_distance << ")");
+    } else {
+      FTBERT_CHECK(t.rows >= layout.rows,
+                   "flash attention: disentangled term tables need a row for each of the "
+                   "layout's " << layout.rows << " rows (got " << t.rows << ")");
+    }
     FTBERT_CHECK(!layout.packed() || layout.token_index,
                  "flash attention: a packed layout with disentangled terms needs token_index");
   }
@@ -707,6 +912,11 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     p.term_width = options.terms.width;
     p.term_first = options.terms.first;
     p.term_column = options.terms.column;
+    p.term_positions = options.terms.positions;
+    p.term_position_rows = options.terms.position_rows;
+    p.term_max_distance = options.terms.max_distance;
+    p.term_c2p = options.terms.inline_c2p;
+    p.term_p2c = options.terms.inline_p2c;
   }
   if (options.has_relative_bias() || windowed || options.has_terms()) {
     p.token_index = layout.packed() ? layout.token_index : nullptr;

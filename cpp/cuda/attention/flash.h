@@ -15,6 +15,10 @@ namespace ftbert::cuda {
 // "" when the fused kernel runs for this dtype/head dim, else why not (names the property).
 std::string flash_attention_unsupported_reason(DType dt, int head_dim);
 
+// Whether the fused kernel computes DeBERTa's terms itself for this dtype/head dim
+// (DisentangledTerms::positions); FTBERT_DEBERTA_TERM_TABLES=1 keeps the term tables, to compare.
+bool flash_computes_terms(DType dt, int head_dim);
+
 // out[row, h*d + :] = softmax(scale * q·kᵀ + rel over the sequence's keys) · v, with q/k/v read
 // from the QKV GEMM output plus bias: padded batches attend over keys with mask == 1 (fully masked
 // rows give zeros), packed ones over their own rows. rel: the options' relative position bias

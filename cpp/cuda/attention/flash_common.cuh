@@ -48,6 +48,14 @@ struct FlashParams {
   int term_width = 0;
   int term_first = 0;
   const int32_t* term_column = nullptr;  // at distance 0
+  // Or, with no tables (flash.cu's inline terms): the layer's relative queries | keys
+  // [term_position_rows, 3H] (DisentangledTerms::positions), from which the kernel computes the
+  // terms; term_column[δ] is then their row, for |δ| < term_max_distance.
+  const void* term_positions = nullptr;
+  int term_position_rows = 0;
+  int term_max_distance = 0;
+  bool term_c2p = false;
+  bool term_p2c = false;
   // [rows], packed batches with a bias, a window or the terms: b·S + s of each row
   const int32_t* token_index = nullptr;
   // A sliding window (AttentionOptions): keys within `window` positions of the query, 0 for

@@ -46,6 +46,14 @@ struct DisentangledTerms {
   int width = 0;              // columns of a row
   int first = 0;              // the table's column 0 (<= column[−(S − 1)])
   const int32_t* column = nullptr;  // backend memory, pointing at δ = 0; |δ| < the max_seq
+  // Or no tables (Backend::flash_computes_terms): the fused kernel computes the terms it needs
+  // from the layer's relative queries and keys (DisentangledAttention::positions), and `column`
+  // indexes their rows directly.
+  const void* positions = nullptr;
+  int position_rows = 0;
+  int max_distance = 0;  // column[δ] exists for |δ| < max_distance
+  bool inline_c2p = false;
+  bool inline_p2c = false;
 };
 
 // What an architecture gives run_attention for DeBERTa's disentangled attention, per layer.
@@ -63,6 +71,9 @@ struct DisentangledAttention {
   int max_distance = 0;  // P
   bool c2p = true;       // content→position: q_i · relative key
   bool p2c = true;       // position→content: k_j · relative query
+  // The fused attention computes the terms itself (Backend::flash_computes_terms, asked once by
+  // the model): it needs no scratch for them.
+  bool inline_terms = false;
   // Scratch for the terms: disentangled_scratch_bytes(...) bytes.
   void* scratch = nullptr;
 
@@ -95,7 +106,9 @@ struct AttentionOptions {
   DisentangledTerms terms;
 
   bool has_relative_bias() const { return relative_bias != nullptr; }
-  bool has_terms() const { return terms.c2p != nullptr || terms.p2c != nullptr; }
+  bool has_terms() const {
+    return terms.c2p != nullptr || terms.p2c != nullptr || terms.positions != nullptr;
+  }
 };
 
 // Dynamic NTK rope scaling (transformers' rope_type "dynamic"; NomicBERT's rotary_scaling_factor):
@@ -471,6 +484,12 @@ class Backend : public Device {
   // Why supports_attention() is false, naming the unsupported property ("" when supported).
   virtual std::string attention_unsupported_reason(AttentionKind kind, DType dt,
                                                    int head_dim) const;
+  // Whether flash_attention computes DeBERTa's disentangled terms inside the kernel from the
+  // relative queries and keys (DisentangledTerms::positions), with no term tables.
+  virtual bool flash_computes_terms(DType dt, int head_dim) const {
+    (void)dt; (void)head_dim;
+    return false;
+  }
 
   // One fused kernel: out = softmax(scale · Q Kᵀ + options' bias, key mask) V, reading Q, K, V
   // (+ bias) straight from the QKV GEMM output and writing the merged-heads layout the next GEMM

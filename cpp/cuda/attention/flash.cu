@@ -869,7 +869,7 @@ void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, voi
     FTBERT_CHECK(!options.has_relative_bias() && options.window == 0 && t.column != nullptr,
                  "flash attention: disentangled terms go without a bias or a window");
     if (t.positions != nullptr) {
-      FTBERT_CHECK(flash_computes_terms(dt, head_dim) && t.position_rows > 0 &&
+      FTBERT_CHECK(head_dim == 64 && t.position_rows > 0 &&
                        seq <= t.max_distance && (t.inline_c2p || t.inline_p2c),
                    "flash attention: inline disentangled terms need float16 or bfloat16, head "
                    "dim 64 (got " << head_dim << "), relative rows, and distances up to the "

@@ -52,16 +52,17 @@
 // c2p[query row][col] + p2c[key row][col], col = column[q_pos − k_pos] − first, read from the
 // tables in L2 as the relative bias is, so no [B, heads, S, S] tensor is ever written. The tables
 // themselves are [heads, rows, width] (width ≤ 2·span; the columns the batch's distances reach).
-// At head dim 64 the kernel computes the terms instead (kInlineTerms; FlashParams::term_positions,
-// no tables): a block of 64 query rows and a tile of 64 keys span 127 distances, whose bucketed
-// relative rows are at most 127 consecutive rows (a row per distance or fewer). Per key tile, the
-// tile's keys times those rows' relative queries (p2c, 16 keys a warp) and each warp's 16 query
-// rows times the relative keys of its own 79 distances (c2p) are two more mma products, rounded
-// to the dtype as the tables are and staged in shared memory, where each score reads the column
-// of its distance. The relative rows sit in a ring: key tiles come in order, so their windows
-// only move down, and each tile copies just the rows below the last window. This trades the
-// tables' two products and the scores' reads of them from memory for more mma work per key tile
-// (p2c twice the QKᵀ tile's, c2p 1.25 times) and two more barriers.
+// At head dim 64, where FTBERT_DEBERTA_INLINE_TERMS=1 opts in, the kernel computes the terms
+// instead (kInlineTerms; FlashParams::term_positions, no tables): a block of 64 query rows and a
+// tile of 64 keys span 127 distances, whose bucketed relative rows are at most 127 consecutive rows
+// (a row per distance or fewer). Per key tile, the tile's keys times those rows' relative queries
+// (p2c, 16 keys a warp) and each warp's 16 query rows times the relative keys of its own 79
+// distances (c2p) are two more mma products, rounded to the dtype as the tables are and staged in
+// shared memory, where each score reads the column of its distance. The relative rows sit in a
+// ring: key tiles come in order, so their windows only move down, and each tile copies just the
+// rows below the last window. This trades the tables' two products and the scores' reads of them
+// from memory for more mma work per key tile (p2c twice the QKᵀ tile's, c2p 1.25 times) and two
+// more barriers.
 //
 // A sliding window (ModernBERT's local layers; AttentionOptions::window = W, 0 < W < S) is another
 // template bool (kWindow), with the same positions: key j attends query i only where
@@ -825,9 +826,9 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim) {
 }
 
 bool flash_computes_terms(DType dt, int head_dim) {
-  const char* tables = std::getenv("FTBERT_DEBERTA_TERM_TABLES");
+  const char* inline_terms = std::getenv("FTBERT_DEBERTA_INLINE_TERMS");
   return flash_attention_unsupported_reason(dt, head_dim).empty() && head_dim == 64 &&
-         (tables == nullptr || tables[0] == '\0' || std::strcmp(tables, "0") == 0);
+         inline_terms != nullptr && inline_terms[0] != '\0' && std::strcmp(inline_terms, "0") != 0;
 }
 
 void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,

@@ -62,7 +62,9 @@
 // ring: key tiles come in order, so their windows only move down, and each tile copies just the
 // rows below the last window. This trades the tables' two products and the scores' reads of them
 // from memory for more mma work per key tile (p2c twice the QKᵀ tile's, c2p 1.25 times) and two
-// more barriers.
+// more barriers. Positions that jump (a packed batch whose mask had holes inside a sequence) can
+// span more distances than the windows hold: such a tile computes each score's terms alone, from
+// the relative rows in memory.
 //
 // A sliding window (ModernBERT's local layers; AttentionOptions::window = W, 0 < W < S) is another
 // template bool (kWindow), with the same positions: key j attends query i only where
@@ -480,11 +482,19 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   // lowest relative row (none loaded yet). Key tiles come in order, so the relative rows a tile
   // needs only move down: each tile loads the rows below the ring's, into the slots of rows above
   // its window, which no later tile needs.
-  int q_first_pos = 0, warp_first_pos = 0;
+  // Also how far the block's and any warp's query positions reach: one a row, except for packed
+  // rows whose mask had holes.
+  int q_first_pos = 0, warp_first_pos = 0, q_span = 0, warp_span = 0;
   int ring_low = 0x7fffffff;
   if constexpr (kInlineTerms) {
     q_first_pos = seq.position(q0);
     warp_first_pos = seq.position(min(q0 + warp_row0, seq.len - 1));
+    q_span = seq.position(min(q0 + Br - 1, seq.len - 1)) - q_first_pos;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int first = min(q0 + 16 * w, seq.len - 1), last = min(q0 + 16 * w + 15, seq.len - 1);
+      warp_span = max(warp_span, seq.position(last) - seq.position(first));
+    }
   }
   const int k_row = (lane % 8) + (lane / 16) * 8;  // k_lane's row and column parts
   const int k_col = ((lane / 8) % 2) * 8;
@@ -525,9 +535,47 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
   // distances. Both through shared memory, where each score reads its distance's column.
   auto add_inline_terms = [&](Scores& s, int buf, int low) {
     if constexpr (kInlineTerms) {
+      const int* key_pos = sKeyPos + buf * Bc;
+      const int k_span = key_pos[Bc - 1] - key_pos[0];
+      const int g = lane / 4;
+      if (q_span + k_span >= Terms::kRows || warp_span + k_span >= Terms::kWarpCols) {
+        // Positions with gaps (a packed batch whose mask had holes) span more distances than the
+        // windows hold: each score's terms alone, from the relative rows in memory, rounded to
+        // the dtype as the products are. The choice is the whole block's.
+        const T* rel = static_cast<const T*>(p.term_positions) + blockIdx.y * D;
+        const int64_t rel_stride = 3 * static_cast<int64_t>(seq.H);
+        const T* tk = sK + buf * Tile::kKVElems;
+        auto dot = [](const T* smem_row, const T* rel_row) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int d = 0; d < D; d += 2) {
+            const float2 a = Mma<T>::unpack(*reinterpret_cast<const uint32_t*>(smem_row + d));
+            const float2 b =
+                Mma<T>::unpack(__ldg(reinterpret_cast<const unsigned int*>(rel_row + d)));
+            sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+          }
+          return static_cast<float>(static_cast<T>(sum));
+        };
+#pragma unroll
+        for (int j = 0; j < Bc / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = 8 * j + quad_col + e;
+            const int kp = key_pos[key];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const T* row = rel + __ldg(p.term_column + (q_pos[0][r] - kp)) * rel_stride;
+              float add = 0.0f;
+              if (p.term_c2p) add += dot(sQ + (warp_row0 + g + 8 * r) * kStride, row + seq.H);
+              if (p.term_p2c) add += dot(tk + key * kStride, row);
+              s[0][j][2 * r + e] += add;
+            }
+          }
+        }
+        return;
+      }
       cp_async_wait<1>();  // this thread's relative rows (the tile after may still be in flight)
       __syncthreads();     // everyone's, and sCol
-      const int g = lane / 4;
       if (p.term_p2c) {
         const T* tk = sK + buf * Tile::kKVElems + (16 * warp + lane % 16) * kStride + (lane / 16) * 8;
         uint32_t kf[D / 16][4];
@@ -582,7 +630,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
       }
       __syncthreads();  // every warp's p2c rows (and this warp's c2p ones) are in place
       // Score (row, key) at distance δ reads column sCol[δ − δ_min] of both.
-      const int* key_pos = sKeyPos + buf * Bc;
       const int d_min = q_first_pos - key_pos[Bc - 1];
 #pragma unroll
       for (int j = 0; j < Bc / 8; ++j) {

@@ -10,7 +10,8 @@ tables, BERT-base, three rounds): 20 warm-up forwards, then 5 bursts of 20 timed
 the median ms per forward of all rounds. Last, one 32 x 512 forward of each DeBERTa variant under
 torch.profiler (graphs off): the attention kernel's time per forward, all kernels' time, and
 the rate of the attention kernel's QKᵀ and PV products alone (4·B·S²·H FLOPs a layer).
-FTBERT_DEBERTA_INLINE_TERMS=1 at load gives the inline encoder (head dim 64), else the tables.
+The inline encoder is the default at head dim 64; FTBERT_DEBERTA_TERM_TABLES=1 at load gives the
+tables.
 """
 
 import argparse
@@ -26,7 +27,7 @@ from ftbert.bench.sweep import make_inputs, on_device_stream
 
 
 def encoder(model, dtype, tables, graphs=True):
-    os.environ["FTBERT_DEBERTA_INLINE_TERMS"] = "0" if tables else "1"
+    os.environ["FTBERT_DEBERTA_TERM_TABLES"] = "1" if tables else "0"
     return make_ftbert(model, "cuda:0", dtype, "flash", False, graphs)
 
 

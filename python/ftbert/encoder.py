@@ -140,7 +140,7 @@ class Encoder:
         self._packs_always = False  # whether every forward runs packed: _note_packing keeps it
         self._note_packing()
         self._batch_invariant_mode = bool(native.batch_invariant)  # from_pretrained sets its mode
-        self._disentangled = config.get("disentangled") is not None  # DeBERTa: term tables
+        self._disentangled = config.get("disentangled") is not None  # DeBERTa
         self._out_dtype = None  # the torch dtype of outputs, once torch is imported
 
     # ---- construction ----------------------------------------------------------------------
@@ -393,11 +393,12 @@ class Encoder:
         Set "auto" (the default of from_pretrained), True or False; this reads what forwards do now.
 
         "auto" turns it on where it runs on the fast kernels: a GPU encoder in float16 or bfloat16
-        whose attention is not "unfused", whose `padding_free` is not False and whose model has no
-        DeBERTa term tables (what it costs there, per family: docs/performance.md, "Batch
-        invariance on the GPU"). Elsewhere auto leaves it off: float32, the unfused attention and
-        DeBERTa's tables would run on an ordered kernel, correct but far slower; padding_free=False
-        asks for padded forwards; the CPU's kernels are invariant either way. Auto follows later
+        whose attention is not "unfused", whose `padding_free` is not False and whose model is not
+        a DeBERTa (what it costs there, per family: docs/performance.md, "Batch invariance on the
+        GPU"). Elsewhere auto leaves it off: float32, the unfused attention and DeBERTa's term
+        tables (head dims other than 64) would run on an ordered kernel, correct but far slower,
+        and DeBERTa's invariant forward with the terms in the kernel is not timed yet;
+        padding_free=False asks for padded forwards; the CPU's kernels are invariant either way. Auto follows later
         changes of `attention` and `padding_free`; True and False stay as set.
 
         On, every batch runs packed (a pooled or sequence-classification output is taken at each

@@ -1,7 +1,7 @@
 """DeBERTa-v2/v3 on the GPU against transformers' DebertaV2 classes (eager attention, its only one):
 v3's settings with 32 log buckets over 128 relative positions, so that sequences of 97 to 300 tokens
-reach the log buckets and the clamped ends; head dims 32, 64 and 128 (at 64 the flash kernel reads
-the terms from term tables, or with FTBERT_DEBERTA_INLINE_TERMS=1 computes them itself), a batch big
+reach the log buckets and the clamped ends; head dims 32, 64 and 128 (at 64 the flash kernel computes
+the terms itself, or with FTBERT_DEBERTA_TERM_TABLES=1 reads them from term tables), a batch big
 enough for the table kernel's "wide" tiles and, at head dim 64, its 128-key tiles; v3's real 256
 buckets (term tables a few hundred columns wide), each term type alone too, with the terms computed
 in the kernel and from tables; right and left padding and holes inside a sequence, padded and packed
@@ -137,9 +137,9 @@ def wide_batch(heads, seq):
 
 
 def term_tables(monkeypatch, on):
-    """Whether encoders loaded from now on add DeBERTa's terms from tables at head dim 64 (the
-    default), or have the flash kernel compute them there (other head dims always read tables)."""
-    monkeypatch.setenv("FTBERT_DEBERTA_INLINE_TERMS", "0" if on else "1")
+    """Whether encoders loaded from now on add DeBERTa's terms from tables at head dim 64, or have
+    the flash kernel compute them there (the default; other head dims always read tables)."""
+    monkeypatch.setenv("FTBERT_DEBERTA_TERM_TABLES", "1" if on else "0")
 
 
 @pytest.mark.parametrize("tables", [False, True], ids=["inline", "tables"])

@@ -52,8 +52,8 @@
 // c2p[query row][col] + p2c[key row][col], col = column[q_pos − k_pos] − first, read from the
 // tables in L2 as the relative bias is, so no [B, heads, S, S] tensor is ever written. The tables
 // themselves are [heads, rows, width] (width ≤ 2·span; the columns the batch's distances reach).
-// At head dim 64, where FTBERT_DEBERTA_INLINE_TERMS=1 opts in, the kernel computes the terms
-// instead (kInlineTerms; FlashParams::term_positions, no tables): a block of 64 query rows and a
+// At head dim 64 (unless FTBERT_DEBERTA_TERM_TABLES=1), the kernel computes the terms instead
+// (kInlineTerms; FlashParams::term_positions, no tables): a block of 64 query rows and a
 // tile of 64 keys span 127 distances, whose bucketed relative rows are at most 127 consecutive rows
 // (a row per distance or fewer). Per key tile, the tile's keys times those rows' relative queries
 // (p2c, 16 keys a warp) and each warp's 16 query rows times the relative keys of its own 79
@@ -873,9 +873,9 @@ std::string flash_attention_unsupported_reason(DType dt, int head_dim) {
 }
 
 bool flash_computes_terms(DType dt, int head_dim) {
-  const char* inline_terms = std::getenv("FTBERT_DEBERTA_INLINE_TERMS");
+  const char* tables = std::getenv("FTBERT_DEBERTA_TERM_TABLES");
   return flash_attention_unsupported_reason(dt, head_dim).empty() && head_dim == 64 &&
-         inline_terms != nullptr && inline_terms[0] != '\0' && std::strcmp(inline_terms, "0") != 0;
+         (tables == nullptr || tables[0] == '\0' || std::strcmp(tables, "0") == 0);
 }
 
 void invoke_flash_attention(DType dt, const void* qkv, const void* qkv_bias, void* out,

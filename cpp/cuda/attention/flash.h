@@ -16,8 +16,8 @@ namespace ftbert::cuda {
 std::string flash_attention_unsupported_reason(DType dt, int head_dim);
 
 // Whether the fused kernel computes DeBERTa's terms itself for this dtype/head dim
-// (DisentangledTerms::positions): at head dim 64 where FTBERT_DEBERTA_INLINE_TERMS=1 (opt-in until
-// the kernel has been checked on a GPU), else the term tables.
+// (DisentangledTerms::positions): at head dim 64, unless FTBERT_DEBERTA_TERM_TABLES=1 keeps the
+// term tables (to compare the two).
 bool flash_computes_terms(DType dt, int head_dim);
 
 // out[row, h*d + :] = softmax(scale * q·kᵀ + rel over the sequence's keys) · v, with q/k/v read

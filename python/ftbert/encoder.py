@@ -398,8 +398,8 @@ class Encoder:
         GPU"). Elsewhere auto leaves it off: float32, the unfused attention and DeBERTa's term
         tables (head dims other than 64) would run on an ordered kernel, correct but far slower,
         and DeBERTa's invariant forward with the terms in the kernel is not timed yet;
-        padding_free=False asks for padded forwards; the CPU's kernels are invariant either way. Auto follows later
-        changes of `attention` and `padding_free`; True and False stay as set.
+        padding_free=False asks for padded forwards; the CPU's kernels are invariant either way.
+        Auto follows later changes of `attention` and `padding_free`; True and False stay as set.
 
         On, every batch runs packed (a pooled or sequence-classification output is taken at each
         sequence's first real token even under left padding, where transformers takes the padding

@@ -123,12 +123,12 @@ for mode in forward mpnet modernbert threads; do
 done
 # racecheck is slow (every shared-memory access is checked; cuBLAS's GEMMs use much of it): the
 # threaded run does 4 forwards per configuration there, and about 100 s per configuration on an
-# H100. FTBERT_RACECHECK (default "ops threads"; also "mpnet", "modernbert") picks the runs.
+# H100. FTBERT_RACECHECK (default "ops threads"; also "mpnet", "modernbert", "deberta") picks the runs.
 for mode in ${FTBERT_RACECHECK:-ops threads}; do
   want racecheck || break
   case $mode in
     ops) args=ops limit=120 ;; threads) args="threads 4" limit=480 ;; mpnet) args="mpnet 1" limit=200 ;;
-    modernbert) args="modernbert 1" limit=200 ;;
+    modernbert) args="modernbert 1" limit=200 ;; deberta) args="deberta 2" limit=200 ;;
     *) continue ;;
   esac
   timeout $limit compute-sanitizer --tool racecheck --error-exitcode 9 $PY benchmarks/sanitize.py $args \

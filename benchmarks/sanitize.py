@@ -17,7 +17,7 @@
   sanitize.py rotary [1] - small NomicBERT (also with dynamic rope scaling), GTE,
                          Jina-embeddings-v3 and EuroBERT forwards (rotary post-LayerNorm layers,
                          SwiGLU, the RMSNorm ops), as mpnet's
-  sanitize.py deberta [1] - a small DeBERTa-v3's forward (the disentangled terms: their batched
+  sanitize.py deberta [1|2] - a small DeBERTa-v3's forward (the disentangled terms: their batched
                          GEMMs, disentangled_scores in the unfused path and the flash kernel's
                          kTerms tiles; 201 tokens past the 32 log buckets and the clamped ends),
                          as mpnet's
@@ -120,7 +120,9 @@ def fp8() -> None:
 def _family_forwards(name: str, model, pad: int, quick: int) -> None:
     """`model` saved, then forwards of a batch with right and left padding and a hole inside a
     sequence (where a relative bias or a window counts padded positions), in each dtype, attention
-    path and layout, op by op and replayed; quick: float16 on the default (flash) attention only."""
+    path and layout, op by op and replayed; quick 1: float16 on the default (flash) attention only;
+    quick 2: that, packed only, one forward op by op and one forward_packed (racecheck, which
+    slows the fused attention most, then fits a few minutes)."""
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
         rng = np.random.default_rng(0)
@@ -132,9 +134,15 @@ def _family_forwards(name: str, model, pad: int, quick: int) -> None:
         ids[mask == 0] = pad
         for dtype in ("float16",) if quick else ("float32", "float16", "bfloat16"):
             for attention in ("auto",) if quick else ("unfused", "auto"):
-                for packed in (False, True):
+                for packed in (True,) if quick >= 2 else (False, True):
                     enc = ftbert.Encoder.from_pretrained(d, device="cuda", dtype=dtype, attention=attention,
                                                          padding_free=packed)
+                    if quick >= 2:  # every kernel of the forward once, nothing repeated
+                        assert np.isfinite(enc(ids, mask).last_hidden_state).all()
+                        flat, cu = ids[mask == 1], np.concatenate([[0], np.cumsum(mask.sum(1))])
+                        assert np.isfinite(enc.forward_packed(flat, cu).last_hidden_state).all()
+                        print(name, dtype, enc.attention_for(3, 201), "packed, once ok")
+                        continue
                     enc(ids, mask)
                     # The measured GEMM choice may switch a pick once its background timing of a
                     # new shape ends: the reference is taken after that.

@@ -326,6 +326,22 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     ~Lease() { encoder->release(slot, stream); }
   } lease{this, slot, stream};
   std::lock_guard<std::mutex> lock(slot.mutex);
+  Session& session = session_of(slot);
+  // The setting as this forward read it (args.packed above): the session's recordings hold the
+  // kernels of the other one.
+  Backend& be = session.backend();
+  if (be.batch_invariant() != invariant) {
+    session.drop_recordings();
+    be.set_batch_invariant(invariant);
+  }
+  ForwardArgs a = args;
+  if (a.inputs_on_device) a.bad_input = bad_input_device_;
+  // Host callers name no stream: the session's own one keeps them apart from each other.
+  if (!a.stream) a.stream = be.own_stream();
+  return session.forward(a, attention, graphs_);
+}
+
+Session& Encoder::session_of(Slot& slot) {
   if (!slot.session) {
     // Slot 0 runs on the backend that holds the weights; the others get a backend (stream,
     // cuBLAS handle) of their own, so that their work can overlap.
@@ -337,18 +353,7 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
     slot.session = std::make_unique<Session>(*model_, be, std::move(own));
     slot.session->count_graphs_into(&graph_counts_);
   }
-  // The setting as this forward read it (args.packed above): the session's recordings hold the
-  // kernels of the other one.
-  Backend& be = slot.session->backend();
-  if (be.batch_invariant() != invariant) {
-    slot.session->drop_recordings();
-    be.set_batch_invariant(invariant);
-  }
-  ForwardArgs a = args;
-  if (a.inputs_on_device) a.bad_input = bad_input_device_;
-  // Host callers name no stream: the session's own one keeps them apart from each other.
-  if (!a.stream) a.stream = slot.session->backend().own_stream();
-  return slot.session->forward(a, attention, graphs_);
+  return *slot.session;
 }
 
 }  // namespace ftbert

@@ -137,6 +137,8 @@ class Encoder {
   // is busy; returns it marked busy. release() gives it back.
   Slot& acquire(uintptr_t stream);
   void release(Slot& slot, uintptr_t stream);
+  // The slot's session, made on first use. The caller holds slot.mutex.
+  Session& session_of(Slot& slot);
   // The slots that exist now (stable pointers; slots are never removed).
   std::vector<Slot*> slots() const;
   void validate(const ForwardArgs& args) const;

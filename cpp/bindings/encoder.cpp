@@ -214,6 +214,8 @@ void register_encoder(py::module_& m) {
       .def_property_readonly("workspace_bytes",
                              py::cpp_function(&Encoder::workspace_bytes,
                                               py::call_guard<py::gil_scoped_release>()))
+      .def("reserve_workspace", &Encoder::reserve_workspace, py::arg("batch"), py::arg("seq"),
+           py::arg("rows"), py::call_guard<py::gil_scoped_release>())
       .def_property(
           "attention",
           [](const Encoder& e) { return std::string(attention_mode_name(e.attention_mode())); },

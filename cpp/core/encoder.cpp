@@ -356,4 +356,24 @@ Session& Encoder::session_of(Slot& slot) {
   return *slot.session;
 }
 
+void Encoder::reserve_workspace(int batch, int seq, int64_t rows) {
+  FTBERT_CHECK_INPUT(batch >= 1 && seq >= 1 && seq <= config().max_seq(),
+                     "reserve_workspace: " << batch << " sequences of up to " << seq
+                                           << " positions; the model takes 1 to "
+                                           << config().max_seq() << " positions");
+  FTBERT_CHECK_INPUT(rows >= 1 && rows <= static_cast<int64_t>(batch) * seq && rows <= INT32_MAX,
+                     "reserve_workspace: " << rows << " rows, but " << batch << " x " << seq
+                                           << " positions hold 1 to "
+                                           << static_cast<int64_t>(batch) * seq);
+  const AttentionKind attention = attention_for(batch, seq);
+  Slot& slot = acquire(0);  // the slot a host caller's next forward takes (stream 0 first)
+  struct Lease {
+    Encoder* encoder;
+    Slot& slot;
+    ~Lease() { encoder->release(slot, 0); }
+  } lease{this, slot};
+  std::lock_guard<std::mutex> lock(slot.mutex);
+  session_of(slot).reserve(batch, seq, rows, attention);
+}
+
 }  // namespace ftbert

@@ -174,6 +174,10 @@ void Session::ensure_workspace(int batch, int seq, int64_t rows, size_t attentio
   }
 }
 
+void Session::reserve(int batch, int seq, int64_t rows, AttentionKind attention) {
+  ensure_workspace(batch, seq, rows, model_.attention_scratch_bytes(attention, batch, seq, rows));
+}
+
 void Session::stage_inputs(const ForwardArgs& a) {
   const int64_t n = a.cu_seqlens != nullptr ? a.tokens : static_cast<int64_t>(a.batch) * a.seq;
   int32_t *ids = ids_.as<int32_t>(), *mask = mask_.as<int32_t>(), *types = types_.as<int32_t>();

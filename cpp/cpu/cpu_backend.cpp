@@ -19,11 +19,21 @@ std::string CpuBackend::device_name() const {
          cpu::isa_name(cpu::isa()) + ")";
 }
 
+namespace {
+constexpr size_t kPageBytes = 4096;  // the smallest page size of the CPUs built for
+}  // namespace
+
 void* CpuBackend::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   // 64-byte alignment keeps rows vector-friendly for BLAS and the compiler's SIMD loops.
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  const size_t size = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
   FTBERT_CHECK(p != nullptr, "out of host memory allocating " << bytes << " bytes");
+  // Large blocks come from the OS unbacked. Touching each page here takes the page faults at
+  // allocation (a server's: at start, Encoder::reserve_workspace) rather than in the threads of
+  // the first forward to write the buffer.
+  auto* page = static_cast<volatile unsigned char*>(p);
+  for (size_t at = 0; at < size; at += kPageBytes) page[at] = 0;
   return p;
 }
 

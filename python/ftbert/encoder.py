@@ -607,7 +607,7 @@ class Encoder:
 
     def warm_up_batches(self, max_tokens: int = DEFAULT_MAX_BATCH_TOKENS, max_sequences: int = 256,
                         max_length: int | None = None) -> int:
-        """Readies this GPU encoder, after `warm_up`, for the packed batches a server's batcher
+        """Readies this encoder, after `warm_up`, for the packed batches a server's batcher
         forms: at most `max_sequences` sequences of at most `max_length` tokens (default: the
         model's limit) whose count x longest is within `max_tokens`. What `ftbert serve` runs
         before it answers ready, so that its first requests pay nothing a shape's first forwards
@@ -622,9 +622,10 @@ class Encoder:
           bucket of rows: 14 shapes up to 512) is recorded, and each is replayed once to check
           that it is held.
         Batches of several sequences are recorded at their second meeting under traffic, as any
-        shape is. Returns how many single-sequence shapes replayed at the check (all of them but
-        where a recording cannot be made); 0 on the CPU (where nothing is recorded and nothing
-        else is readied) or with `cuda_graphs` off."""
+        shape is. On the CPU, where nothing is recorded, the workspace is grown to every such
+        batch without running one (the pages it takes are touched then, not in the first large
+        batch). Returns how many single-sequence shapes replayed at the check (all of them but
+        where a recording cannot be made); 0 on the CPU or with `cuda_graphs` off."""
         _check_positive_int("max_tokens", max_tokens)
         _check_positive_int("max_sequences", max_sequences)
         model_limit = limit = usable_seq_length(self.config)
@@ -632,6 +633,11 @@ class Encoder:
             _check_positive_int("max_length", max_length, " or None")
             limit = min(limit, max_length)
         if not self.device.startswith("cuda"):
+            # Longest first: the workspace's largest buffers (rows, attention scratch) are then
+            # taken once, and only the small per-sequence ones grow as the count does.
+            for longest in range(limit, 0, -1):
+                count = max(1, min(max_sequences, max_tokens // longest))
+                self._native.reserve_workspace(count, longest, count * longest)
             return 0
         from .text import forward_packed_batch, pack_sequences
 

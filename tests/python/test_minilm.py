@@ -382,10 +382,31 @@ def test_warm_up_rejects_a_bad_token_count(enc, bad):
         enc.warm_up(max_tokens=bad)
 
 
-def test_warm_up_batches_readies_nothing_on_the_cpu(enc):
+def test_warm_up_batches_grows_the_cpu_workspace_to_every_batch_of_the_budget(model_path):
+    from ftbert.text import forward_packed_batch, pack_sequences
+
+    enc = ftbert.Encoder.from_pretrained(model_path)
     before = enc.workspace_bytes
     assert enc.warm_up_batches(512, 8, 64) == 0  # nothing recorded, no forward run
-    assert enc.workspace_bytes == before and enc.graph_counts == {"replayed": 0, "recorded": 0, "op_by_op": 0}
+    held = enc.workspace_bytes
+    assert held > before and enc.graph_counts == {"replayed": 0, "recorded": 0, "op_by_op": 0}
+    # Batches the budget allows (at most 8 inputs of at most 64 tokens, count x longest <= 512),
+    # the extremes of each dimension among them, grow it no further.
+    rng = np.random.default_rng(3)
+    for count, longest in ((8, 64), (8, 1), (1, 64), (1, 1), (5, 37), (3, 64)):
+        lengths = [longest] + list(rng.integers(1, longest + 1, count - 1))
+        batch = pack_sequences([rng.integers(1000, 20000, n).astype(np.int32) for n in lengths], [None] * count)
+        forward_packed_batch(enc, batch, None)
+        assert enc.workspace_bytes == held, (count, longest)
+
+
+@pytest.mark.parametrize("batch, seq, rows, what", [
+    (0, 8, 8, "0 sequences"), (2, 0, 2, "up to 0 positions"), (1, 513, 513, "the model takes 1 to 512 positions"),
+    (2, 8, 17, "17 rows, but 2 x 8 positions hold 1 to 16"), (2, 8, 0, "0 rows"),
+])
+def test_reserving_a_workspace_names_the_shape_it_cannot_take(enc, batch, seq, rows, what):
+    with pytest.raises(ValueError, match=f"reserve_workspace: .*{what}"):
+        enc._native.reserve_workspace(batch, seq, rows)
 
 
 @pytest.mark.parametrize("name", ["max_tokens", "max_sequences", "max_length"])

@@ -90,6 +90,11 @@ class Encoder {
   // Bytes of activation workspace held now, over all sessions (each grows to the largest
   // batch x seq it ran, then stays).
   size_t workspace_bytes() const;
+  // Grows the workspace of the session a host caller's next forward takes to what a forward of
+  // `batch` sequences of up to `seq` positions over `rows` rows (B * S, or fewer packed) takes,
+  // running nothing: growing it later, under traffic, costs that forward the allocation (and, on
+  // the GPU, drops every recording made before).
+  void reserve_workspace(int batch, int seq, int64_t rows);
   // Bytes of backend memory the weights take (Model::weight_bytes).
   size_t weight_bytes() const { return model_->weight_bytes(); }
 

@@ -95,6 +95,11 @@ class Session {
   // outputs are enqueued on the caller's stream. Not reentrant: the caller holds the session.
   ForwardResult forward(const ForwardArgs& args, AttentionKind attention, bool graphs);
 
+  // Grows the workspace to what a forward of `batch` sequences of up to `seq` positions over
+  // `rows` rows under `attention` takes, running nothing (a server readies its largest batches
+  // before its first request). Not reentrant, as forward.
+  void reserve(int batch, int seq, int64_t rows, AttentionKind attention);
+
   Backend& backend() { return *backend_; }
   // Bytes of activation workspace held (grows to the largest batch x seq seen, then stays).
   size_t workspace_bytes() const;

@@ -59,17 +59,17 @@ class Service:
         return service
 
     def warm_up_batches(self) -> None:
-        """Readies each GPU encoder for the batches the batcher will form (Encoder.warm_up_batches:
-        the workspace at its largest, the GEMM tuner's picks, single-request CUDA graphs), so that
-        the server answers ready only once its first requests pay none of that."""
+        """Readies each encoder for the batches the batcher will form (Encoder.warm_up_batches:
+        the workspace at its largest; on the GPU also the GEMM tuner's picks and single-request
+        CUDA graphs), so that the server answers ready only once its first requests pay none of
+        that."""
         s = self.settings
         for enc in self.encoders:
-            if not str(enc.device).startswith("cuda"):
-                continue
             t0 = time.perf_counter()
             held = enc.warm_up_batches(s.max_batch_tokens, s.max_batch_size, max(self.batcher.limits.values()))
-            log.info("ftbert serve: %s readied for batches in %.1f s (%d single-request CUDA graphs)",
-                     enc.device, time.perf_counter() - t0, held)
+            graphs = f", {held} single-request CUDA graphs" if str(enc.device).startswith("cuda") else ""
+            log.info("ftbert serve: %s readied for batches in %.1f s (workspace %d MiB%s)", enc.device,
+                     time.perf_counter() - t0, enc.workspace_bytes >> 20, graphs)
 
     # ---- what the routes ask ------------------------------------------------------------------
     @property

@@ -93,7 +93,8 @@ class Encoder {
   // Grows the workspace of the session a host caller's next forward takes to what a forward of
   // `batch` sequences of up to `seq` positions over `rows` rows (B * S, or fewer packed) takes,
   // running nothing: growing it later, under traffic, costs that forward the allocation (and, on
-  // the GPU, drops every recording made before).
+  // the GPU, drops every recording made before). Where forwards are recorded, packed inputs run
+  // at their recorded shape (recorded_packed_shape), which is the one to reserve.
   void reserve_workspace(int batch, int seq, int64_t rows);
   // Bytes of backend memory the weights take (Model::weight_bytes).
   size_t weight_bytes() const { return model_->weight_bytes(); }

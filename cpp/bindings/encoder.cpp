@@ -211,6 +211,7 @@ void register_encoder(py::module_& m) {
                              [](const Encoder& e) { return e.backend().device_name(); })
       .def_property_readonly("dtype", [](const Encoder& e) { return std::string(dtype_name(e.dtype())); })
       .def_property_readonly("weight_bytes", &Encoder::weight_bytes)
+      .def_property_readonly("terms_in_attention", &Encoder::terms_in_attention)
       .def_property_readonly("workspace_bytes",
                              py::cpp_function(&Encoder::workspace_bytes,
                                               py::call_guard<py::gil_scoped_release>()))

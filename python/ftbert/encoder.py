@@ -393,11 +393,11 @@ class Encoder:
         Set "auto" (the default of from_pretrained), True or False; this reads what forwards do now.
 
         "auto" turns it on where it runs on the fast kernels: a GPU encoder in float16 or bfloat16
-        whose attention is not "unfused", whose `padding_free` is not False and whose model is not
-        a DeBERTa (what it costs there, per family: docs/performance.md, "Batch invariance on the
-        GPU"). Elsewhere auto leaves it off: float32, the unfused attention and DeBERTa's term
-        tables (head dims other than 64) would run on an ordered kernel, correct but far slower,
-        and DeBERTa's invariant forward with the terms in the kernel is not timed yet;
+        whose attention is not "unfused", whose `padding_free` is not False and, for a DeBERTa,
+        whose attention computes the disentangled terms itself (head dim 64; what it costs, per
+        family: docs/performance.md, "Batch invariance on the GPU"). Elsewhere auto leaves it off:
+        float32, the unfused attention and DeBERTa's term tables (other head dims, or
+        FTBERT_DEBERTA_TERM_TABLES=1) would run on an ordered kernel, correct but far slower;
         padding_free=False asks for padded forwards; the CPU's kernels are invariant either way.
         Auto follows later changes of `attention` and `padding_free`; True and False stay as set.
 
@@ -429,7 +429,7 @@ class Encoder:
         if mode == "auto":
             mode = (self._cuda_index >= 0 and self.dtype in ("float16", "bfloat16")
                     and self._native.attention != "unfused" and self._native.padding_free is not False
-                    and not self._disentangled)
+                    and (not self._disentangled or self._native.terms_in_attention))
         self._native.batch_invariant = bool(mode)
 
     def _note_packing(self) -> None:

@@ -465,6 +465,13 @@ def test_the_deberta_unit_refuses_what_it_cannot_run(small_dir, disentangled, me
         native(small_dir, architecture="deberta", disentangled=disentangled)
 
 
+def test_the_cpu_keeps_term_tables_and_batch_invariance_auto_stays_off(small_dir):
+    # The CPU computes the terms as tables (the fused kernel's inline terms are the GPU's); its
+    # kernels are invariant either way, so "auto" has nothing to turn on.
+    enc = ftbert.Encoder.from_pretrained(small_dir)
+    assert enc._native.terms_in_attention is False and enc.batch_invariant is False
+
+
 def test_the_bert_unit_refuses_disentangled_attention_it_would_drop(small_dir):
     # As it refuses a relative bias table: BERT's unit would run a DeBERTa config without its
     # disentangled terms (and, position_table false, without any position) and say nothing. A

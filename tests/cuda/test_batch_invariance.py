@@ -206,13 +206,24 @@ def test_switching_it_on_and_off(tmp_path):
     check_invariance(enc, "cls", 0, left_ok=False, first_token_always=True, examples=6)
 
 
-def test_auto_turns_it_on_where_the_fast_kernels_keep_it(tmp_path):
-    # "auto": on for float16/bfloat16 with the fused attention and padding_free not False; off for
-    # float32, the unfused attention, padding_free=False and DeBERTa's term tables (ordered kernels,
-    # or padded forwards asked for). It follows later changes; True and False stay. It is the default.
+def test_auto_turns_it_on_where_the_fast_kernels_keep_it(tmp_path, monkeypatch):
+    # "auto": on for float16/bfloat16 with the fused attention and padding_free not False (for
+    # DeBERTa: with its terms computed in the kernel, head dim 64); off for float32, the unfused
+    # attention, padding_free=False and DeBERTa's term tables (ordered kernels, or padded forwards
+    # asked for). It follows later changes; True and False stay. It is the default.
     bert, deberta = tmp_path / "bert", tmp_path / "deberta"
     make_model(bert, "bert", "cls", hidden=128, heads=2, layers=1, vocab=VOCAB, num_labels=3, seed=5)
     make_invariance_model(deberta, "deberta-v2", "cls", hidden=64, heads=2, seed=7)
+    inline = tmp_path / "deberta-d64"
+    make_invariance_model(inline, "deberta-v2", "cls", hidden=128, heads=2, seed=7)
+    for dtype in ("float16", "bfloat16"):
+        enc = ftbert.Encoder.from_pretrained(inline, device="cuda", dtype=dtype)
+        assert enc._native.terms_in_attention and enc.batch_invariant is True, dtype
+        check_invariance(enc, "cls", 0, left_ok=True, first_token_always=True, examples=4)
+    with monkeypatch.context() as m:
+        m.setenv("FTBERT_DEBERTA_TERM_TABLES", "1")
+        enc = ftbert.Encoder.from_pretrained(inline, device="cuda", dtype="float16")
+        assert not enc._native.terms_in_attention and enc.batch_invariant is False
     for dtype in ("float16", "bfloat16"):
         assert ftbert.Encoder.from_pretrained(bert, device="cuda", dtype=dtype).batch_invariant is True
         assert ftbert.Encoder.from_pretrained(bert, device="cuda", dtype=dtype,

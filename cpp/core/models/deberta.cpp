@@ -125,6 +125,8 @@ class DebertaModel final : public Model {
     backend->synchronize();  // `rel` and the host tables are gone after this
   }
 
+  bool terms_in_attention() const override { return inline_terms_; }
+
   size_t attention_scratch_bytes(AttentionKind kind, int batch, int seq,
                                  int64_t rows) const override {
     const size_t own = Model::attention_scratch_bytes(kind, batch, seq, rows);

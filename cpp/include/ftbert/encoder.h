@@ -98,6 +98,8 @@ class Encoder {
   void reserve_workspace(int batch, int seq, int64_t rows);
   // Bytes of backend memory the weights take (Model::weight_bytes).
   size_t weight_bytes() const { return model_->weight_bytes(); }
+  // Model::terms_in_attention: DeBERTa's terms computed inside the fused attention.
+  bool terms_in_attention() const { return model_->terms_in_attention(); }
 
   // Replaying repeated shapes (CUDA graphs). When on (the default), the second forward of a
   // shape (batch, seq, packed or not and its token-count bucket, attention kernel, outputs) in a

@@ -83,6 +83,11 @@ class Model {
   virtual size_t attention_scratch_bytes(AttentionKind kind, int batch, int seq,
                                          int64_t rows) const;
 
+  // Whether the fused attention computes DeBERTa's disentangled terms itself
+  // (Backend::flash_computes_terms), with no term tables and none of their products; false for
+  // models without such terms.
+  virtual bool terms_in_attention() const { return false; }
+
  protected:
   // Checks the config and that `backend` computes in `compute`.
   Model(const ModelConfig& config, const Backend& backend, DType compute);

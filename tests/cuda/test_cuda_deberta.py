@@ -117,15 +117,22 @@ def test_float32_matches_transformers(model, rng, padding_free, batch, seq, styl
     assert enc.recorded_shapes >= 1
 
 
-@pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "packed"])
+# How the forwards run: padded; packed; or as loaded by default, where batch_invariant="auto" turns
+# invariance on wherever the flash kernel computes the terms (head dim 64): packed, on its
+# invariant kernels.
+LAYOUTS = {"padded": dict(padding_free=False), "packed": dict(padding_free=True, batch_invariant=False),
+           "default": {}}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("attention", ["unfused", "flash"])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("batch,seq,style", SHAPES)
-def test_half_precision_within_twice_transformers(model, rng, dtype, attention, padding_free, batch, seq,
-                                                  style):
+def test_half_precision_within_twice_transformers(model, rng, dtype, attention, layout, batch, seq, style):
     enc = ftbert.Encoder.from_pretrained(model.path, device="cuda", dtype=dtype, attention=attention,
-                                         padding_free=padding_free)
+                                         **LAYOUTS[layout])
     assert enc.attention_for(batch, seq) == attention
+    assert enc.batch_invariant == (layout == "default" and enc._native.terms_in_attention and attention == "flash")
     check_half(model, enc, rng, dtype, batch, seq, style)
 
 
@@ -154,7 +161,7 @@ def test_the_wide_and_128_key_flash_tiles_add_the_terms(model, rng, monkeypatch,
     batch = wide_batch(heads, 300)
     term_tables(monkeypatch, tables)
     enc = ftbert.Encoder.from_pretrained(model.path, device="cuda", dtype=dtype, attention="flash",
-                                         padding_free=padding_free)
+                                         padding_free=padding_free, batch_invariant=False)
     assert enc.attention_for(batch, 300) == "flash"
     check_half(model, enc, rng, dtype, batch, 300, "right", order=(0, 0, 0))
 
@@ -175,7 +182,7 @@ def test_flash_adds_the_real_buckets_terms(real_buckets, rng, monkeypatch, dtype
                                            seq, style, tables):
     term_tables(monkeypatch, tables)
     enc = ftbert.Encoder.from_pretrained(real_buckets.path, device="cuda", dtype=dtype,
-                                         attention="flash", padding_free=padding_free)
+                                         attention="flash", padding_free=padding_free, batch_invariant=False)
     assert enc.attention_for(batch, seq) == "flash"
     check_half(real_buckets, enc, rng, dtype, batch, seq, style)
 

@@ -319,12 +319,7 @@ ForwardResult Encoder::forward(const ForwardArgs& in) {
   const AttentionKind attention = attention_for(args.batch, args.seq);
   const uintptr_t stream = args.stream.value_or(0);
   Slot& slot = acquire(stream);
-  struct Lease {  // gives the slot back however the forward ends
-    Encoder* encoder;
-    Slot& slot;
-    uintptr_t stream;
-    ~Lease() { encoder->release(slot, stream); }
-  } lease{this, slot, stream};
+  Lease lease(this, slot, stream);  // gives the slot back however the forward ends
   std::lock_guard<std::mutex> lock(slot.mutex);
   Session& session = session_of(slot);
   // The setting as this forward read it (args.packed above): the session's recordings hold the
@@ -367,11 +362,7 @@ void Encoder::reserve_workspace(int batch, int seq, int64_t rows) {
                                            << static_cast<int64_t>(batch) * seq);
   const AttentionKind attention = attention_for(batch, seq);
   Slot& slot = acquire(0);  // the slot a host caller's next forward takes (stream 0 first)
-  struct Lease {
-    Encoder* encoder;
-    Slot& slot;
-    ~Lease() { encoder->release(slot, 0); }
-  } lease{this, slot};
+  Lease lease(this, slot, 0);
   std::lock_guard<std::mutex> lock(slot.mutex);
   session_of(slot).reserve(batch, seq, rows, attention);
 }

@@ -145,6 +145,21 @@ class Encoder {
   // is busy; returns it marked busy. release() gives it back.
   Slot& acquire(uintptr_t stream);
   void release(Slot& slot, uintptr_t stream);
+  // Gives an acquired slot back, marked last used on `stream`, however the scope ends. Declare
+  // it before the lock_guard on slot.mutex: release() may take that mutex to trim the slot.
+  class Lease {
+   public:
+    Lease(Encoder* encoder, Slot& slot, uintptr_t stream)
+        : encoder_(encoder), slot_(slot), stream_(stream) {}
+    ~Lease() { encoder_->release(slot_, stream_); }
+    Lease(const Lease&) = delete;  // one release per acquire
+    Lease& operator=(const Lease&) = delete;
+
+   private:
+    Encoder* const encoder_;
+    Slot& slot_;
+    const uintptr_t stream_;
+  };
   // The slot's session, made on first use. The caller holds slot.mutex.
   Session& session_of(Slot& slot);
   // The slots that exist now (stable pointers; slots are never removed).

@@ -529,6 +529,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
     }
   };
 
+  // Adds term(key, key's position, r) to each score this thread holds of the first m-tile: rows
+  // g and g + 8 (r), two keys in each group of 8.
+  auto add_to_scores = [&](Scores& s, const int* key_pos, auto term) {
+#pragma unroll
+    for (int j = 0; j < Bc / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * j + quad_col + e;
+        const int kp = key_pos[key];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) s[0][j][2 * r + e] += term(key, kp, r);
+      }
+    }
+  };
+
   // kInlineTerms: adds the terms to the scores of the key tile in buffer `buf`, whose relative
   // rows start at `low`. p2c: the tile's keys (16 a warp) against the window's relative queries,
   // for the whole block; c2p: this warp's query rows against the relative keys of its own
@@ -556,22 +571,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
           }
           return static_cast<float>(static_cast<T>(sum));
         };
-#pragma unroll
-        for (int j = 0; j < Bc / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = 8 * j + quad_col + e;
-            const int kp = key_pos[key];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const T* row = rel + __ldg(p.term_column + (q_pos[0][r] - kp)) * rel_stride;
-              float add = 0.0f;
-              if (p.term_c2p) add += dot(sQ + (warp_row0 + g + 8 * r) * kStride, row + seq.H);
-              if (p.term_p2c) add += dot(tk + key * kStride, row);
-              s[0][j][2 * r + e] += add;
-            }
-          }
-        }
+        add_to_scores(s, key_pos, [&](int key, int kp, int r) {
+          const T* row = rel + __ldg(p.term_column + (q_pos[0][r] - kp)) * rel_stride;
+          float add = 0.0f;
+          if (p.term_c2p) add += dot(sQ + (warp_row0 + g + 8 * r) * kStride, row + seq.H);
+          if (p.term_p2c) add += dot(tk + key * kStride, row);
+          return add;
+        });
         return;
       }
       cp_async_wait<1>();  // this thread's relative rows (the tile after may still be in flight)
@@ -631,24 +637,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) flash_attention_kerne
       __syncthreads();  // every warp's p2c rows (and this warp's c2p ones) are in place
       // Score (row, key) at distance δ reads column sCol[δ − δ_min] of both.
       const int d_min = q_first_pos - key_pos[Bc - 1];
-#pragma unroll
-      for (int j = 0; j < Bc / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = 8 * j + quad_col + e;
-          const int kp = key_pos[key];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int col = sCol[q_pos[0][r] - kp - d_min];
-            float add = 0.0f;
-            if (p.term_c2p) {
-              add += static_cast<float>(c2p[(g + 8 * r) * Terms::kC2PStride + col - warp_low]);
-            }
-            if (p.term_p2c) add += static_cast<float>(sP2C[key * Terms::kP2CStride + col]);
-            s[0][j][2 * r + e] += add;
-          }
+      add_to_scores(s, key_pos, [&](int key, int kp, int r) {
+        const int col = sCol[q_pos[0][r] - kp - d_min];
+        float add = 0.0f;
+        if (p.term_c2p) {
+          add += static_cast<float>(c2p[(g + 8 * r) * Terms::kC2PStride + col - warp_low]);
         }
-      }
+        if (p.term_p2c) add += static_cast<float>(sP2C[key * Terms::kP2CStride + col]);
+        return add;
+      });
     } else {
       (void)s, (void)buf, (void)low;
     }

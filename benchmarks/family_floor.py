@@ -114,21 +114,32 @@ def run_model(name: str, batch: int, seq: int, seconds: float, meter, torch) -> 
     return row
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="nomic-bert-base,jina-v3")
     ap.add_argument("--shape", default="32x512")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import torch
 
-    batch, seq = (int(v) for v in args.shape.split("x"))
+    from ftbert.bench.models import RANDOM_MODELS
+
+    names = args.models.split(",")
+    unknown = [n for n in names if n not in RANDOM_MODELS]
+    if unknown:
+        raise SystemExit(f"--models: unknown {unknown}; the bench's models are {', '.join(RANDOM_MODELS)}")
+    try:
+        batch, seq = (int(v) for v in args.shape.split("x"))
+    except ValueError:
+        raise SystemExit(f"--shape: expected BATCHxSEQ such as 32x512, got {args.shape!r}") from None
+    if not torch.cuda.is_available():
+        raise SystemExit("family_floor.py times a CUDA GPU; torch sees none here")
     index = torch.cuda.current_device()
     meter, sampler = EnergyMeter(index), Sampler(index)
     rows = []
     try:
-        for name in args.models.split(","):
+        for name in names:
             rows.append(run_model(name, batch, seq, args.seconds, meter, torch))
             print(f"{name} done", flush=True)
     finally:

@@ -52,3 +52,19 @@ def test_a_weight_that_does_not_fit_its_input_is_named(family_floor):
     with pytest.raises(SystemExit, match=r"layers\.0\.ffn_out_weight has 104 elements, not a multiple of its "
                                          r"input width 12"):
         family_floor.gemm_dims(config, tensors)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "bert-base,bogus"], r"--models: unknown \['bogus'\]; the bench's models are .*nomic-bert-base"),
+    (["--shape", "32by512"], r"--shape: expected BATCHxSEQ such as 32x512, got '32by512'"),
+])
+def test_bad_arguments_are_named(family_floor, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        family_floor.main(argv)
+
+
+def test_without_a_gpu_it_says_so(family_floor):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(SystemExit, match="times a CUDA GPU; torch sees none here"):
+        family_floor.main(["--models", "bert-base"])

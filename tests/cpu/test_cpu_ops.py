@@ -332,6 +332,18 @@ def test_flash_attention_matches_float64_reference_padded(cpu, rng, batch, seq, 
     assert_close(cpu.flash_attention("float32", qkv, bias, mask, heads, scale), ref, 2e-5)
 
 
+def test_flash_attention_repeated_gives_one_run_s_output(cpu, rng):
+    # `repeat` (for kernel timing) reruns the op on the same operands: it overwrites its output.
+    qkv = rng.standard_normal((2, 37, 3 * 2 * 16)).astype(np.float32)
+    bias = rng.standard_normal(96).astype(np.float32)
+    mask = ragged_mask(rng, 2, 37)
+    once = cpu.flash_attention("float32", qkv, bias, mask, 2, 0.25, window=5)
+    np.testing.assert_array_equal(cpu.flash_attention("float32", qkv, bias, mask, 2, 0.25, window=5, repeat=3),
+                                  once)
+    with pytest.raises(ValueError, match="repeat must be at least 1"):
+        cpu.flash_attention("float32", qkv, bias, mask, 2, 0.25, repeat=0)
+
+
 @pytest.mark.parametrize("batch,seq,heads,d", [(3, 9, 2, 16), (4, 130, 3, 32), (2, 280, 1, 24)])
 def test_flash_attention_packed_matches_reference_on_attended_rows(cpu, rng, batch, seq, heads, d):
     qkv = rng.standard_normal((batch, seq, 3 * heads * d)).astype(np.float32)

@@ -637,10 +637,13 @@ void register_op_runner(py::module_& m) {
            },
            py::arg("dtype"), py::arg("hidden"), py::arg("weight"), py::arg("bias"), py::arg("act"),
            py::arg("mask") = py::none())
+      // The fused attention over qkv [B, S, 3H] (packed: its attended rows only, [T, H] out), run
+      // `repeat` times on the same operands (for kernel timing).
       .def("flash_attention",
            [](OpRunner& r, const std::string& dtype, const F32Array& qkv, const F32Array& bias,
               const I32Array& mask, int heads, float scale, bool packed,
-              const std::optional<F32Array>& relative_bias, int window) {
+              const std::optional<F32Array>& relative_bias, int window, int repeat) {
+             FTBERT_CHECK_INPUT(repeat >= 1, "flash_attention: repeat must be at least 1");
              const DType dt = dtype_from_string(dtype);
              require_ndim(qkv, 3, "qkv");
              const int B = qkv.shape(0), S = qkv.shape(1), H = qkv.shape(2) / 3;
@@ -649,14 +652,18 @@ void register_op_runner(py::module_& m) {
              auto dq = r.upload(packed ? pack_rows(qkv, mask) : qkv, dt), db = r.upload(bias, dt);
              auto out = r.empty(static_cast<size_t>(l.layout.rows) * H, dt);
              const auto o = r.attention_options(relative_bias, heads, S, window);
-             r.backend().flash_attention(dt, dq.data(), db.data(), out.data(), l.layout, heads,
-                                         H / heads, scale, o.options);
+             {
+               py::gil_scoped_release release;
+               for (int i = 0; i < repeat; ++i)
+                 r.backend().flash_attention(dt, dq.data(), db.data(), out.data(), l.layout, heads,
+                                             H / heads, scale, o.options);
+             }
              if (packed) return r.download(out, dt, {l.layout.rows, H});
              return r.download(out, dt, {B, S, H});
            },
            py::arg("dtype"), py::arg("qkv"), py::arg("bias"), py::arg("mask"), py::arg("heads"),
            py::arg("scale"), py::arg("packed") = false, py::arg("relative_bias") = py::none(),
-           py::arg("window") = 0)
+           py::arg("window") = 0, py::arg("repeat") = 1)
       // rotary_embedding over qkv [B, S, 3H] (packed: its attended rows only, [T, 3H] out) with a
       // [P, d] table of cos | sin; with `dynamic` [P − original, d/2] frequencies (packed only).
       .def("rotary_embedding",

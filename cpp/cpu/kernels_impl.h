@@ -338,56 +338,86 @@ constexpr int kQB = 64;                    // queries per score tile (a multiple
 constexpr int kChunk = kAttentionQueries;  // queries per call (a multiple of kQB)
 constexpr int kPadD = 32;                  // head dims padded to this (2 AVX-512 vectors)
 
-// s[i, :nkp] = q[i] · kᵀ for i < nq4 (4 queries x 2 vectors of keys per step).
-inline void scores_tile(const float* __restrict q, const float* __restrict kt, float* __restrict s,
-                        int nq4, int nkp, int d) {
-  for (int i0 = 0; i0 < nq4; i0 += 4) {
-    const float* qi = q + i0 * d;
-    for (int j0 = 0; j0 < nkp; j0 += 2 * W) {
-      vf a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
-      for (int c = 0; c < d; ++c) {
-        const vf k0 = load(kt + c * kKeyBlock + j0), k1 = load(kt + c * kKeyBlock + j0 + W);
-        const vf q0 = splat(qi[c]), q1 = splat(qi[d + c]), q2 = splat(qi[2 * d + c]),
-                 q3 = splat(qi[3 * d + c]);
-        a00 += q0 * k0; a01 += q0 * k1;
-        a10 += q1 * k0; a11 += q1 * k1;
-        a20 += q2 * k0; a21 += q2 * k1;
-        a30 += q3 * k0; a31 += q3 * k1;
-      }
-      float* si = s + i0 * kKeyBlock + j0;
-      store(si, a00); store(si + W, a01);
-      store(si + kKeyBlock, a10); store(si + kKeyBlock + W, a11);
-      store(si + 2 * kKeyBlock, a20); store(si + 2 * kKeyBlock + W, a21);
-      store(si + 3 * kKeyBlock, a30); store(si + 3 * kKeyBlock + W, a31);
+// Register tiles of attention's two products: R queries x 2 vectors, 2R accumulators. R = 6 (12
+// accumulators, as the GEMM's tile) keeps both FMA pipes busy across the FMA's latency within
+// AVX2's 16 registers. The last rows of a block (a multiple of 4) take a tile of 4 or 2; the sums
+// are written as fmadd, so that every tile height sums a query's products alike.
+constexpr int kTileQueries = 6;
+
+// s[i, j0 + :2W] = q[i] · kᵀ for R queries from q (rows d apart) and 2W keys of kt.
+template <int R>
+inline void scores_rows(const float* __restrict q, const float* __restrict kt, float* __restrict s,
+                        int d) {
+  vf a[R][2] = {};
+  for (int c = 0; c < d; ++c) {
+    const vf k0 = load(kt + c * kKeyBlock), k1 = load(kt + c * kKeyBlock + W);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const vf x = splat(q[r * d + c]);
+      a[r][0] = fmadd(x, k0, a[r][0]);
+      a[r][1] = fmadd(x, k1, a[r][1]);
     }
+  }
+  for (int r = 0; r < R; ++r) {
+    store(s + r * kKeyBlock, a[r][0]);
+    store(s + r * kKeyBlock + W, a[r][1]);
   }
 }
 
-// acc[i, :dp] += p[i, :nk] · v for i < nq4 (4 queries x 2 vectors of the head dim per step).
-inline void values_tile(const float* __restrict p, const float* __restrict vv, float* __restrict acc,
-                        int nq4, int nk, int dp) {
-  for (int i0 = 0; i0 < nq4; i0 += 4) {
-    const float* p0 = p + i0 * kKeyBlock;
-    for (int c0 = 0; c0 < dp; c0 += 2 * W) {
-      float* ai = acc + i0 * dp + c0;
-      vf a00 = load(ai), a01 = load(ai + W), a10 = load(ai + dp), a11 = load(ai + dp + W),
-         a20 = load(ai + 2 * dp), a21 = load(ai + 2 * dp + W), a30 = load(ai + 3 * dp),
-         a31 = load(ai + 3 * dp + W);
-      for (int j = 0; j < nk; ++j) {
-        const vf v0 = load(vv + j * dp + c0), v1 = load(vv + j * dp + c0 + W);
-        const vf w0 = splat(p0[j]), w1 = splat(p0[kKeyBlock + j]),
-                 w2 = splat(p0[2 * kKeyBlock + j]), w3 = splat(p0[3 * kKeyBlock + j]);
-        a00 += w0 * v0; a01 += w0 * v1;
-        a10 += w1 * v0; a11 += w1 * v1;
-        a20 += w2 * v0; a21 += w2 * v1;
-        a30 += w3 * v0; a31 += w3 * v1;
-      }
-      store(ai, a00); store(ai + W, a01);
-      store(ai + dp, a10); store(ai + dp + W, a11);
-      store(ai + 2 * dp, a20); store(ai + 2 * dp + W, a21);
-      store(ai + 3 * dp, a30); store(ai + 3 * dp + W, a31);
+// s[i, :nkp] = q[i] · kᵀ for R queries.
+template <int R>
+inline void scores_block(const float* q, const float* kt, float* s, int nkp, int d) {
+  for (int j0 = 0; j0 < nkp; j0 += 2 * W) scores_rows<R>(q, kt + j0, s + j0, d);
+}
+
+// s[i, :nkp] = q[i] · kᵀ for i < nq4 (a multiple of 4).
+inline void scores_tile(const float* q, const float* kt, float* s, int nq4, int nkp, int d) {
+  int i0 = 0;
+  for (; i0 + kTileQueries <= nq4; i0 += kTileQueries) {
+    scores_block<kTileQueries>(q + i0 * d, kt, s + i0 * kKeyBlock, nkp, d);
+  }
+  if (nq4 - i0 == 4) scores_block<4>(q + i0 * d, kt, s + i0 * kKeyBlock, nkp, d);
+  if (nq4 - i0 == 2) scores_block<2>(q + i0 * d, kt, s + i0 * kKeyBlock, nkp, d);
+}
+
+// acc[i, c0 + :2W] += p[i, :nk] · v[:, c0 + :2W] for R queries (p's rows kKeyBlock apart, acc's
+// dp apart).
+template <int R>
+inline void values_rows(const float* __restrict p, const float* __restrict vv, float* __restrict acc,
+                        int nk, int dp) {
+  vf a[R][2];
+  for (int r = 0; r < R; ++r) {
+    a[r][0] = load(acc + r * dp);
+    a[r][1] = load(acc + r * dp + W);
+  }
+  for (int j = 0; j < nk; ++j) {
+    const vf v0 = load(vv + j * dp), v1 = load(vv + j * dp + W);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const vf x = splat(p[r * kKeyBlock + j]);
+      a[r][0] = fmadd(x, v0, a[r][0]);
+      a[r][1] = fmadd(x, v1, a[r][1]);
     }
   }
+  for (int r = 0; r < R; ++r) {
+    store(acc + r * dp, a[r][0]);
+    store(acc + r * dp + W, a[r][1]);
+  }
+}
+
+template <int R>
+inline void values_block(const float* p, const float* vv, float* acc, int nk, int dp) {
+  for (int c0 = 0; c0 < dp; c0 += 2 * W) values_rows<R>(p, vv + c0, acc + c0, nk, dp);
+}
+
+// acc[i, :dp] += p[i, :nk] · v for i < nq4 (a multiple of 4).
+inline void values_tile(const float* p, const float* vv, float* acc, int nq4, int nk, int dp) {
+  int i0 = 0;
+  for (; i0 + kTileQueries <= nq4; i0 += kTileQueries) {
+    values_block<kTileQueries>(p + i0 * kKeyBlock, vv, acc + i0 * dp, nk, dp);
+  }
+  if (nq4 - i0 == 4) values_block<4>(p + i0 * kKeyBlock, vv, acc + i0 * dp, nk, dp);
+  if (nq4 - i0 == 2) values_block<2>(p + i0 * kKeyBlock, vv, acc + i0 * dp, nk, dp);
 }
 
 // A row element as float32: a float as it is, a bfloat16's bits widened (exact).

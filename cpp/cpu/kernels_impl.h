@@ -522,12 +522,24 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
     }
     for (int q0 = 0; q0 < nq4; q0 += kQB) {
       const int rows = imin(kQB, nq4 - q0);
-      scores_tile(q + q0 * d, kt, s, rows, nkp, d);
+      // The block's keys [lo, hi) that this tile's queries may attend: all of them, or under a
+      // window those within it of some query (from lo, a multiple of 2W, so that the score rows'
+      // vectors stay where they are). A key left out would weigh exactly 0.
+      int lo = 0, hi = nk;
+      if (t.window > 0) {
+        const int first = t.query_pos[q0], last = t.query_pos[imin(q0 + rows, nq) - 1];
+        while (lo < nk && t.key_pos[kb + lo] < first - t.window) ++lo;
+        while (hi > lo && t.key_pos[kb + hi - 1] > last + t.window) --hi;
+        if (lo == hi) continue;
+        lo = lo / (2 * W) * (2 * W);
+      }
+      const int span = round_up(hi - lo, 2 * W);  // within nkp: lo + span <= round_up(hi, 2W)
+      scores_tile(q + q0 * d, kt + lo, s + lo, rows, span, d);
       if (t.relative_bias != nullptr) {
         for (int i = 0; i < rows && q0 + i < nq; ++i) {
           const float* bias = t.relative_bias - t.query_pos[q0 + i];
           float* si = s + i * kKeyBlock;
-          for (int j = 0; j < nk; ++j) si[j] += bias[t.key_pos[kb + j]];
+          for (int j = lo; j < hi; ++j) si[j] += bias[t.key_pos[kb + j]];
         }
       }
       if (t.c2p != nullptr || t.p2c != nullptr) {
@@ -537,7 +549,7 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
               t.c2p != nullptr ? t.c2p + static_cast<int64_t>(t.query_rows[q0 + i]) * t.term_width
                                : nullptr;
           float* si = s + i * kKeyBlock;
-          for (int j = 0; j < nk; ++j) {
+          for (int j = lo; j < hi; ++j) {
             const int col = t.term_column[qp - t.key_pos[kb + j]] - t.term_first;
             float add = 0.0f;
             if (q_terms != nullptr) add += q_terms[col];
@@ -552,7 +564,7 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
         for (int i = 0; i < rows && q0 + i < nq; ++i) {
           const int qp = t.query_pos[q0 + i];
           float* si = s + i * kKeyBlock;
-          for (int j = 0; j < nk; ++j) {
+          for (int j = lo; j < hi; ++j) {
             const int dist = t.key_pos[kb + j] - qp;
             if (dist > t.window || dist < -t.window) si[j] = -kInf;
           }
@@ -560,23 +572,23 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
       }
       // Online softmax: p = exp(s - new max); earlier sums rescaled by exp(old max - new max).
       for (int i = 0; i < rows; ++i) {
-        float* si = s + i * kKeyBlock;
-        const float top = row_max(si, nk, nkp);
+        float* si = s + i * kKeyBlock + lo;
+        const float top = row_max(si, hi - lo, span);
         float& m = mrow[q0 + i];
         const float m_new = m > top ? m : top;
         if (m_new == -kInf) {  // no key of the window yet: nothing to add (exp would give NaN)
-          for (int j = 0; j < nkp; j += W) store(si + j, splat(0.0f));
+          for (int j = 0; j < span; j += W) store(si + j, splat(0.0f));
           continue;
         }
         const float alpha = m == -kInf ? 0.0f : sexp(m - m_new);
         vf sum = {};
-        for (int j = 0; j < nkp; j += W) {
-          const int r = imin(W, nk - j);
+        for (int j = 0; j < span; j += W) {
+          const int r = imin(W, hi - lo - j);
           const vf x = load(si + j);
           // A key outside the window (-inf) weighs exactly 0 (vexp clamps to ~1e-38).
           vf p = x == splat(-kInf) ? splat(0.0f) : vexp(x - m_new);
           if (r < W) {
-            for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the block's end
+            for (int l = (r > 0 ? r : 0); l < W; ++l) p[l] = 0.0f;  // keys past the range's end
           }
           store(si + j, p);
           sum += p;
@@ -588,7 +600,7 @@ void attention_rows(const AttentionTile& t, const T* tq, const T* tk, const T* t
           for (int c = 0; c < dp; c += W) store(ai + c, load(ai + c) * alpha);
         }
       }
-      values_tile(s, vv, acc + q0 * dp, rows, nk, dp);
+      values_tile(s + lo, vv + lo * dp, acc + q0 * dp, rows, hi - lo, dp);
     }
   }
   for (int i = 0; i < nq; ++i) {

@@ -37,13 +37,17 @@ def softmax64(scores, mask):
     return np.divide(e, den, out=np.zeros_like(e), where=den > 0)
 
 
-def attention64(qkv, bias, mask, heads, scale, table):
-    """softmax(scale q kᵀ + relative bias over the attended keys) v in float64, [B, S, H]."""
+def attention64(qkv, bias, mask, heads, scale, table, window=0):
+    """softmax(scale q kᵀ + relative bias over the attended keys, those within `window` positions
+    of the query where window > 0) v in float64, [B, S, H]."""
     B, S, H3 = qkv.shape
     d = H3 // 3 // heads
     x = (qkv.astype(np.float64) + bias).reshape(B, S, 3, heads, d).transpose(2, 0, 3, 1, 4)
     q, k, v = x  # [B, heads, S, d]
     scores = np.einsum("bhqd,bhkd->bhqk", q, k) * scale + distance_bias(table, S)[None]
+    if window > 0:
+        far = np.abs(np.arange(S)[None, :] - np.arange(S)[:, None]) > window
+        scores = np.where(far[None, None], -np.inf, scores)
     p = softmax64(scores, mask)
     return np.einsum("bhqk,bhkd->bhqd", p, v).transpose(0, 2, 1, 3).reshape(B, S, heads * d)
 
@@ -81,6 +85,24 @@ def test_flash_attention_adds_the_bias_of_each_distance(cpu, rng, batch, seq, he
     ref = attention64(qkv, bias, mask, heads, scale, table)
     got = cpu.flash_attention("float32", qkv, bias, mask, heads, scale, packed=packed,
                               relative_bias=table)
+    assert_close(got, ref[mask == 1] if packed else ref, 2e-5)
+
+
+# A window as well (no family has both, the op takes both): each query tile computes only the keys
+# within some query's window, and every one of those still gets its distance's bias.
+@pytest.mark.parametrize("window", [3, 40])
+@pytest.mark.parametrize("style", ["right", "holes"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_flash_attention_adds_the_bias_within_a_window(cpu, rng, window, style, packed):
+    batch, seq, heads, d = 2, 300, 2, 16
+    qkv = rng.standard_normal((batch, seq, 3 * heads * d)).astype(np.float32)
+    bias = rng.standard_normal(3 * heads * d).astype(np.float32)
+    mask = masks(rng, batch, seq)[style]
+    table = bias_by_distance(rng, heads, seq)
+    scale = 1.0 / math.sqrt(d)
+    ref = attention64(qkv, bias, mask, heads, scale, table, window)
+    got = cpu.flash_attention("float32", qkv, bias, mask, heads, scale, packed=packed,
+                              relative_bias=table, window=window)
     assert_close(got, ref[mask == 1] if packed else ref, 2e-5)
 
 

@@ -14,14 +14,13 @@ says how much of the full work it saved.
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import numpy as np
 
 from ftbert import _ops
 from ftbert.bench import cpu_summary
+from ftbert.bench.timing import repeated_op_ms
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16")
 
@@ -46,17 +45,10 @@ def attention_ms(cpu, batch: int, seq: int, heads: int, head_dim: int, window: i
     # R runs take ~0.1 s at ~50 GFLOP/s of full attention.
     r = max(2, int(0.1 * 50e9 / (4 * batch * heads * seq * seq * head_dim)))
 
-    def call(runs: int) -> float:
-        t = time.perf_counter()
+    def run(runs: int) -> None:
         cpu.flash_attention("float32", qkv, bias, mask, heads, scale, window=window, repeat=runs)
-        return time.perf_counter() - t
 
-    call(r)  # warm-up
-    diffs = []
-    for _ in range(reps):
-        once, twice = call(r), call(2 * r)
-        diffs.append((twice - once) / r)
-    return statistics.median(diffs) * 1e3
+    return repeated_op_ms(run, r, reps)
 
 
 def main(argv=None) -> int:

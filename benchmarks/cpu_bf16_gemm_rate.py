@@ -14,14 +14,13 @@ with its share of the all-threads peak. Needs AVX512-BF16.
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import numpy as np
 
 from ftbert import _C, _ops
 from ftbert.bench import cpu_summary
+from ftbert.bench.timing import repeated_op_ms
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 MODELS = {"minilm": (384, 1536), "bert-base": (768, 3072)}  # hidden, intermediate
@@ -34,18 +33,8 @@ def gemm_ms(cpu, m, n, k, act, reps):
     bias = rng.standard_normal(n).astype(np.float32) if act != "identity" else None
     # R runs take ~0.1 s at ~200 GFLOP/s.
     r = max(2, int(0.1 * 200e9 / (2 * m * n * k)))
-
-    def call(runs):
-        t = time.perf_counter()
-        cpu.weight_gemm("bfloat16", a, w, repeat=runs, bias=bias, act=act)
-        return time.perf_counter() - t
-
-    call(r)  # warm-up
-    diffs = []
-    for _ in range(reps):
-        once, twice = call(r), call(2 * r)
-        diffs.append((twice - once) / r)
-    return statistics.median(diffs) * 1e3
+    return repeated_op_ms(lambda runs: cpu.weight_gemm("bfloat16", a, w, repeat=runs, bias=bias, act=act),
+                          r, reps)
 
 
 def main(argv=None) -> int:

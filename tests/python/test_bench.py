@@ -25,7 +25,7 @@ from ftbert.bench.breakdown import aggregate, breakdown_quantization, classify, 
 from ftbert.bench.models import RANDOM_MODELS, hf_attention, load_model, make_hf
 from ftbert.bench.report import FIELDS
 from ftbert.bench.sweep import make_inputs
-from ftbert.bench.timing import summarize, time_interleaved
+from ftbert.bench.timing import repeated_op_ms, summarize, time_interleaved
 from ftbert.weights_tools.hf import read_hf_config
 from tests._models import make_bert, make_distilbert, make_electra, make_model, make_roberta
 from tests._vocab import write_vocab
@@ -52,6 +52,20 @@ def _read(out):
     with open(out / "r.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     return doc, rows
+
+
+def test_repeated_op_ms_drops_what_every_call_pays_once(monkeypatch):
+    # A fake clock: each call costs 7 s of upload and download, plus 0.003 s per run of the op.
+    clock = {"now": 0.0}
+    monkeypatch.setattr("ftbert.bench.timing.time.perf_counter", lambda: clock["now"])
+    calls = []
+
+    def run(n):
+        calls.append(n)
+        clock["now"] += 7.0 + 0.003 * n
+
+    assert repeated_op_ms(run, 4, 3) == pytest.approx(3.0)
+    assert calls == [4, 4, 8, 4, 8, 4, 8]  # one untimed call, then (R, 2R) per rep
 
 
 def test_tiny_sweep_writes_every_configuration_to_json_csv_and_png(tiny, tmp_path, capsys):

@@ -93,6 +93,25 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: str, warmup: 
     return samples
 
 
+def repeated_op_ms(run: Callable[[int], object], runs: int, reps: int) -> float:
+    """Milliseconds of one run of an op that `run(n)` runs n times in one call (an OpRunner op with
+    `repeat=n`, which uploads its operands and downloads its result once per call): the median over
+    `reps` of (time of run(2·runs) − time of run(runs)) / runs, after one untimed run(runs), so that
+    the upload and download drop out."""
+
+    def timed(n: int) -> float:
+        t = time.perf_counter()
+        run(n)
+        return time.perf_counter() - t
+
+    timed(runs)
+    diffs = []
+    for _ in range(reps):
+        once, twice = timed(runs), timed(2 * runs)
+        diffs.append((twice - once) / runs)
+    return float(np.median(diffs)) * 1e3
+
+
 def summarize(samples_ms: list[float]) -> dict:
     """median / p90 / p99 / mean / min / max of the samples, in ms."""
     a = np.asarray(samples_ms, dtype=np.float64)
